@@ -1,0 +1,298 @@
+"""Pure advice: a ``Diagnosis`` and its ``Run`` in, concrete recommendations out.
+
+Each recommendation has a stable ``id`` (``IDS``), a reason tied to the measured
+evidence, concrete values derived from the measurements, and a code snippet.
+Rules that keep advice from being noise (users learn to ignore a tool that
+recommends more workers when workers already fill every core, as Lightning's
+num_workers warning shows):
+- never more workers when the loader's processes already saturate the usable cores;
+- never mixed precision when autocast/half weights are already in use, when the
+  GPU lacks tensor cores or is unknown, or for a data-starved run (it speeds up
+  compute, which is not the limit);
+- never prefetch/cache advice for a run whose input takes < 5% of step time.
+
+Speed-ups here are *estimates* from the measured per-step costs; ``loadprof
+tune`` measures them for real.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Metrics, Thresholds
+from .records import LoaderInfo, Run
+
+IDS = (
+    "num_workers", "pin_memory", "persistent_workers", "prefetch", "cache",
+    "offline_preprocessing", "convert_format", "mixed_precision", "gradient_accumulation",
+    "gradient_checkpointing", "larger_batch", "compile",
+)
+
+
+@dataclass
+class Recommendation:
+    id: str
+    title: str
+    detail: str  # why, in terms of the evidence
+    code: str
+    values: dict[str, Any] = field(default_factory=dict)
+    #: estimated throughput ratio after the change (>1 faster), with its basis; None when not estimable
+    estimated_speedup: float | None = None
+    basis: str = ""
+    framework: str = "torch"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _is_tf(loader: LoaderInfo | None) -> bool:
+    return loader is not None and loader.framework in ("tf.data", "keras")
+
+
+def _gpu_cc(run: Run) -> tuple[int, int] | None:
+    ccs = [g.compute_capability for g in run.environment.gpus if g.compute_capability]
+    return max(ccs) if ccs else None
+
+
+def workers_needed(m: Metrics, loader: LoaderInfo | None) -> tuple[int, float] | None:
+    """(workers, CPU seconds of loading per step) from measured costs, or None if not measurable.
+
+    Loading cost per step L: with in-process loading, the CPU seconds the training
+    thread spent inside the waits; with workers, the workers' CPU (cores x seconds).
+    Workers needed so loading keeps pace with compute C: ceil(L / C), plus one
+    so a slow batch does not stall the loop.
+    """
+    workers = loader.num_workers if loader else 0
+    if not workers:
+        if m.wait_cpu_ratio is None:
+            return None
+        load = m.wait_per_step * m.wait_cpu_ratio
+    else:
+        if m.children_cpu_cores is None:
+            return None
+        load = m.children_cpu_cores * m.step_time_mean
+    compute = max(m.compute_per_step, 1e-6)
+    return max(1, math.ceil(load / compute) + 1), load
+
+
+def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> list[Recommendation]:
+    th = thresholds
+    m = diagnosis.metrics
+    loader = m.loader
+    tf = _is_tf(loader)
+    out: list[Recommendation] = []
+    if diagnosis.verdict == "inconclusive":
+        return out
+    starved = diagnosis.verdict == "data-starved"
+    input_matters = starved or diagnosis.moderate_input
+    cause = diagnosis.cause
+    cores = m.usable_cores
+    workers = (loader.num_workers or 0) if loader else 0
+    step = m.step_time_mean
+
+    if input_matters and loader is not None and not tf:
+        tree = (m.tree_cpu_cores or 0.0) / cores
+        saturated = workers > 0 and tree >= th.cpu_saturated
+        # Leave one core to the training process itself (Lightning's max(1, cpus - 1)).
+        cap = max(1, cores - 1)
+        if cause == "io-latency":
+            # Waiting on I/O does not use a core: more workers than cores can hide latency.
+            cap = max(cap, 2 * cores)
+        need = workers_needed(m, loader)
+        if not saturated and need is not None and cause != "host-to-device":
+            target, load = need
+            if cause == "io-latency":
+                target = max(target, math.ceil(m.wait_per_step / max(m.compute_per_step, 1e-6)) + 1)
+            target = min(target, cap)
+            if target > workers:
+                new_step = max(m.compute_per_step, load / target) + m.h2d_fraction * step
+                speedup = step / new_step if new_step > 0 else None
+                limited = " (capped by the usable cores; loading alone would need more)" if need[0] > cap else ""
+                out.append(Recommendation(
+                    "num_workers", f"Load batches in {target} worker processes",
+                    f"The loop waits {diagnosis.metrics.data_wait_fraction:.0%} of each step for data. "
+                    f"Loading costs {load * 1000:.1f} ms of CPU per step against {m.compute_per_step * 1000:.1f} ms "
+                    f"of compute, with {workers} worker(s) on {cores} usable core(s){limited}.",
+                    f"DataLoader(dataset, batch_size={loader.batch_size}, num_workers={target}"
+                    + (", persistent_workers=True" if (loader.iterations or 0) > 1 else "") + ")",
+                    {"num_workers": target, "current": workers, "usable_cores": cores},
+                    round(speedup, 2) if speedup else None,
+                    "estimate: step = max(compute, loading CPU / workers)",
+                ))
+        beyond_cores = need is not None and need[0] > cap and cause != "io-latency"
+        if saturated or cause == "cpu-bound-preprocessing" or (starved and beyond_cores):
+            out.append(Recommendation(
+                "offline_preprocessing", "Move deterministic preprocessing offline",
+                (f"Loading already uses {tree:.0%} of the {cores} usable cores: more workers cannot help. "
+                 if saturated or cause == "cpu-bound-preprocessing" else
+                 f"Loading needs about {need[0] if need else '?'} busy cores to keep pace with compute, and "
+                 f"{cores} are usable. ")
+                + "Decode/resize once, store the result, and keep only random augmentation online.",
+                "loadprof convert data/ data.h5 --to hdf5 --decode --resize 224 224\n"
+                "dataset = converters.torch.HDF5Dataset('data.h5')",
+            ))
+        if cause == "host-to-device" or (run.environment.cuda_in_use and loader.pin_memory is False and starved):
+            out.append(Recommendation(
+                "pin_memory", "Pin host memory and copy asynchronously",
+                f"Host-to-device copies take {m.h2d_fraction:.0%} of step time; pinned buffers let "
+                "the copy run asynchronously and faster.",
+                "DataLoader(..., pin_memory=True)\nx = x.to(device, non_blocking=True)",
+                {"pin_memory": True},
+            ))
+        if workers > 0 and not loader.persistent_workers and (loader.iterations or 0) > 1:
+            out.append(Recommendation(
+                "persistent_workers", "Keep workers alive between epochs",
+                f"The loader was iterated {loader.iterations} times with {workers} workers; each epoch "
+                "starts its worker processes again.",
+                f"DataLoader(..., num_workers={workers}, persistent_workers=True)",
+                {"persistent_workers": True},
+            ))
+        if workers > 0 and starved and cause in ("io-latency", "too-few-workers") and (loader.prefetch_factor or 2) <= 2:
+            out.append(Recommendation(
+                "prefetch", "Prefetch more batches per worker",
+                f"With prefetch_factor={loader.prefetch_factor or 2}, each worker keeps "
+                f"{loader.prefetch_factor or 2} batches ready; uneven batch times drain that buffer.",
+                f"DataLoader(..., num_workers={workers}, prefetch_factor=4)",
+                {"prefetch_factor": 4},
+            ))
+        out.extend(_cache_advice(run, m, loader, starved, tf=False))
+        if starved and cause == "io-latency":
+            out.append(_convert_advice(loader))
+    elif input_matters and tf and loader is not None:
+        out.extend(_tf_input_advice(run, m, loader, starved, diagnosis))
+
+    if diagnosis.verdict == "memory-bound":
+        out.extend(_memory_advice(run, m, tf))
+    if diagnosis.verdict == "host-bound":
+        if m.gpu_memory_peak_fraction is None or m.gpu_memory_peak_fraction < 0.6:
+            out.append(Recommendation(
+                "larger_batch", "Use a larger batch",
+                f"The GPU is busy {m.gpu_util_median:.0f}% of the time and memory peaks at "
+                f"{(m.gpu_memory_peak_fraction or 0):.0%}: larger batches amortise per-step overhead.",
+                "DataLoader(..., batch_size=2 * batch_size)  # scale the learning rate accordingly",
+                {"batch_size_factor": 2},
+            ))
+        if not tf:
+            out.append(Recommendation(
+                "compile", "Compile the model to cut Python and launch overhead",
+                f"The GPU idles {100 - (m.gpu_util_median or 0):.0f}% of the time while the loop is not "
+                "waiting for data: the host cannot launch kernels fast enough.",
+                "model = torch.compile(model)  # or mode='reduce-overhead' for CUDA graphs",
+            ))
+    if diagnosis.verdict == "compute-bound" and m.gpu_in_use:
+        mp = _mixed_precision(run, tf)
+        if mp is not None:
+            out.append(mp)
+    return out
+
+
+def _cache_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, tf: bool) -> list[Recommendation]:
+    if not starved or loader.dataset_length is None or loader.sample_nbytes is None:
+        return []
+    size = loader.dataset_length * loader.sample_nbytes
+    avail = min((h.memory_available for h in run.host_samples), default=0)
+    if not avail or size > 0.25 * avail:
+        return []
+    if tf:
+        code = "ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE).cache()  # before random augmentation"
+    else:
+        code = ("samples = [dataset[i] for i in range(len(dataset))]  # once; deterministic transforms only\n"
+                f"loader = DataLoader(samples, batch_size={loader.batch_size}, shuffle=True)")
+    return [Recommendation(
+        "cache", "Cache the decoded dataset in memory",
+        f"The dataset is about {size / 2**20:.0f} MiB as loaded ({loader.dataset_length} samples of "
+        f"{loader.sample_nbytes / 1024:.1f} KiB), {max(size / avail, 0.001):.1%} of available memory. Cache after "
+        "deterministic steps only: caching a random augmentation freezes it.",
+        code, {"dataset_bytes": size}, framework="tf" if tf else "torch",
+    )]
+
+
+def _convert_advice(loader: LoaderInfo) -> Recommendation:
+    return Recommendation(
+        "convert_format", "Pack many small files into one HDF5 or TFRecord file",
+        "The loop waits while the loaders barely use the CPU: per-file open/read latency dominates. "
+        "Reading one packed file is measured several times faster (see README, converters).",
+        "loadprof convert data/ data.h5 --to hdf5\ndataset = converters.torch.HDF5Dataset('data.h5')",
+        framework="tf" if _is_tf(loader) else "torch",
+    )
+
+
+def _tf_input_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, d: Diagnosis) -> list[Recommendation]:
+    out: list[Recommendation] = []
+    if loader.has_prefetch is False:
+        out.append(Recommendation(
+            "prefetch", "Prefetch batches with AUTOTUNE",
+            "The tf.data pipeline has no prefetch: input and training take turns instead of overlapping.",
+            "ds = ds.prefetch(tf.data.AUTOTUNE)", {"buffer_size": "AUTOTUNE"}, framework="tf",
+        ))
+    if loader.parallel_map is False:
+        out.append(Recommendation(
+            "offline_preprocessing", "Run map() in parallel, or preprocess offline",
+            "The pipeline's map() runs sequentially on one core.",
+            "ds = ds.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)",
+            {"num_parallel_calls": "AUTOTUNE"}, framework="tf",
+        ))
+    if loader.has_cache is False:
+        out.extend(_cache_advice(run, m, loader, starved, tf=True))
+    if loader.file_based and d.cause == "io-latency":
+        out.append(_convert_advice(loader))
+    return out
+
+
+def _memory_advice(run: Run, m: Metrics, tf: bool) -> list[Recommendation]:
+    out = []
+    if tf:
+        out.append(Recommendation(
+            "gradient_accumulation", "Halve the batch and accumulate gradients",
+            "Memory is the limit: smaller micro-batches with accumulation keep the effective batch.",
+            "optimizer = keras.optimizers.Adam(gradient_accumulation_steps=2)\nmodel.fit(ds.rebatch(batch_size // 2), ...)",
+            {"accumulation_steps": 2}, framework="tf",
+        ))
+    else:
+        out.append(Recommendation(
+            "gradient_accumulation", "Halve the batch and accumulate gradients",
+            "Memory is the limit: two half-size micro-batches per optimizer step keep the effective batch.",
+            "for i, (x, y) in enumerate(loader):  # loader with batch_size // 2\n"
+            "    loss = loss_fn(model(x), y) / 2\n    loss.backward()\n"
+            "    if i % 2 == 1:\n        optimizer.step(); optimizer.zero_grad()",
+            {"accumulation_steps": 2},
+        ))
+        out.append(Recommendation(
+            "gradient_checkpointing", "Recompute activations instead of storing them",
+            "Activations dominate training memory; checkpointing trades about a third more compute for much less.",
+            "from torch.utils.checkpoint import checkpoint\n"
+            "h = checkpoint(block, h, use_reentrant=False)",
+        ))
+    mp = _mixed_precision(run, tf)
+    if mp is not None:
+        mp.detail = "Half-precision activations halve activation memory. " + mp.detail
+        out.append(mp)
+    return out
+
+
+def _mixed_precision(run: Run, tf: bool) -> Recommendation | None:
+    cc = _gpu_cc(run)
+    if run.amp_in_use or cc is None or cc < (7, 0):
+        return None
+    bf16 = cc >= (8, 0)
+    dtype = "bfloat16" if bf16 else "float16"
+    if tf:
+        policy = "mixed_bfloat16" if bf16 else "mixed_float16"
+        return Recommendation(
+            "mixed_precision", f"Train in mixed precision ({policy})",
+            f"The GPU (compute capability {cc[0]}.{cc[1]}) has tensor cores and the run uses float32.",
+            f'keras.mixed_precision.set_global_policy("{policy}")', {"policy": policy}, framework="tf",
+        )
+    code = (
+        f"with torch.autocast('cuda', dtype=torch.{dtype}):\n    loss = loss_fn(model(x), y)\nloss.backward()"
+        if bf16 else
+        "scaler = torch.amp.GradScaler()\nwith torch.autocast('cuda', dtype=torch.float16):\n"
+        "    loss = loss_fn(model(x), y)\nscaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()"
+    )
+    return Recommendation(
+        "mixed_precision", f"Train in mixed precision ({dtype})",
+        f"The GPU (compute capability {cc[0]}.{cc[1]}) has tensor cores and no autocast was seen.",
+        code, {"dtype": dtype},
+    )

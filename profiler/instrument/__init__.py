@@ -1,0 +1,114 @@
+"""Framework hooks, installed only for frameworks the user's code imports.
+
+``FrameworkWatch`` installs a framework's hooks right away when it is already
+imported (``with Profile():`` in a script that imported torch), or the moment
+the user's code imports it (``loadprof diagnose script.py``, where the script
+imports torch after profiling began). loadprof itself never imports a framework
+the script does not use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any, Protocol
+
+
+class Hooks(Protocol):
+    framework: str
+
+    def install(self) -> None: ...
+
+    def remove(self) -> None: ...
+
+
+#: top-level module name -> (our hooks module, factory attribute in it)
+FRAMEWORKS: dict[str, str] = {
+    "torch": "profiler.instrument.torch:TorchHooks",
+    "tensorflow": "profiler.instrument.tensorflow:TensorFlowHooks",
+}
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Sees the import of a watched top-level module and runs a callback once it has executed."""
+
+    def __init__(self, names: Sequence[str], on_loaded: Callable[[str], None]) -> None:
+        self.names = set(names)
+        self.on_loaded = on_loaded
+        self._busy = threading.local()
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in self.names or getattr(self._busy, "on", False):
+            return None
+        self._busy.on = True
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        finally:
+            self._busy.on = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        loader = spec.loader
+        original_exec = loader.exec_module
+        on_loaded = self.on_loaded
+
+        def exec_module(module: ModuleType) -> None:
+            original_exec(module)
+            on_loaded(fullname)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+class FrameworkWatch:
+    """Installs hooks for each framework as soon as it is importable-and-imported."""
+
+    def __init__(self, make_hooks: Callable[[str, type], Hooks], frameworks: dict[str, str] | None = None,
+                 on_error: Callable[[str], None] | None = None) -> None:
+        self.make_hooks = make_hooks
+        self.frameworks = dict(FRAMEWORKS if frameworks is None else frameworks)
+        self.on_error = on_error or (lambda msg: None)
+        self.hooks: dict[str, Hooks] = {}
+        self._finder: _Finder | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        pending = []
+        for name in self.frameworks:
+            if name in sys.modules:
+                self._install(name)
+            else:
+                pending.append(name)
+        if pending:
+            self._finder = _Finder(pending, self._install)
+            sys.meta_path.insert(0, self._finder)
+
+    def stop(self) -> None:
+        if self._finder is not None:
+            try:
+                sys.meta_path.remove(self._finder)
+            except ValueError:
+                pass
+            self._finder = None
+        for hooks in list(self.hooks.values()):
+            hooks.remove()
+
+    def _install(self, name: str) -> None:
+        with self._lock:
+            if name in self.hooks:
+                return
+            target = self.frameworks[name]
+            module_name, _, attr = target.partition(":")
+            try:
+                module = importlib.import_module(module_name)
+                factory = getattr(module, attr)
+            except ImportError as exc:
+                self.on_error(f"{name}: hooks unavailable ({exc})")
+                return
+            hooks = self.make_hooks(name, factory)
+            hooks.install()
+            self.hooks[name] = hooks

@@ -1,0 +1,243 @@
+"""PyTorch hooks: batch waits, optimizer steps, forward starts, H2D copies, AMP.
+
+Imported only once the user's code has imported torch (see ``instrument.watch``).
+
+What is hooked, and how it is undone:
+- ``DataLoader.__iter__`` and ``_BaseDataLoaderIter.__next__`` are wrapped at class
+  level to time the loop's wait for each batch (wall and the waiting thread's CPU
+  time) and to read the loader's settings. Restored on ``remove()``.
+- ``torch.optim`` global step post-hooks end a step (``register_optimizer_step_post_hook``,
+  a public API; the handle is removed on exit).
+- A global module forward pre-hook marks forward starts, for loops with no
+  DataLoader. It makes every module call take the slow path, so it is removed as
+  soon as a step was timed through a DataLoader (NOTE [ Input time without a DataLoader ]).
+- With CUDA available, ``Tensor.to``/``Tensor.cuda`` are wrapped to time
+  host-to-device copies (a pageable synchronous copy blocks the loop).
+- ``autocast.__enter__`` is wrapped to notice mixed precision already in use.
+
+NOTE [ Fork safety ]
+DataLoader workers are forked from the training process and inherit these
+patched classes. Every wrapper checks ``os.getpid()`` against the pid that
+installed it and does nothing but call through in any other process, so workers
+never record, print or write anything.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils.data.dataloader as _dl
+from torch.optim import optimizer as _optim
+
+from ..records import LoaderInfo, Run
+from ..timeline import Timeline
+
+_MISSING = object()
+
+
+def _batch_facts(batch: Any) -> tuple[int | None, int]:
+    """(batch size, bytes) of the tensors in a collated batch; nested lists/tuples/dicts."""
+    size: int | None = None
+    nbytes = 0
+    stack = [batch]
+    seen = 0
+    while stack and seen < 64:
+        item = stack.pop()
+        seen += 1
+        if isinstance(item, torch.Tensor):
+            if size is None and item.dim() > 0:
+                size = int(item.shape[0])
+            nbytes += item.element_size() * item.nelement()
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return size, nbytes
+
+
+class TorchHooks:
+    """Installs and removes the PyTorch hooks for one profiling session."""
+
+    framework = "torch"
+
+    def __init__(self, timeline: Timeline, run: Run, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.timeline = timeline
+        self.run = run
+        self.clock = clock
+        self.pid = os.getpid()
+        self._saved: list[tuple[Any, str, Any]] = []
+        self._handles: list[Any] = []
+        self._forward_handle: Any = None
+        self._loaders: dict[int, LoaderInfo] = {}
+        self.installed = False
+
+    # -- install / remove -----------------------------------------------------
+    def install(self) -> None:
+        if self.installed:
+            return
+        self.installed = True
+        self.run.environment.frameworks["torch"] = torch.__version__
+        self._patch(_dl.DataLoader, "__iter__", self._wrap_iter(_dl.DataLoader.__iter__))
+        self._patch(_dl._BaseDataLoaderIter, "__next__", self._wrap_next(_dl._BaseDataLoaderIter.__next__))
+        self._handles.append(_optim.register_optimizer_step_pre_hook(self._on_optimizer_pre))
+        self._handles.append(_optim.register_optimizer_step_post_hook(self._on_optimizer_post))
+        self._forward_handle = torch.nn.modules.module.register_module_forward_pre_hook(self._on_forward)
+        autocast_cls = torch.amp.autocast_mode.autocast
+        self._patch(autocast_cls, "__enter__", self._wrap_autocast(autocast_cls.__enter__))
+        if torch.cuda.is_available():
+            self._patch(torch.Tensor, "to", self._wrap_copy(torch.Tensor.to))
+            self._patch(torch.Tensor, "cuda", self._wrap_copy(torch.Tensor.cuda))
+
+    def remove(self) -> None:
+        if not self.installed:
+            return
+        self.installed = False
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._drop_forward_hook()
+        for owner, name, original in reversed(self._saved):
+            if original is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+        self._saved.clear()
+        self._collect_cuda_facts()
+
+    def _patch(self, owner: Any, name: str, wrapper: Any) -> None:
+        self._saved.append((owner, name, owner.__dict__.get(name, _MISSING)))
+        setattr(owner, name, wrapper)
+
+    def _drop_forward_hook(self) -> None:
+        if self._forward_handle is not None:
+            self._forward_handle.remove()
+            self._forward_handle = None
+
+    # -- wrappers -------------------------------------------------------------
+    def _wrap_iter(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        hooks = self
+
+        def __iter__(loader: Any) -> Any:
+            it = original(loader)
+            if os.getpid() == hooks.pid:
+                info = hooks._loader_info(loader)
+                info.iterations += 1
+                try:
+                    it._loadprof_info = info
+                except AttributeError:  # a custom iterator with __slots__: settings stay unknown
+                    pass
+            return it
+
+        return __iter__
+
+    def _wrap_next(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        hooks = self
+        clock = self.clock
+        thread_time = time.thread_time
+
+        def __next__(it: Any) -> Any:
+            if os.getpid() != hooks.pid:
+                return original(it)
+            c0 = thread_time()
+            t0 = clock()
+            batch = original(it)  # StopIteration passes through untimed: no batch was waited for
+            t1 = clock()
+            cpu = thread_time() - c0
+            info = getattr(it, "_loadprof_info", None)
+            size: int | None = None
+            if info is not None and info.sample_nbytes is None:
+                size, nbytes = _batch_facts(batch)
+                if size:
+                    info.sample_nbytes = nbytes // size
+            hooks.timeline.batch_wait(t0, t1, cpu, size)
+            if hooks._forward_handle is not None:
+                # A DataLoader times input directly: the forward hook is no longer needed.
+                hooks._drop_forward_hook()
+            return batch
+
+        return __next__
+
+    def _wrap_autocast(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        hooks = self
+
+        def __enter__(ctx: Any) -> Any:
+            if getattr(ctx, "_enabled", False) and os.getpid() == hooks.pid:
+                hooks.run.amp_in_use = True
+            return original(ctx)
+
+        return __enter__
+
+    def _wrap_copy(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        hooks = self
+        clock = self.clock
+
+        def copy(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            t0 = clock()
+            out = original(tensor, *args, **kwargs)
+            if out is not tensor and tensor.device.type == "cpu" and out.device.type != "cpu":
+                if os.getpid() == hooks.pid:
+                    hooks.timeline.host_to_device(clock() - t0)
+            return out
+
+        return copy
+
+    # -- hook callbacks -------------------------------------------------------
+    def _on_forward(self, module: Any, args: Any) -> None:
+        if os.getpid() == self.pid:
+            self.timeline.forward_start(self.clock())
+
+    def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.run.amp_in_use or os.getpid() != self.pid:
+            return
+        # Half-precision parameters count as mixed precision already in use.
+        for group in optimizer.param_groups:
+            for p in group["params"][:1]:
+                if p.dtype in (torch.float16, torch.bfloat16):
+                    self.run.amp_in_use = True
+            break
+
+    def _on_optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if os.getpid() == self.pid:
+            self.timeline.optimizer_step(self.clock())
+
+    # -- facts ----------------------------------------------------------------
+    def _loader_info(self, loader: Any) -> LoaderInfo:
+        info = self._loaders.get(id(loader))
+        if info is not None:
+            return info
+        dataset = getattr(loader, "dataset", None)
+        try:
+            length: int | None = len(dataset)  # type: ignore[arg-type]
+        except TypeError:
+            length = None
+        workers = int(getattr(loader, "num_workers", 0) or 0)
+        info = LoaderInfo(
+            framework="torch",
+            kind=type(loader).__name__,
+            batch_size=getattr(loader, "batch_size", None),
+            num_workers=workers,
+            pin_memory=bool(getattr(loader, "pin_memory", False)),
+            persistent_workers=bool(getattr(loader, "persistent_workers", False)),
+            prefetch_factor=getattr(loader, "prefetch_factor", None) if workers > 0 else None,
+            dataset_length=length,
+            dataset_type=type(dataset).__module__ + "." + type(dataset).__qualname__ if dataset is not None else None,
+        )
+        self._loaders[id(loader)] = info
+        self.run.loaders.append(info)
+        return info
+
+    def _collect_cuda_facts(self) -> None:
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return
+        self.run.environment.cuda_in_use = True
+        for i in range(torch.cuda.device_count()):
+            total = torch.cuda.get_device_properties(i).total_memory
+            reserved = torch.cuda.max_memory_reserved(i)
+            if reserved:
+                self.run.probes[f"cuda{i}_peak_reserved_bytes"] = float(reserved)
+                self.run.probes[f"cuda{i}_total_bytes"] = float(total)
+

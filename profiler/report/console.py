@@ -1,0 +1,80 @@
+"""The terminal renderer: verdict, evidence table, recommendations (rich)."""
+
+from __future__ import annotations
+
+from typing import IO, TYPE_CHECKING
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+if TYPE_CHECKING:
+    from . import Report
+
+_COLOURS = {
+    "data-starved": "bold red",
+    "memory-bound": "bold magenta",
+    "host-bound": "bold yellow",
+    "compute-bound": "bold green",
+    "inconclusive": "bold white",
+}
+
+
+class ConsoleRenderer:
+    def __init__(self, file: IO[str] | None = None, width: int | None = None) -> None:
+        self.console = Console(file=file, width=width, highlight=False, soft_wrap=False)
+
+    def render(self, report: Report) -> None:
+        c = self.console
+        d = report.diagnosis
+        m = d.metrics
+        run = report.run
+        head = Text()
+        head.append("loadprof verdict: ", style="bold")
+        head.append(d.verdict.upper(), style=_COLOURS.get(d.verdict, "bold"))
+        if d.cause:
+            head.append(f" ({d.cause})")
+        head.append(f"   confidence: {d.confidence}\n")
+        head.append(d.summary)
+        gpu = run.environment.gpu_status
+        if run.environment.gpus:
+            gpu = ", ".join(g.name for g in run.environment.gpus)
+        head.append(
+            f"\n{m.steps_total} steps ({m.warmup_steps} warm-up), input timed by "
+            f"{run.data_wait_method or 'n/a'}; {run.duration:.1f} s; GPU: {gpu}; "
+            f"{run.environment.usable_cores} usable cores",
+            style="dim",
+        )
+        c.print(Panel(head, expand=False))
+
+        if d.evidence:
+            table = Table(title="Evidence", show_lines=False, title_justify="left")
+            table.add_column("measured")
+            table.add_column("value", justify="right")
+            table.add_column("rule")
+            table.add_column("source", style="dim")
+            for e in d.evidence:
+                table.add_row(e.label, e.display, e.threshold, e.source)
+            c.print(table)
+
+        if report.recommendations:
+            c.print(Text("Recommendations", style="bold"))
+            for i, r in enumerate(report.recommendations, 1):
+                title = Text(f"{i}. {r.title} ", style="bold")
+                title.append(f"[{r.id}]", style="cyan")
+                if r.estimated_speedup:
+                    title.append(f"  ~{r.estimated_speedup:.2f}x ({r.basis})", style="green")
+                c.print(title)
+                c.print(Text(f"   {r.detail}"))
+                c.print(Group(Syntax(r.code, "python", theme="ansi_dark", background_color="default", padding=(0, 3))))
+        elif d.verdict != "inconclusive":
+            c.print(Text("No changes recommended: nothing measured points at a fix.", style="dim"))
+
+        if run.limitations:
+            c.print(Text("Not measured:", style="bold yellow"))
+            for line in run.limitations:
+                c.print(Text(f"  - {line}", style="yellow"))
+        if run.exit_status not in ("ok", ""):
+            c.print(Text(f"Run ended: {run.exit_status}", style="dim"))

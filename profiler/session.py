@@ -1,0 +1,225 @@
+"""``Profile``: the session that starts samplers and hooks and produces a report.
+
+    with Profile() as prof:
+        train()                      # unchanged
+    prof.report.verdict              # "data-starved", "compute-bound", ...
+
+NOTE [ Never break the run ]
+Profiling must not change or stop training. Every piece that can fail for
+reasons outside the user's code (NVML, psutil, a framework's private API that
+moved) is started inside its own guard; a failure becomes a line in
+``Run.limitations`` and the run goes on without that measurement. The only
+exceptions loadprof raises into a training loop are ``StopRun`` (the user asked
+for ``max_steps``) and the user's own.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import IO, Any
+
+import psutil
+
+from . import __version__
+from .instrument import FrameworkWatch, Hooks
+from .records import Environment, Run, Step
+from .samplers import HostSource, NvmlSource, Sampler, usable_cores
+from .timeline import StopRun, Timeline
+
+
+@dataclass
+class Settings:
+    """Every knob of a profiling session, documented once."""
+
+    interval: float = 0.1  # seconds between samples (10 Hz)
+    max_samples: int = 20_000  # per buffer; beyond it samples are decimated (bounded memory)
+    max_steps: int | None = None  # stop the training loop after this many steps
+    json: str | None = None  # write the report (with the raw run) here at exit
+    print_report: bool = True  # print the terminal summary at exit
+    gpu: bool = True  # sample GPUs through NVML
+
+
+_active_lock = threading.Lock()
+_active: Profile | None = None
+
+
+class Profile:
+    """Profile the training loop inside the ``with`` block. See the module doc."""
+
+    def __init__(
+        self,
+        *,
+        interval: float = 0.1,
+        json: str | os.PathLike[str] | None = None,
+        max_steps: int | None = None,
+        print_report: bool = True,
+        gpu: bool = True,
+        output: IO[str] | None = None,
+    ) -> None:
+        if interval <= 0:
+            raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
+        if max_steps is not None and max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps!r}")
+        self.settings = Settings(
+            interval=interval,
+            max_steps=max_steps,
+            json=os.fspath(json) if json is not None else None,
+            print_report=print_report,
+            gpu=gpu,
+        )
+        self.output = output
+        self.run = Run(command=list(sys.argv))
+        self._pid = os.getpid()
+        self._t0 = 0.0
+        self._started = False
+        self._stopped = False
+        self._timeline: Timeline | None = None
+        self._watch: FrameworkWatch | None = None
+        self._sampler: Sampler | None = None
+        self._nvml: NvmlSource | None = None
+        self._report: Any = None
+
+    # -- lifecycle ------------------------------------------------------------
+    def __enter__(self) -> Profile:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        self.stop(exc)
+        # Swallow only our own StopRun (max_steps reached); user exceptions propagate.
+        return exc_type is not None and issubclass(exc_type, StopRun)
+
+    def start(self) -> None:
+        global _active
+        with _active_lock:
+            if _active is not None:
+                raise RuntimeError("a loadprof Profile is already active in this process; profiles do not nest")
+            _active = self
+        self._started = True
+        self._t0 = time.perf_counter()
+        self.run.started_at = time.time()
+        self.run.environment = _environment()
+        self._timeline = Timeline(self._t0, max_steps=self.settings.max_steps)
+        self._nvml = NvmlSource()
+        if self.settings.gpu:
+            self._nvml.start()
+            self.run.environment.gpu_status = self._nvml.status
+            self.run.environment.gpus = list(self._nvml.gpus)
+        else:
+            self.run.environment.gpu_status = "unavailable (GPU sampling turned off)"
+        host = HostSource(pid=self._pid)
+        sources = (self._nvml, host) if self.settings.gpu else (host,)
+        self._sampler = Sampler(
+            interval=self.settings.interval,
+            sources=sources,
+            max_samples=self.settings.max_samples,
+            t0=self._t0,
+        )
+        self._sampler.start()
+        self._watch = FrameworkWatch(self._make_hooks, on_error=self.run.limitations.append)
+        self._watch.start()
+
+    def _make_hooks(self, name: str, factory: type) -> Hooks:
+        assert self._timeline is not None
+        hooks: Hooks = factory(self._timeline, self.run)
+        return hooks
+
+    def step(self) -> None:
+        """Mark the end of a training step by hand (for loops loadprof cannot see)."""
+        if self._timeline is not None and not self._stopped and os.getpid() == self._pid:
+            self._timeline.mark(time.perf_counter())
+
+    def stop(self, exc: BaseException | None = None) -> None:
+        global _active
+        if self._stopped or not self._started or os.getpid() != self._pid:
+            return
+        self._stopped = True
+        try:
+            end = time.perf_counter()
+            if self._watch is not None:
+                self._watch.stop()
+            if self._sampler is not None:
+                self._sampler.stop()
+                self.run.gpu_samples = self._sampler.gpu_samples
+                self.run.host_samples = self._sampler.host_samples
+                self.run.sampling = dict(self._sampler.stats)
+            if self._nvml is not None:
+                self.run.limitations.extend(self._nvml.problems())
+                self._nvml.close()
+            assert self._timeline is not None
+            self.run.steps = list(self._timeline.steps)
+            self.run.data_wait_method = self._timeline.method()
+            self.run.duration = end - self._t0
+            self.run.exit_status = _exit_status(exc)
+            if exc is not None and _is_oom(exc):
+                self.run.oom_errors.append(str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+            if not self.run.steps:
+                self.run.limitations.append(
+                    "no training steps were seen: no optimizer step ran inside the block "
+                    "(call prof.step() at the end of each step for custom loops)"
+                )
+        finally:
+            with _active_lock:
+                _active = None
+        self._finish()
+
+    def _finish(self) -> None:
+        from .report import build_report, render_console, write_json
+
+        self._report = build_report(self.run)
+        if self.settings.json:
+            write_json(self._report, self.settings.json)
+        if self.settings.print_report:
+            render_console(self._report, file=self.output or sys.stderr)
+
+    # -- results --------------------------------------------------------------
+    @property
+    def report(self) -> Any:
+        if self._report is None:
+            raise RuntimeError("the report exists once the Profile block has exited")
+        return self._report
+
+    @property
+    def steps(self) -> list[Step]:
+        return list(self._timeline.steps) if self._timeline else []
+
+
+def _is_oom(exc: BaseException) -> bool:
+    name = type(exc).__name__
+    return name in ("OutOfMemoryError", "ResourceExhaustedError") or "out of memory" in str(exc).lower()
+
+
+def _exit_status(exc: BaseException | None) -> str:
+    if exc is None:
+        return "ok"
+    if isinstance(exc, StopRun):
+        return str(exc)
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(exc, SystemExit):
+        return f"exit {exc.code}" if exc.code not in (None, 0) else "ok"
+    return f"exception: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+
+
+def _environment() -> Environment:
+    frameworks = {}
+    for name in ("torch", "tensorflow", "keras"):
+        mod = sys.modules.get(name)
+        if mod is not None:
+            frameworks[name] = str(getattr(mod, "__version__", "?"))
+    return Environment(
+        python=platform.python_version(),
+        platform=platform.platform(),
+        hostname=socket.gethostname(),
+        loadprof=__version__,
+        frameworks=frameworks,
+        usable_cores=usable_cores(),
+        logical_cores=psutil.cpu_count(logical=True) or 1,
+        memory_total=psutil.virtual_memory().total,
+    )

@@ -1,0 +1,153 @@
+"""Turns hook events into training steps.
+
+Framework hooks (``instrument/``) know nothing about steps; they report events:
+"the loop waited for a batch from t0 to t1", "an optimizer step finished at t",
+"a forward pass began at t". The timeline folds these into ``Step`` records.
+
+NOTE [ Step boundaries ]
+A step ends when the optimizer step returns (or at ``Profile.step()`` when the
+user marks steps by hand, which then overrides the optimizer signal). A step
+starts where the previous one ended; the very first step starts at the first
+event seen (the first batch request or forward pass), so script set-up before
+the loop is never counted as a step. Batch waits between two step ends belong to
+the later step, which is what gradient accumulation needs: several waits, one step.
+
+NOTE [ Input time without a DataLoader ]
+A hand-written generator gives us no iterator to time. Then the gap between the
+end of one optimizer step and the first forward pass after it is input time: the
+loop was producing the next batch (``method = "between-steps"``). When a timed
+iterator wait was seen in the step, that measurement wins.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from .records import Step
+
+
+class StopRun(BaseException):
+    """Raised into the training loop to stop it after ``max_steps``.
+
+    A BaseException, like KeyboardInterrupt, so a script's ``except Exception``
+    cannot swallow it.
+    """
+
+
+class Timeline:
+    """Collects per-step timings from hook events. Thread-safe; cheap per event."""
+
+    def __init__(
+        self,
+        t0: float,
+        clock: Callable[[], float] = time.perf_counter,
+        max_steps: int | None = None,
+        on_step: Callable[[Step], None] | None = None,
+    ) -> None:
+        self.t0 = t0
+        self.clock = clock
+        self.max_steps = max_steps
+        self.on_step = on_step
+        self.steps: list[Step] = []
+        self.manual = False
+        self.methods: set[str] = set()
+        self._lock = threading.Lock()
+        self._step_start: float | None = None
+        self._last_end: float | None = None
+        self._wait = 0.0
+        self._wait_cpu = 0.0
+        self._h2d = 0.0
+        self._waited = False  # a timed iterator wait was seen in the open step
+        self._awaiting_forward = False
+        self._end_cpu = 0.0  # thread CPU time at the last step end (between-steps method)
+        self._batch_size: int | None = None
+        self.batches = 0
+
+    # -- events ---------------------------------------------------------------
+    def batch_wait(self, start: float, end: float, cpu: float = 0.0, batch_size: int | None = None) -> None:
+        """The loop was blocked from ``start`` to ``end`` getting a batch."""
+        with self._lock:
+            if self._step_start is None:
+                self._step_start = start
+            self._wait += end - start
+            self._wait_cpu += cpu
+            self._waited = True
+            self.batches += 1
+            if batch_size is not None:
+                self._batch_size = (self._batch_size or 0) + batch_size
+            self.methods.add("iterator-next")
+
+    def host_to_device(self, seconds: float) -> None:
+        with self._lock:
+            self._h2d += seconds
+
+    def forward_start(self, t: float) -> None:
+        """A model's forward pass began (first one after a step end counts)."""
+        if not self._awaiting_forward and self._step_start is not None:
+            return
+        with self._lock:
+            if self._step_start is None:
+                self._step_start = t
+            if self._awaiting_forward and not self._waited and self._last_end is not None:
+                self._wait += max(0.0, t - self._last_end)
+                self._wait_cpu += max(0.0, time.thread_time() - self._end_cpu)
+                self.methods.add("between-steps")
+            self._awaiting_forward = False
+
+    def optimizer_step(self, t: float) -> None:
+        if not self.manual:
+            self._close(t)
+
+    def mark(self, t: float) -> None:
+        """``Profile.step()``: the user delimits steps; optimizer events are ignored from now on."""
+        if not self.manual:
+            with self._lock:
+                self.manual = True
+                self.methods.add("manual")
+                if self._step_start is None and self._last_end is None:
+                    # The first mark closes a step that began when profiling began.
+                    self._step_start = 0.0 + self.t0
+        self._close(t)
+
+    # -- internals ------------------------------------------------------------
+    def _close(self, t: float) -> None:
+        with self._lock:
+            start = self._step_start if self._step_start is not None else self._last_end
+            if start is None:
+                start = t
+            step = Step(
+                index=len(self.steps),
+                start=start - self.t0,
+                end=t - self.t0,
+                data_wait=min(self._wait, t - start),
+                data_wait_cpu=self._wait_cpu,
+                h2d=self._h2d,
+                batch_size=self._batch_size,
+            )
+            self.steps.append(step)
+            self._step_start = t
+            self._last_end = t
+            self._wait = self._wait_cpu = self._h2d = 0.0
+            self._waited = False
+            self._batch_size = None
+            self._awaiting_forward = True
+            self._end_cpu = time.thread_time()
+            n = len(self.steps)
+        if self.on_step is not None:
+            self.on_step(step)
+        if self.max_steps is not None and n >= self.max_steps:
+            raise StopRun(f"stopped after {n} steps (--max-steps)")
+
+    @property
+    def waited_in_last_step(self) -> bool:
+        return self._waited
+
+    def method(self) -> str:
+        if "manual" in self.methods and len(self.methods) == 1:
+            return "manual"
+        for m in ("iterator-next", "between-steps", "manual"):
+            if m in self.methods:
+                return m
+        return ""
