@@ -1,0 +1,322 @@
+"""Host readings through psutil: CPU per usable core, the training process tree, memory, disk.
+
+CPU percentages are computed from our own deltas of ``cpu_times`` rather than
+``psutil.cpu_percent(interval=None)``: that function keeps its baseline in psutil's
+module globals, so any other caller in the process (a progress bar, a logger)
+would silently shorten our measuring window.
+
+NOTE [ Short-lived loader workers ]
+With ``persistent_workers=False`` PyTorch forks fresh DataLoader workers every
+epoch, so a worker may live for only part of an interval. A child seen for the
+first time is charged the CPU time it used since it was created (or the share of
+it that falls in this interval, if it was created earlier and we missed it), not
+a zero "priming" reading. CPU a worker used after our last reading and before it
+exited is lost: psutil cannot read a process that is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import psutil
+
+from profiler.records import HostSample
+
+log = logging.getLogger("loadprof.samplers")
+
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+_GONE = (psutil.NoSuchProcess, psutil.AccessDenied)  # ZombieProcess is a NoSuchProcess
+
+
+class HostSource:
+    """CPU, memory and disk of the host and of one process tree (the training run).
+
+    Not thread-safe: one caller at a time (the ``Sampler`` thread, then ``Sampler.stop``
+    after joining it). There is deliberately no lock, so that a DataLoader worker
+    forked mid-sample cannot inherit a held one.
+    """
+
+    def __init__(self, pid: int | None = None) -> None:
+        self.pid = os.getpid() if pid is None else pid
+        self._proc: psutil.Process | None = None
+        self._cores: list[int] = []
+        self._started = False
+        self._last_wall = 0.0  # time.monotonic() of the previous reading
+        self._last_percpu: list[tuple[float, float]] = []  # (busy, total) seconds per CPU
+        self._last_all: tuple[float, float, float | None] = (0.0, 0.0, None)  # busy, total, iowait
+        self._last_proc_cpu = 0.0
+        self._last_children: dict[tuple[int, float], float] = {}  # (pid, create_time) -> cpu s
+        self._last_disk_read: int | None = None
+        self._pids: set[int] | None = None
+        self._errors: dict[str, int] = {}
+
+    # -- lifecycle -----------------------------------------------------------
+    def start(self) -> None:
+        """Take the baseline readings the first sample is measured against. Idempotent."""
+        if self._started:
+            return
+        self._started = True
+        try:
+            self._proc = psutil.Process(self.pid)
+        except _GONE as exc:
+            self._note(f"process {self.pid}: {type(exc).__name__}")
+        self._cores = _affinity(self.pid)
+        self._last_wall = time.monotonic()
+        self._last_percpu = [_busy_total(c) for c in psutil.cpu_times(percpu=True)]
+        self._last_all = _busy_total_iowait(psutil.cpu_times())
+        self._read_tree(self._last_wall, 0.0)
+        self._last_disk_read = self._disk_read()
+
+    def close(self) -> None:
+        """Nothing to release; here so every source has the same lifecycle."""
+
+    # -- readings ------------------------------------------------------------
+    def sample(self, t: float) -> HostSample:
+        """One reading since the previous one (or since ``start()``). Never raises."""
+        if not self._started:
+            self.start()
+        now = time.monotonic()
+        dt = max(now - self._last_wall, 1e-9)
+        s = HostSample(t=t)
+
+        percpu = [_busy_total(c) for c in psutil.cpu_times(percpu=True)]
+        s.cpu_per_core = [
+            _percent(percpu[i], self._last_percpu[i])
+            for i in self._cores
+            if i < len(percpu) and i < len(self._last_percpu)
+        ]
+        self._last_percpu = percpu
+
+        busy, total, iowait = _busy_total_iowait(psutil.cpu_times())
+        _, last_total, last_iowait = self._last_all
+        if iowait is not None and last_iowait is not None and total > last_total:
+            # Linux only. The kernel's iowait can go backwards per CPU; clamp.
+            s.iowait_percent = _clamp(100.0 * (iowait - last_iowait) / (total - last_total))
+        self._last_all = (busy, total, iowait)
+
+        s.process_cpu, s.process_rss, s.children_cpu, s.n_children, s.children_rss = (
+            self._read_tree(now, dt)
+        )
+
+        try:
+            vm = psutil.virtual_memory()
+            s.memory_percent = float(vm.percent)
+            s.memory_available = int(vm.available)
+            s.swap_used = int(psutil.swap_memory().used)
+        except OSError as exc:
+            self._note(f"memory: {exc}")
+
+        read = self._disk_read()
+        if read is not None and self._last_disk_read is not None:
+            # A disk detached mid-run makes the system total drop: never negative.
+            s.disk_read_bps = max(0.0, (read - self._last_disk_read) / dt)
+        self._last_disk_read = read
+        self._last_wall = now
+        return s
+
+    def pids(self) -> set[int]:
+        """The process tree (the process and all its descendants) as of the last reading."""
+        if self._pids is None:
+            self._read_tree(time.monotonic(), 0.0)
+        return set(self._pids or ())
+
+    def problems(self) -> list[str]:
+        """What could not be read, one line per kind of failure, with counts."""
+        return [f"{what} ({n} times)" if n > 1 else what for what, n in self._errors.items()]
+
+    # -- internals -----------------------------------------------------------
+    def _read_tree(self, now: float, dt: float) -> tuple[float, int, float, int, int]:
+        """CPU % and RSS of the process and its descendants; updates the baselines.
+
+        ``dt == 0`` only sets baselines. Returns (process_cpu, process_rss,
+        children_cpu, n_children, children_rss).
+        """
+        proc = self._proc
+        if proc is None:
+            self._pids = set()
+            return 0.0, 0, 0.0, 0, 0
+        try:
+            with proc.oneshot():
+                cpu = _cpu_seconds(proc)
+                rss = int(proc.memory_info().rss)
+            children = proc.children(recursive=True)
+        except _GONE as exc:
+            self._note(f"process {self.pid}: {type(exc).__name__}")
+            self._pids = set()
+            return 0.0, 0, 0.0, 0, 0
+        process_cpu = _clamp_cpu(100.0 * (cpu - self._last_proc_cpu) / dt) if dt else 0.0
+        self._last_proc_cpu = cpu
+
+        wall_now = time.time()
+        seen: dict[tuple[int, float], float] = {}
+        used = 0.0
+        children_rss = 0
+        for child in children:
+            try:
+                with child.oneshot():
+                    key = (child.pid, child.create_time())  # create_time guards pid reuse
+                    c_cpu = _cpu_seconds(child)
+                    c_rss = int(child.memory_info().rss)
+            except _GONE:
+                continue  # exited between listing and reading
+            seen[key] = c_cpu
+            children_rss += c_rss  # RSS counts pages shared with the parent in each worker
+            last = self._last_children.get(key)
+            if last is not None:
+                used += max(0.0, c_cpu - last)
+            elif dt:
+                # NOTE [ Short-lived loader workers ]
+                lifetime = max(wall_now - key[1], 1e-9)
+                used += c_cpu if lifetime <= dt else c_cpu * dt / lifetime
+        self._last_children = seen
+        self._pids = {proc.pid, *(pid for pid, _ in seen)}
+        children_cpu = max(0.0, 100.0 * used / dt) if dt else 0.0
+        return process_cpu, rss, children_cpu, len(seen), children_rss
+
+    def _disk_read(self) -> int | None:
+        # System-wide block-device reads. Page-cache hits and network filesystems
+        # (NFS, FUSE object stores) do not show up here: a warm-cache loader reads 0.
+        try:
+            io = psutil.disk_io_counters(perdisk=False)
+        except (OSError, RuntimeError) as exc:
+            self._note(f"disk I/O counters: {exc}")
+            return None
+        if io is None:
+            self._note("disk I/O counters: not available on this system")
+            return None
+        return int(io.read_bytes)
+
+    def _note(self, what: str) -> None:
+        n = self._errors.get(what, 0)
+        self._errors[what] = n + 1
+        if n == 0:
+            log.info("loadprof: host sampler: %s", what)
+
+
+def _cpu_seconds(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return float(times.user + times.system)
+
+
+def _busy_total(times: object) -> tuple[float, float]:
+    busy, total, _ = _busy_total_iowait(times)
+    return busy, total
+
+
+def _busy_total_iowait(times: object) -> tuple[float, float, float | None]:
+    # Same accounting as psutil.cpu_percent (and htop): guest time is already in
+    # user/nice on Linux, and iowait is idle time, not busy time.
+    fields = times._asdict()  # type: ignore[attr-defined]
+    total = sum(fields.values()) - fields.get("guest", 0.0) - fields.get("guest_nice", 0.0)
+    iowait = fields.get("iowait")
+    busy = total - fields.get("idle", 0.0) - (iowait or 0.0)
+    return busy, total, iowait
+
+
+def _percent(now: tuple[float, float], last: tuple[float, float]) -> float:
+    d_total = now[1] - last[1]
+    if d_total <= 0:
+        return 0.0
+    return _clamp(100.0 * (now[0] - last[0]) / d_total)
+
+
+def _clamp(pct: float) -> float:
+    return min(100.0, max(0.0, pct))
+
+
+def _clamp_cpu(pct: float) -> float:
+    # % of one core: can exceed 100 for a multi-threaded process, never below 0.
+    return max(0.0, pct)
+
+
+def _affinity(pid: int) -> list[int]:
+    sched_getaffinity = getattr(os, "sched_getaffinity", None)
+    if sched_getaffinity is not None:
+        try:
+            return sorted(sched_getaffinity(pid))
+        except OSError:
+            pass
+    return list(range(psutil.cpu_count() or 1))
+
+
+def usable_cores(cgroup_root: Path | None = None) -> int:
+    """CPUs this process may use: its affinity, limited by a cgroup CPU quota, at least 1.
+
+    A container given ``--cpus=1.5`` still sees every host core in its affinity
+    mask; only the CFS quota says it gets 1.5 CPUs of time, which rounds up to 2.
+    ``cgroup_root`` is the cgroup filesystem mount (``/sys/fs/cgroup``); pass a
+    directory holding ``cpu.max`` (v2) or ``cpu.cfs_quota_us`` + ``cpu.cfs_period_us``
+    (v1, also looked for under ``cpu/`` and ``cpu,cpuacct/``) to test.
+    """
+    sched_getaffinity = getattr(os, "sched_getaffinity", None)
+    n = len(sched_getaffinity(0)) if sched_getaffinity is not None else (os.cpu_count() or 1)
+    quota = cgroup_cpu_limit(cgroup_root)
+    if quota is not None:
+        n = min(n, math.ceil(quota))
+    return max(1, n)
+
+
+def cgroup_cpu_limit(cgroup_root: Path | None = None) -> float | None:
+    """The tightest cgroup CPU quota over this process's cgroup and its ancestors, in CPUs.
+
+    ``None`` when there is no quota ("max" / -1) or nothing can be read.
+    """
+    root = _CGROUP_ROOT if cgroup_root is None else cgroup_root
+    limits = [
+        limit
+        for d in _cgroup_dirs(root, _own_cgroup_paths())
+        if (limit := _read_cpu_limit(d)) is not None
+    ]
+    return min(limits) if limits else None
+
+
+def _own_cgroup_paths() -> list[str]:
+    """This process's cgroup path(s) for the cpu controller, from /proc/self/cgroup."""
+    paths = []
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return ["/"]
+    for line in lines:
+        parts = line.split(":", 2)  # "hierarchy-id:controllers:path"
+        if len(parts) == 3 and (parts[1] == "" or "cpu" in parts[1].split(",")):
+            paths.append(parts[2])
+    return paths or ["/"]
+
+
+def _cgroup_dirs(root: Path, own: Iterable[str]) -> list[Path]:
+    # v2 mounts everything at the root; v1 mounts the cpu controller in a subdirectory.
+    # Inside a container with a cgroup namespace the own path is "/", and without one
+    # it is a host path that does not exist in our mount: the mount root then is ours.
+    dirs: list[Path] = []
+    for base in (root, root / "cpu", root / "cpu,cpuacct", root / "cpuacct,cpu"):
+        for path in own:
+            d = base / path.strip("/")
+            while True:
+                if d not in dirs:
+                    dirs.append(d)
+                if d == base:
+                    break
+                d = d.parent
+    return dirs
+
+
+def _read_cpu_limit(d: Path) -> float | None:
+    try:
+        fields = (d / "cpu.max").read_text().split()  # v2: "quota period" or "max period"
+        if len(fields) == 2 and fields[0] != "max" and int(fields[1]) > 0:
+            return int(fields[0]) / int(fields[1])
+        return None
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int((d / "cpu.cfs_quota_us").read_text())  # v1: -1 means no limit
+        period = int((d / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None

@@ -1,0 +1,228 @@
+"""The one background thread that reads every source at a fixed interval.
+
+NOTE [ Sampler lifecycle and fork ]
+``start()`` records the pid and starts one daemon thread named
+``loadprof-sampler``, which takes a sample at once and then one per interval:
+``while not done.wait(interval - spent)``, so the time spent sampling is taken off
+the sleep and the ticks do not drift. ``stop()`` sets the event (the wait returns
+at once), joins, then takes a final sample from the calling thread, so a run
+shorter than one interval still has a reading at its end.
+
+DataLoader workers are forked from the training process. A forked child has no
+sampler thread (fork copies only the calling thread) but does inherit this
+object, its buffers and its lock, possibly held by the thread at the moment of
+the fork. So in any process other than the one that called ``start()``:
+``start()``/``stop()`` do nothing and the buffers are read without the lock. The
+sources follow the same rule (see NOTE [ NVML and fork ] in ``nvml.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+from profiler.records import GpuSample, HostSample
+from profiler.samplers.host import HostSource
+from profiler.samplers.nvml import NvmlSource
+
+log = logging.getLogger("loadprof.samplers")
+
+THREAD_NAME = "loadprof-sampler"
+
+T = TypeVar("T")
+
+#: How long ``stop()`` waits for a sample in progress. One NVML sample with PCIe
+#: reads costs ~40 ms per GPU; anything near this bound is a hung driver call, and
+#: we would rather lose the final sample than hang the end of a training run.
+JOIN_TIMEOUT = 5.0
+
+Source = NvmlSource | HostSource
+
+
+class Sampler:
+    """Samples ``sources`` every ``interval`` seconds into bounded buffers.
+
+    ``clock`` and ``t0`` define sample times: ``t = clock() - t0`` (seconds since
+    the run started). When a buffer reaches ``max_samples`` ticks, every other tick
+    is dropped and the interval doubles, so memory stays bounded for any run length
+    while the samples stay evenly spaced.
+    """
+
+    def __init__(
+        self,
+        interval: float = 0.1,
+        sources: Iterable[Source] = (),
+        max_samples: int = 20000,
+        clock: Callable[[], float] = time.perf_counter,
+        t0: float | None = None,
+    ) -> None:
+        if not interval > 0:
+            raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
+        if max_samples < 2:
+            raise ValueError(f"max_samples must be >= 2, got {max_samples!r}")
+        self.sources = tuple(sources)
+        for src in self.sources:
+            if not isinstance(src, NvmlSource | HostSource):
+                raise TypeError(f"sources must be NvmlSource or HostSource, got {type(src).__name__}")
+        self.interval = float(interval)
+        self.max_samples = max_samples
+        self._clock = clock
+        self._t0 = clock() if t0 is None else t0
+        self._effective = self.interval
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid: int | None = None
+        self._stopped = False
+        # One entry per tick, so decimation drops whole ticks, never one GPU of a tick.
+        self._ticks: list[tuple[HostSample | None, list[GpuSample]]] = []
+        self._taken = 0
+        self._dropped = 0
+        self._spent_total = 0.0
+        self._errors: dict[str, int] = {}
+
+    # -- lifecycle -----------------------------------------------------------
+    def start(self) -> None:
+        """Start the sources (idempotent) and the sampling thread. No-op if already started."""
+        if self._thread is not None or self._stopped:
+            return
+        self._pid = os.getpid()
+        for src in self.sources:
+            src.start()  # both sources never raise from start()
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread promptly and take a final sample. Idempotent; no-op in a fork."""
+        if self._pid is None or os.getpid() != self._pid or self._stopped:
+            return  # never started, a forked child (NOTE [ Sampler lifecycle and fork ]), or done
+        self._stopped = True
+        self._done.set()
+        assert self._thread is not None
+        self._thread.join(JOIN_TIMEOUT)
+        if self._thread.is_alive():
+            # Sources are not safe to read from two threads at once; skip the last sample.
+            self._record_error(f"sampler thread still busy after {JOIN_TIMEOUT:.0f} s; final sample skipped")
+            return
+        self._sample_once()
+
+    def __enter__(self) -> Sampler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        spent = self._sample_once()
+        while not self._done.wait(max(0.0, self._effective - spent)):
+            spent = self._sample_once()
+
+    # -- one tick --------------------------------------------------------------
+    def _sample_once(self) -> float:
+        begin = time.perf_counter()
+        t = self._clock() - self._t0
+        host_sample: HostSample | None = None
+        gpu_samples: list[GpuSample] = []
+        hosts = [s for s in self.sources if isinstance(s, HostSource)]
+        gpus = [s for s in self.sources if isinstance(s, NvmlSource)]
+        pids: set[int] = {os.getpid()}
+        # Host first: it lists the process tree that NVML's per-process memory needs.
+        for host in hosts:
+            got = self._guarded(host, host.sample, t)
+            if got is not None:
+                host_sample = got
+                pids = host.pids() or pids
+        for nv in gpus:
+            gpu_samples.extend(self._guarded(nv, nv.sample, t, pids) or [])
+        spent = time.perf_counter() - begin
+        with self._lock:
+            self._ticks.append((host_sample, gpu_samples))
+            self._taken += 1
+            self._spent_total += spent
+            if len(self._ticks) >= self.max_samples:
+                self._decimate()
+        return spent
+
+    def _guarded(self, source: Source, read: Callable[..., T], *args: object) -> T | None:
+        # The sources handle the errors they expect (NVMLError, psutil.NoSuchProcess...)
+        # themselves. This one broad catch is the last line of defence: the thread runs
+        # inside someone's training job, and an unexpected error in a reading (a
+        # binding bug, an odd /proc) must cost that reading, not the thread or the run.
+        # Each distinct error is recorded once and shown in problems().
+        try:
+            return read(*args)
+        except Exception as exc:
+            self._record_error(f"{type(source).__name__}: {type(exc).__name__}: {exc}")
+            return None
+
+    def _record_error(self, what: str) -> None:
+        with self._lock:
+            n = self._errors.get(what, 0)
+            self._errors[what] = n + 1
+        if n == 0:
+            log.warning("loadprof: sampler error (reported once): %s", what)
+
+    def _decimate(self) -> None:
+        # Keep the ticks with the same parity as the newest, so the newest stays and
+        # the next tick, one doubled interval later, continues an even spacing.
+        keep = self._ticks[(len(self._ticks) - 1) % 2 :: 2]
+        self._dropped += len(self._ticks) - len(keep)
+        self._ticks = keep
+        self._effective *= 2
+
+    # -- results -----------------------------------------------------------------
+    def _locked(self) -> threading.Lock | _NoLock:
+        # In a forked child the lock may have been copied while held: read without it.
+        return self._lock if self._pid is None or os.getpid() == self._pid else _NoLock()
+
+    @property
+    def host_samples(self) -> list[HostSample]:
+        """A copy of the host samples kept so far, oldest first."""
+        with self._locked():
+            return [h for h, _ in self._ticks if h is not None]
+
+    @property
+    def gpu_samples(self) -> list[GpuSample]:
+        """A copy of the GPU samples kept so far (one per GPU per tick), oldest first."""
+        with self._locked():
+            return [g for _, gs in self._ticks for g in gs]
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """Sampling figures for ``Run.sampling``."""
+        with self._locked():
+            return {
+                "interval": self.interval,
+                "samples": self._taken,
+                "kept": len(self._ticks),
+                "dropped": self._dropped,
+                "effective_interval": self._effective,
+                "mean_sample_seconds": self._spent_total / self._taken if self._taken else 0.0,
+                "errors": sum(self._errors.values()),
+            }
+
+    def problems(self) -> list[str]:
+        """Problems from every source, then the sampler's own (errors with counts)."""
+        lines = [line for src in self.sources for line in src.problems()]
+        with self._locked():
+            errors = list(self._errors.items())
+        lines.extend(f"{what} ({n} times)" if n > 1 else what for what, n in errors)
+        return lines
+
+    @property
+    def running(self) -> bool:
+        """Whether the sampling thread is alive (always False in a forked child)."""
+        return self._thread is not None and self._thread.is_alive() and os.getpid() == self._pid
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
