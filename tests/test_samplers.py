@@ -1,0 +1,631 @@
+"""Samplers: NVML through a fake pynvml (and the real one), psutil on this host, the thread."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from profiler.records import GpuSample
+from profiler.samplers import THREAD_NAME, HostSource, NvmlSource, Sampler, usable_cores
+from tests.fake_pynvml import (
+    ERROR_CLASSES,
+    ERROR_CODES,
+    FakeGpu,
+    FakeNvml,
+    FakeProcess,
+    NVMLError_DriverNotLoaded,
+    NVMLError_LibraryNotFound,
+    NVMLError_Timeout,
+    uninstall_pynvml,
+)
+
+GiB = 2**30
+MiB = 2**20
+# Linux pid_max is at most 2**22, so this pid never exists.
+NO_SUCH_PID = 2**22 + 4321
+
+
+def two_gpus(**second: object) -> list[FakeGpu]:
+    return [
+        FakeGpu(
+            name="NVIDIA H100 80GB HBM3",
+            memory_total=80 * GiB,
+            cc=(9, 0),
+            util=lambda t: 90 if t < 5 else 15,
+            mem_util=40,
+            mem_used=lambda t: int((10 + t) * GiB),
+            power_mw=350_000,
+            sm_clock=1980,
+            pcie_rx=12_000,
+            pcie_tx=3_000,
+        ),
+        dataclasses.replace(
+            FakeGpu(
+                name=b"Tesla T4",
+                memory_total=16 * GiB,
+                cc=(7, 5),
+                util=55,
+                mem_util=20,
+                mem_used=3 * GiB,
+                power_mw=70_000,
+                sm_clock=1590,
+            ),
+            **second,
+        ),
+    ]
+
+
+def started(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, **kw: int) -> NvmlSource:
+    fake.install(monkeypatch)
+    nv = NvmlSource(**kw)
+    nv.start()
+    return nv
+
+
+@pytest.fixture
+def closing() -> Iterator[list[NvmlSource]]:
+    sources: list[NvmlSource] = []
+    yield sources
+    for nv in sources:
+        nv.close()
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def in_forked_child(body: Callable[[], bool]) -> int:
+    """Run ``body`` in a forked child; its exit status is 0 when body returned True."""
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        code = 1
+        try:
+            code = 0 if body() else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+# -- the fake itself ------------------------------------------------------------------
+
+
+def test_fake_pynvml_mirrors_real_names_codes_messages_and_signatures() -> None:
+    real = importlib.import_module("pynvml")
+    assert Path(real.__file__).name == "pynvml.py"  # nvidia-ml-py's, not the fake
+    real_codes = {k: v for k, v in vars(real).items() if k.startswith("NVML_ERROR_")}
+    assert ERROR_CODES == real_codes
+    real_classes = {
+        k: v for k, v in vars(real).items() if k.startswith("NVMLError_") and isinstance(v, type)
+    }
+    assert set(ERROR_CLASSES) == set(real_classes)
+    for name, cls in ERROR_CLASSES.items():
+        assert cls().value == real_classes[name]().value, name
+    # Same messages where pynvml has its own table (the rest come from the C library).
+    for code, message in real.NVMLError._errcode_to_string.items():
+        assert str(ERROR_CLASSES[type(real.NVMLError(code)).__name__]()) == message
+    fake = FakeNvml()
+    for name in ("NVML_CLOCK_SM", "NVML_PCIE_UTIL_RX_BYTES", "NVML_PCIE_UTIL_TX_BYTES"):
+        assert getattr(fake.module, name) == getattr(real, name)
+    for name, fn in vars(fake.module).items():
+        if name.startswith("nvml") and callable(fn):
+            real_params = list(inspect.signature(getattr(real, name)).parameters)
+            assert list(inspect.signature(fn).parameters) == real_params, name
+
+
+def test_fake_error_classes_behave_like_pynvml() -> None:
+    fake = FakeNvml()
+    err = fake.module.NVMLError(ERROR_CODES["NVML_ERROR_GPU_IS_LOST"])
+    assert type(err).__name__ == "NVMLError_GpuIsLost"
+    assert isinstance(err, fake.module.NVMLError)
+    assert str(err) == "GPU is lost"
+
+
+# -- NvmlSource with the fake ------------------------------------------------------------
+
+
+def test_two_gpus_static_facts_and_scripted_values(monkeypatch: pytest.MonkeyPatch, closing: list[NvmlSource]) -> None:
+    fake = FakeNvml(gpus=two_gpus())
+    nv = started(fake, monkeypatch)
+    closing.append(nv)
+
+    assert nv.status == "available"
+    assert [(g.index, g.name, g.memory_total, g.compute_capability) for g in nv.gpus] == [
+        (0, "NVIDIA H100 80GB HBM3", 80 * GiB, (9, 0)),
+        (1, "Tesla T4", 16 * GiB, (7, 5)),  # bytes from old bindings decoded
+    ]
+    fake.now = 2.0
+    h100, t4 = nv.sample(2.0, {os.getpid()})
+    assert h100 == GpuSample(
+        t=2.0,
+        index=0,
+        util_gpu=90.0,
+        util_memory=40.0,
+        memory_used=12 * GiB,
+        memory_total=80 * GiB,
+        process_memory_used=0,  # visible process list, none of it ours
+        power_w=350.0,  # NVML gives milliwatts
+        sm_clock_mhz=1980,
+        pcie_rx_kbs=12_000.0,
+        pcie_tx_kbs=3_000.0,
+    )
+    assert (t4.index, t4.util_gpu, t4.memory_used, t4.power_w, t4.sm_clock_mhz) == (1, 55.0, 3 * GiB, 70.0, 1590)
+    assert nv.problems() == []
+
+
+def test_values_that_change_over_time_are_followed(monkeypatch: pytest.MonkeyPatch, closing: list[NvmlSource]) -> None:
+    fake = FakeNvml(gpus=two_gpus())
+    nv = started(fake, monkeypatch)
+    closing.append(nv)
+    readings = []
+    for t in (0.0, 4.0, 6.0):
+        fake.now = t
+        readings.append(nv.sample(t)[0])
+    assert [s.util_gpu for s in readings] == [90.0, 90.0, 15.0]
+    assert [s.memory_used for s in readings] == [10 * GiB, 14 * GiB, 16 * GiB]
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [(NVMLError_LibraryNotFound, "NVML Shared Library Not Found"), (NVMLError_DriverNotLoaded, "Driver Not Loaded")],
+)
+def test_init_failure_makes_nvml_unavailable(monkeypatch: pytest.MonkeyPatch, error: type, reason: str) -> None:
+    fake = FakeNvml(gpus=two_gpus(), init_error=error)
+    nv = started(fake, monkeypatch)
+    assert nv.status == f"unavailable ({reason})"
+    assert nv.gpus == []
+    assert nv.sample(0.0, {os.getpid()}) == []
+    nv.close()
+    assert fake.shutdown_calls == 0  # never shut down what we did not init
+
+
+def test_pynvml_not_installed_makes_nvml_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    uninstall_pynvml(monkeypatch)
+    nv = NvmlSource()
+    nv.start()
+    assert nv.status == "unavailable (pynvml not installed)"
+    assert nv.sample(0.0) == []
+    nv.close()
+
+
+def test_no_gpu_is_unavailable_and_nvml_is_shut_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml(gpus=[])
+    nv = started(fake, monkeypatch)
+    assert nv.status == "unavailable (no GPU)"
+    assert nv.sample(0.0) == []
+    assert fake.refcount == 0
+
+
+def test_close_shuts_down_once_and_stops_sampling(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml(gpus=two_gpus())
+    nv = started(fake, monkeypatch)
+    nv.start()  # a second start neither re-inits nor leaks a reference
+    assert fake.init_calls == 1
+    nv.close()
+    nv.close()
+    assert (fake.shutdown_calls, fake.refcount) == (1, 0)
+    assert nv.sample(1.0) == []
+
+
+def test_not_supported_power_is_none_reported_once_and_not_retried(
+    monkeypatch: pytest.MonkeyPatch, closing: list[NvmlSource]
+) -> None:
+    fake = FakeNvml(gpus=two_gpus(not_supported={"power"}))
+    nv = started(fake, monkeypatch)
+    closing.append(nv)
+    for i in range(5):
+        h100, t4 = nv.sample(float(i))
+        assert h100.power_w == 350.0
+        assert t4.power_w is None
+        assert t4.util_gpu == 55.0  # the rest of that GPU still sampled
+    assert nv.problems() == ["power: Not Supported on GPU 1"]
+    assert fake.calls["nvmlDeviceGetPowerUsage", 1] == 1
+    assert fake.calls["nvmlDeviceGetPowerUsage", 0] == 5
+
+
+def test_transient_error_is_retried_and_counted(monkeypatch: pytest.MonkeyPatch, closing: list[NvmlSource]) -> None:
+    fake = FakeNvml(gpus=[FakeGpu(errors={"util": NVMLError_Timeout})])
+    nv = started(fake, monkeypatch)
+    closing.append(nv)
+    samples = [nv.sample(float(i))[0] for i in range(3)]
+    assert [s.util_gpu for s in samples] == [None, None, None]
+    assert fake.calls["nvmlDeviceGetUtilizationRates", 0] == 3
+    assert nv.problems() == ["utilization: Timeout on GPU 0 (3 times)"]
+
+
+def test_gpu_lost_mid_run_stops_that_gpu_only(monkeypatch: pytest.MonkeyPatch, closing: list[NvmlSource]) -> None:
+    fake = FakeNvml(gpus=two_gpus(lost_at=3.0))
+    nv = started(fake, monkeypatch)
+    closing.append(nv)
+    seen = []
+    for i in range(6):
+        fake.now = t = 1.1 * i
+        seen.append(sorted(s.index for s in nv.sample(t)))
+    assert seen == [[0, 1], [0, 1], [0, 1], [0], [0], [0]]
+    calls_after_loss = sum(n for (_, gpu), n in fake.calls.items() if gpu == 1)
+    nv.sample(9.0)
+    assert sum(n for (_, gpu), n in fake.calls.items() if gpu == 1) == calls_after_loss
+    assert nv.problems() == ["GPU 1 lost at t=3.3s: GPU is lost"]
+
+
+def test_gpu_lost_after_n_calls(monkeypatch: pytest.MonkeyPatch, closing: list[NvmlSource]) -> None:
+    fake = FakeNvml(gpus=[FakeGpu(), FakeGpu(lost_after=2)])  # lost during start()'s static reads
+    nv = started(fake, monkeypatch)
+    closing.append(nv)
+    assert nv.status == "available"
+    assert [g.index for g in nv.gpus] == [0]
+    assert [s.index for s in nv.sample(0.0)] == [0]
+    assert nv.problems() == ["GPU 1 lost at start: GPU is lost"]
+
+
+def test_pcie_is_read_every_nth_sample_only(monkeypatch: pytest.MonkeyPatch, closing: list[NvmlSource]) -> None:
+    fake = FakeNvml(gpus=[FakeGpu(pcie_rx=5_000, pcie_tx=1_000)])
+    nv = started(fake, monkeypatch, pcie_every=3)
+    closing.append(nv)
+    rx = [nv.sample(float(i))[0].pcie_rx_kbs for i in range(7)]
+    assert rx == [5_000.0, None, None, 5_000.0, None, None, 5_000.0]
+    assert fake.calls["nvmlDeviceGetPcieThroughput", 0] == 6  # RX and TX, 3 times
+
+
+def test_process_memory_counts_our_pids_only(monkeypatch: pytest.MonkeyPatch, closing: list[NvmlSource]) -> None:
+    me, worker, stranger = os.getpid(), os.getppid(), 1
+    gpu = FakeGpu(
+        processes=[(me, 2 * GiB), FakeProcess(worker, 512 * MiB), (stranger, 30 * GiB)],
+        graphics_processes=[(me, 64 * MiB), (worker, None)],  # None: not attributable
+    )
+    fake = FakeNvml(gpus=[gpu, FakeGpu(processes=[(stranger, GiB)])])
+    nv = started(fake, monkeypatch)
+    closing.append(nv)
+    ours, other_gpu = nv.sample(0.0, {me, worker})
+    assert ours.process_memory_used == 2 * GiB + 512 * MiB + 64 * MiB
+    assert other_gpu.process_memory_used == 0
+    assert nv.sample(0.0, set())[0].process_memory_used is None  # no pids given: not asked
+
+
+@pytest.mark.skipif(not Path("/proc/1").exists(), reason="needs Linux /proc")
+def test_process_memory_unknown_when_nvml_pids_are_from_another_namespace(
+    monkeypatch: pytest.MonkeyPatch, closing: list[NvmlSource]
+) -> None:
+    fake = FakeNvml(gpus=[FakeGpu(processes=[(NO_SUCH_PID, GiB)])])
+    nv = started(fake, monkeypatch)
+    closing.append(nv)
+    assert nv.sample(0.0, {os.getpid()})[0].process_memory_used is None
+    assert nv.problems() == ["process_memory: pids from NVML are not in this PID namespace on GPU 0"]
+
+
+def test_process_memory_none_when_process_queries_not_supported(
+    monkeypatch: pytest.MonkeyPatch, closing: list[NvmlSource]
+) -> None:
+    fake = FakeNvml(gpus=[FakeGpu(not_supported={"processes", "graphics_processes"})])
+    nv = started(fake, monkeypatch)
+    closing.append(nv)
+    assert nv.sample(0.0, {os.getpid()})[0].process_memory_used is None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_child_neither_samples_nor_shuts_down_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml(gpus=two_gpus())
+    nv = started(fake, monkeypatch)
+
+    def child() -> bool:
+        nv.close()
+        return nv.sample(1.0) == [] and fake.shutdown_calls == 0
+
+    assert in_forked_child(child) == 0
+    assert len(nv.sample(1.0)) == 2  # the parent is unaffected
+    nv.close()
+    assert fake.shutdown_calls == 1
+
+
+# -- NvmlSource with the real pynvml --------------------------------------------------
+
+
+def test_real_pynvml_never_raises_and_reports_its_status() -> None:
+    nv = NvmlSource()
+    nv.start()
+    try:
+        samples = nv.sample(0.0, {os.getpid()})
+        if nv.status == "available":
+            assert len(samples) == len(nv.gpus) > 0
+        else:  # this machine: no driver, no GPU
+            assert nv.status.startswith("unavailable (")
+            assert samples == []
+            assert nv.gpus == []
+    finally:
+        nv.close()
+        nv.close()
+
+
+@pytest.mark.gpu
+def test_real_gpu_samples_have_utilization_and_memory() -> None:
+    nv = NvmlSource()
+    nv.start()
+    try:
+        if nv.status != "available":
+            pytest.skip(f"NVML {nv.status}")
+        assert all(g.name and g.memory_total > 0 for g in nv.gpus)
+        samples = nv.sample(0.0, {os.getpid()})
+        assert [s.index for s in samples] == [g.index for g in nv.gpus]
+        for s in samples:
+            assert s.util_gpu is not None and 0 <= s.util_gpu <= 100
+            assert s.memory_total is not None and s.memory_total > 0
+            assert s.memory_used is not None and 0 <= s.memory_used <= s.memory_total
+    finally:
+        nv.close()
+
+
+# -- HostSource -------------------------------------------------------------------------
+
+# A parent that starts a CPU-burning grandchild and waits for it: DataLoader workers
+# are children of the training process; this checks the tree is walked recursively.
+# Both exit on their own after a few seconds even if the test is killed.
+BURN = "import time\nend = time.time() + {secs}\nwhile time.time() < end: pass\n"
+PARENT_OF_BURNER = (
+    "import subprocess, sys\n"
+    f"subprocess.run([sys.executable, '-c', {BURN.format(secs=6)!r}])\n"
+)
+
+
+@pytest.fixture
+def burner_tree() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen([sys.executable, "-c", PARENT_OF_BURNER])
+    try:
+        yield proc
+    finally:
+        try:
+            grandchildren = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            grandchildren = []
+        for p in grandchildren:  # processes this test started, by pid
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        proc.kill()
+        proc.wait()
+
+
+def test_children_cpu_counts_a_busy_grandchild(burner_tree: subprocess.Popen[bytes]) -> None:
+    host = HostSource(pid=os.getpid())
+    host.start()  # before the burner is seen: its first reading must not be a zero
+    assert wait_until(lambda: len(psutil.Process().children(recursive=True)) >= 2)
+    time.sleep(0.5)
+    s = host.sample(1.0)
+    assert s.n_children >= 2
+    assert s.children_cpu > 20.0  # one busy core reads ~100; generous for a loaded CI box
+    assert s.children_rss > 0
+    assert burner_tree.pid in host.pids()
+    assert os.getpid() in host.pids()
+
+
+def test_host_sample_fields_are_plausible() -> None:
+    host = HostSource()
+    host.start()
+    x = 0
+    for i in range(300_000):  # burn a little CPU in this process
+        x += i
+    s = host.sample(0.5)
+    assert s.t == 0.5
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    assert len(s.cpu_per_core) == len(affinity)
+    assert all(0.0 <= c <= 100.0 for c in s.cpu_per_core)
+    assert s.process_cpu > 0.0
+    assert s.process_rss > 0
+    assert 0.0 < s.memory_percent < 100.0 and s.memory_available > 0
+    assert s.swap_used >= 0 and s.disk_read_bps >= 0.0
+    if sys.platform.startswith("linux"):
+        assert s.iowait_percent is not None and 0.0 <= s.iowait_percent <= 100.0
+    assert host.problems() == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="zombie status as on Linux")
+def test_zombie_child_does_not_break_sampling() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        assert wait_until(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE)
+        host = HostSource()
+        host.start()
+        s = host.sample(0.1)  # the exited, unreaped child is skipped or read, never raised
+        assert s.process_rss > 0
+    finally:
+        proc.wait()
+
+
+def test_vanished_process_gives_empty_tree_and_a_problem() -> None:
+    host = HostSource(pid=NO_SUCH_PID)
+    host.start()
+    s = host.sample(0.1)
+    assert (s.process_cpu, s.n_children, s.process_rss) == (0.0, 0, 0)
+    assert s.memory_available > 0  # system-wide fields still read
+    assert host.pids() == set()
+    assert host.problems() == [f"process {NO_SUCH_PID}: NoSuchProcess"]
+
+
+# -- usable_cores -------------------------------------------------------------------------
+
+
+def affinity_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@pytest.mark.parametrize(
+    ("files", "limit"),
+    [
+        ({"cpu.max": "150000 100000\n"}, 2),  # v2, 1.5 CPUs rounds up
+        ({"cpu.max": "50000 100000\n"}, 1),  # half a CPU is still at least one
+        ({"cpu.max": "max 100000\n"}, None),  # v2, no quota
+        ({}, None),  # nothing to read
+        ({"cpu.cfs_quota_us": "150000\n", "cpu.cfs_period_us": "100000\n"}, 2),  # v1
+        ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),  # v1 mount
+        ({"cpu.cfs_quota_us": "-1\n", "cpu.cfs_period_us": "100000\n"}, None),  # v1, no quota
+        ({"cpu.max": "garbage\n"}, None),
+    ],
+)
+def test_usable_cores_honours_cgroup_quota(tmp_path: Path, files: dict[str, str], limit: int | None) -> None:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    expected = affinity_count() if limit is None else min(affinity_count(), limit)
+    assert usable_cores(cgroup_root=tmp_path) == expected
+
+
+def test_usable_cores_on_this_machine_is_within_affinity() -> None:
+    assert 1 <= usable_cores() <= affinity_count()
+
+
+# -- Sampler ---------------------------------------------------------------------------
+
+
+def sampler_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
+
+
+def test_sampler_samples_at_once_and_stops_promptly(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml(gpus=two_gpus())
+    fake.install(monkeypatch)
+    nv, host = NvmlSource(), HostSource()
+    s = Sampler(interval=30.0, sources=(nv, host))  # far longer than the test
+    s.start()
+    try:
+        assert wait_until(lambda: len(s.host_samples) >= 1)  # the immediate sample
+        assert [t.daemon for t in sampler_threads()] == [True]
+        began = time.monotonic()
+        s.stop()
+        assert time.monotonic() - began < 2.0
+        assert sampler_threads() == []
+        s.stop()  # harmless
+        assert len(s.host_samples) == 2  # the immediate one and the final one
+        assert len(s.gpu_samples) == 4
+        assert s.stats["samples"] == 2 and s.stats["interval"] == 30.0
+        assert s.stats["mean_sample_seconds"] > 0.0
+    finally:
+        s.stop()
+        nv.close()
+
+
+def test_sampler_times_come_from_the_given_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks = iter(range(100, 1000))
+    s = Sampler(interval=0.001, sources=(HostSource(),), clock=lambda: float(next(ticks)), t0=100.0)
+    s.start()
+    assert wait_until(lambda: len(s.host_samples) >= 3)
+    s.stop()
+    times = [h.t for h in s.host_samples]
+    assert times[:3] == [0.0, 1.0, 2.0]
+
+
+def test_stop_before_start_is_harmless() -> None:
+    s = Sampler(sources=(HostSource(),))
+    s.stop()
+    assert s.host_samples == [] and sampler_threads() == []
+
+
+def test_a_source_that_raises_does_not_kill_the_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken_binding(t: float) -> int:
+        raise RuntimeError("binding exploded")
+
+    fake = FakeNvml(gpus=[FakeGpu(util=broken_binding)])
+    fake.install(monkeypatch)
+    nv = NvmlSource()
+    s = Sampler(interval=0.005, sources=(nv, HostSource()))
+    s.start()
+    try:
+        assert wait_until(lambda: len(s.host_samples) >= 5)
+        assert s.running
+    finally:
+        s.stop()
+        nv.close()
+    errors = s.stats["errors"]
+    assert errors >= 5
+    assert s.problems() == [f"NvmlSource: RuntimeError: binding exploded ({errors} times)"]
+    assert s.gpu_samples == []  # the GPU reading was lost, the host ones were not
+
+
+def test_decimation_keeps_memory_bounded_and_ticks_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml(gpus=two_gpus())
+    fake.install(monkeypatch)
+    nv = NvmlSource()
+    s = Sampler(interval=0.001, sources=(nv, HostSource()), max_samples=8)
+    s.start()
+    sizes = []
+    try:
+        while s.stats["samples"] < 24:
+            sizes.append(len(s.host_samples))
+            time.sleep(0.001)
+    finally:
+        s.stop()
+        nv.close()
+    assert max(sizes) < 8
+    stats = s.stats
+    assert stats["kept"] == len(s.host_samples) < 8
+    assert stats["dropped"] == stats["samples"] - stats["kept"]
+    assert stats["effective_interval"] >= 0.001 * 2**4  # one doubling per 4 new ticks
+    gpu = s.gpu_samples
+    assert len(gpu) == 2 * len(s.host_samples)  # whole ticks dropped, never one GPU of a tick
+    assert [g.t for g in gpu[::2]] == [g.t for g in gpu[1::2]] == [h.t for h in s.host_samples]
+
+
+def test_sampler_passes_the_process_tree_to_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml(gpus=[FakeGpu(processes=[(os.getpid(), 3 * GiB), (1, 40 * GiB)])])
+    fake.install(monkeypatch)
+    nv = NvmlSource()
+    with Sampler(interval=10.0, sources=(nv, HostSource())) as s:
+        assert wait_until(lambda: len(s.gpu_samples) >= 1)
+    nv.close()
+    assert {g.process_memory_used for g in s.gpu_samples} == {3 * GiB}
+
+
+def test_sampler_rejects_bad_settings() -> None:
+    with pytest.raises(ValueError, match="interval"):
+        Sampler(interval=0)
+    with pytest.raises(ValueError, match="max_samples"):
+        Sampler(max_samples=1)
+    with pytest.raises(TypeError, match="NvmlSource or HostSource"):
+        Sampler(sources=(object(),))  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_stop_in_a_forked_child_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml(gpus=two_gpus())
+    fake.install(monkeypatch)
+    nv = NvmlSource()
+    s = Sampler(interval=0.01, sources=(nv, HostSource()))
+    s.start()
+    try:
+        assert wait_until(lambda: len(s.host_samples) >= 2)
+
+        def child() -> bool:
+            before = len(s.host_samples)  # readable without the parent's lock
+            began = time.monotonic()
+            s.stop()
+            nv.close()
+            return (
+                not s.running
+                and time.monotonic() - began < 1.0
+                and len(s.host_samples) == before  # no final sample taken in the child
+                and fake.shutdown_calls == 0
+            )
+
+        assert in_forked_child(child) == 0
+        n = len(s.host_samples)
+        assert wait_until(lambda: len(s.host_samples) > n)  # the parent's thread goes on
+        assert s.running
+    finally:
+        s.stop()
+        nv.close()
+    assert fake.shutdown_calls == 1
