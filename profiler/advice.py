@@ -74,7 +74,8 @@ def workers_needed(m: Metrics, loader: LoaderInfo | None) -> tuple[int, float] |
             return None
         load = m.children_cpu_cores * m.step_time_mean
     compute = max(m.compute_per_step, 1e-6)
-    return max(1, math.ceil(load / compute) + 1), load
+    # (the small epsilon keeps float noise from adding a worker when the ratio is whole)
+    return max(1, math.ceil(load / compute - 1e-9) + 1), load
 
 
 def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> list[Recommendation]:

@@ -149,8 +149,9 @@ class Profile:
                 self.run.gpu_samples = self._sampler.gpu_samples
                 self.run.host_samples = self._sampler.host_samples
                 self.run.sampling = dict(self._sampler.stats)
+                # NVML's, the host sampler's and the thread's own problems, counted.
+                self.run.limitations.extend(self._sampler.problems())
             if self._nvml is not None:
-                self.run.limitations.extend(self._nvml.problems())
                 self._nvml.close()
             assert self._timeline is not None
             self.run.steps = list(self._timeline.steps)

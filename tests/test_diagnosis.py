@@ -1,0 +1,234 @@
+"""Diagnosis and advice on hand-built runs: no threads, no framework, no GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from profiler.advice import recommend
+from profiler.diagnosis import DEFAULT_THRESHOLDS, diagnose, warmup_count
+from profiler.records import Environment, GpuInfo, GpuSample, HostSample, LoaderInfo, Run, Step
+from profiler.report import build_report, load_report, write_json
+
+GiB = 2**30
+
+
+def make_run(
+    n: int = 40,
+    step: float = 0.1,
+    wait: float = 0.0,
+    wait_cpu: float | None = None,
+    h2d: float = 0.0,
+    workers: int | None = 0,
+    cores: int = 8,
+    tree_cpu: float = 100.0,
+    children_cpu: float = 0.0,
+    gpu_util: float | None = None,
+    gpu_mem: float | None = None,
+    cc: tuple[int, int] | None = (9, 0),
+    cuda: bool = False,
+    amp: bool = False,
+    persistent: bool = False,
+    iterations: int = 1,
+    swap_growth: int = 0,
+) -> Run:
+    env = Environment(usable_cores=cores, logical_cores=cores, memory_total=64 * GiB)
+    if gpu_util is not None or gpu_mem is not None:
+        env.gpus = [GpuInfo(0, "NVIDIA H100", 80 * GiB, cc)]
+        env.gpu_status = "available"
+    env.cuda_in_use = cuda
+    steps = [
+        Step(i, i * step, (i + 1) * step, data_wait=wait, data_wait_cpu=wait if wait_cpu is None else wait_cpu,
+             h2d=h2d, batch_size=32)
+        for i in range(n)
+    ]
+    hosts = [
+        HostSample(t=i * 0.1, cpu_per_core=[min(100.0, (tree_cpu + children_cpu) / cores)] * cores,
+                   process_cpu=tree_cpu, children_cpu=children_cpu, n_children=workers or 0,
+                   memory_available=32 * GiB, swap_used=swap_growth * i // max(1, n * step * 10 - 1))
+        for i in range(int(n * step * 10))
+    ]
+    gpus = []
+    if gpu_util is not None or gpu_mem is not None:
+        gpus = [
+            GpuSample(t=i * 0.1, index=0, util_gpu=gpu_util, memory_used=int((gpu_mem or 0.1) * 80 * GiB),
+                      memory_total=80 * GiB, process_memory_used=GiB)
+            for i in range(int(n * step * 10))
+        ]
+    loaders = []
+    if workers is not None:
+        loaders = [LoaderInfo("torch", "DataLoader", batch_size=32, num_workers=workers, pin_memory=False,
+                              persistent_workers=persistent, prefetch_factor=2 if workers else None,
+                              dataset_length=1000, sample_nbytes=12288, iterations=iterations)]
+    return Run(environment=env, steps=steps, host_samples=hosts, gpu_samples=gpus, loaders=loaders,
+               amp_in_use=amp, data_wait_method="iterator-next")
+
+
+def ids(run: Run) -> list[str]:
+    return [r.id for r in recommend(run, diagnose(run))]
+
+
+def test_too_few_steps_is_inconclusive_with_reason():
+    d = diagnose(make_run(n=4, wait=0.09))
+    assert d.verdict == "inconclusive"
+    assert "need at least" in d.summary
+    assert recommend(make_run(n=4), d) == []
+
+
+def test_no_steps_says_none_were_seen():
+    d = diagnose(Run())
+    assert d.verdict == "inconclusive" and "no training steps" in d.summary
+
+
+def test_warmup_steps_are_left_out():
+    # The first steps carry worker start-up; they must not decide the verdict.
+    run = make_run(n=40, wait=0.0)
+    run.steps[0].data_wait = run.steps[0].duration
+    run.steps[1].data_wait = run.steps[1].duration
+    assert warmup_count(40) >= 2
+    assert diagnose(run).verdict == "compute-bound"
+
+
+def test_input_at_twenty_percent_is_data_starved_and_just_below_is_not():
+    assert diagnose(make_run(wait=0.020)).verdict == "data-starved"
+    below = diagnose(make_run(wait=0.0199))
+    assert below.verdict == "compute-bound" and below.moderate_input
+
+
+def test_in_process_cpu_loading_with_spare_cores_is_too_few_workers():
+    d = diagnose(make_run(wait=0.08, workers=0, cores=8))
+    assert (d.verdict, d.cause) == ("data-starved", "too-few-workers")
+    rec = {r.id: r for r in recommend(make_run(wait=0.08, workers=0, cores=8), d)}
+    # loading 80 ms of CPU per step against 20 ms compute -> ceil(4)+1 = 5 workers
+    assert rec["num_workers"].values["num_workers"] == 5
+    assert rec["num_workers"].estimated_speedup == pytest.approx(0.1 / 0.02, rel=0.01)
+
+
+def test_in_process_waiting_without_cpu_is_io_latency():
+    run = make_run(wait=0.08, wait_cpu=0.002, workers=0, cores=4)
+    d = diagnose(run)
+    assert (d.verdict, d.cause) == ("data-starved", "io-latency")
+    got = ids(run)
+    assert "convert_format" in got and "num_workers" in got
+
+
+def test_saturated_workers_get_no_more_workers():
+    # 4 workers each at 95% on 4 cores plus the main process: the cores are full.
+    run = make_run(wait=0.06, workers=4, cores=4, tree_cpu=30.0, children_cpu=380.0)
+    d = diagnose(run)
+    assert (d.verdict, d.cause) == ("data-starved", "cpu-bound-preprocessing")
+    got = ids(run)
+    assert "num_workers" not in got
+    assert "offline_preprocessing" in got
+
+
+def test_busy_workers_with_idle_cores_is_too_few_workers():
+    run = make_run(wait=0.06, workers=2, cores=16, tree_cpu=30.0, children_cpu=190.0)
+    d = diagnose(run)
+    assert (d.verdict, d.cause) == ("data-starved", "too-few-workers")
+    rec = {r.id: r for r in recommend(run, d)}
+    assert rec["num_workers"].values["num_workers"] > 2
+
+
+def test_idle_workers_are_io_latency_and_get_prefetch():
+    run = make_run(wait=0.06, workers=4, cores=16, tree_cpu=20.0, children_cpu=40.0, iterations=3)
+    d = diagnose(run)
+    assert d.cause == "io-latency"
+    got = ids(run)
+    assert {"prefetch", "persistent_workers", "convert_format"} <= set(got)
+
+
+def test_copies_dominating_input_time_is_host_to_device_with_pin_memory():
+    run = make_run(wait=0.005, h2d=0.03, workers=4, cores=16, tree_cpu=50, children_cpu=100,
+                   gpu_util=60, cuda=True)
+    d = diagnose(run)
+    assert (d.verdict, d.cause) == ("data-starved", "host-to-device")
+    assert "pin_memory" in ids(run)
+
+
+def test_gpu_memory_near_full_is_memory_bound_with_memory_advice():
+    run = make_run(gpu_util=95, gpu_mem=0.93, cuda=True)
+    d = diagnose(run)
+    assert d.verdict == "memory-bound"
+    assert {"gradient_checkpointing", "gradient_accumulation", "mixed_precision"} <= set(ids(run))
+
+
+def test_oom_is_memory_bound_even_when_starved():
+    run = make_run(wait=0.08)
+    run.oom_errors.append("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert diagnose(run).verdict == "memory-bound"
+
+
+def test_swap_growth_is_host_memory_pressure():
+    run = make_run(swap_growth=2 * GiB)
+    d = diagnose(run)
+    assert (d.verdict, d.cause) == ("memory-bound", "host-memory")
+
+
+def test_idle_gpu_without_input_wait_is_host_bound():
+    run = make_run(gpu_util=25, gpu_mem=0.3, cuda=True)
+    d = diagnose(run)
+    assert d.verdict == "host-bound"
+    assert {"compile", "larger_batch"} <= set(ids(run))
+
+
+def test_busy_gpu_is_compute_bound_with_bf16_on_ampere_or_newer():
+    run = make_run(gpu_util=97, gpu_mem=0.5, cuda=True, cc=(8, 0))
+    rec = {r.id: r for r in recommend(run, diagnose(run))}
+    assert diagnose(run).verdict == "compute-bound"
+    assert rec["mixed_precision"].values["dtype"] == "bfloat16"
+
+
+def test_fp16_with_grad_scaler_on_volta():
+    run = make_run(gpu_util=97, gpu_mem=0.5, cuda=True, cc=(7, 0))
+    rec = {r.id: r for r in recommend(run, diagnose(run))}
+    assert rec["mixed_precision"].values["dtype"] == "float16"
+    assert "GradScaler" in rec["mixed_precision"].code
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"amp": True},  # autocast already in use
+        {"cc": (6, 1)},  # Pascal: no tensor cores
+        {"cc": None},  # unknown device
+        {"wait": 0.05},  # data-starved: compute is not the limit
+    ],
+)
+def test_mixed_precision_is_not_recommended_where_it_cannot_help(kwargs):
+    base = {"gpu_util": 97, "gpu_mem": 0.5, "cuda": True}
+    run = make_run(**{**base, **kwargs})
+    assert "mixed_precision" not in ids(run)
+
+
+def test_compute_bound_cpu_run_gets_no_input_advice():
+    run = make_run(wait=0.001)
+    d = diagnose(run)
+    assert (d.verdict, d.cause) == ("compute-bound", "cpu")
+    assert ids(run) == []
+
+
+def test_evidence_cites_the_threshold_sources():
+    d = diagnose(make_run(wait=0.05))
+    sources = {e.key: e.source for e in d.evidence}
+    assert "TensorFlow Profiler" in sources["data_wait_fraction"]
+    assert DEFAULT_THRESHOLDS.input_high == 0.20 and DEFAULT_THRESHOLDS.input_moderate == 0.05
+
+
+def test_report_json_has_the_documented_keys_and_round_trips(tmp_path):
+    run = make_run(wait=0.05, gpu_util=80, gpu_mem=0.5, cuda=True)
+    report = build_report(run)
+    path = tmp_path / "run.json"
+    write_json(report, path)
+    data = json.loads(path.read_text())
+    for key in ("schema", "verdict", "evidence", "recommendations", "steps", "data_wait_fraction",
+                "samples", "environment"):
+        assert key in data
+    assert isinstance(data["schema"], int)
+    for rec in data["recommendations"]:
+        assert {"id", "title", "detail", "code"} <= rec.keys()
+    again = load_report(path)
+    assert again.verdict == report.verdict == "data-starved"
+    assert again.recommendation_ids() == report.recommendation_ids()
+    assert again.run.environment.gpus[0].compute_capability == (9, 0)

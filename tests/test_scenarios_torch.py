@@ -1,0 +1,240 @@
+"""Real small PyTorch training loops under Profile, one per verdict this machine can produce.
+
+GPU signals come from a fake pynvml (tests/fake_pynvml.py) installed in place of
+the real module: the training itself is real, on the CPU.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import threading
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from profiler import Profile, StopRun
+from tests import torch_loops as loops
+from tests.fake_pynvml import FakeGpu, FakeNvml, NVMLError_GpuIsLost
+
+pytestmark = pytest.mark.slow
+
+GiB = 2**30
+
+
+def profiled(fn, **kwargs):
+    kwargs.setdefault("print_report", False)
+    with Profile(interval=0.05, **kwargs) as prof:
+        fn()
+    return prof
+
+
+def test_cpu_heavy_dataset_in_main_process_is_data_starved_by_too_few_workers():
+    loader = DataLoader(loops.CpuHeavy(n=320, cost=0.0015), batch_size=16, num_workers=0)
+    prof = profiled(lambda: loops.train(loader, loops.small_model()))
+    report = prof.report
+    assert report.verdict == "data-starved"
+    assert report.cause == "too-few-workers"
+    assert report.data_wait_fraction > 0.5
+    assert report.run.data_wait_method == "iterator-next"
+    assert "num_workers" in report.recommendation_ids()
+    info = report.run.loaders[0]
+    assert (info.num_workers, info.batch_size, info.dataset_length) == (0, 16, 320)
+    assert info.sample_nbytes == 32 * 4 + 8  # float32 features + int64 label
+
+
+def test_sleeping_dataset_is_io_latency_in_process():
+    loader = DataLoader(loops.Sleepy(n=320, delay=0.0015), batch_size=16, num_workers=0)
+    report = profiled(lambda: loops.train(loader, loops.small_model())).report
+    assert (report.verdict, report.cause) == ("data-starved", "io-latency")
+    assert "convert_format" in report.recommendation_ids()
+
+
+def test_sleeping_dataset_with_idle_workers_is_io_latency():
+    loader = DataLoader(loops.Sleepy(n=256, delay=0.010), batch_size=16, num_workers=2)
+    report = profiled(lambda: loops.train(loader, loops.small_model(), epochs=2)).report
+    assert (report.verdict, report.cause) == ("data-starved", "io-latency")
+    got = report.recommendation_ids()
+    assert "num_workers" in got and "persistent_workers" in got
+    assert report.run.loaders[0].iterations == 2
+
+
+def test_heavy_model_on_in_memory_data_is_compute_bound_without_input_advice():
+    loader = loops.in_memory_loader(n=1024, batch_size=64)
+    report = profiled(lambda: loops.train(loader, loops.heavy_model())).report
+    assert report.verdict == "compute-bound"
+    assert report.cause == "cpu"
+    assert report.data_wait_fraction < 0.05
+    assert not {"num_workers", "prefetch", "cache"} & set(report.recommendation_ids())
+
+
+def test_generator_loop_without_dataloader_is_measured_between_steps():
+    model = loops.small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def run():
+        for x, y in loops.generator_batches(30, delay_cpu=0.01):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+
+    report = profiled(run).report
+    assert report.run.data_wait_method == "between-steps"
+    assert report.verdict == "data-starved"
+    assert report.data_wait_fraction > 0.5
+    assert len(report.run.steps) == 30
+
+
+def test_profiling_does_not_change_a_seeded_run():
+    def seeded():
+        torch.manual_seed(123)
+        loader = DataLoader(loops.CpuHeavy(n=96, cost=0.0), batch_size=8, shuffle=True,
+                            generator=torch.Generator().manual_seed(5))
+        return loops.train(loader, loops.small_model(), epochs=2)
+
+    plain = seeded()
+    with Profile(print_report=False):
+        profiled_losses = seeded()
+    assert profiled_losses == plain
+
+
+def test_hooks_and_threads_are_gone_after_exit():
+    dl_iter = torch.utils.data.DataLoader.__iter__
+    dl_next = torch.utils.data.dataloader._BaseDataLoaderIter.__next__
+    before = {t.name for t in threading.enumerate()}
+    loader = loops.in_memory_loader(n=128)
+    profiled(lambda: loops.train(loader, loops.small_model()))
+    assert torch.utils.data.DataLoader.__iter__ is dl_iter
+    assert torch.utils.data.dataloader._BaseDataLoaderIter.__next__ is dl_next
+    assert not torch.nn.modules.module._global_forward_pre_hooks
+    from torch.optim import optimizer as optim_module
+
+    assert not optim_module._global_optimizer_post_hooks
+    assert not optim_module._global_optimizer_pre_hooks
+    assert {t.name for t in threading.enumerate()} <= before
+
+
+def test_manual_step_marks_override_the_optimizer():
+    model = loops.small_model()
+    with Profile(print_report=False) as prof:
+        for x, y in loops.generator_batches(12, delay_cpu=0.0):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()  # no optimizer at all
+            prof.step()
+    assert len(prof.report.run.steps) == 12
+    # Steps come from the marks; input time between a mark and the next forward pass.
+    assert prof.report.run.data_wait_method == "between-steps"
+
+
+def test_max_steps_stops_the_loop_and_still_reports():
+    loader = loops.in_memory_loader(n=2048, batch_size=8)
+    with Profile(print_report=False, max_steps=7) as prof:
+        loops.train(loader, loops.small_model())
+    assert len(prof.report.run.steps) == 7
+    assert "stopped after 7 steps" in prof.report.run.exit_status
+
+
+def test_stop_run_is_not_swallowed_by_the_scripts_except_exception():
+    loader = loops.in_memory_loader(n=512, batch_size=8)
+    caught = []
+    with Profile(print_report=False, max_steps=3):
+        try:
+            loops.train(loader, loops.small_model())
+        except Exception as exc:  # a script's broad handler must not eat StopRun
+            caught.append(exc)
+    assert caught == []
+    assert issubclass(StopRun, BaseException) and not issubclass(StopRun, Exception)
+
+
+def test_user_exception_propagates_and_is_recorded():
+    with pytest.raises(ValueError, match="bad batch"):
+        with Profile(print_report=False) as prof:
+            raise ValueError("bad batch")
+    assert prof.report.run.exit_status.startswith("exception: ValueError")
+
+
+def test_profiles_do_not_nest():
+    with Profile(print_report=False):
+        with pytest.raises(RuntimeError, match="already active"):
+            Profile(print_report=False).start()
+
+
+def test_json_and_console_report_are_written(tmp_path):
+    out = io.StringIO()
+    path = tmp_path / "run.json"
+    loader = loops.in_memory_loader(n=512)
+    with Profile(json=path, output=out):
+        loops.train(loader, loops.heavy_model(512))
+    data = json.loads(path.read_text())
+    assert data["verdict"] == "compute-bound"
+    assert data["environment"]["usable_cores"] >= 1
+    assert data["samples"]["host"]["count"] >= 1
+    text = out.getvalue()
+    assert "COMPUTE-BOUND" in text and "Evidence" in text
+    assert "GPU" in text
+
+
+# -- GPU signals from a fake NVML, real training on the CPU --------------------------
+def _fake_gpu(monkeypatch, clock=None, **gpu):
+    gpu.setdefault("name", "NVIDIA H100 80GB HBM3")
+    gpu.setdefault("memory_total", 80 * GiB)
+    gpu.setdefault("cc", (9, 0))
+    gpu.setdefault("processes", [(os.getpid(), 4 * GiB)])
+    fake = FakeNvml(gpus=[FakeGpu(**gpu)], clock=clock)
+    fake.install(monkeypatch)
+    return fake
+
+
+def test_gpu_memory_near_full_is_memory_bound(monkeypatch):
+    _fake_gpu(monkeypatch, util=97, mem_used=int(0.95 * 80 * GiB))
+    loader = loops.in_memory_loader(n=1024)
+    report = profiled(lambda: loops.train(loader, loops.heavy_model(512))).report
+    assert report.verdict == "memory-bound"
+    assert report.run.environment.gpus[0].name == "NVIDIA H100 80GB HBM3"
+    assert {"gradient_checkpointing", "gradient_accumulation"} <= set(report.recommendation_ids())
+
+
+def test_idle_gpu_without_data_wait_is_host_bound(monkeypatch):
+    _fake_gpu(monkeypatch, util=12, mem_used=10 * GiB)
+    loader = loops.in_memory_loader(n=1024)
+    report = profiled(lambda: loops.train(loader, loops.heavy_model(512))).report
+    assert report.verdict == "host-bound"
+    assert "compile" in report.recommendation_ids()
+
+
+def test_busy_gpu_gets_mixed_precision_unless_autocast_is_used(monkeypatch):
+    _fake_gpu(monkeypatch, util=98, mem_used=20 * GiB)
+    loader = loops.in_memory_loader(n=1024)
+    plain = profiled(lambda: loops.train(loader, loops.heavy_model(512))).report
+    assert plain.verdict == "compute-bound"
+    assert "mixed_precision" in plain.recommendation_ids()
+    amp = profiled(lambda: loops.train(loader, loops.heavy_model(512), autocast=True)).report
+    assert amp.run.amp_in_use
+    assert "mixed_precision" not in amp.recommendation_ids()
+
+
+def test_gpu_lost_mid_run_does_not_stop_training(monkeypatch):
+    def util(t):
+        if t > 0.1:
+            raise NVMLError_GpuIsLost()
+        return 90
+
+    _fake_gpu(monkeypatch, clock=time.monotonic, util=util, mem_used=10 * GiB)
+    loader = loops.in_memory_loader(n=2048, batch_size=16)
+    report = profiled(lambda: loops.train(loader, loops.heavy_model(512))).report
+    assert len(report.run.steps) == 128  # every step ran
+    assert any("lost" in line.lower() for line in report.run.limitations)
+
+
+def test_no_nvml_says_so_and_carries_on(monkeypatch):
+    from tests.fake_pynvml import uninstall_pynvml
+
+    uninstall_pynvml(monkeypatch)
+    loader = loops.in_memory_loader(n=512)
+    report = profiled(lambda: loops.train(loader, loops.heavy_model(512))).report
+    assert report.run.environment.gpu_status.startswith("unavailable")
+    assert report.verdict == "compute-bound"
+
