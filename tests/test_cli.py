@@ -1,0 +1,204 @@
+"""`loadprof diagnose` / `loadprof report` as a user runs them: real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from profiler.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TRAIN = """
+import sys, time
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+print("argv", sys.argv[1:], "name", __name__, flush=True)
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(4096, 16), torch.randint(0, 2, (4096,)))
+loader = DataLoader(data, batch_size=16, num_workers={workers})
+model = torch.nn.Linear(16, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i, (x, y) in enumerate(loader):
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    {after_step}
+print("done", flush=True)
+"""
+
+
+def script(tmp_path: Path, workers: int = 0, after_step: str = "pass", name: str = "train.py") -> Path:
+    path = tmp_path / name
+    path.write_text(TRAIN.format(workers=workers, after_step=after_step))
+    return path
+
+
+def loadprof(*args: str, cwd: Path | None = None, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "profiler", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout, env=env, **kw)
+
+
+def test_diagnose_runs_the_script_as_python_would_and_writes_json(tmp_path):
+    path = script(tmp_path, after_step="if i == 40: break")
+    out = tmp_path / "run.json"
+    proc = loadprof("diagnose", "--json", str(out), str(path), "--lr", "3", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "argv ['--lr', '3'] name __main__" in proc.stdout
+    assert "loadprof verdict" in proc.stderr
+    data = json.loads(out.read_text())
+    assert data["steps"]["count"] == 41
+    assert data["verdict"] in ("data-starved", "compute-bound")
+
+
+def test_exit_code_is_the_scripts(tmp_path):
+    path = script(tmp_path, after_step="if i == 10: sys.exit(3)")
+    proc = loadprof("diagnose", str(path))
+    assert proc.returncode == 3
+    assert "loadprof verdict" in proc.stderr
+
+
+def test_script_exception_prints_its_traceback_and_still_reports(tmp_path):
+    path = script(tmp_path, after_step="if i == 12: raise RuntimeError('boom at step 12')")
+    out = tmp_path / "run.json"
+    proc = loadprof("diagnose", "--json", str(out), str(path))
+    assert proc.returncode == 1
+    assert "Traceback (most recent call last)" in proc.stderr
+    assert "RuntimeError: boom at step 12" in proc.stderr
+    assert str(path) in proc.stderr
+    assert "profiler/runner.py" not in proc.stderr  # our frames are not the user's problem
+    data = json.loads(out.read_text())
+    assert data["exit_status"].startswith("exception: RuntimeError")
+    assert data["steps"]["count"] == 13
+
+
+def test_max_steps_stops_the_script_with_exit_zero(tmp_path):
+    path = script(tmp_path)
+    out = tmp_path / "run.json"
+    proc = loadprof("diagnose", "--max-steps", "25", "--json", str(out), str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert "done" not in proc.stdout
+    assert json.loads(out.read_text())["steps"]["count"] == 25
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signals_still_write_the_report(tmp_path, sig, code):
+    path = script(tmp_path, workers=2, after_step="time.sleep(0.01)")
+    out = tmp_path / "run.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "profiler", "diagnose", "--json", str(out), str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    proc.stdout.readline()  # the script printed its argv: training is starting
+    time.sleep(2.0)
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == code, stderr
+    data = json.loads(out.read_text())
+    assert data["exit_status"] == "interrupted" or sig == signal.SIGTERM
+    assert data["steps"]["count"] > 0
+    assert stderr.count("loadprof verdict") == 1
+
+
+def test_dataloader_workers_never_print_or_report(tmp_path):
+    path = script(tmp_path, workers=2, after_step="if i == 60: break")
+    proc = loadprof("diagnose", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("loadprof verdict") == 1
+    assert proc.stdout.count("done") == 1
+
+
+def test_module_mode_runs_with_cwd_on_path(tmp_path):
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    script(pkg, after_step="if i == 20: break", name="train.py")
+    proc = loadprof("diagnose", "-m", "mypkg.train", "--epochs", "1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "argv ['--epochs', '1'] name __main__" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p / "missing.py", "no such file"),
+        (lambda p: (p / "run.sh").write_text("echo hi\n") and p / "run.sh", "not a Python script"),
+        (lambda p: (p / "bad.py").write_text("def (:\n") and p / "bad.py", "not valid Python"),
+    ],
+)
+def test_bad_script_is_a_one_line_error_with_exit_2(tmp_path, make, message):
+    path = make(tmp_path)
+    proc = loadprof("diagnose", str(path))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("loadprof: error:")
+    assert message in lines[0] and path.name in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_module_is_a_one_line_error(tmp_path, capsys):
+    assert main(["diagnose", "-m", "no_such_module_xyz"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "loadprof: error: -m no_such_module_xyz: no module named 'no_such_module_xyz'"
+
+
+def test_bad_options_exit_2(capsys):
+    assert main(["diagnose", "--interval", "0", "x.py"]) == 2
+    assert "must be > 0" in capsys.readouterr().err
+    assert main(["diagnose", "--max-steps", "zero", "x.py"]) == 2
+    assert main([]) == 2
+
+
+def test_report_rerenders_a_saved_run(tmp_path):
+    path = script(tmp_path, after_step="if i == 30: break")
+    out = tmp_path / "run.json"
+    assert loadprof("diagnose", "-q", "--json", str(out), str(path)).returncode == 0
+    again = tmp_path / "again.json"
+    proc = loadprof("report", str(out), "--json", str(again))
+    assert proc.returncode == 0, proc.stderr
+    assert "loadprof verdict" in proc.stdout
+    first, second = json.loads(out.read_text()), json.loads(again.read_text())
+    assert first["verdict"] == second["verdict"]
+    assert first["data_wait_fraction"] == pytest.approx(second["data_wait_fraction"])
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "no such file"),
+        ("{not json", "not JSON"),
+        ("[1, 2]", "expected a loadprof report"),
+        ('{"verdict": "x"}', "not a loadprof report"),
+        ('{"run": {"schema": 99, "steps": [], "environment": {}}}', "schema 99"),
+    ],
+)
+def test_report_of_a_bad_file_is_one_line(tmp_path, capsys, content, message):
+    path = tmp_path / "run.json"
+    if content is not None:
+        path.write_text(content)
+    assert main(["report", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("loadprof: error:") and str(path) in err and message in err
+    assert len(err.splitlines()) == 1
+
+
+def test_script_runs_without_torch_installed_in_its_world(tmp_path):
+    # A framework-free script: loadprof must not import torch or tensorflow itself.
+    path = tmp_path / "plain.py"
+    path.write_text(textwrap.dedent("""
+        import sys
+        print("torch" in sys.modules, "tensorflow" in sys.modules)
+    """))
+    proc = loadprof("diagnose", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False False"
+    assert "INCONCLUSIVE" in proc.stderr
