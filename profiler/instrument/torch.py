@@ -73,6 +73,7 @@ class TorchHooks:
         self._handles: list[Any] = []
         self._forward_handle: Any = None
         self._loaders: dict[int, LoaderInfo] = {}
+        self._checked: set[int] = set()  # optimizers whose parameter dtype was looked at
         self.installed = False
 
     # -- install / remove -----------------------------------------------------
@@ -191,8 +192,9 @@ class TorchHooks:
             self.timeline.forward_start(self.clock())
 
     def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.run.amp_in_use or os.getpid() != self.pid:
+        if self.run.amp_in_use or id(optimizer) in self._checked or os.getpid() != self.pid:
             return
+        self._checked.add(id(optimizer))
         # Half-precision parameters count as mixed precision already in use.
         for group in optimizer.param_groups:
             for p in group["params"][:1]:

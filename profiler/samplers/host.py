@@ -30,6 +30,18 @@ from profiler.records import HostSample
 log = logging.getLogger("loadprof.samplers")
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+# NOTE [ Sampling cost ]
+# psutil reads /proc in Python, holding the GIL, so every millisecond spent here is
+# taken from a training loop that is itself GIL-bound. Listing the process tree
+# scans every process on the machine (~1 ms with 70 processes), memory, swap and
+# disk counters cost ~0.2 ms together. Those change slowly, so they are read every
+# ``TREE_EVERY``/``SLOW_EVERY`` samples (1 s and 0.5 s at 10 Hz), while per-core CPU
+# and the CPU of the known tree (~0.1 ms) are read every sample. New loader workers
+# are therefore seen within a second; their CPU since creation is still counted
+# (NOTE [ Short-lived loader workers ]).
+TREE_EVERY = 10
+SLOW_EVERY = 5
 _GONE = (psutil.NoSuchProcess, psutil.AccessDenied)  # ZombieProcess is a NoSuchProcess
 
 
@@ -52,8 +64,12 @@ class HostSource:
         self._last_proc_cpu = 0.0
         self._last_children: dict[tuple[int, float], float] = {}  # (pid, create_time) -> cpu s
         self._last_disk_read: int | None = None
+        self._last_slow_wall = 0.0
         self._pids: set[int] | None = None
         self._errors: dict[str, int] = {}
+        self._children: list[psutil.Process] = []
+        self._n = 0  # readings taken, for the slower cadences (NOTE [ Sampling cost ])
+        self._slow: tuple[float, int, int, float] = (0.0, 0, 0, 0.0)  # mem %, available, swap, disk B/s
 
     # -- lifecycle -----------------------------------------------------------
     def start(self) -> None:
@@ -66,10 +82,10 @@ class HostSource:
         except _GONE as exc:
             self._note(f"process {self.pid}: {type(exc).__name__}")
         self._cores = _affinity(self.pid)
-        self._last_wall = time.monotonic()
+        self._last_wall = self._last_slow_wall = time.monotonic()
         self._last_percpu = [_busy_total(c) for c in psutil.cpu_times(percpu=True)]
         self._last_all = _busy_total_iowait(psutil.cpu_times())
-        self._read_tree(self._last_wall, 0.0)
+        self._read_tree(self._last_wall, 0.0, relist=True)
         self._last_disk_read = self._disk_read()
 
     def close(self) -> None:
@@ -99,30 +115,35 @@ class HostSource:
             s.iowait_percent = _clamp(100.0 * (iowait - last_iowait) / (total - last_total))
         self._last_all = (busy, total, iowait)
 
+        self._n += 1
         s.process_cpu, s.process_rss, s.children_cpu, s.n_children, s.children_rss = (
-            self._read_tree(now, dt)
+            self._read_tree(now, dt, relist=self._n % TREE_EVERY == 0 or self._n == 1)
         )
 
-        try:
-            vm = psutil.virtual_memory()
-            s.memory_percent = float(vm.percent)
-            s.memory_available = int(vm.available)
-            s.swap_used = int(psutil.swap_memory().used)
-        except OSError as exc:
-            self._note(f"memory: {exc}")
-
-        read = self._disk_read()
-        if read is not None and self._last_disk_read is not None:
-            # A disk detached mid-run makes the system total drop: never negative.
-            s.disk_read_bps = max(0.0, (read - self._last_disk_read) / dt)
-        self._last_disk_read = read
+        if self._n % SLOW_EVERY == 0 or self._n == 1:
+            mem_percent, available, swap, disk_bps = self._slow
+            try:
+                vm = psutil.virtual_memory()
+                mem_percent, available = float(vm.percent), int(vm.available)
+                swap = int(psutil.swap_memory().used)
+            except OSError as exc:
+                self._note(f"memory: {exc}")
+            read = self._disk_read()
+            slow_dt = max(now - self._last_slow_wall, 1e-9)
+            if read is not None and self._last_disk_read is not None:
+                # A disk detached mid-run makes the system total drop: never negative.
+                disk_bps = max(0.0, (read - self._last_disk_read) / slow_dt)
+            self._last_disk_read = read
+            self._last_slow_wall = now
+            self._slow = (mem_percent, available, swap, disk_bps)
+        s.memory_percent, s.memory_available, s.swap_used, s.disk_read_bps = self._slow
         self._last_wall = now
         return s
 
     def pids(self) -> set[int]:
         """The process tree (the process and all its descendants) as of the last reading."""
         if self._pids is None:
-            self._read_tree(time.monotonic(), 0.0)
+            self._read_tree(time.monotonic(), 0.0, relist=True)
         return set(self._pids or ())
 
     def problems(self) -> list[str]:
@@ -130,10 +151,11 @@ class HostSource:
         return [f"{what} ({n} times)" if n > 1 else what for what, n in self._errors.items()]
 
     # -- internals -----------------------------------------------------------
-    def _read_tree(self, now: float, dt: float) -> tuple[float, int, float, int, int]:
+    def _read_tree(self, now: float, dt: float, relist: bool) -> tuple[float, int, float, int, int]:
         """CPU % and RSS of the process and its descendants; updates the baselines.
 
-        ``dt == 0`` only sets baselines. Returns (process_cpu, process_rss,
+        ``dt == 0`` only sets baselines. ``relist`` scans for new descendants
+        (NOTE [ Sampling cost ]); otherwise the last list is read again. Returns (process_cpu, process_rss,
         children_cpu, n_children, children_rss).
         """
         proc = self._proc
@@ -144,7 +166,9 @@ class HostSource:
             with proc.oneshot():
                 cpu = _cpu_seconds(proc)
                 rss = int(proc.memory_info().rss)
-            children = proc.children(recursive=True)
+            if relist:
+                self._children = proc.children(recursive=True)
+            children = self._children
         except _GONE as exc:
             self._note(f"process {self.pid}: {type(exc).__name__}")
             self._pids = set()
