@@ -112,7 +112,7 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
                 speedup = step / new_step if new_step > 0 else None
                 limited = " (capped by the usable cores; loading alone would need more)" if need[0] > cap else ""
                 out.append(Recommendation(
-                    "num_workers", f"Load batches in {target} worker processes",
+                    "num_workers", f"Load batches in {target} worker process{'es' if target > 1 else ''}",
                     f"The loop waits {diagnosis.metrics.data_wait_fraction:.0%} of each step for data. "
                     f"Loading costs {load * 1000:.1f} ms of CPU per step against {m.compute_per_step * 1000:.1f} ms "
                     f"of compute, with {workers} worker(s) on {cores} usable core(s){limited}.",
@@ -123,10 +123,11 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
                     "estimate: step = max(compute, loading CPU / workers)",
                 ))
         beyond_cores = need is not None and need[0] > cap and cause != "io-latency"
-        if saturated or cause == "cpu-bound-preprocessing" or (starved and beyond_cores):
+        if starved and (saturated or cause == "cpu-bound-preprocessing" or beyond_cores):
             out.append(Recommendation(
                 "offline_preprocessing", "Move deterministic preprocessing offline",
-                (f"Loading already uses {tree:.0%} of the {cores} usable cores: more workers cannot help. "
+                (f"The training process and its loader workers already use {tree:.0%} of the {cores} "
+                 "usable cores: more workers cannot help. "
                  if saturated or cause == "cpu-bound-preprocessing" else
                  f"Loading needs about {need[0] if need else '?'} busy cores to keep pace with compute, and "
                  f"{cores} are usable. ")
