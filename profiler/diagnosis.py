@@ -153,10 +153,12 @@ def main_loader(run: Run) -> LoaderInfo | None:
 
 
 def compute_metrics(run: Run) -> Metrics:
-    m = Metrics(steps_total=len(run.steps), usable_cores=max(1, run.environment.usable_cores))
-    m.warmup_steps = warmup_count(len(run.steps))
+    total_steps = sum(s.merged for s in run.steps)
+    m = Metrics(steps_total=total_steps, usable_cores=max(1, run.environment.usable_cores))
+    m.warmup_steps = warmup_count(total_steps)
+    # Warm-up records are never merged (Timeline keeps its first records as they are).
     steps: list[Step] = run.steps[m.warmup_steps:]
-    m.steps_judged = len(steps)
+    m.steps_judged = sum(s.merged for s in steps)
     m.loader = main_loader(run)
     m.gpu_available = run.environment.gpu_status == "available"
     if not steps:
@@ -165,16 +167,16 @@ def compute_metrics(run: Run) -> Metrics:
     total = sum(durations) or 1e-12
     wait = sum(s.data_wait for s in steps)
     h2d = sum(s.h2d for s in steps)
-    m.step_time_median = statistics.median(durations)
-    m.step_time_mean = total / len(steps)
+    m.step_time_median = statistics.median(s.duration / s.merged for s in steps)
+    m.step_time_mean = total / m.steps_judged
     m.wait_fraction = wait / total
     m.h2d_fraction = h2d / total
     m.data_wait_fraction = min(1.0, (wait + h2d) / total)
-    m.wait_per_step = wait / len(steps)
-    m.compute_per_step = max(0.0, (total - wait - h2d) / len(steps))
+    m.wait_per_step = wait / m.steps_judged
+    m.compute_per_step = max(0.0, (total - wait - h2d) / m.steps_judged)
     if wait > 0:
         m.wait_cpu_ratio = min(1.0, sum(s.data_wait_cpu for s in steps) / wait)
-    sizes = [s.batch_size for s in steps if s.batch_size]
+    sizes = [s.batch_size / s.merged for s in steps if s.batch_size]
     if m.loader and m.loader.batch_size and sizes:
         m.batches_per_step = statistics.mean(sizes) / m.loader.batch_size
 

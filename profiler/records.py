@@ -82,6 +82,9 @@ class Step:
     data_wait_cpu: float = 0.0  # CPU seconds the waiting thread itself spent (loading in-process)
     h2d: float = 0.0  # seconds in host-to-device copies of the batch, when measured
     batch_size: int | None = None
+    #: how many consecutive steps this record stands for (> 1 once a long run's
+    #: older steps were merged pairwise to bound memory; times and waits are sums)
+    merged: int = 1
 
     @property
     def duration(self) -> float:

@@ -27,6 +27,11 @@ from collections.abc import Callable
 
 from .records import Step
 
+#: Step records kept in memory. Past this, older records are merged pairwise
+#: (sums of time and waits are kept exact; per-step detail halves), so a run of
+#: millions of steps stays at a few MiB.
+MAX_STEP_RECORDS = 20_000
+
 
 class StopRun(BaseException):
     """Raised into the training loop to stop it after ``max_steps``.
@@ -50,6 +55,8 @@ class Timeline:
         self.clock = clock
         self.max_steps = max_steps
         self.on_step = on_step
+        self.max_records = MAX_STEP_RECORDS
+        self.count = 0  # steps seen, including merged ones
         self.steps: list[Step] = []
         self.manual = False
         self.methods: set[str] = set()
@@ -118,7 +125,7 @@ class Timeline:
             if start is None:
                 start = t
             step = Step(
-                index=len(self.steps),
+                index=self.count,
                 start=start - self.t0,
                 end=t - self.t0,
                 data_wait=min(self._wait, t - start),
@@ -127,6 +134,9 @@ class Timeline:
                 batch_size=self._batch_size,
             )
             self.steps.append(step)
+            self.count += 1
+            if len(self.steps) > self.max_records:
+                self._merge_older()
             self._step_start = t
             self._last_end = t
             self._wait = self._wait_cpu = self._h2d = 0.0
@@ -134,11 +144,27 @@ class Timeline:
             self._batch_size = None
             self._awaiting_forward = True
             self._end_cpu = time.thread_time()
-            n = len(self.steps)
+            n = self.count
         if self.on_step is not None:
             self.on_step(step)
         if self.max_steps is not None and n >= self.max_steps:
             raise StopRun(f"stopped after {n} steps (--max-steps)")
+
+    def _merge_older(self) -> None:
+        """Merge pairs among the older half of the records (the first few, warm-up, stay as they are)."""
+        keep_head = 8
+        half = len(self.steps) // 2
+        older, newer = self.steps[keep_head:half], self.steps[half:]
+        merged = []
+        for a, b in zip(older[0::2], older[1::2], strict=False):  # an odd last one is kept below
+            merged.append(Step(
+                index=a.index, start=a.start, end=b.end, data_wait=a.data_wait + b.data_wait,
+                data_wait_cpu=a.data_wait_cpu + b.data_wait_cpu, h2d=a.h2d + b.h2d,
+                batch_size=(a.batch_size or 0) + (b.batch_size or 0) or None, merged=a.merged + b.merged,
+            ))
+        if len(older) % 2:
+            merged.append(older[-1])
+        self.steps = self.steps[:keep_head] + merged + newer
 
     @property
     def waited_in_last_step(self) -> bool:

@@ -83,7 +83,7 @@ def test_generator_loop_without_dataloader_is_measured_between_steps():
 
     report = profiled(run).report
     assert report.run.data_wait_method == "between-steps"
-    assert report.verdict == "data-starved"
+    assert report.verdict == "data-starved", (report.diagnosis.summary, report.run.steps[:8])
     assert report.data_wait_fraction > 0.5
     assert len(report.run.steps) == 30
 

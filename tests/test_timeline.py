@@ -1,0 +1,82 @@
+"""Timeline: hook events in, steps out (driven with explicit timestamps)."""
+
+from __future__ import annotations
+
+import pytest
+
+from profiler.diagnosis import compute_metrics
+from profiler.records import Run
+from profiler.timeline import StopRun, Timeline
+
+
+def test_batch_waits_belong_to_the_step_they_precede():
+    tl = Timeline(t0=100.0)
+    tl.batch_wait(100.0, 100.3, cpu=0.29)
+    tl.optimizer_step(101.0)
+    tl.batch_wait(101.0, 101.1)
+    tl.batch_wait(101.2, 101.3)  # gradient accumulation: two batches, one step
+    tl.optimizer_step(102.0)
+    a, b = tl.steps
+    assert (a.start, a.end, a.data_wait, a.data_wait_cpu) == pytest.approx((0.0, 1.0, 0.3, 0.29))
+    assert (b.start, b.end, b.data_wait) == pytest.approx((1.0, 2.0, 0.2))
+    assert tl.method() == "iterator-next"
+
+
+def test_first_step_starts_at_the_first_event_not_at_profile_start():
+    tl = Timeline(t0=0.0)
+    tl.forward_start(5.0)  # 5 s of script set-up before the loop: not a step
+    tl.optimizer_step(5.5)
+    assert tl.steps[0].start == pytest.approx(5.0)
+    assert tl.steps[0].data_wait == 0.0
+
+
+def test_gap_before_forward_is_input_time_without_an_iterator():
+    tl = Timeline(t0=0.0)
+    tl.forward_start(0.0)
+    tl.optimizer_step(1.0)
+    tl.forward_start(1.4)  # 0.4 s producing the next batch by hand
+    tl.forward_start(1.5)  # later forwards in the same step do not count
+    tl.optimizer_step(2.0)
+    assert tl.steps[1].data_wait == pytest.approx(0.4)
+    assert tl.method() == "between-steps"
+
+
+def test_timed_iterator_wait_wins_over_the_gap():
+    tl = Timeline(t0=0.0)
+    tl.optimizer_step(1.0)
+    tl.batch_wait(1.0, 1.1)
+    tl.forward_start(1.4)
+    tl.optimizer_step(2.0)
+    assert tl.steps[1].data_wait == pytest.approx(0.1)
+
+
+def test_manual_marks_override_optimizer_steps():
+    tl = Timeline(t0=0.0)
+    tl.mark(1.0)
+    tl.optimizer_step(1.5)  # ignored once the user marks steps
+    tl.mark(2.0)
+    assert [(s.start, s.end) for s in tl.steps] == [(0.0, 1.0), (1.0, 2.0)]
+
+
+def test_max_steps_raises_stop_run_after_recording_the_step():
+    tl = Timeline(t0=0.0, max_steps=2)
+    tl.optimizer_step(1.0)
+    with pytest.raises(StopRun, match="after 2 steps"):
+        tl.optimizer_step(2.0)
+    assert len(tl.steps) == 2
+
+
+def test_long_runs_merge_old_steps_and_keep_totals_exact():
+    tl = Timeline(t0=0.0)
+    tl.max_records = 64
+    for i in range(1000):
+        tl.batch_wait(i + 0.0, i + 0.25, cpu=0.1)
+        tl.optimizer_step(i + 1.0)
+    assert len(tl.steps) <= 64
+    assert tl.count == 1000
+    assert sum(s.merged for s in tl.steps) == 1000
+    assert sum(s.data_wait for s in tl.steps) == pytest.approx(250.0)
+    m = compute_metrics(Run(steps=tl.steps))
+    assert m.steps_total == 1000
+    assert m.data_wait_fraction == pytest.approx(0.25)
+    assert m.step_time_median == pytest.approx(1.0)
