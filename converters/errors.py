@@ -1,0 +1,31 @@
+"""Errors for known bad input.
+
+Every error here carries a one-line message that names the file (and the record
+or byte offset where there is one). ``profiler.cli.main`` prints it as
+``loadprof: error: <message>`` and exits 2; nothing else about it is shown, so
+the message must stand on its own.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["ConvertError", "CorruptFileError"]
+
+
+class ConvertError(Exception):
+    """Bad input or an environment failure the user can fix: one line, no traceback."""
+
+    def __init__(self, message: str) -> None:
+        # One line is the contract with the CLI: fold anything a library put in.
+        super().__init__(" ".join(str(message).split()))
+
+
+class CorruptFileError(ConvertError):
+    """A file whose bytes are not what its format promises, at a known byte offset."""
+
+    def __init__(self, path: str | os.PathLike[str], offset: int, reason: str) -> None:
+        self.path = os.fspath(path)
+        self.offset = offset
+        self.reason = reason
+        super().__init__(f"{self.path}: corrupt at byte offset {offset}: {reason}")

@@ -1,0 +1,245 @@
+"""tf.train.Example encode/decode without TensorFlow or protobuf.
+
+Message layout (tensorflow/core/example/example.proto and feature.proto):
+
+    Example  { Features features = 1; }
+    Features { map<string, Feature> feature = 1; }      map entry: key = 1, value = 2
+    Feature  { oneof kind { BytesList bytes_list = 1; FloatList float_list = 2;
+                            Int64List int64_list = 3; } }
+    BytesList { repeated bytes value = 1; }
+    FloatList { repeated float value = 1 [packed = true]; }
+    Int64List { repeated int64 value = 1 [packed = true]; }
+
+Wire format (protobuf encoding guide): a key is varint(field_number << 3 | wire_type);
+wire type 0 = varint, 1 = 64-bit, 2 = length-delimited, 5 = 32-bit. Negative int64
+values are 10-byte two's-complement varints. Parsers must accept packed and unpacked
+repeated scalars, so the decoder takes both. Byte-identity with TensorFlow's own
+serialiser is not a goal: TF parses whatever is valid protobuf.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["FeatureValue", "encode_example", "decode_example", "ExampleDecodeError"]
+
+# bytes / list of bytes -> BytesList; float array -> FloatList (float32);
+# integer or bool array -> Int64List.
+FeatureValue = bytes | Sequence[bytes] | np.ndarray
+
+
+class ExampleDecodeError(ValueError):
+    """The payload is not a valid tf.train.Example."""
+
+
+def _varint(n: int) -> bytes:
+    if n < 0:
+        n += 1 << 64
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+# Varint of a length: precomputed for the common small lengths.
+_SMALL_VARINTS = [_varint(i) for i in range(1 << 14)]
+
+
+def _len_varint(n: int) -> bytes:
+    return _SMALL_VARINTS[n] if n < (1 << 14) else _varint(n)
+
+
+def _ld(tag: bytes, payload: bytes) -> bytes:
+    """A length-delimited field: tag, varint length, payload."""
+    return tag + _len_varint(len(payload)) + payload
+
+
+def _varints_numpy(values: np.ndarray) -> bytes:
+    """Packed varint encoding of an int64 array, vectorised."""
+    v = values.astype(np.int64, copy=False).view(np.uint64)
+    nbytes = np.ones(v.shape, dtype=np.int64)
+    for k in range(1, 10):
+        nbytes += v >= np.uint64(1 << (7 * k))
+    ends = np.cumsum(nbytes)
+    starts = ends - nbytes
+    out = np.empty(int(ends[-1]), dtype=np.uint8)
+    for k in range(10):
+        live = nbytes > k
+        if not live.any():
+            break
+        part = ((v[live] >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
+        part |= np.where(nbytes[live] > k + 1, 0x80, 0).astype(np.uint8)
+        out[starts[live] + k] = part
+    return out.tobytes()
+
+
+def _encode_feature(value: FeatureValue) -> bytes:
+    if isinstance(value, bytes):
+        return _ld(b"\x0a", _ld(b"\x0a", value))
+    if isinstance(value, np.ndarray):
+        flat = value.reshape(-1)
+        if flat.dtype.kind == "f":
+            packed = flat.astype("<f4", copy=False).tobytes()
+            inner = _ld(b"\x0a", packed) if packed else b""
+            return _ld(b"\x12", inner)
+        if flat.dtype.kind in "biu":
+            if flat.dtype.kind == "u" and flat.dtype.itemsize == 8 and flat.size and flat.max() >= 2**63:
+                raise ValueError("uint64 values >= 2**63 do not fit an Int64List")
+            if flat.size == 0:
+                packed = b""
+            elif flat.size <= 16:
+                packed = b"".join(_varint(int(x)) for x in flat.tolist())
+            else:
+                packed = _varints_numpy(flat)
+            inner = _ld(b"\x0a", packed) if packed else b""
+            return _ld(b"\x1a", inner)
+        raise TypeError(f"cannot encode a {flat.dtype} array in a tf.train.Feature")
+    if isinstance(value, (list, tuple)) and all(isinstance(v, bytes) for v in value):
+        return _ld(b"\x0a", b"".join(_ld(b"\x0a", v) for v in value))
+    raise TypeError(f"cannot encode {type(value).__name__} in a tf.train.Feature")
+
+
+def encode_example(features: Mapping[str, FeatureValue]) -> bytes:
+    """Serialise a tf.train.Example from ``{name: value}``."""
+    entries = []
+    for name, value in features.items():
+        entry = _ld(b"\x0a", name.encode("utf-8")) + _ld(b"\x12", _encode_feature(value))
+        entries.append(_ld(b"\x0a", entry))
+    return _ld(b"\x0a", b"".join(entries))
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def _read_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    result = 0
+    shift = 0
+    while True:
+        if pos >= end:
+            raise ExampleDecodeError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift >= 70:
+            raise ExampleDecodeError("varint longer than 10 bytes")
+
+
+def _fields(buf: bytes, pos: int, end: int):  # type: ignore[no-untyped-def]
+    """Yield (field_number, wire_type, value_or_start, stop) over one message's bytes."""
+    while pos < end:
+        key, pos = _read_varint(buf, pos, end)
+        number, wire = key >> 3, key & 7
+        if wire == 2:
+            length, pos = _read_varint(buf, pos, end)
+            stop = pos + length
+            if stop > end:
+                raise ExampleDecodeError("length-delimited field runs past its message")
+            yield number, wire, pos, stop
+            pos = stop
+        elif wire == 0:
+            value, pos = _read_varint(buf, pos, end)
+            yield number, wire, value, pos
+        elif wire == 5:
+            if pos + 4 > end:
+                raise ExampleDecodeError("truncated 32-bit field")
+            yield number, wire, pos, pos + 4
+            pos += 4
+        elif wire == 1:
+            if pos + 8 > end:
+                raise ExampleDecodeError("truncated 64-bit field")
+            yield number, wire, pos, pos + 8
+            pos += 8
+        else:
+            raise ExampleDecodeError(f"unsupported wire type {wire}")
+
+
+def _decode_varints(buf: bytes, start: int, stop: int) -> np.ndarray:
+    if stop - start <= 32:
+        values = []
+        pos = start
+        while pos < stop:
+            v, pos = _read_varint(buf, pos, stop)
+            values.append(v - (1 << 64) if v >= (1 << 63) else v)
+        return np.array(values, dtype=np.int64)
+    b = np.frombuffer(buf, dtype=np.uint8, count=stop - start, offset=start)
+    if b[-1] >= 0x80:
+        raise ExampleDecodeError("truncated varint")
+    ends = np.flatnonzero(b < 0x80)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    lengths = ends - starts + 1
+    if lengths.max() > 10:
+        raise ExampleDecodeError("varint longer than 10 bytes")
+    out = np.zeros(len(ends), dtype=np.uint64)
+    for k in range(int(lengths.max())):
+        live = lengths > k
+        out[live] |= (b[starts[live] + k] & 0x7F).astype(np.uint64) << np.uint64(7 * k)
+    return out.view(np.int64)
+
+
+def _decode_feature(buf: bytes, start: int, stop: int) -> list[bytes] | np.ndarray:
+    result: list[bytes] | np.ndarray = []
+    for number, wire, a, b in _fields(buf, start, stop):
+        if wire != 2:
+            continue
+        if number == 1:  # BytesList
+            result = [buf[s:e] for n, w, s, e in _fields(buf, a, b) if n == 1 and w == 2]
+        elif number == 2:  # FloatList
+            parts = []
+            for n, w, s, e in _fields(buf, a, b):
+                if n != 1:
+                    continue
+                if w == 2 and (e - s) % 4 == 0:
+                    parts.append(np.frombuffer(buf, "<f4", count=(e - s) // 4, offset=s))
+                elif w == 5:
+                    parts.append(np.frombuffer(buf, "<f4", count=1, offset=s))
+                else:
+                    raise ExampleDecodeError("malformed FloatList")
+            result = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+        elif number == 3:  # Int64List
+            parts = []
+            for n, w, s, e in _fields(buf, a, b):
+                if n != 1:
+                    continue
+                if w == 2:
+                    parts.append(_decode_varints(buf, s, e))
+                elif w == 0:
+                    parts.append(np.array([s], dtype=np.uint64).view(np.int64))
+                else:
+                    raise ExampleDecodeError("malformed Int64List")
+            result = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return result
+
+
+def decode_example(data: bytes) -> dict[str, list[bytes] | np.ndarray]:
+    """Parse a serialised tf.train.Example into ``{name: list[bytes] | float32/int64 array}``.
+
+    Raises ExampleDecodeError for bytes that are not a valid Example.
+    """
+    out: dict[str, list[bytes] | np.ndarray] = {}
+    end = len(data)
+    for number, wire, a, b in _fields(data, 0, end):
+        if number != 1 or wire != 2:
+            continue
+        for n, w, s, e in _fields(data, a, b):  # Features: map entries
+            if n != 1 or w != 2:
+                continue
+            key: bytes | None = None
+            feature: list[bytes] | np.ndarray = []
+            for kn, kw, ks, ke in _fields(data, s, e):
+                if kn == 1 and kw == 2:
+                    key = data[ks:ke]
+                elif kn == 2 and kw == 2:
+                    feature = _decode_feature(data, ks, ke)
+            try:
+                name = (key or b"").decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ExampleDecodeError("feature name is not UTF-8") from exc
+            out[name] = feature
+    return out

@@ -1,0 +1,473 @@
+"""TFRecord: framing, writer, reader and index, without TensorFlow.
+
+Record framing (tensorflow/core/lib/io/record_writer.cc, little-endian):
+
+    uint64 length | uint32 masked_crc32c(length bytes) | data | uint32 masked_crc32c(data)
+
+CRC-32C is Castagnoli; masked(c) = ((c >> 15) | (c << 17)) + 0xA282EAD8 mod 2**32
+(tensorflow/core/lib/hash/crc32c.h: "it is problematic to compute the CRC of a
+string that contains embedded CRCs"). The index beside each shard holds one
+``"offset length"`` line per record, length counting the 16 framing bytes: the
+format of NVIDIA DALI's ``tools/tfrecord2idx`` and vahidk/tfrecord's
+``create_index``, so either can read our shards with it.
+
+Payloads of the shards ``converters`` writes are tf.train.Example messages
+(example_proto.py); how each schema field maps to a Feature is in
+``feature_encoding``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Literal
+
+import google_crc32c
+import numpy as np
+
+from .errors import ConvertError, CorruptFileError
+from .example_proto import ExampleDecodeError, decode_example, encode_example
+from .schema import Field, Sample, Schema
+
+__all__ = [
+    "masked_crc32c",
+    "frame_record",
+    "TFRecordFileWriter",
+    "ShardedTFRecordWriter",
+    "ShardInfo",
+    "iter_records",
+    "read_record_at",
+    "scan_records",
+    "read_index",
+    "index_path_for",
+    "load_index",
+    "shard_name",
+    "info_path_for",
+    "read_info",
+    "expand_paths",
+    "feature_encoding",
+    "encode_sample",
+    "decode_sample",
+    "schema_from_info",
+    "GZIP_MAGIC",
+    "FRAMING_BYTES",
+]
+
+_MASK_DELTA = 0xA282EAD8
+_HEADER = 12  # uint64 length + uint32 masked CRC of the length
+_FOOTER = 4  # uint32 masked CRC of the data
+FRAMING_BYTES = _HEADER + _FOOTER
+GZIP_MAGIC = b"\x1f\x8b"
+
+# Shard names follow TFDS / tf.data convention: <split>-<index>-of-<count>.tfrecord.
+_SHARD_RE = re.compile(r"^(?P<split>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.tfrecord$")
+
+
+def masked_crc32c(data: bytes) -> int:
+    crc = google_crc32c.value(data)
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def frame_record(data: bytes) -> bytes:
+    """One record exactly as tf.io.TFRecordWriter frames it (no compression)."""
+    length = struct.pack("<Q", len(data))
+    return b"".join(
+        (
+            length,
+            struct.pack("<I", masked_crc32c(length)),
+            data,
+            struct.pack("<I", masked_crc32c(data)),
+        )
+    )
+
+
+def index_path_for(shard: str | os.PathLike[str]) -> Path:
+    return Path(os.fspath(shard) + ".idx")
+
+
+def shard_name(split: str, index: int, count: int) -> str:
+    return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
+
+
+def info_path_for(directory: str | os.PathLike[str], split: str) -> Path:
+    return Path(directory) / f"{split}.info.json"
+
+
+class TFRecordFileWriter:
+    """Write framed records to one file and its "offset length" index.
+
+    Records are gathered in memory and written in ~1 MiB blocks: one ``write``
+    per record costs more than the CRCs do for small records.
+    """
+
+    _FLUSH_AT = 1 << 20
+
+    def __init__(self, path: str | os.PathLike[str], index_path: str | os.PathLike[str] | None = None) -> None:
+        self.path = Path(path)
+        self.index_path = Path(index_path) if index_path is not None else index_path_for(path)
+        self._file: BinaryIO = open(self.path, "wb")
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._index: list[str] = []
+        self.offset = 0  # bytes written so far, pending included
+        self.count = 0
+
+    def write(self, data: bytes) -> None:
+        length = struct.pack("<Q", len(data))
+        crc = google_crc32c.value(length)
+        crc_len = ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+        crc = google_crc32c.value(data)
+        crc_data = ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+        pending = self._pending
+        pending.append(length)
+        pending.append(struct.pack("<I", crc_len))
+        pending.append(data)
+        pending.append(struct.pack("<I", crc_data))
+        size = len(data) + _HEADER + _FOOTER
+        self._index.append(f"{self.offset} {size}\n")
+        self.offset += size
+        self.count += 1
+        self._pending_bytes += size
+        if self._pending_bytes >= self._FLUSH_AT:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._pending:
+            self._file.write(b"".join(self._pending))
+            self._pending.clear()
+            self._pending_bytes = 0
+
+    def close(self) -> None:
+        if self._file.closed:
+            return
+        try:
+            self.flush()
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        finally:
+            self._file.close()
+        with open(self.index_path, "w", encoding="ascii") as idx:
+            idx.writelines(self._index)
+
+    def abort(self) -> None:
+        # Closing flushes Python's buffer, which fails again on a full disk; the
+        # file is about to be deleted, so that second error says nothing new.
+        with contextlib.suppress(OSError):
+            self._file.close()
+
+    def __enter__(self) -> TFRecordFileWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    file: str  # name inside the output directory
+    records: int
+    bytes: int
+
+
+class ShardedTFRecordWriter:
+    """Write records into ``<split>-NNNNN-of-MMMMM.tfrecord`` shards of about ``shard_size`` bytes.
+
+    The count MMMMM is known only at the end, so shards are written under
+    provisional names and renamed in ``close``. A new shard starts before the
+    record that would find the current one already at ``shard_size`` or more.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], split: str, shard_size: int) -> None:
+        if shard_size <= 0:
+            raise ConvertError(f"shard size must be positive, got {shard_size}")
+        self.directory = Path(directory)
+        self.split = split
+        self.shard_size = shard_size
+        self._writer: TFRecordFileWriter | None = None
+        self._done: list[tuple[Path, int, int]] = []
+        self.count = 0
+
+    @property
+    def current_path(self) -> Path | None:
+        return self._writer.path if self._writer else None
+
+    def write(self, data: bytes) -> None:
+        if self._writer is not None and self._writer.offset >= self.shard_size:
+            self._finish_shard()
+        if self._writer is None:
+            path = self.directory / f"{self.split}-{len(self._done):05d}.partial"
+            self._writer = TFRecordFileWriter(path, Path(str(path) + ".idx"))
+        self._writer.write(data)
+        self.count += 1
+
+    def _finish_shard(self) -> None:
+        assert self._writer is not None
+        self._writer.close()
+        self._done.append((self._writer.path, self._writer.count, self._writer.offset))
+        self._writer = None
+
+    def close(self) -> list[ShardInfo]:
+        if self._writer is not None:
+            self._finish_shard()
+        total = len(self._done)
+        shards = []
+        for i, (path, records, size) in enumerate(self._done):
+            final = self.directory / shard_name(self.split, i, total)
+            os.replace(path, final)
+            os.replace(str(path) + ".idx", index_path_for(final))
+            shards.append(ShardInfo(final.name, records, size))
+        return shards
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            self._writer.abort()
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _unmask(value: int) -> int:
+    rot = (value - _MASK_DELTA) & 0xFFFFFFFF
+    return ((rot >> 17) | (rot << 15)) & 0xFFFFFFFF
+
+
+def _check_start(path: Path, head: bytes) -> None:
+    if head[:2] == GZIP_MAGIC:
+        raise ConvertError(
+            f"{path}: looks gzip-compressed; compressed TFRecords are one gzip stream, so "
+            "byte-offset indexes cannot address their records: decompress it first"
+        )
+
+
+def iter_records(
+    path: str | os.PathLike[str],
+    *,
+    start: int = 0,
+    stop: int | None = None,
+    verify: bool = True,
+) -> Iterator[tuple[int, bytes]]:
+    """Yield ``(offset, data)`` for each record whose offset lies in ``[start, stop)``.
+
+    Raises CorruptFileError naming the file and the record's byte offset for a bad
+    CRC, a truncated record, or a length field claiming more bytes than the file
+    holds; the length is checked against the file size before anything of that
+    length is read or allocated.
+    """
+    path = Path(path)
+    with open(path, "rb", buffering=1 << 20) as f:
+        size = os.fstat(f.fileno()).st_size
+        end = size if stop is None else min(stop, size)
+        offset = start
+        if start:
+            f.seek(start)
+        read = f.read
+        while offset < end:
+            header = read(_HEADER)
+            if offset == 0:
+                _check_start(path, header)
+            if len(header) < _HEADER:
+                raise CorruptFileError(
+                    path, offset, f"truncated record header ({len(header)} of {_HEADER} bytes)"
+                )
+            (length,) = struct.unpack_from("<Q", header)
+            if verify and masked_crc32c(header[:8]) != struct.unpack_from("<I", header, 8)[0]:
+                hint = " (not a TFRecord file?)" if offset == 0 else ""
+                raise CorruptFileError(path, offset, "length CRC-32C mismatch" + hint)
+            if length > size - offset - _HEADER - _FOOTER:
+                raise CorruptFileError(
+                    path,
+                    offset,
+                    f"record claims {length} data bytes but only "
+                    f"{max(0, size - offset - _HEADER - _FOOTER)} remain in the file (truncated?)",
+                )
+            data = read(length)
+            footer = read(_FOOTER)
+            if len(data) != length or len(footer) != _FOOTER:
+                raise CorruptFileError(path, offset, "truncated record (file changed while reading?)")
+            if verify and masked_crc32c(data) != struct.unpack("<I", footer)[0]:
+                raise CorruptFileError(path, offset, "data CRC-32C mismatch")
+            yield offset, data
+            offset += length + _HEADER + _FOOTER
+
+
+def read_record_at(f: BinaryIO, path: Path, offset: int, size: int, file_size: int, verify: bool = True) -> bytes:
+    """Read the record at ``offset`` whose index says it spans ``size`` bytes."""
+    if offset + size > file_size or size < _HEADER + _FOOTER:
+        raise CorruptFileError(path, offset, f"index entry ({offset} {size}) lies outside the file ({file_size} bytes)")
+    f.seek(offset)
+    buf = f.read(size)
+    if len(buf) != size:
+        raise CorruptFileError(path, offset, "truncated record (file changed while reading?)")
+    (length,) = struct.unpack_from("<Q", buf)
+    if length != size - _HEADER - _FOOTER:
+        raise CorruptFileError(path, offset, f"record length {length} disagrees with the index ({size} bytes framed)")
+    data = buf[_HEADER : _HEADER + length]
+    if verify:
+        if masked_crc32c(buf[:8]) != struct.unpack_from("<I", buf, 8)[0]:
+            raise CorruptFileError(path, offset, "length CRC-32C mismatch")
+        if masked_crc32c(data) != struct.unpack_from("<I", buf, _HEADER + length)[0]:
+            raise CorruptFileError(path, offset, "data CRC-32C mismatch")
+    return data
+
+
+def scan_records(path: str | os.PathLike[str], *, verify: bool = True) -> np.ndarray:
+    """Walk a whole file, checking every CRC; return its index as an (N, 2) int64 array."""
+    entries = [(off, len(data) + _HEADER + _FOOTER) for off, data in iter_records(path, verify=verify)]
+    return np.array(entries, dtype=np.int64).reshape(-1, 2)
+
+
+def read_index(index_path: str | os.PathLike[str]) -> np.ndarray:
+    """Parse an "offset length" index file into an (N, 2) int64 array."""
+    index_path = Path(index_path)
+    try:
+        text = index_path.read_text(encoding="ascii")
+    except UnicodeDecodeError as exc:
+        raise ConvertError(f"{index_path}: not an index file (not ASCII)") from exc
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) != 2 or not (parts[0].isdigit() and parts[1].isdigit()):
+            raise ConvertError(f"{index_path}: line {lineno}: expected 'offset length', got {line[:60]!r}")
+        rows.append((int(parts[0]), int(parts[1])))
+    return np.array(rows, dtype=np.int64).reshape(-1, 2)
+
+
+def load_index(shard: str | os.PathLike[str], *, verify: bool = True) -> np.ndarray:
+    """The shard's index from its ``.idx`` file, or by scanning the shard when there is none."""
+    idx = index_path_for(shard)
+    if idx.exists():
+        return read_index(idx)
+    return scan_records(shard, verify=verify)
+
+
+def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """Shard paths from a file, a directory (its ``*.tfrecord``), or a list of either."""
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    out: list[Path] = []
+    for item in items:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(p.glob("*.tfrecord"))
+            if not found:
+                raise ConvertError(f"{p}: no *.tfrecord files in this directory")
+            out.extend(found)
+        elif p.exists():
+            out.append(p)
+        else:
+            raise ConvertError(f"{p}: no such file or directory")
+    if not out:
+        raise ConvertError("no TFRecord files given")
+    return out
+
+
+def read_info(shard: Path) -> dict[str, Any] | None:
+    """The ``<split>.info.json`` written beside our shards, if there is one."""
+    m = _SHARD_RE.match(shard.name)
+    if not m:
+        return None
+    info = info_path_for(shard.parent, m.group("split"))
+    if not info.exists():
+        return None
+    try:
+        data: dict[str, Any] = json.loads(info.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConvertError(f"{info}: not valid JSON: {exc}") from exc
+    return data
+
+
+# ---------------------------------------------------------------- schema <-> Example
+
+Encoding = Literal["bytes", "int64", "float", "raw"]
+
+
+def feature_encoding(field: Field) -> Encoding:
+    """How a field becomes a tf.train.Feature.
+
+    bytes -> BytesList[1]; integer/bool scalars (labels) -> Int64List[1];
+    float32 arrays -> FloatList (flattened, C order); any other array -> BytesList[1]
+    of its little-endian bytes, which TF reads with ``tf.io.decode_raw`` and a reshape
+    (compact for uint8 images, exact for float64).
+    """
+    if field.kind == "bytes":
+        return "bytes"
+    kind = np.dtype(field.dtype).kind
+    if field.shape == () and kind in "biu" and field.dtype != "uint64":
+        return "int64"
+    if field.dtype == "float32":
+        return "float"
+    return "raw"
+
+
+def encode_sample(schema: Schema, sample: Mapping[str, np.ndarray | bytes]) -> bytes:
+    features: dict[str, Any] = {}
+    for field in schema.fields:
+        value = sample[field.name]
+        enc = feature_encoding(field)
+        if enc == "bytes":
+            features[field.name] = value
+        elif enc == "int64":
+            features[field.name] = np.asarray(value).astype(np.int64).reshape(1)
+        elif enc == "float":
+            features[field.name] = np.asarray(value, dtype=np.float32)
+        else:
+            features[field.name] = np.ascontiguousarray(value, dtype=field.numpy_dtype).tobytes()
+    return encode_example(features)
+
+
+def decode_sample(schema: Schema | None, data: bytes) -> dict[str, Any]:
+    """Decode one record's Example into a sample; without a schema, the raw Feature values.
+
+    Raises ExampleDecodeError if the payload is not an Example or does not fit the schema.
+    Arrays are fresh, writable copies (torch warns on read-only NumPy arrays).
+    """
+    raw = decode_example(data)
+    if schema is None:
+        # A one-value BytesList reads as plain bytes, other lists stay lists; numeric
+        # lists are 1-D arrays because nothing says whether [x] was a scalar.
+        out: dict[str, Any] = {}
+        for name, value in raw.items():
+            if isinstance(value, list):
+                out[name] = value[0] if len(value) == 1 else value
+            else:
+                out[name] = value.copy()
+        return out
+    sample: Sample = {}
+    for field in schema.fields:
+        if field.name not in raw:
+            raise ExampleDecodeError(f"feature {field.name!r} is missing")
+        value = raw[field.name]
+        enc = feature_encoding(field)
+        if enc in ("bytes", "raw"):
+            if not isinstance(value, list) or len(value) != 1:
+                raise ExampleDecodeError(f"feature {field.name!r}: expected one bytes value")
+            if enc == "bytes":
+                sample[field.name] = value[0]
+                continue
+            if len(value[0]) != field.item_nbytes:
+                raise ExampleDecodeError(
+                    f"feature {field.name!r}: {len(value[0])} bytes, expected {field.item_nbytes}"
+                )
+            arr = np.frombuffer(value[0], dtype=field.numpy_dtype).reshape(field.shape)
+            sample[field.name] = arr.astype(field.dtype)  # native order, writable copy
+        else:
+            expected = int(np.prod(field.shape, dtype=np.int64))
+            if isinstance(value, list) or value.size != expected:
+                raise ExampleDecodeError(
+                    f"feature {field.name!r}: expected {expected} {enc} values"
+                )
+            sample[field.name] = value.reshape(field.shape).astype(field.dtype)
+    return sample
+
+
+def schema_from_info(info: Mapping[str, Any] | None) -> Schema | None:
+    if info is None or "schema" not in info:
+        return None
+    return Schema.from_json(json.dumps(info["schema"]))

@@ -1,0 +1,178 @@
+"""TFRecord framing, tf.train.Example encoding and the index, checked against real TensorFlow."""
+
+from __future__ import annotations
+
+import struct
+
+import google_crc32c
+import numpy as np
+import pytest
+
+from converters import tfrecord
+from converters.errors import CorruptFileError
+from converters.example_proto import ExampleDecodeError, decode_example, encode_example
+
+
+def test_crc32c_check_value_and_masking():
+    # The CRC-32C check value (RFC 3720 / crc catalogue) and TF's mask.
+    assert google_crc32c.value(b"123456789") == 0xE3069283
+    crc = 0xE3069283
+    masked = (((crc >> 15) | (crc << 17)) + 0xA282EAD8) % 2**32
+    assert tfrecord.masked_crc32c(b"123456789") == masked
+
+
+def test_frame_layout():
+    framed = tfrecord.frame_record(b"hello")
+    assert framed[:8] == struct.pack("<Q", 5)
+    assert struct.unpack("<I", framed[8:12])[0] == tfrecord.masked_crc32c(struct.pack("<Q", 5))
+    assert framed[12:17] == b"hello"
+    assert struct.unpack("<I", framed[17:])[0] == tfrecord.masked_crc32c(b"hello")
+
+
+def test_writer_index_lists_offset_and_framed_length(tmp_path):
+    path = tmp_path / "a.tfrecord"
+    payloads = [b"", b"x" * 3, b"y" * 1000]
+    with tfrecord.TFRecordFileWriter(path) as w:
+        for p in payloads:
+            w.write(p)
+    lines = (tmp_path / "a.tfrecord.idx").read_text().splitlines()
+    # DALI tfrecord2idx: "offset size", size counting the 16 framing bytes.
+    assert lines == ["0 16", "16 19", "35 1016"]
+    assert [d for _, d in tfrecord.iter_records(path)] == payloads
+    assert path.stat().st_size == 1051
+
+
+def test_encoder_int64_and_float_edge_values_round_trip():
+    ints = np.array([0, 1, -1, 127, 128, 2**63 - 1, -(2**63), 300, -300] * 3, dtype=np.int64)
+    floats = np.array([0.0, -1.5, 3.25e38, np.inf], dtype=np.float32)
+    data = encode_example({"i": ints, "small": ints[:5], "f": floats, "b": [b"", b"\x00\xff"], "e": np.zeros(0, np.int64)})
+    out = decode_example(data)
+    np.testing.assert_array_equal(out["i"], ints)
+    np.testing.assert_array_equal(out["small"], ints[:5])
+    np.testing.assert_array_equal(out["f"], floats)
+    assert out["b"] == [b"", b"\x00\xff"]
+    assert len(out["e"]) == 0
+
+
+@pytest.mark.parametrize("junk", [b"\x0a\x05ab", b"\x0b", b"\x0a\x02\x0a\xff"])
+def test_decoder_rejects_malformed_messages(junk):
+    with pytest.raises(ExampleDecodeError):
+        decode_example(junk)
+
+
+def test_reader_errors_name_file_and_offset(tmp_path):
+    path = tmp_path / "a.tfrecord"
+    with tfrecord.TFRecordFileWriter(path) as w:
+        w.write(b"a" * 10)
+        w.write(b"b" * 10)
+    good = path.read_bytes()
+    # Flip one data byte of the second record (offset 26, data starts at 26 + 12).
+    bad = bytearray(good)
+    bad[26 + 12 + 3] ^= 0x01
+    path.write_bytes(bytes(bad))
+    with pytest.raises(CorruptFileError, match=r"a\.tfrecord: corrupt at byte offset 26: data CRC-32C mismatch"):
+        list(tfrecord.iter_records(path))
+    # verify=False reads it anyway (what the tfrecord package always does).
+    assert len(list(tfrecord.iter_records(path, verify=False))) == 2
+    path.write_bytes(good[:-5])
+    with pytest.raises(CorruptFileError, match="byte offset 26: record claims 10 data bytes"):
+        list(tfrecord.iter_records(path))
+    path.write_bytes(good + b"\x01\x02")
+    with pytest.raises(CorruptFileError, match=r"byte offset 52: truncated record header \(2 of 12"):
+        list(tfrecord.iter_records(path))
+
+
+def test_huge_length_with_valid_crc_is_refused_before_reading(tmp_path):
+    path = tmp_path / "huge.tfrecord"
+    length = struct.pack("<Q", 2**62)
+    # A well-formed header (its CRC is right) claiming 4 EiB: must fail on the
+    # file size, without trying to read or allocate that much.
+    path.write_bytes(length + struct.pack("<I", tfrecord.masked_crc32c(length)) + b"x" * 100)
+    with pytest.raises(CorruptFileError, match=f"byte offset 0: record claims {2**62} data bytes but only 96 remain"):
+        list(tfrecord.iter_records(path, verify=False))
+
+
+def test_gzip_tfrecords_are_refused_with_a_reason(tmp_path):
+    path = tmp_path / "z.tfrecord"
+    path.write_bytes(b"\x1f\x8b" + bytes(30))
+    with pytest.raises(Exception, match="gzip-compressed"):
+        list(tfrecord.iter_records(path))
+
+
+def test_sharding_by_size_and_names(tmp_path):
+    w = tfrecord.ShardedTFRecordWriter(tmp_path, "val", shard_size=100)
+    for i in range(10):
+        w.write(bytes([i]) * 40)  # 56 bytes framed: two records per shard
+    shards = w.close()
+    assert [s.file for s in shards] == [f"val-{i:05d}-of-00005.tfrecord" for i in range(5)]
+    assert [s.records for s in shards] == [2] * 5
+    got = [d for s in shards for _, d in tfrecord.iter_records(tmp_path / s.file)]
+    assert got == [bytes([i]) * 40 for i in range(10)]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".partial") == []
+
+
+# ---------------------------------------------------------------- against TensorFlow
+
+
+@pytest.mark.tensorflow
+def test_our_frames_are_byte_identical_to_tf_writer_and_tf_reads_ours(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    payloads = [b"", b"abc", bytes(range(256)) * 40]
+    theirs = tmp_path / "tf.tfrecord"
+    with tf.io.TFRecordWriter(str(theirs)) as w:
+        for p in payloads:
+            w.write(p)
+    ours = tmp_path / "ours.tfrecord"
+    with tfrecord.TFRecordFileWriter(ours) as w:
+        for p in payloads:
+            w.write(p)
+    assert ours.read_bytes() == theirs.read_bytes()
+    assert [r.numpy() for r in tf.data.TFRecordDataset(str(ours))] == payloads
+    # Our reader and index on TF's file.
+    assert [d for _, d in tfrecord.iter_records(theirs)] == payloads
+    np.testing.assert_array_equal(tfrecord.scan_records(theirs), tfrecord.read_index(tmp_path / "ours.tfrecord.idx"))
+
+
+@pytest.mark.tensorflow
+def test_tf_parses_our_examples(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    ints = np.array([5, -7, 2**40, -(2**63)] + list(range(20)), dtype=np.int64)
+    floats = np.linspace(-2, 2, 7, dtype=np.float32)
+    data = encode_example({"img": b"\x89PNG...", "ids": ints, "x": floats, "tags": [b"a", b"bc"], "lab": np.array([3])})
+    spec = {
+        "img": tf.io.FixedLenFeature([], tf.string),
+        "ids": tf.io.FixedLenFeature([len(ints)], tf.int64),
+        "x": tf.io.FixedLenFeature([7], tf.float32),
+        "tags": tf.io.VarLenFeature(tf.string),
+        "lab": tf.io.FixedLenFeature([], tf.int64),
+    }
+    got = tf.io.parse_single_example(data, spec)
+    assert got["img"].numpy() == b"\x89PNG..."
+    np.testing.assert_array_equal(got["ids"].numpy(), ints)
+    np.testing.assert_array_equal(got["x"].numpy(), floats)
+    assert list(tf.sparse.to_dense(got["tags"]).numpy()) == [b"a", b"bc"]
+    assert int(got["lab"]) == 3
+    # And the reverse: TF's own serialiser, our decoder.
+    ex = tf.train.Example(features=tf.train.Features(feature={
+        "ids": tf.train.Feature(int64_list=tf.train.Int64List(value=ints.tolist())),
+        "x": tf.train.Feature(float_list=tf.train.FloatList(value=floats.tolist())),
+        "img": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"\x00raw"])),
+    }))
+    out = decode_example(ex.SerializeToString())
+    np.testing.assert_array_equal(out["ids"], ints)
+    np.testing.assert_array_equal(out["x"], floats)
+    assert out["img"] == [b"\x00raw"]
+
+
+@pytest.mark.tensorflow
+def test_tf_reports_our_corruption_too(tmp_path):
+    """Our CRCs are the ones TF checks: flip a byte and TF's reader refuses the record."""
+    tf = pytest.importorskip("tensorflow")
+    path = tmp_path / "a.tfrecord"
+    with tfrecord.TFRecordFileWriter(path) as w:
+        w.write(b"payload" * 10)
+    data = bytearray(path.read_bytes())
+    data[20] ^= 0x40
+    path.write_bytes(bytes(data))
+    with pytest.raises(tf.errors.DataLossError):
+        list(tf.data.TFRecordDataset(str(path)))
