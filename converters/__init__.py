@@ -1,0 +1,91 @@
+"""Dataset converters for loadprof: image folders, NumPy, IDX, CSV and PyTorch datasets
+to HDF5 or sharded TFRecord, with readers for PyTorch (``converters.torch``) and
+tf.data (``converters.tf``), imported on their own so neither framework is required here.
+
+Names are imported on first use (PEP 562): ``profiler.cli`` imports
+``converters.commands`` for every loadprof command, and numpy/h5py would add
+~0.1 s to each start-up.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .conversion import DEFAULT_SHARD_SIZE, ConvertOptions, ConvertResult, convert
+    from .errors import ConvertError, CorruptFileError
+    from .example_proto import decode_example, encode_example
+    from .hdf5 import HDF5Reader, HDF5Writer
+    from .inspection import Summary, inspect_path
+    from .schema import Field, Schema
+    from .sources import SourceOptions, open_source, read_idx
+    from .tfrecord import (
+        ShardedTFRecordWriter,
+        TFRecordFileWriter,
+        iter_records,
+        masked_crc32c,
+        read_index,
+    )
+
+_HOME = {
+    "convert": "conversion",
+    "ConvertOptions": "conversion",
+    "ConvertResult": "conversion",
+    "DEFAULT_SHARD_SIZE": "conversion",
+    "SourceOptions": "sources",
+    "open_source": "sources",
+    "read_idx": "sources",
+    "ConvertError": "errors",
+    "CorruptFileError": "errors",
+    "Schema": "schema",
+    "Field": "schema",
+    "HDF5Reader": "hdf5",
+    "HDF5Writer": "hdf5",
+    "TFRecordFileWriter": "tfrecord",
+    "ShardedTFRecordWriter": "tfrecord",
+    "iter_records": "tfrecord",
+    "read_index": "tfrecord",
+    "masked_crc32c": "tfrecord",
+    "encode_example": "example_proto",
+    "decode_example": "example_proto",
+    "inspect_path": "inspection",
+    "Summary": "inspection",
+}
+
+__all__ = [
+    "convert",
+    "ConvertOptions",
+    "ConvertResult",
+    "SourceOptions",
+    "DEFAULT_SHARD_SIZE",
+    "open_source",
+    "read_idx",
+    "ConvertError",
+    "CorruptFileError",
+    "Schema",
+    "Field",
+    "HDF5Reader",
+    "HDF5Writer",
+    "TFRecordFileWriter",
+    "ShardedTFRecordWriter",
+    "iter_records",
+    "read_index",
+    "masked_crc32c",
+    "encode_example",
+    "decode_example",
+    "inspect_path",
+    "Summary",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        value = getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,351 @@
+"""Convert a source into HDF5 or sharded TFRecord, all or nothing.
+
+NOTE [ No partial output ]
+Output is written under a hidden temporary name beside ``out`` (a file for HDF5,
+a directory of shards for TFRecord), verified if asked, and renamed into place
+only at the end. Any failure, Ctrl-C included, removes the temporary output, so
+``out`` is either absent, untouched (the old one), or complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from . import hdf5, tfrecord
+from .errors import ConvertError
+from .schema import Field, Sample, SampleDigest, Schema
+from .sources import Source, SourceOptions, open_source
+
+__all__ = ["ConvertOptions", "ConvertResult", "convert", "DEFAULT_SHARD_SIZE", "TFRECORD_FORMAT"]
+
+Format = Literal["hdf5", "tfrecord"]
+
+# TF's performance guide suggests 100-200 MB per file; TFDS uses 64 MiB-1 GiB.
+DEFAULT_SHARD_SIZE = 128 << 20
+TFRECORD_FORMAT = "loadprof-tfrecord"
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """Every conversion setting, with its default; the CLI maps its flags onto this.
+
+    to:           output format, "hdf5" (one file) or "tfrecord" (a directory of shards).
+    source:       how to read the source (see SourceOptions).
+    compression:  HDF5 only: None (default), "lzf" or "gzip" (level 4).
+    shard_size:   TFRecord only: start a new shard once one holds this many bytes.
+    split:        TFRecord only: shard name prefix, as in train-00000-of-00004.tfrecord.
+    overwrite:    replace an existing output (otherwise refused).
+    verify:       read the output back and compare count and per-field checksums
+                  with what was read from the source, before publishing it.
+    progress:     progress bar on stderr: None = only when stderr is a terminal.
+    """
+
+    to: Format
+    source: SourceOptions = field(default_factory=SourceOptions)
+    compression: str | None = None
+    shard_size: int = DEFAULT_SHARD_SIZE
+    split: str = "train"
+    overwrite: bool = False
+    verify: bool = False
+    progress: bool | None = None
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    output: Path
+    format: Format
+    records: int
+    bytes: int
+    files: list[Path]
+    schema: Schema
+    checksums: dict[str, str]
+    verified: bool
+    seconds: float
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("loadprof")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _check(options: ConvertOptions, out: Path) -> None:
+    if options.to not in ("hdf5", "tfrecord"):
+        raise ConvertError(f"unknown output format {options.to!r}; expected hdf5 or tfrecord")
+    if options.compression is not None and options.to != "hdf5":
+        raise ConvertError("--compression applies to HDF5 output only")
+    if options.compression not in (None, "lzf", "gzip"):
+        raise ConvertError(f"unknown compression {options.compression!r}; expected lzf or gzip")
+    if options.shard_size <= 0:
+        raise ConvertError(f"--shard-size must be positive, got {options.shard_size}")
+    if not options.split or "/" in options.split or options.split.startswith("."):
+        raise ConvertError(f"--split {options.split!r} is not a usable file name prefix")
+    if not out.parent.is_dir():
+        raise ConvertError(f"{out}: parent directory {out.parent} does not exist")
+    if out.exists() or out.is_symlink():
+        empty_dir = options.to == "tfrecord" and out.is_dir() and not any(out.iterdir())
+        if not options.overwrite and not empty_dir:
+            raise ConvertError(f"{out}: already exists (pass --overwrite to replace it)")
+        if options.to == "hdf5" and out.is_dir():
+            raise ConvertError(f"{out}: is a directory; HDF5 output is a file")
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool | None, total: int, label: str) -> Iterator[Callable[[], None]]:
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        yield lambda: None
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+    ) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda: bar.advance(task)
+
+
+class _Output:
+    """The temporary output and its writer; see NOTE [ No partial output ]."""
+
+    def __init__(self, out: Path, options: ConvertOptions) -> None:
+        self.out = out
+        self.options = options
+        prefix = f".{out.name}.tmp-"
+        try:
+            if options.to == "hdf5":
+                fd, name = tempfile.mkstemp(prefix=prefix, suffix=".h5", dir=out.parent)
+                os.close(fd)
+            else:
+                name = tempfile.mkdtemp(prefix=prefix, dir=out.parent)
+        except OSError as exc:
+            raise ConvertError(f"{out}: cannot create output in {out.parent}: {exc.strerror}") from exc
+        # mkstemp/mkdtemp create 0600/0700; the published output should get the usual
+        # permissions, as if created with open()/mkdir() under the current umask.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(name, (0o666 if options.to == "hdf5" else 0o777) & ~umask)
+        self.tmp = Path(name)
+        self.h5: hdf5.HDF5Writer | None = None
+        self.tf: tfrecord.ShardedTFRecordWriter | None = None
+        self.schema: Schema | None = None
+
+    def start(self, schema: Schema, expected: int) -> None:
+        self.schema = schema
+        if self.options.to == "hdf5":
+            self.h5 = hdf5.HDF5Writer(
+                self.tmp, schema, expected=expected, compression=self.options.compression, overwrite=True
+            )
+        else:
+            self.tf = tfrecord.ShardedTFRecordWriter(self.tmp, self.options.split, self.options.shard_size)
+
+    def write(self, sample: Sample) -> None:
+        if self.h5 is not None:
+            self.h5.write(sample)
+        else:
+            assert self.tf is not None and self.schema is not None
+            self.tf.write(tfrecord.encode_sample(self.schema, sample))
+
+    def finish(self, meta: dict[str, Any]) -> list[Path]:
+        """Close the writer; return the files of the output, as they will be named in ``out``."""
+        if self.h5 is not None:
+            self.h5.close(meta)
+            return [self.out]
+        assert self.tf is not None and self.schema is not None
+        shards = self.tf.close()
+        info = {
+            "format": TFRECORD_FORMAT,
+            "format_version": 1,
+            "split": self.options.split,
+            "num_records": sum(s.records for s in shards),
+            "schema": json.loads(self.schema.to_json()),
+            "encoding": {f.name: tfrecord.feature_encoding(f) for f in self.schema.fields},
+            "shards": [asdict(s) for s in shards],
+            **meta,
+        }
+        info_path = tfrecord.info_path_for(self.tmp, self.options.split)
+        info_path.write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+        names = [s.file for s in shards]
+        return [self.out / n for n in names] + [self.out / (n + ".idx") for n in names] + [self.out / info_path.name]
+
+    def abort(self) -> None:
+        for writer in (self.h5, self.tf):
+            if writer is not None:
+                writer.abort()
+        if self.tmp.is_dir():
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                self.tmp.unlink()
+
+    def publish(self) -> None:
+        out = self.out
+        if not (out.exists() or out.is_symlink()):
+            os.rename(self.tmp, out)
+            return
+        if self.options.to == "hdf5":
+            os.replace(self.tmp, out)  # atomic for a file
+            return
+        # A directory cannot be replaced atomically: move the old one aside first.
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.rename(out, old / "x")
+        os.rename(self.tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _read_back(tmp: Path, options: ConvertOptions, schema: Schema) -> Iterator[Sample]:
+    if options.to == "hdf5":
+        reader = hdf5.HDF5Reader(tmp)
+        try:
+            yield from reader.iter_samples()
+        finally:
+            reader.close()
+        return
+    for shard in sorted(tmp.glob("*.tfrecord")):
+        index = tfrecord.read_index(tfrecord.index_path_for(shard))
+        scanned = tfrecord.scan_records(shard, verify=True)
+        if not np.array_equal(index, scanned):
+            raise ConvertError(f"{shard.name}.idx: does not match the records of {shard.name}")
+        for offset, data in tfrecord.iter_records(shard):
+            try:
+                yield tfrecord.decode_sample(schema, data)
+            except ValueError as exc:
+                raise ConvertError(f"{shard.name}: record at byte offset {offset} does not decode: {exc}") from exc
+
+
+def _verify(output: _Output, expected: SampleDigest) -> None:
+    assert output.schema is not None
+    digest = SampleDigest(output.schema)
+    for sample in _read_back(output.tmp, output.options, output.schema):
+        digest.update(sample)
+    if digest.count != expected.count:
+        raise ConvertError(
+            f"{output.out}: verification failed: read back {digest.count} records, wrote {expected.count}"
+        )
+    got, want = digest.result(), expected.result()
+    for name in want:
+        if got[name] != want[name]:
+            raise ConvertError(
+                f"{output.out}: verification failed: field {name!r} checksum {got[name]} "
+                f"differs from the source's {want[name]}"
+            )
+
+
+def _schema_for(source: Source, sample: dict[str, Any], where: str) -> Schema:
+    inferred = Schema.infer(sample, where)
+    return Schema(
+        tuple(
+            Field(f.name, f.kind, f.dtype, f.shape, source.contents.get(f.name)) for f in inferred.fields
+        )
+    )
+
+
+def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], options: ConvertOptions) -> ConvertResult:
+    """Convert ``src`` into ``out`` (an HDF5 file, or a directory of TFRecord shards).
+
+    Raises ConvertError, with a one-line message naming the file and record, for
+    bad input and for disk or permission errors; then nothing is left at ``out``
+    that was not there before.
+    """
+    started = time.perf_counter()
+    out_path = Path(out)
+    _check(options, out_path)
+    source = open_source(src, options.source)
+    total = len(source)
+    if total == 0:
+        raise ConvertError(f"{src}: holds no samples")
+    output = _Output(out_path, options)
+    digest: SampleDigest | None = None
+    count = 0
+    try:
+        with _progress(options.progress, total, f"{out_path.name}") as advance:
+            for where, raw in source:
+                if digest is None:
+                    schema = _schema_for(source, raw, where)
+                    try:
+                        output.start(schema, total)
+                    except OSError as exc:
+                        raise ConvertError(f"{out_path}: cannot create output: {exc.strerror or exc}") from exc
+                    digest = SampleDigest(schema)
+                sample = output.schema.check(raw, where)  # type: ignore[union-attr]
+                digest.update(sample)
+                try:
+                    output.write(sample)
+                except OSError as exc:
+                    raise ConvertError(
+                        f"{out_path}: writing record {count} ({where}) failed: {exc.strerror or exc}"
+                    ) from exc
+                count += 1
+                advance()
+        assert digest is not None and output.schema is not None
+        meta = {
+            "class_names": source.class_names,
+            "checksums": digest.result(),
+            "provenance": {
+                "source": source.description,
+                "source_kind": source.kind,
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "loadprof_version": _version(),
+                "source_options": asdict(options.source),
+                **source.metadata(),
+            },
+        }
+        if meta["class_names"] is None:
+            del meta["class_names"]
+        try:
+            files = output.finish(meta)
+        except OSError as exc:
+            raise ConvertError(f"{out_path}: finishing the output failed: {exc.strerror or exc}") from exc
+        if options.verify:
+            _verify(output, digest)
+        size = (
+            output.tmp.stat().st_size
+            if options.to == "hdf5"
+            else sum(p.stat().st_size for p in output.tmp.iterdir())
+        )
+        try:
+            output.publish()
+        except OSError as exc:
+            raise ConvertError(f"{out_path}: cannot move the finished output into place: {exc.strerror}") from exc
+    except BaseException:
+        output.abort()
+        raise
+    return ConvertResult(
+        output=out_path,
+        format=options.to,
+        records=count,
+        bytes=size,
+        files=files,
+        schema=output.schema,
+        checksums=digest.result(),
+        verified=options.verify,
+        seconds=time.perf_counter() - started,
+    )

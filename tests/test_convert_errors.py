@@ -1,0 +1,124 @@
+"""Bad input and failing disks: one-line errors naming the file, and no partial output."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from converters import ConvertError, ConvertOptions, convert
+from tests.convert_helpers import ROOT, leftovers, make_image_folder
+
+
+@pytest.mark.parametrize("to", ["hdf5", "tfrecord"])
+def test_existing_output_is_refused_then_replaced_with_overwrite(tmp_path, to):
+    np.save(tmp_path / "x.npy", np.arange(10))
+    out = tmp_path / "out"
+    out.mkdir() if to == "tfrecord" else out.write_bytes(b"precious")
+    (out / "keep.txt").write_text("mine") if to == "tfrecord" else None
+    with pytest.raises(ConvertError, match=r"out: already exists \(pass --overwrite to replace it\)"):
+        convert(tmp_path / "x.npy", out, ConvertOptions(to=to))
+    assert (out / "keep.txt").exists() if to == "tfrecord" else out.read_bytes() == b"precious"
+    convert(tmp_path / "x.npy", out, ConvertOptions(to=to, overwrite=True, verify=True))
+    assert not (out / "keep.txt").exists() if to == "tfrecord" else out.read_bytes()[:4] == b"\x89HDF"
+    assert leftovers(tmp_path) == []
+
+
+def test_an_empty_output_directory_is_fine_for_tfrecord(tmp_path):
+    np.save(tmp_path / "x.npy", np.arange(10))
+    (tmp_path / "out").mkdir()
+    convert(tmp_path / "x.npy", tmp_path / "out", ConvertOptions(to="tfrecord"))
+    assert (tmp_path / "out" / "train-00000-of-00001.tfrecord").exists()
+
+
+def test_missing_parent_directory(tmp_path):
+    np.save(tmp_path / "x.npy", np.arange(3))
+    with pytest.raises(ConvertError, match="parent directory .*nope does not exist"):
+        convert(tmp_path / "x.npy", tmp_path / "nope" / "o.h5", ConvertOptions(to="hdf5"))
+
+
+@pytest.mark.parametrize("to", ["hdf5", "tfrecord"])
+def test_interrupt_mid_conversion_leaves_nothing(tmp_path, monkeypatch, to):
+    (tmp_path / "stops.py").write_text(textwrap.dedent("""
+        import numpy as np
+        class Stops:
+            def __len__(self):
+                return 10
+            def __getitem__(self, i):
+                if i == 6:
+                    raise KeyboardInterrupt
+                return np.full(3, i)
+        ds = Stops()
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(KeyboardInterrupt):
+        convert("stops:ds", tmp_path / "out", ConvertOptions(to=to))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stops.py"] + (["__pycache__"] if (tmp_path / "__pycache__").exists() else [])
+    sys.modules.pop("stops", None)
+
+
+@pytest.mark.parametrize("to", ["hdf5", "tfrecord"])
+def test_disk_full_midway_is_one_line_and_leaves_nothing(tmp_path, to):
+    """A real write failure: RLIMIT_FSIZE makes writes past 1 MiB fail with EFBIG."""
+    np.save(tmp_path / "big.npy", np.random.default_rng(0).integers(0, 256, (3000, 1024), dtype=np.uint8))
+    code = textwrap.dedent(f"""
+        import resource, signal, sys
+        from profiler.cli import main
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG instead of being killed
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+        sys.exit(main(["convert", "big.npy", "out", "--to", "{to}"]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("loadprof: error: out: "), proc.stderr
+    assert "File too large" in lines[0] or "errno = 27" in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.npy"]
+
+
+@contextlib.contextmanager
+def unwritable(directory):
+    """Make ``directory`` refuse new files, also for root (chattr +i), else skip."""
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        try:
+            yield
+        finally:
+            directory.chmod(0o755)
+        return
+    if shutil.which("chattr") is None:
+        pytest.skip("running as root without chattr: cannot make a directory unwritable")
+    if subprocess.run(["chattr", "+i", str(directory)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i not supported on this filesystem")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(directory)], check=True)
+
+
+@pytest.mark.parametrize("to", ["hdf5", "tfrecord"])
+def test_permission_denied_names_the_output(tmp_path, to):
+    np.save(tmp_path / "x.npy", np.arange(5))
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    with unwritable(locked), pytest.raises(ConvertError, match=r"locked/o: cannot create output in .*locked: (Permission denied|Operation not permitted)"):
+        convert(tmp_path / "x.npy", locked / "o", ConvertOptions(to=to))
+    assert list(locked.iterdir()) == []
+
+
+def test_unreadable_image_is_named(tmp_path):
+    images = make_image_folder(tmp_path / "imgs", {"a": 2})
+    target = images[1][0]
+    target.unlink()
+    target.symlink_to(tmp_path / "gone.png")  # listed, but unreadable (even by root)
+    with pytest.raises(ConvertError, match=r"a/001\.png: cannot read: No such file or directory"):
+        convert(tmp_path / "imgs", tmp_path / "o.h5", ConvertOptions(to="hdf5"))
+    assert leftovers(tmp_path) == [] and not (tmp_path / "o.h5").exists()

@@ -1,0 +1,104 @@
+"""HDF5 layout: chunked fixed-shape arrays, flat bytes + offsets, attributes, compression."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+from converters import (
+    ConvertError,
+    ConvertOptions,
+    HDF5Reader,
+    SourceOptions,
+    convert,
+    inspect_path,
+)
+from converters.hdf5 import chunk_rows
+from tests.convert_helpers import make_image_folder
+
+
+def test_chunk_rows_stay_within_10kib_and_1mib():
+    for nbytes in (1, 8, 784, 3072, 150_528, 600_000):
+        rows = chunk_rows(nbytes)
+        assert rows >= 1
+        assert 10 << 10 <= rows * nbytes <= 1 << 20, (nbytes, rows)
+    assert chunk_rows(4 << 20) == 1  # one sample larger than 1 MiB: a chunk of one
+
+
+def test_array_fields_are_chunked_datasets(tmp_path):
+    x = np.random.default_rng(0).integers(0, 256, (3000, 32, 32, 3), dtype=np.uint8)
+    y = np.arange(3000) % 10
+    np.savez(tmp_path / "d.npz", image=x, label=y)
+    convert(tmp_path / "d.npz", tmp_path / "d.h5", ConvertOptions(to="hdf5"))
+    with h5py.File(tmp_path / "d.h5") as f:
+        image, label = f["image"], f["label"]
+        assert image.shape == (3000, 32, 32, 3) and image.dtype == np.uint8
+        assert image.chunks[1:] == (32, 32, 3)
+        assert 10 << 10 <= np.prod(image.chunks) <= 1 << 20
+        assert 10 << 10 <= np.prod(label.chunks) * 8 <= 1 << 20
+        assert image.compression is None  # compression is opt-in
+        np.testing.assert_array_equal(image[1234], x[1234])
+        assert f.attrs["loadprof_format"] == "loadprof-hdf5"
+        assert f.attrs["num_records"] == 3000
+        schema = json.loads(f.attrs["schema"])
+        assert schema[0] == {"name": "image", "kind": "array", "dtype": "uint8", "shape": [32, 32, 3]}
+        prov = json.loads(f.attrs["provenance"])
+        assert prov["source_kind"] == "numpy" and prov["source"].endswith("d.npz")
+
+
+def test_encoded_images_are_one_flat_uint8_dataset_plus_offsets(tmp_path):
+    images = make_image_folder(tmp_path / "imgs", {"a": 4, "b": 3})
+    convert(tmp_path / "imgs", tmp_path / "i.h5", ConvertOptions(to="hdf5"))
+    with h5py.File(tmp_path / "i.h5") as f:
+        data, offsets = f["image/data"], f["image/offsets"][()]
+        assert data.dtype == np.uint8 and data.ndim == 1
+        assert h5py.check_vlen_dtype(data.dtype) is None  # not a variable-length type
+        assert offsets.dtype == np.int64 and len(offsets) == 8 and offsets[0] == 0
+        blob = data[()].tobytes()
+        for i, (path, _, _) in enumerate(images):
+            assert blob[offsets[i] : offsets[i + 1]] == path.read_bytes()
+        assert json.loads(f.attrs["class_names"]) == ["a", "b"]
+
+
+@pytest.mark.parametrize("compression", ["lzf", "gzip"])
+def test_compression_is_applied_when_asked(tmp_path, compression):
+    x = np.zeros((500, 64, 64), np.uint8)  # compresses to almost nothing
+    np.save(tmp_path / "z.npy", x)
+    convert(tmp_path / "z.npy", tmp_path / "plain.h5", ConvertOptions(to="hdf5"))
+    convert(tmp_path / "z.npy", tmp_path / "c.h5", ConvertOptions(to="hdf5", compression=compression, verify=True))
+    with h5py.File(tmp_path / "c.h5") as f:
+        assert f["data"].compression == compression
+    assert (tmp_path / "c.h5").stat().st_size * 10 < (tmp_path / "plain.h5").stat().st_size
+    np.testing.assert_array_equal(HDF5Reader(tmp_path / "c.h5")[499]["data"], x[499])
+
+
+def test_compression_refused_for_tfrecord(tmp_path):
+    np.save(tmp_path / "z.npy", np.zeros(3))
+    with pytest.raises(ConvertError, match="--compression applies to HDF5 output only"):
+        convert(tmp_path / "z.npy", tmp_path / "o", ConvertOptions(to="tfrecord", compression="gzip"))
+
+
+def test_reader_reads_plain_hdf5_files(tmp_path):
+    with h5py.File(tmp_path / "plain.h5", "w") as f:
+        f["x"] = np.arange(12, dtype=np.float32).reshape(4, 3)
+        f["y"] = np.arange(4)
+    reader = HDF5Reader(tmp_path / "plain.h5")
+    assert len(reader) == 4 and reader.schema.names == ("x", "y")
+    np.testing.assert_array_equal(reader[-1]["x"], [9, 10, 11])
+    with pytest.raises(IndexError):
+        reader[4]
+    assert "records: 4" in inspect_path(tmp_path / "plain.h5").lines()
+    with h5py.File(tmp_path / "uneven.h5", "w") as f:
+        f["x"] = np.zeros(3)
+        f["y"] = np.zeros(4)
+    with pytest.raises(ConvertError, match="top-level datasets differ in length"):
+        HDF5Reader(tmp_path / "uneven.h5")
+
+
+def test_decoded_image_field_round_trips_through_sources_options(tmp_path):
+    images = make_image_folder(tmp_path / "imgs", {"a": 2}, size=(5, 5))
+    convert(tmp_path / "imgs", tmp_path / "d.h5", ConvertOptions(to="hdf5", source=SourceOptions(decode=True)))
+    np.testing.assert_array_equal(HDF5Reader(tmp_path / "d.h5")[0]["image"], images[0][2])
