@@ -29,3 +29,7 @@ class CorruptFileError(ConvertError):
         self.offset = offset
         self.reason = reason
         super().__init__(f"{self.path}: corrupt at byte offset {offset}: {reason}")
+
+    def __reduce__(self) -> tuple[type[CorruptFileError], tuple[str, int, str]]:
+        # Exceptions pickle as cls(*args); ours takes three, not the message.
+        return (type(self), (self.path, self.offset, self.reason))
