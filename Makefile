@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints-dev.txt -e '.[torch,tensorflow,dev]'
+	$(BIN)/python -m pip install -q -c constraints-dev.txt -e '.[torch,dev]' tensorflow-cpu
 	touch $(STAMP)
 
 demo: $(STAMP)
