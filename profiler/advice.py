@@ -9,7 +9,11 @@ num_workers warning shows):
 - never mixed precision when autocast/half weights are already in use, when the
   GPU lacks tensor cores or is unknown, or for a data-starved run (it speeds up
   compute, which is not the limit);
-- never prefetch/cache advice for a run whose input takes < 5% of step time.
+- never prefetch/cache advice for a run whose input takes < 5% of step time;
+- tf.data: never ``prefetch`` when the pipeline has one, never ``cache`` when it
+  caches, never ``parallel_map`` for a map TensorFlow already parallelises, and
+  no speed-up promised for a prefetch TensorFlow already injects (NOTE [ What
+  TensorFlow already does for a pipeline ] in instrument/tfdata.py).
 
 Speed-ups here are *estimates* from the measured per-step costs; ``loadprof
 tune`` measures them for real.
@@ -21,13 +25,15 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Metrics, Thresholds
+from .diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Metrics, Thresholds, is_tf
 from .records import LoaderInfo, Run
 
 IDS = (
     "num_workers", "pin_memory", "persistent_workers", "prefetch", "cache",
     "offline_preprocessing", "convert_format", "mixed_precision", "gradient_accumulation",
     "gradient_checkpointing", "larger_batch", "compile",
+    # tf.data only: map(num_parallel_calls=AUTOTUNE); parallel file reads (interleave).
+    "parallel_map", "interleave",
 )
 
 
@@ -48,7 +54,7 @@ class Recommendation:
 
 
 def _is_tf(loader: LoaderInfo | None) -> bool:
-    return loader is not None and loader.framework in ("tf.data", "keras")
+    return is_tf(loader)
 
 
 def _gpu_cc(run: Run) -> tuple[int, int] | None:
@@ -221,25 +227,121 @@ def _convert_advice(loader: LoaderInfo) -> Recommendation:
     )
 
 
+def _tf_pipeline_seconds(run: Run, m: Metrics, loader: LoaderInfo) -> float | None:
+    """Seconds the tf.data pipeline needs per step, from what was measured.
+
+    Differential method: the pipeline-alone probe. Iterator-next with a prefetch
+    (explicit or injected by TensorFlow): the pipeline made one step's batches while
+    the loop computed and then waited, so wait + compute. Without overlap: the wait.
+    """
+    per_batch = run.probes.get("pipeline_batch_s")
+    if run.data_wait_method == "differential" and per_batch:
+        return per_batch * max(1.0, m.batches_per_step)
+    if run.data_wait_method != "iterator-next":
+        return None
+    overlapped = loader.has_prefetch or "prefetch_injected" in loader.notes
+    return m.wait_per_step + (m.compute_per_step if overlapped else 0.0)
+
+
 def _tf_input_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, d: Diagnosis) -> list[Recommendation]:
+    """tf.data advice from the pipeline's graph (``LoaderInfo``) and the measured costs.
+
+    Token meanings (``transformations``, ``notes``): see ``instrument/tfdata.py``.
+    """
     out: list[Recommendation] = []
+    notes = set(loader.notes)
+    python_map = any("python" in t for t in loader.transformations if t.startswith(("map", "parallel_map")))
+    injected = "prefetch_injected" in notes
+    step = m.step_time_mean
+    compute = max(m.compute_per_step, 1e-6)
+    pipeline = _tf_pipeline_seconds(run, m, loader)
+    cores = m.usable_cores
+    cause = d.cause
+
+    def speedup(new_step: float) -> float | None:
+        return round(step / new_step, 2) if new_step > 0 and step > 0 else None
+
     if loader.has_prefetch is False:
+        if injected:
+            detail = ("The pipeline has no prefetch(). TensorFlow already appends one by itself "
+                      "(options.experimental_optimization.inject_prefetch), so input and training "
+                      "overlap now; an explicit prefetch keeps the overlap when that option or autotune "
+                      "is off, and makes the buffer visible. The measured wait is the pipeline being "
+                      "slower than the model: see the other recommendations.")
+            estimate, basis = None, "no gain expected: TensorFlow already injects a prefetch"
+        else:
+            detail = ("The tf.data pipeline has no prefetch and TensorFlow injects none (autotune or "
+                      "inject_prefetch is off): input and training take turns instead of overlapping.")
+            wait = m.wait_per_step
+            estimate = speedup(max(compute, wait)) if starved else None
+            basis = "estimate: step = max(compute, input) once they overlap"
         out.append(Recommendation(
-            "prefetch", "Prefetch batches with AUTOTUNE",
-            "The tf.data pipeline has no prefetch: input and training take turns instead of overlapping.",
-            "ds = ds.prefetch(tf.data.AUTOTUNE)", {"buffer_size": "AUTOTUNE"}, framework="tf",
+            "prefetch", "Prefetch batches with AUTOTUNE", detail,
+            "ds = ds.prefetch(tf.data.AUTOTUNE)  # the last transformation",
+            {"buffer_size": "AUTOTUNE"}, estimate, basis, framework="tf",
         ))
-    if loader.parallel_map is False:
+
+    cpu_heavy_python = python_map and cause in ("too-few-workers", "cpu-bound-preprocessing")
+    if loader.parallel_map is False and starved and not cpu_heavy_python and cause != "cpu-bound-preprocessing":
+        parallel = cores if cause == "too-few-workers" else max(cores, 4)
+        estimate = speedup(max(compute, pipeline / parallel)) if pipeline else None
+        why = ("It calls Python, which holds the GIL: parallel calls overlap its waiting (sleep, I/O), "
+               "not its computing. " if python_map else
+               "TensorFlow leaves a stateful map (random ops, Python) sequential. ")
         out.append(Recommendation(
-            "offline_preprocessing", "Run map() in parallel, or preprocess offline",
-            "The pipeline's map() runs sequentially on one core.",
+            "parallel_map", "Run map() in parallel with AUTOTUNE",
+            f"A map() that runs every epoch is sequential while the loop waits {m.data_wait_fraction:.0%} of "
+            f"each step for input. {why}",
             "ds = ds.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)",
+            {"num_parallel_calls": "AUTOTUNE"}, estimate,
+            f"estimate: pipeline time / {parallel} parallel calls, if the map dominates it",
+            framework="tf",
+        ))
+
+    if starved and loader.file_based and "sequential_file_reads" in notes and cause != "cpu-bound-preprocessing":
+        out.append(Recommendation(
+            "interleave", "Read several files in parallel",
+            "The pipeline reads its files one after another; parallel reads hide each file's latency "
+            "(TensorFlow's input-pipeline guide: interleave with num_parallel_calls).",
+            "files = tf.data.Dataset.list_files(pattern, shuffle=True)\n"
+            "ds = files.interleave(tf.data.TFRecordDataset, cycle_length=tf.data.AUTOTUNE,\n"
+            "                      num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)\n"
+            "# or: tf.data.TFRecordDataset(filenames, num_parallel_reads=tf.data.AUTOTUNE)",
             {"num_parallel_calls": "AUTOTUNE"}, framework="tf",
         ))
+
     if loader.has_cache is False:
-        out.extend(_cache_advice(run, m, loader, starved, tf=True))
-    if loader.file_based and d.cause == "io-latency":
-        out.append(_convert_advice(loader))
+        for rec in _cache_advice(run, m, loader, starved, tf=True):
+            rec.code = ("ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE).cache()  # after the "
+                        "deterministic steps\nds = ds.shuffle(buffer).map(augment).batch(batch_size)"
+                        ".prefetch(tf.data.AUTOTUNE)")
+            if pipeline:
+                rec.estimated_speedup = speedup(compute)
+                rec.basis = "upper bound: every epoch after the first reads from memory"
+            out.append(rec)
+
+    if starved and (cpu_heavy_python or cause == "cpu-bound-preprocessing"):
+        if cpu_heavy_python:
+            detail = (f"The map() runs Python: {m.wait_cpu_cores or 0:.1f} core(s) busy while the loop waits, "
+                      "and parallel calls cannot use more cores under the GIL. Express it with TensorFlow ops, "
+                      "or do the deterministic part once, offline.")
+        else:
+            detail = (f"The pipeline keeps {m.wait_cpu_cores or 0:.1f} of {cores} usable cores busy: more "
+                      "parallelism cannot help. Do deterministic decoding/resizing once and store the result.")
+        out.append(Recommendation(
+            "offline_preprocessing", "Move deterministic preprocessing offline", detail,
+            "loadprof convert data/ data.tfrecord --to tfrecord --decode\n"
+            "ds = tf.data.TFRecordDataset(['data.tfrecord']).map(parse, num_parallel_calls=tf.data.AUTOTUNE)",
+            framework="tf",
+        ))
+
+    if starved and "many_small_files" in notes:
+        rec = _convert_advice(loader)
+        rec.detail = ("The pipeline opens one small file per sample; per-file open/read latency dominates. "
+                      "One packed TFRecord file is read sequentially in large blocks.")
+        rec.code = ("loadprof convert data/ data.tfrecord --to tfrecord\n"
+                    "ds = tf.data.TFRecordDataset(['data.tfrecord'], num_parallel_reads=tf.data.AUTOTUNE)")
+        out.append(rec)
     return out
 
 

@@ -3,10 +3,12 @@
 No I/O, no threads, no frameworks: tests build a ``Run`` by hand.
 
 Verdicts, checked in this order:
-1. ``inconclusive``: fewer than ``min_steps`` steps after warm-up.
+1. ``inconclusive``: fewer than ``min_steps`` steps after warm-up, or a TensorFlow
+   run whose input time could not be measured (``Run.data_wait_method`` empty).
 2. ``memory-bound``: an out-of-memory error during the run.
 3. ``data-starved``: input time (batch wait + host-to-device copies) >= 20% of
-   step time, with a sub-cause (``CAUSES``).
+   step time, with a sub-cause (``CAUSES``). For tf.data the sub-cause comes from
+   the process's CPU while the loop waited (``_tf_data_cause``).
 4. ``memory-bound``: GPU memory >= 90% of capacity, or host memory pressure
    (swap grew, or available memory fell under 5%).
 5. ``host-bound``: a GPU is in use but busy < 50% of the time although input is
@@ -25,6 +27,9 @@ from typing import Any
 from .records import GpuSample, HostSample, LoaderInfo, Run, Step
 
 VERDICTS = ("data-starved", "compute-bound", "memory-bound", "host-bound", "inconclusive")
+
+#: ``LoaderInfo.framework`` values of TensorFlow input pipelines.
+TF_FRAMEWORKS = ("tf.data", "keras")
 
 #: Sub-causes of a data-starved verdict.
 CAUSES = {
@@ -93,6 +98,9 @@ class Metrics:
     h2d_fraction: float = 0.0
     wait_per_step: float = 0.0
     wait_cpu_ratio: float | None = None  # CPU seconds / wall seconds of the waiting thread
+    #: The same, not capped at one core: tf.data records the whole process's CPU
+    #: (its own threads do the work), so this is "cores busy while the loop waited".
+    wait_cpu_cores: float | None = None
     compute_per_step: float = 0.0  # step time not spent on input
     batches_per_step: float = 1.0
     usable_cores: int = 1
@@ -175,7 +183,8 @@ def compute_metrics(run: Run) -> Metrics:
     m.wait_per_step = wait / m.steps_judged
     m.compute_per_step = max(0.0, (total - wait - h2d) / m.steps_judged)
     if wait > 0:
-        m.wait_cpu_ratio = min(1.0, sum(s.data_wait_cpu for s in steps) / wait)
+        m.wait_cpu_cores = sum(s.data_wait_cpu for s in steps) / wait
+        m.wait_cpu_ratio = min(1.0, m.wait_cpu_cores)
     sizes = [s.batch_size / s.merged for s in steps if s.batch_size]
     if m.loader and m.loader.batch_size and sizes:
         m.batches_per_step = statistics.mean(sizes) / m.loader.batch_size
@@ -244,6 +253,8 @@ def _data_cause(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
     input_time = m.wait_fraction + m.h2d_fraction
     if input_time > 0 and m.h2d_fraction / input_time >= 0.5:
         return "host-to-device"
+    if is_tf(m.loader):
+        return _tf_data_cause(m, th, ev)
     workers = m.loader.num_workers if m.loader else None
     if not workers:
         # Loading runs on the training thread (num_workers=0 or a generator): its
@@ -276,6 +287,35 @@ def _data_cause(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
     return "io-latency"
 
 
+def is_tf(loader: LoaderInfo | None) -> bool:
+    return loader is not None and loader.framework in TF_FRAMEWORKS
+
+
+def _tf_data_cause(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
+    """Sub-cause for tf.data: there are no worker processes, only the process's own threads.
+
+    ``Step.data_wait_cpu`` holds the process's CPU time while the loop waited
+    (iterator-next), or the pipeline's CPU cores measured alone times the wait
+    (differential), so cores = CPU seconds / wait seconds. The cut-offs are the
+    ones used for workers: the usable cores saturated at ``cpu_saturated``, and
+    ``wait_cpu_bound`` of one core meaning the input is CPU work.
+    """
+    cores = m.wait_cpu_cores
+    if cores is None:
+        return "io-latency"
+    ev.append(Evidence(
+        "input_cpu_cores", "CPU cores busy in the process while the loop waited for tf.data", cores,
+        f"{cores:.2f} of {m.usable_cores} usable cores",
+        f">= {_pct(th.cpu_saturated)} of the cores = saturated; >= {th.wait_cpu_bound:.1f} core = CPU work",
+        "loadprof",
+    ))
+    if cores >= th.cpu_saturated * m.usable_cores:
+        return "cpu-bound-preprocessing"
+    if cores >= th.wait_cpu_bound:
+        return "too-few-workers"
+    return "io-latency"
+
+
 def diagnose(run: Run, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Diagnosis:
     th = thresholds
     m = compute_metrics(run)
@@ -289,6 +329,11 @@ def diagnose(run: Run, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Diagnosis
         if m.steps_total == 0:
             reason = "no training steps were seen (no optimizer step, no Profile.step())"
         return Diagnosis("inconclusive", None, reason, "low", ev, m)
+    if not run.data_wait_method and is_tf(m.loader):
+        return Diagnosis(
+            "inconclusive", None,
+            "input time of the TensorFlow pipeline could not be measured (see limitations)", "low", ev, m,
+        )
 
     ev.append(Evidence(
         "data_wait_fraction", "Step time waiting for input (batch wait + host-to-device copy)",

@@ -173,7 +173,7 @@ class Timeline:
     def method(self) -> str:
         if "manual" in self.methods and len(self.methods) == 1:
             return "manual"
-        for m in ("iterator-next", "between-steps", "manual"):
+        for m in ("iterator-next", "differential", "between-steps", "manual"):
             if m in self.methods:
                 return m
         return ""
