@@ -210,11 +210,22 @@ def _cache_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, tf: b
                 f"loader = DataLoader(samples, batch_size={loader.batch_size}, shuffle=True)")
     return [Recommendation(
         "cache", "Cache the decoded dataset in memory",
-        f"The dataset is about {size / 2**20:.0f} MiB as loaded ({loader.dataset_length} samples of "
-        f"{loader.sample_nbytes / 1024:.1f} KiB), {max(size / avail, 0.001):.1%} of available memory. Cache after "
+        f"The dataset is about {_size(size)} as loaded ({loader.dataset_length} samples of "
+        f"{_size(loader.sample_nbytes)}), {max(size / avail, 0.001):.1%} of available memory. Cache after "
         "deterministic steps only: caching a random augmentation freezes it.",
         code, {"dataset_bytes": size}, framework="tf" if tf else "torch",
     )]
+
+
+def _size(nbytes: float) -> str:
+    """72 MiB, 3.1 MiB, 48.0 KiB, 40 bytes."""
+    if nbytes >= 10 * 2**20:
+        return f"{nbytes / 2**20:.0f} MiB"
+    if nbytes >= 2**20:
+        return f"{nbytes / 2**20:.1f} MiB"
+    if nbytes >= 1024:
+        return f"{nbytes / 1024:.1f} KiB"
+    return f"{nbytes:.0f} bytes"
 
 
 def _convert_advice(loader: LoaderInfo) -> Recommendation:

@@ -1,0 +1,177 @@
+"""Diagnosis and advice for TensorFlow input pipelines on hand-built runs: no TensorFlow needed."""
+
+from __future__ import annotations
+
+from profiler.advice import IDS, recommend
+from profiler.diagnosis import diagnose
+from profiler.records import Environment, GpuInfo, GpuSample, HostSample, LoaderInfo, Run, Step
+
+GiB = 2**30
+INPUT_IDS = {"prefetch", "cache", "parallel_map", "interleave", "offline_preprocessing", "convert_format",
+             "num_workers", "pin_memory", "persistent_workers"}
+
+
+def tf_loader(**kw) -> LoaderInfo:
+    facts = dict(framework="tf.data", kind="tf.data pipeline", batch_size=32, dataset_length=10_000,
+                 sample_nbytes=4096, transformations=["from_tensor_slices", "map", "batch[32]"],
+                 has_cache=False, has_prefetch=False, parallel_map=False, file_based=False, notes=[])
+    facts.update(kw)
+    return LoaderInfo(**facts)
+
+
+def tf_run(
+    loader: LoaderInfo | None = None,
+    n: int = 40,
+    step: float = 0.1,
+    wait: float = 0.0,
+    cpu_cores: float = 0.1,
+    cores: int = 4,
+    method: str = "iterator-next",
+    gpu_util: float | None = None,
+    gpu_mem: float = 0.2,
+    cc: tuple[int, int] | None = (8, 0),
+    amp: bool = False,
+    probes: dict[str, float] | None = None,
+) -> Run:
+    env = Environment(usable_cores=cores, logical_cores=cores, memory_total=64 * GiB,
+                      frameworks={"tensorflow": "2.x"})
+    gpus = []
+    if gpu_util is not None:
+        env.gpus = [GpuInfo(0, "NVIDIA A100", 80 * GiB, cc)]
+        env.gpu_status = "available"
+        env.cuda_in_use = True
+        gpus = [GpuSample(t=i * 0.1, index=0, util_gpu=gpu_util, memory_used=int(gpu_mem * 80 * GiB),
+                          memory_total=80 * GiB) for i in range(int(n * step * 10))]
+    steps = [Step(i, i * step, (i + 1) * step, data_wait=wait, data_wait_cpu=wait * cpu_cores, batch_size=32)
+             for i in range(n)]
+    hosts = [HostSample(t=i * 0.1, cpu_per_core=[50.0] * cores, process_cpu=100.0, memory_available=32 * GiB)
+             for i in range(int(n * step * 10))]
+    return Run(environment=env, steps=steps, host_samples=hosts, gpu_samples=gpus,
+               loaders=[loader if loader is not None else tf_loader()], amp_in_use=amp,
+               data_wait_method=method, probes=dict(probes or {}))
+
+
+def advice(run: Run) -> dict[str, object]:
+    return {r.id: r for r in recommend(run, diagnose(run))}
+
+
+# -- diagnosis ------------------------------------------------------------------------------
+def test_tf_sub_cause_comes_from_the_process_cpu_while_the_loop_waited():
+    assert diagnose(tf_run(wait=0.06, cpu_cores=0.1)).cause == "io-latency"
+    assert diagnose(tf_run(wait=0.06, cpu_cores=1.2)).cause == "too-few-workers"
+    saturated = diagnose(tf_run(wait=0.06, cpu_cores=3.6))
+    assert saturated.cause == "cpu-bound-preprocessing"
+    assert any(e.key == "input_cpu_cores" and "3.60 of 4" in e.display for e in saturated.evidence)
+
+
+def test_a_tf_run_whose_input_was_not_measured_is_inconclusive():
+    d = diagnose(tf_run(wait=0.0, method=""))
+    assert d.verdict == "inconclusive" and "could not be measured" in d.summary
+    assert recommend(tf_run(method=""), d) == []
+
+
+# -- input advice ---------------------------------------------------------------------------
+def test_starved_pipeline_without_prefetch_cache_or_parallel_map_gets_all_three():
+    recs = advice(tf_run(wait=0.06))
+    assert {"prefetch", "cache", "parallel_map"} <= set(recs)
+    assert recs["prefetch"].code.startswith("ds = ds.prefetch(tf.data.AUTOTUNE)")
+    assert recs["prefetch"].estimated_speedup is not None
+    assert "num_parallel_calls=tf.data.AUTOTUNE" in recs["parallel_map"].code
+    assert ".cache()" in recs["cache"].code
+    assert all(r.framework == "tf" for r in recs.values())
+    # never the PyTorch DataLoader knobs
+    assert not {"num_workers", "pin_memory", "persistent_workers"} & set(recs)
+
+
+def test_prefetch_and_cache_never_recommended_when_the_pipeline_has_them():
+    loader = tf_loader(has_prefetch=True, has_cache=True, parallel_map=True,
+                       transformations=["from_tensor_slices", "cache", "parallel_map", "batch[32]", "prefetch"])
+    recs = advice(tf_run(loader, wait=0.06))
+    assert not {"prefetch", "cache", "parallel_map"} & set(recs)
+
+
+def test_prefetch_injected_by_tensorflow_promises_no_speed_up():
+    recs = advice(tf_run(tf_loader(notes=["prefetch_injected"]), wait=0.06))
+    assert recs["prefetch"].estimated_speedup is None
+    assert "already appends one" in recs["prefetch"].detail
+
+
+def test_cache_only_when_the_dataset_fits_in_memory():
+    assert "cache" in advice(tf_run(wait=0.06))
+    huge = tf_loader(dataset_length=10_000_000, sample_nbytes=4096)  # ~38 GiB > a quarter of 32 GiB
+    assert "cache" not in advice(tf_run(huge, wait=0.06))
+
+
+def test_python_map_that_computes_gets_offline_preprocessing_not_parallel_calls():
+    loader = tf_loader(transformations=["from_tensor_slices", "map[python]", "batch[32]"],
+                       has_prefetch=True)
+    recs = advice(tf_run(loader, wait=0.06, cpu_cores=1.0))
+    assert "parallel_map" not in recs
+    assert "offline_preprocessing" in recs and "GIL" in recs["offline_preprocessing"].detail
+
+
+def test_python_map_that_waits_gets_parallel_calls():
+    loader = tf_loader(transformations=["from_tensor_slices", "map[python]", "batch[32]"],
+                       has_prefetch=True)
+    recs = advice(tf_run(loader, wait=0.06, cpu_cores=0.05))
+    assert "parallel_map" in recs and "offline_preprocessing" not in recs
+
+
+def test_saturated_cores_get_offline_preprocessing_and_no_more_parallelism():
+    recs = advice(tf_run(wait=0.06, cpu_cores=3.8))
+    assert "offline_preprocessing" in recs and "parallel_map" not in recs and "interleave" not in recs
+
+
+def test_sequential_file_reads_get_interleave():
+    loader = tf_loader(file_based=True, parallel_map=None, has_prefetch=True,
+                       transformations=["from_tensor_slices", "tfrecord", "batch[32]"],
+                       notes=["sequential_file_reads"])
+    recs = advice(tf_run(loader, wait=0.06))
+    assert "interleave" in recs and "num_parallel_calls=tf.data.AUTOTUNE" in recs["interleave"].code
+    parallel = tf_loader(file_based=True, parallel_map=None, has_prefetch=True)
+    assert "interleave" not in advice(tf_run(parallel, wait=0.06))
+
+
+def test_many_small_files_get_convert_format_to_tfrecord():
+    loader = tf_loader(file_based=True, has_prefetch=True, parallel_map=True,
+                       transformations=["from_tensor_slices", "map[read_file]", "batch[32]"],
+                       notes=["many_small_files"])
+    recs = advice(tf_run(loader, wait=0.06))
+    assert "convert_format" in recs and "--to tfrecord" in recs["convert_format"].code
+
+
+def test_moderate_input_gets_prefetch_but_not_cache():
+    recs = advice(tf_run(wait=0.01))  # 10% of step time
+    assert "prefetch" in recs and "cache" not in recs and "parallel_map" not in recs
+
+
+def test_differential_runs_estimate_from_the_pipeline_alone_probe():
+    run = tf_run(wait=0.06, method="differential",
+                 probes={"pipeline_batch_s": 0.08, "model_batch_s": 0.04})
+    rec = advice(run)["parallel_map"]
+    assert rec.estimated_speedup is not None and rec.estimated_speedup > 1
+
+
+# -- compute and memory -----------------------------------------------------------------------
+def test_compute_bound_tf_run_gets_no_input_advice_and_keras_mixed_precision():
+    recs = advice(tf_run(wait=0.001, gpu_util=97.0))
+    assert not INPUT_IDS & set(recs)
+    assert recs["mixed_precision"].code == 'keras.mixed_precision.set_global_policy("mixed_bfloat16")'
+    volta = advice(tf_run(wait=0.001, gpu_util=97.0, cc=(7, 0)))
+    assert volta["mixed_precision"].values == {"policy": "mixed_float16"}
+
+
+def test_no_mixed_precision_when_the_policy_is_already_mixed_or_without_tensor_cores():
+    assert "mixed_precision" not in advice(tf_run(wait=0.001, gpu_util=97.0, amp=True))
+    assert "mixed_precision" not in advice(tf_run(wait=0.001, gpu_util=97.0, cc=(6, 1)))
+    assert "mixed_precision" not in advice(tf_run(wait=0.001))  # CPU only
+
+
+def test_memory_bound_tf_run_gets_keras_gradient_accumulation():
+    recs = advice(tf_run(wait=0.001, gpu_util=97.0, gpu_mem=0.95))
+    assert "gradient_accumulation_steps=2" in recs["gradient_accumulation"].code
+    assert "gradient_checkpointing" not in recs  # a PyTorch snippet
+
+
+def test_tf_ids_are_documented_ids():
+    assert {"parallel_map", "interleave"} <= set(IDS)
