@@ -140,9 +140,12 @@ def test_many_small_files_get_convert_format_to_tfrecord():
     assert "convert_format" in recs and "--to tfrecord" in recs["convert_format"].code
 
 
-def test_moderate_input_gets_prefetch_but_not_cache():
+def test_moderate_input_gets_prefetch_and_cache_only_for_a_map_that_runs_every_epoch():
     recs = advice(tf_run(wait=0.01))  # 10% of step time
-    assert "prefetch" in recs and "cache" not in recs and "parallel_map" not in recs
+    assert "prefetch" in recs and "cache" in recs and "parallel_map" not in recs
+    no_map = tf_loader(parallel_map=None, transformations=["from_tensor_slices", "batch[32]"])
+    recs = advice(tf_run(no_map, wait=0.01))
+    assert "prefetch" in recs and "cache" not in recs
 
 
 def test_differential_runs_estimate_from_the_pipeline_alone_probe():
