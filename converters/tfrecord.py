@@ -18,6 +18,7 @@ Payloads of the shards ``converters`` writes are tf.train.Example messages
 
 from __future__ import annotations
 
+import array
 import contextlib
 import json
 import os
@@ -99,11 +100,33 @@ def info_path_for(directory: str | os.PathLike[str], split: str) -> Path:
     return Path(directory) / f"{split}.info.json"
 
 
+_pack_i = struct.Struct("<I").pack
+_crc = google_crc32c.value
+# Record headers (length + its masked CRC) by payload length: datasets repeat a
+# few lengths, so most headers cost a dict lookup. Bounded, for datasets of blobs.
+_HEADERS: dict[int, bytes] = {}
+
+
+def _header(n: int) -> bytes:
+    header = _HEADERS.get(n)
+    if header is None:
+        length = struct.pack("<Q", n)
+        header = length + _pack_i(masked_crc32c(length))
+        if len(_HEADERS) < 1 << 16:
+            _HEADERS[n] = header
+    return header
+
+
 class TFRecordFileWriter:
     """Write framed records to one file and its "offset length" index.
 
-    Records are gathered in memory and written in ~1 MiB blocks: one ``write``
-    per record costs more than the CRCs do for small records.
+    NOTE [ Batched framing ]
+    For small records the per-record Python work, not the CRCs or the disk, sets
+    the speed (benchmarks/convert_write.py: 100-byte records). So ``write`` only
+    queues the payload; ``flush`` frames ~1 MiB of records at once: CRCs by
+    ``map``, their masks in NumPy, headers from a cache by length, one ``join``
+    and one ``write``. The index is formatted once, at ``close``. Payloads that
+    are not ``bytes`` are copied on ``write``, so a caller may reuse its buffer.
     """
 
     _FLUSH_AT = 1 << 20
@@ -113,35 +136,46 @@ class TFRecordFileWriter:
         self.index_path = Path(index_path) if index_path is not None else index_path_for(path)
         self._file: BinaryIO = open(self.path, "wb")
         self._pending: list[bytes] = []
-        self._pending_bytes = 0
-        self._index: list[str] = []
-        self.offset = 0  # bytes written so far, pending included
-        self.count = 0
+        self._pending_bytes = 0  # framed size of the queued records
+        self._flushed = 0
+        self._sizes = array.array("q")  # payload length of each flushed record, for the index
+
+    @property
+    def offset(self) -> int:
+        """Bytes written so far, queued ones included: the next record's offset."""
+        return self._flushed + self._pending_bytes
+
+    @property
+    def count(self) -> int:
+        return len(self._sizes) + len(self._pending)
 
     def write(self, data: bytes) -> None:
-        length = struct.pack("<Q", len(data))
-        crc = google_crc32c.value(length)
-        crc_len = ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
-        crc = google_crc32c.value(data)
-        crc_data = ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
-        pending = self._pending
-        pending.append(length)
-        pending.append(struct.pack("<I", crc_len))
-        pending.append(data)
-        pending.append(struct.pack("<I", crc_data))
-        size = len(data) + _HEADER + _FOOTER
-        self._index.append(f"{self.offset} {size}\n")
-        self.offset += size
-        self.count += 1
-        self._pending_bytes += size
+        if data.__class__ is not bytes:
+            data = bytes(data)
+        self._pending.append(data)
+        self._pending_bytes += len(data) + _HEADER + _FOOTER
         if self._pending_bytes >= self._FLUSH_AT:
             self.flush()
 
     def flush(self) -> None:
-        if self._pending:
-            self._file.write(b"".join(self._pending))
-            self._pending.clear()
-            self._pending_bytes = 0
+        """Frame and write the queued records; see NOTE [ Batched framing ]."""
+        chunk = self._pending
+        if not chunk:
+            return
+        k = len(chunk)
+        lengths = list(map(len, chunk))
+        headers = {n: _header(n) for n in set(lengths)}
+        crc = np.fromiter(map(_crc, chunk), dtype=np.uint64, count=k)
+        masked = ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+        parts: list[bytes] = [b""] * (3 * k)
+        parts[0::3] = list(map(headers.__getitem__, lengths))
+        parts[1::3] = chunk
+        parts[2::3] = list(map(_pack_i, masked.tolist()))
+        self._file.write(b"".join(parts))
+        self._flushed += self._pending_bytes
+        self._sizes.extend(lengths)
+        self._pending = []
+        self._pending_bytes = 0
 
     def close(self) -> None:
         if self._file.closed:
@@ -152,8 +186,13 @@ class TFRecordFileWriter:
             os.fsync(self._file.fileno())
         finally:
             self._file.close()
+        framed = np.frombuffer(self._sizes, dtype=np.int64) + (_HEADER + _FOOTER)
+        pairs = np.empty(2 * len(framed), dtype=np.int64)
+        pairs[0::2] = np.cumsum(framed) - framed  # offsets
+        pairs[1::2] = framed
         with open(self.index_path, "w", encoding="ascii") as idx:
-            idx.writelines(self._index)
+            # One %-format over all pairs: half the time of an f-string per line.
+            idx.write(("%d %d\n" * len(framed)) % tuple(pairs.tolist()))
 
     def abort(self) -> None:
         # Closing flushes Python's buffer, which fails again on a full disk; the

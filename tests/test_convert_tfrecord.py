@@ -42,6 +42,25 @@ def test_writer_index_lists_offset_and_framed_length(tmp_path):
     assert path.stat().st_size == 1051
 
 
+def test_writer_frames_many_flushes_and_copies_reused_buffers(tmp_path):
+    """Records queued and framed in ~1 MiB batches come out exactly as frame_record makes them."""
+    rng = np.random.default_rng(3)
+    sizes = [0, 1, 127, 128, 16_383, 16_384, 3_000_000] + rng.integers(0, 5_000, 2_000).tolist()
+    payloads = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes]
+    path = tmp_path / "many.tfrecord"
+    reused = bytearray()
+    with tfrecord.TFRecordFileWriter(path) as w:
+        for i, p in enumerate(payloads):
+            reused[:] = p  # the caller reuses one buffer: each record must be taken as it was
+            w.write(reused if i % 2 else p)
+            assert w.count == i + 1
+            assert w.offset == sum(len(q) + 16 for q in payloads[: i + 1])
+    assert path.read_bytes() == b"".join(map(tfrecord.frame_record, payloads))
+    index = tfrecord.read_index(tfrecord.index_path_for(path))
+    np.testing.assert_array_equal(index, tfrecord.scan_records(path))
+    assert index[:, 1].tolist() == [n + 16 for n in sizes]
+
+
 def test_encoder_int64_and_float_edge_values_round_trip():
     ints = np.array([0, 1, -1, 127, 128, 2**63 - 1, -(2**63), 300, -300] * 3, dtype=np.int64)
     floats = np.array([0.0, -1.5, 3.25e38, np.inf], dtype=np.float32)
@@ -52,6 +71,22 @@ def test_encoder_int64_and_float_edge_values_round_trip():
     np.testing.assert_array_equal(out["f"], floats)
     assert out["b"] == [b"", b"\x00\xff"]
     assert len(out["e"]) == 0
+
+
+def test_decoder_takes_unpacked_lists_and_skips_unknown_fields():
+    """Valid protobuf that TF's serialiser does not emit: unpacked repeated scalars, unknown fields."""
+
+    def ld(tag: int, payload: bytes) -> bytes:
+        assert len(payload) < 128
+        return bytes([tag, len(payload)]) + payload
+
+    ints = ld(0x1A, b"\x08\x05\x08\x07" + b"\x0a\x01\x09")  # unpacked 5, 7, then packed [9]
+    floats = ld(0x12, b"\x0d" + struct.pack("<f", 1.5) + b"\x0d" + struct.pack("<f", -2.0))
+    unknown = b"\x78\x2a"  # field 15, varint 42: skipped at every level
+    entries = ld(0x0A, ld(0x0A, b"i") + ld(0x12, unknown + ints)) + ld(0x0A, ld(0x0A, b"f") + ld(0x12, floats))
+    out = decode_example(unknown + ld(0x0A, entries + unknown) + unknown)
+    assert out["i"].tolist() == [5, 7, 9]
+    assert out["f"].tolist() == [1.5, -2.0]
 
 
 @pytest.mark.parametrize("junk", [b"\x0a\x05ab", b"\x0b", b"\x0a\x02\x0a\xff"])
