@@ -115,8 +115,8 @@ def encode_example(features: Mapping[str, FeatureValue]) -> bytes:
 # ---------------------------------------------------------------- decoding
 #
 # Written as flat loops over the bytes, not a generic field iterator: this runs
-# once per record in the readers, and generators and per-field calls tripled its
-# cost (11 us -> ~3 us for an image + label Example).
+# once per record in the readers, and the generator version took 1.7x as long
+# (10.4 us vs 6.3 us for a 3 KB image + int64 label Example, measured here).
 
 
 def _read_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
