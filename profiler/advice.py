@@ -211,7 +211,7 @@ def _cache_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, tf: b
     return [Recommendation(
         "cache", "Cache the decoded dataset in memory",
         f"The dataset is about {_size(size)} as loaded ({loader.dataset_length} samples of "
-        f"{_size(loader.sample_nbytes)}), {max(size / avail, 0.001):.1%} of available memory. Cache after "
+        f"{_size(loader.sample_nbytes)}), {'under 0.1%' if size < 0.001 * avail else f'{size / avail:.1%}'} of available memory. Cache after "
         "deterministic steps only: caching a random augmentation freezes it.",
         code, {"dataset_bytes": size}, framework="tf" if tf else "torch",
     )]
