@@ -172,6 +172,33 @@ def test_fit_on_numpy_arrays_is_measured_with_keras_own_adapter():
     assert prof.report.verdict == "compute-bound"
 
 
+def test_fit_with_steps_per_execution_counts_one_step_per_train_function_call():
+    x, y = arrays(512)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+    model = small_model()
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  steps_per_execution=4)
+    prof = profiled(lambda: model.fit(ds, epochs=1, verbose=0))
+    assert prof.report.to_dict()["steps"]["count"] == 4  # 16 batches, 4 per call
+    assert all(step.batch_size == 4 * 32 for step in prof.run.steps)
+    assert prof.run.data_wait_method == "differential"
+
+
+def test_fit_on_a_generator_is_inconclusive_and_says_why():
+    x, y = arrays(256)
+
+    def batches():
+        for i in range(0, 256, 32):
+            yield x[i:i + 32], y[i:i + 32]
+
+    model = compiled(small_model())
+    prof = profiled(lambda: model.fit(batches(), epochs=1, verbose=0))
+    report = prof.report
+    assert report.to_dict()["steps"]["count"] == 8
+    assert report.verdict == "inconclusive" and "could not be measured" in report.diagnosis.summary
+    assert any("generator" in line for line in prof.run.limitations)
+
+
 # -- profiling never changes a run ------------------------------------------------------------
 def _seeded_fit(profile: bool, shuffle: bool) -> tuple[list[float], list[np.ndarray]]:
     x, y = arrays(512)
