@@ -102,3 +102,46 @@ def test_decoded_image_field_round_trips_through_sources_options(tmp_path):
     images = make_image_folder(tmp_path / "imgs", {"a": 2}, size=(5, 5))
     convert(tmp_path / "imgs", tmp_path / "d.h5", ConvertOptions(to="hdf5", source=SourceOptions(decode=True)))
     np.testing.assert_array_equal(HDF5Reader(tmp_path / "d.h5")[0]["image"], images[0][2])
+
+
+def test_direct_reads_match_h5py_for_every_layout(tmp_path):
+    """[i] reads uncompressed data from a mapping of the file; h5py is the reference."""
+    rng = np.random.default_rng(5)
+    blobs = [rng.integers(0, 256, int(n), dtype=np.uint8).tobytes() for n in rng.integers(0, 40_000, 60)]
+    offsets = np.concatenate(([0], np.cumsum([len(b) for b in blobs]))).astype(np.int64)
+    big = rng.integers(0, 1000, (60, 200, 200), dtype=np.int32)  # 9.6 MB: not held in memory
+    path = tmp_path / "layouts.h5"
+    with h5py.File(path, "w") as f:
+        # Chunks written last to first, so they lie out of order in the file, and
+        # 16 KiB chunks, so most blobs span a chunk boundary.
+        g = f.create_group("blob")
+        data = g.create_dataset("data", shape=(int(offsets[-1]),), chunks=(16384,), dtype=np.uint8)
+        flat = np.frombuffer(b"".join(blobs), np.uint8)
+        for start in range(0, len(flat), 16384)[::-1]:
+            data[start : start + 16384] = flat[start : start + 16384]
+        g["offsets"] = offsets
+        f["big"] = big  # contiguous, big-endian below
+        f.create_dataset("bigbe", data=big.astype(">i4"), chunks=(7, 200, 200))
+    reader = HDF5Reader(path)
+    for i in [0, 59, 17, 30, 1]:
+        item = reader[i]
+        assert item["blob"] == blobs[i]
+        np.testing.assert_array_equal(item["big"], big[i])
+        np.testing.assert_array_equal(item["bigbe"], big[i])
+        assert item["big"].flags.writeable
+    assert reader.direct
+    fast = {name: how for name, how, _, _ in reader._fast}
+    assert fast == {"blob": "bytes", "big": "array", "bigbe": "array"}
+    sources = {name: src for name, _, src, _ in reader._fast}
+    assert sources["blob"].base is None  # out of order: the chunk-by-chunk path was taken
+
+
+def test_compressed_fields_are_read_through_h5py(tmp_path):
+    x = np.random.default_rng(0).integers(0, 9, (600, 100, 100), dtype=np.uint8)  # 6 MB as int8...
+    np.save(tmp_path / "x.npy", x.astype(np.int16))  # ...12 MB: over the in-memory limit
+    convert(tmp_path / "x.npy", tmp_path / "c.h5", ConvertOptions(to="hdf5", compression="lzf"))
+    convert(tmp_path / "x.npy", tmp_path / "p.h5", ConvertOptions(to="hdf5"))
+    compressed, plain = HDF5Reader(tmp_path / "c.h5"), HDF5Reader(tmp_path / "p.h5")
+    np.testing.assert_array_equal(compressed[123]["data"], x[123])
+    np.testing.assert_array_equal(plain[123]["data"], x[123])
+    assert not compressed.direct and plain.direct

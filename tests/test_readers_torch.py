@@ -71,6 +71,21 @@ def test_hdf5_bytes_fields_collate_as_lists_of_bytes(tmp_path):
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_hdf5_encoded_images_through_workers_read_past_h5py(tmp_path, context):
+    images = make_image_folder(tmp_path / "imgs", {"a": 6, "b": 5})
+    convert(tmp_path / "imgs", tmp_path / "i.h5", ConvertOptions(to="hdf5"))
+    ds = HDF5Dataset(tmp_path / "i.h5")
+    assert ds[3]["image"] == images[3][0].read_bytes()  # the parent maps the file before forking
+    assert ds.reader.direct  # see NOTE [ Direct reads of uncompressed HDF5 data ]
+    loader = DataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context=context, shuffle=True)
+    got = {}
+    for batch in loader:
+        for blob, label in zip(batch["image"], batch["label"].tolist(), strict=True):
+            got[blob] = label
+    assert got == {p.read_bytes(): label for p, label, _ in images}
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_tfrecord_dataset_with_two_workers(data, context):
     root, x = data
     ds = TFRecordDataset(root / "tf")
