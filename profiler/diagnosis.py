@@ -38,6 +38,12 @@ CAUSES = {
     "io-latency": "I/O or latency bound: the loop waits while the loaders are mostly idle",
     "host-to-device": "host-to-device copies: the loop is blocked copying batches to the GPU",
 }
+#: The same sub-causes worded for tf.data, which has threads, not loader workers.
+TF_CAUSES = {
+    "cpu-bound-preprocessing": "CPU-bound preprocessing: the tf.data pipeline saturates the usable cores",
+    "too-few-workers": "too little parallelism: the tf.data pipeline is CPU work and cores are idle",
+    "io-latency": "I/O or latency bound: the loop waits while the pipeline barely uses the CPU",
+}
 
 
 @dataclass(frozen=True)
@@ -377,7 +383,8 @@ def diagnose(run: Run, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Diagnosis
             ev.append(Evidence("disk_read", "Disk reads", m.disk_read_bps, f"{m.disk_read_bps / 2**20:.1f} MiB/s"))
         if m.data_wait_fraction < th.input_high + 0.05 and confidence == "high":
             confidence = "medium"
-        summary = f"{_pct(m.data_wait_fraction)} of step time waits for input; cause: {CAUSES[cause]}"
+        words = TF_CAUSES.get(cause, CAUSES[cause]) if is_tf(m.loader) else CAUSES[cause]
+        summary = f"{_pct(m.data_wait_fraction)} of step time waits for input; cause: {words}"
         return Diagnosis("data-starved", cause, summary, confidence, ev, m)
 
     moderate = m.data_wait_fraction >= th.input_moderate

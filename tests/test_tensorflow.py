@@ -118,6 +118,39 @@ def test_custom_loop_slow_python_map_without_prefetch_is_data_starved_with_prefe
     assert "map[python]" in loader.transformations
 
 
+def test_custom_loop_whose_step_function_was_traced_before_profiling_still_gets_its_steps():
+    x, y = arrays(256)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).prefetch(2)
+    model = small_model()
+    opt = keras.optimizers.Adam(0.01)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def train_step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables,
+                                strict=True))
+        return loss
+
+    @tf.function
+    def predict(xb):
+        return model(xb)
+
+    for xb, yb in ds:  # traced here, before profiling
+        train_step(xb, yb)
+        predict(xb)
+
+    def loop():
+        for xb, yb in ds:
+            train_step(xb, yb)
+            predict(xb)
+
+    prof = profiled(loop)
+    assert prof.report.to_dict()["steps"]["count"] == 8
+    assert prof.run.data_wait_method == "iterator-next"
+
+
 def test_keras_fit_slow_python_map_is_data_starved_measured_by_the_differential_method():
     x, y = arrays(512)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).map(sleepy_map(0.002)).batch(32)

@@ -22,9 +22,11 @@ Inside a ``tf.function`` the Python ``apply`` runs only while the function is
 traced, never when the compiled graph runs, so the trace is used to *recognise*
 a train step: the outermost ``tf.function`` being called while ``apply`` was
 traced is remembered as a step function, and each later eager call of it ends a
-step when it returns. What it cannot see: a step function traced before
-profiling began (never re-traced, so never recognised: call ``prof.step()``),
-optimizers that are not Keras 3's (raw ``assign_sub``, tf_keras), and the
+step when it returns. A step function traced before profiling began is
+recognised on its first call instead, by its traced graphs capturing an
+optimizer's int64 step counter (``<optimizer>/iteration``). What it cannot see:
+optimizers that are not Keras 3's updating variables by hand (raw
+``assign_sub``; call ``prof.step()``), and the
 iterator's ``next()`` inside the compiled function (its waits are invisible; the
 report says so in ``limitations``).
 
@@ -156,6 +158,7 @@ class TensorFlowHooks:
         self._finder: _Finder | None = None
         self._pending: dict[str, Callable[[ModuleType], None]] = {}
         self._step_functions: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._checked_functions: weakref.WeakSet[Any] = weakref.WeakSet()
         self._datasets: dict[int, tuple[weakref.ref[Any], LoaderInfo]] = {}
         self._fits: list[_FitRun] = []
         self._callback_cls: Any = None
@@ -365,7 +368,7 @@ class TensorFlowHooks:
                 return original(fn, *args, **kwargs)
             stack = hooks._stack()
             outer = not stack and tf.executing_eagerly() and not hooks._in_keras()
-            step = outer and fn in hooks._step_functions
+            step = outer and (fn in hooks._step_functions or hooks._traced_step(fn))
             if step:
                 # Like a forward pass: the loop has its batch (NOTE [ Input time without a DataLoader ]).
                 hooks.timeline.forward_start(clock())
@@ -380,6 +383,28 @@ class TensorFlowHooks:
             return out
 
         return __call__
+
+    def _traced_step(self, fn: Any) -> bool:
+        """A ``tf.function`` traced before profiling began: is it a train step?
+
+        Checked once per function: its traced graphs capture an optimizer's step
+        counter (Keras 3 ``<optimizer>/iteration``, tf_keras ``<optimizer>/iter``, int64),
+        which only an optimizer's ``apply`` updates.
+        """
+        try:
+            if fn in self._checked_functions:
+                return False
+            self._checked_functions.add(fn)
+            concrete = fn._list_all_concrete_functions()
+        except (AttributeError, TypeError):
+            return False
+        for cf in concrete:
+            for v in getattr(cf, "variables", ()):
+                name = str(getattr(v, "name", ""))
+                if name.rsplit("/", 1)[-1] in ("iteration:0", "iter:0") and v.dtype == tf.int64:
+                    self._step_functions.add(fn)
+                    return True
+        return False
 
     def _wrap_apply(self, original: Callable[..., Any]) -> Callable[..., Any]:
         hooks = self
