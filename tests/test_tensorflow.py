@@ -232,6 +232,20 @@ def test_fit_on_a_generator_is_inconclusive_and_says_why():
     assert any("generator" in line for line in prof.run.limitations)
 
 
+def test_a_mixed_precision_policy_is_seen():
+    x, y = arrays(256)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = compiled(small_model())
+        prof = profiled(lambda: model.fit(ds, epochs=1, verbose=0))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert prof.run.amp_in_use
+    plain = compiled(small_model())
+    assert not profiled(lambda: plain.fit(ds, epochs=1, verbose=0)).run.amp_in_use
+
+
 # -- profiling never changes a run ------------------------------------------------------------
 def _seeded_fit(profile: bool, shuffle: bool) -> tuple[list[float], list[np.ndarray]]:
     x, y = arrays(512)
