@@ -211,3 +211,41 @@ def test_tf_reports_our_corruption_too(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(tf.errors.DataLossError):
         list(tf.data.TFRecordDataset(str(path)))
+
+
+def test_fast_and_generic_decoders_agree(tmp_path):
+    """NOTE [ Fast path for our own Examples ]: our layout takes the fast path, any other the generic one."""
+    rng = np.random.default_rng(4)
+    n = 12
+    arrays = {
+        "u8": rng.integers(0, 256, (n, 3, 2), dtype=np.uint8),
+        "f32": rng.standard_normal((n, 5)).astype(np.float32),
+        "f64": rng.standard_normal(n),
+        "neg": rng.integers(-(2**62), 2**62, n),
+        "small": rng.integers(-128, 127, n).astype(np.int8),
+        "flag": rng.integers(0, 2, n).astype(bool),
+        "u64": rng.integers(0, 2**63, n, dtype=np.uint64),
+    }
+    np.savez(tmp_path / "d.npz", **arrays)
+    from converters import ConvertOptions, convert
+
+    convert(tmp_path / "d.npz", tmp_path / "tf", ConvertOptions(to="tfrecord"))
+    shard = next((tmp_path / "tf").glob("*.tfrecord"))
+    schema = tfrecord.schema_from_info(tfrecord.read_info(shard))
+    plan = tfrecord._plan(schema)
+    for i, (_, data) in enumerate(tfrecord.iter_records(shard)):
+        fast = tfrecord.decode_sample(schema, data)
+        assert tfrecord._decode_ours(plan, data) is not None
+        # The same Example with an unknown field appended, and with its fields in
+        # reverse order: valid protobuf, not our layout, so the generic decoder reads them.
+        reordered = encode_example(dict(reversed(list(decode_example(data).items()))))
+        for other in (data + b"\x78\x2a", reordered):
+            assert tfrecord._decode_ours(plan, other) is None
+            generic = tfrecord.decode_sample(schema, other)
+            assert generic.keys() == fast.keys()
+            for name in fast:
+                assert fast[name].dtype == generic[name].dtype and fast[name].shape == generic[name].shape
+                np.testing.assert_array_equal(fast[name], generic[name])
+        for name, arr in arrays.items():
+            np.testing.assert_array_equal(fast[name], arr[i])
+            assert fast[name].dtype == arr.dtype and fast[name].flags.writeable
