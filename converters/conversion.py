@@ -229,6 +229,7 @@ def _read_back(tmp: Path, options: ConvertOptions, schema: Schema) -> Iterator[S
         finally:
             reader.close()
         return
+    decode = tfrecord.SampleDecoder(schema)
     for shard in sorted(tmp.glob("*.tfrecord")):
         index = tfrecord.read_index(tfrecord.index_path_for(shard))
         scanned = tfrecord.scan_records(shard, verify=True)
@@ -236,7 +237,7 @@ def _read_back(tmp: Path, options: ConvertOptions, schema: Schema) -> Iterator[S
             raise ConvertError(f"{shard.name}.idx: does not match the records of {shard.name}")
         for offset, data in tfrecord.iter_records(shard):
             try:
-                yield tfrecord.decode_sample(schema, data)
+                yield decode(data)
             except ValueError as exc:
                 raise ConvertError(f"{shard.name}: record at byte offset {offset} does not decode: {exc}") from exc
 

@@ -105,6 +105,7 @@ def _inspect_tfrecord(p: Path) -> Summary:
     # Totals and checksums describe the whole dataset: compare them only when given all of it.
     complete = bool(expected_counts) and set(expected_counts) == {s.name for s in shards}
     digest = SampleDigest(schema) if schema is not None and complete and info and "checksums" in info else None
+    decode = tfrecord.SampleDecoder(schema)
     total = 0
     size = 0
     first: dict[str, Any] | None = None
@@ -123,7 +124,7 @@ def _inspect_tfrecord(p: Path) -> Summary:
                     first = {}
             if digest is not None:
                 try:
-                    digest.update(tfrecord.decode_sample(schema, data))
+                    digest.update(decode(data))
                 except ExampleDecodeError as exc:
                     raise ConvertError(
                         f"{shard}: record at byte offset {offset} is not a tf.train.Example matching "

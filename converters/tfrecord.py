@@ -56,6 +56,7 @@ __all__ = [
     "feature_encoding",
     "encode_sample",
     "decode_sample",
+    "SampleDecoder",
     "schema_from_info",
     "GZIP_MAGIC",
     "FRAMING_BYTES",
@@ -326,11 +327,11 @@ def iter_records(
                     f"record claims {length} data bytes but only "
                     f"{max(0, size - offset - _HEADER - _FOOTER)} remain in the file (truncated?)",
                 )
-            data = read(length)
-            footer = read(_FOOTER)
-            if len(data) != length or len(footer) != _FOOTER:
+            rest = read(length + _FOOTER)  # data and its CRC in one read
+            if len(rest) != length + _FOOTER:
                 raise CorruptFileError(path, offset, "truncated record (file changed while reading?)")
-            if verify and masked_crc32c(data) != struct.unpack("<I", footer)[0]:
+            data = rest[:length]
+            if verify and masked_crc32c(data) != struct.unpack_from("<I", rest, length)[0]:
                 raise CorruptFileError(path, offset, "data CRC-32C mismatch")
             yield offset, data
             offset += length + _HEADER + _FOOTER
@@ -340,8 +341,7 @@ def read_record_at(f: BinaryIO, path: Path, offset: int, size: int, file_size: i
     """Read the record at ``offset`` whose index says it spans ``size`` bytes."""
     if offset + size > file_size or size < _HEADER + _FOOTER:
         raise CorruptFileError(path, offset, f"index entry ({offset} {size}) lies outside the file ({file_size} bytes)")
-    f.seek(offset)
-    buf = f.read(size)
+    buf = os.pread(f.fileno(), size, offset)  # one call, no seek; f's own buffer is not used
     if len(buf) != size:
         raise CorruptFileError(path, offset, "truncated record (file changed while reading?)")
     (length,) = struct.unpack_from("<Q", buf)
@@ -505,6 +505,7 @@ def _decode_ours(plan: _Plan, data: bytes) -> dict[str, Any] | None:
     lists, extra fields, a value that does not fit its dtype) returns None and the
     record goes through the generic decoder, so both read the same values.
     """
+    # Lengths below 128 are one byte: read inline, a call only for longer varints.
     try:
         if data[0] != 0x0A:
             return None
@@ -514,34 +515,52 @@ def _decode_ours(plan: _Plan, data: bytes) -> dict[str, Any] | None:
             return None
         out: dict[str, Any] = {}
         for name, key, enc, tag, dtype, stored, shape, count, nbytes in plan:
-            if data[pos] != 0x0A:
+            if data[pos] != 0x0A:  # map entry
                 return None
-            n, pos = _varint_at(data, pos + 1)
+            n = data[pos + 1]
+            if n < 0x80:
+                pos += 2
+            else:
+                n, pos = _varint_at(data, pos + 1)
             entry_end = pos + n
-            if data[pos] != 0x0A:
+            k = len(key)
+            if data[pos] != 0x0A or data[pos + 1] != k or data[pos + 2 : pos + 2 + k] != key:  # entry key
                 return None
-            n, pos = _varint_at(data, pos + 1)
-            if data[pos : pos + n] != key:
+            pos += 2 + k
+            if data[pos] != 0x12:  # entry value: the Feature
                 return None
-            pos += n
-            if data[pos] != 0x12:
+            n = data[pos + 1]
+            if n < 0x80:
+                pos += 2
+            else:
+                n, pos = _varint_at(data, pos + 1)
+            if pos + n != entry_end or data[pos] != tag:  # its one list
                 return None
-            n, pos = _varint_at(data, pos + 1)
-            if pos + n != entry_end or data[pos] != tag:
+            n = data[pos + 1]
+            if n < 0x80:
+                pos += 2
+            else:
+                n, pos = _varint_at(data, pos + 1)
+            if pos + n != entry_end or data[pos] != 0x0A:  # the list's one value
                 return None
-            n, pos = _varint_at(data, pos + 1)
-            if pos + n != entry_end or data[pos] != 0x0A:
-                return None
-            n, pos = _varint_at(data, pos + 1)
+            n = data[pos + 1]
+            if n < 0x80:
+                pos += 2
+            else:
+                n, pos = _varint_at(data, pos + 1)
             if pos + n != entry_end:
                 return None
             if enc == "bytes":
                 out[name] = data[pos:entry_end]
             elif enc == "int64":
-                v, stop = _varint_at(data, pos)
-                if stop != entry_end or v >= 1 << 64:
-                    return None
-                out[name] = np.array(v - (1 << 64) if v >= 1 << 63 else v, dtype=dtype)
+                v = data[pos]
+                if n != 1 or v >= 0x80:
+                    v, stop = _varint_at(data, pos)
+                    if stop != entry_end or v >= 1 << 64:
+                        return None
+                    if v >= 1 << 63:
+                        v -= 1 << 64
+                out[name] = np.array(v, dtype=dtype)
             elif enc == "float":
                 if n != 4 * count:
                     return None
@@ -561,11 +580,27 @@ def decode_sample(schema: Schema | None, data: bytes) -> dict[str, Any]:
 
     Raises ExampleDecodeError if the payload is not an Example or does not fit the schema.
     Arrays are fresh, writable copies (torch warns on read-only NumPy arrays).
+    For many records of one schema, ``SampleDecoder(schema)`` does the same faster.
     """
-    if schema is not None:
-        ours = _decode_ours(_plan(schema), data)
-        if ours is not None:
-            return ours
+    return SampleDecoder(schema)(data)
+
+
+class SampleDecoder:
+    """``decode_sample`` bound to one schema, its plan worked out once rather than per record."""
+
+    def __init__(self, schema: Schema | None) -> None:
+        self.schema = schema
+        self._plan = _plan(schema) if schema is not None else None
+
+    def __call__(self, data: bytes) -> dict[str, Any]:
+        if self._plan is not None:
+            ours = _decode_ours(self._plan, data)
+            if ours is not None:
+                return ours
+        return _decode_generic(self.schema, data)
+
+
+def _decode_generic(schema: Schema | None, data: bytes) -> dict[str, Any]:
     raw = decode_example(data)
     if schema is None:
         # A one-value BytesList reads as plain bytes, other lists stay lists; numeric

@@ -136,9 +136,10 @@ class TFRecordDataset(IterableDataset[Any]):
             records = self._random(order)
         else:
             records = self._sequential(lo, hi)
+        decode = tfrecord.SampleDecoder(self.schema)
         for path, offset, data in records:
             try:
-                sample = tfrecord.decode_sample(self.schema, data)
+                sample = decode(data)
             except ExampleDecodeError as exc:
                 raise ConvertError(f"{path}: record at byte offset {offset} does not decode: {exc}") from exc
             yield self.transform(sample) if self.transform is not None else sample
