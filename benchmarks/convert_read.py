@@ -10,14 +10,14 @@ reads every image's bytes (no decoding, one process) five ways:
 * the shards through ``converters.torch.TFRecordDataset``, in order and shuffled
   (CRCs checked, Examples decoded to ``{"image": bytes, "label": array}``).
 
-Each is timed cold, then warm. "Cold" drops each file's pages from the page cache
+Each is timed cold, then warm, in --rounds rounds over all five; medians printed. "Cold" drops each file's pages from the page cache
 first: os.sync() then os.posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) per file,
 which Linux honours for clean pages without root; the cold/warm gap printed shows
 whether it took. The dentry and inode caches are not dropped, which favours the
 image folder. Prints images/s and the ratio to the image folder in random order
 (target: >= 5x cold for HDF5 and TFRecord). Not a test: nothing is asserted.
 
-    python benchmarks/convert_read.py [--n 10000] [--dir DIR]
+    python benchmarks/convert_read.py [--n 10000] [--rounds 3] [--dir DIR]
 
 Use --dir on the disk your data lives on: the default temp dir may be tmpfs,
 where "cold" means nothing.
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -76,6 +77,7 @@ def timed(n: int, fn: Callable[[], int]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over all cases; medians are printed")
     parser.add_argument("--dir", default=None, help="where to put the data (default: a temp dir; use a real disk)")
     args = parser.parse_args()
     n = args.n
@@ -118,15 +120,23 @@ def main() -> None:
             ("TFRecordDataset, in order", shards, read_tf(False)),
             ("TFRecordDataset, shuffled", shards, read_tf(True)),
         ]
-        results = {}
-        for name, paths, fn in cases:
-            drop_cache(paths)
-            cold = timed(n, fn)
-            warm = timed(n, fn)
-            results[name] = (cold, warm)
-        base_cold, base_warm = results[cases[0][0]]
-        print(f"\n{'':44} {'cold img/s':>11} {'x':>6} {'warm img/s':>11} {'x':>6}")
-        for name, (cold, warm) in results.items():
+        # Rounds over all cases, medians reported: on a shared VM one case's timing
+        # can swing 2x with whatever the disk was doing just before.
+        results: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in cases}
+        for _ in range(args.rounds):
+            for name, paths, fn in cases:
+                drop_cache(paths)
+                cold = timed(n, fn)
+                warm = timed(n, fn)
+                results[name].append((cold, warm))
+        medians = {
+            name: (statistics.median(c for c, _ in runs), statistics.median(w for _, w in runs))
+            for name, runs in results.items()
+        }
+        base_cold, base_warm = medians[cases[0][0]]
+        print(f"\nmedian of {args.rounds} rounds")
+        print(f"{'':44} {'cold img/s':>11} {'x':>6} {'warm img/s':>11} {'x':>6}")
+        for name, (cold, warm) in medians.items():
             print(f"{name:44} {cold:>11,.0f} {cold / base_cold:>5.1f}x {warm:>11,.0f} {warm / base_warm:>5.1f}x")
         print("x: relative to the image folder read file by file in random order")
 

@@ -7,6 +7,7 @@ and lists of bytes. Pass ``transform`` to decode images in the workers.
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -161,17 +162,25 @@ class TFRecordDataset(IterableDataset[Any]):
                                    f"the index lists {b - a}: stale index?")
 
     def _random(self, order: np.ndarray) -> Iterator[tuple[Path, int, bytes]]:
-        files: dict[int, tuple[BinaryIO, int]] = {}
+        # Shards are mapped, not read: on a cold page the kernel reads around the
+        # fault (128 KiB by default), so scattered small records do not each cost
+        # a disk round trip, and the read-ahead stays bounded however large the
+        # shards. The index is checked against the file size before each slice.
+        files: dict[int, tuple[BinaryIO | mmap.mmap, int]] = {}
         try:
             shard_of = np.searchsorted(self._starts, order, side="right") - 1
             for g, s in zip(order.tolist(), shard_of.tolist(), strict=True):
                 if s not in files:
-                    handle: BinaryIO = open(self.paths[s], "rb")
-                    files[s] = (handle, os.fstat(handle.fileno()).st_size)
+                    with open(self.paths[s], "rb") as handle:
+                        size = os.fstat(handle.fileno()).st_size
+                        source: BinaryIO | mmap.mmap = (
+                            mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size else open(self.paths[s], "rb")
+                        )
+                    files[s] = (source, size)
                 f, size = files[s]
                 offset, length = (int(v) for v in self.indexes[s][g - int(self._starts[s])])
                 data = tfrecord.read_record_at(f, self.paths[s], offset, length, size, self.verify)
                 yield self.paths[s], offset, data
         finally:
-            for handle, _ in files.values():
-                handle.close()
+            for source, _ in files.values():
+                source.close()
