@@ -198,8 +198,14 @@ class NumpySource(Source):
         except ConvertError:
             raise
         except ValueError as exc:
-            # allow_pickle=False refuses object arrays with a ValueError.
-            raise ConvertError(f"{self.path}: cannot load without unpickling or malformed: {exc}") from exc
+            # allow_pickle=False refuses object arrays with a ValueError (mmap_mode, for
+            # .npy, refuses them first, with "Python objects in dtype").
+            if "pickle" in str(exc) or "Python objects" in str(exc):
+                raise ConvertError(
+                    f"{self.path}: holds Python objects (dtype=object); loading them would mean "
+                    "unpickling, which loadprof never does"
+                ) from exc
+            raise ConvertError(f"{self.path}: malformed NumPy file: {exc}") from exc
         except (OSError, EOFError) as exc:
             raise ConvertError(f"{self.path}: cannot read as NumPy: {exc}") from exc
         if not arrays:

@@ -93,8 +93,11 @@ def test_object_arrays_are_refused_without_unpickling(tmp_path, capsys):
     arr = np.empty(2, dtype=object)
     arr[:] = [Boom(), Boom()]
     np.save(tmp_path / "evil.npy", arr, allow_pickle=True)
-    with pytest.raises(ConvertError, match="evil.npy: cannot load without unpickling"):
+    with pytest.raises(ConvertError, match=r"evil.npy: holds Python objects \(dtype=object\); .* unpickling"):
         to_h5(tmp_path / "evil.npy", tmp_path / "out.h5")
+    np.savez(tmp_path / "evil.npz", ok=np.arange(2), bad=arr)
+    with pytest.raises(ConvertError, match=r"evil.npz: holds Python objects"):
+        to_h5(tmp_path / "evil.npz", tmp_path / "out.h5")
     assert "unpickled!" not in capsys.readouterr().out
 
 
