@@ -339,14 +339,22 @@ class _Direct:
         count = -(-ds.shape[0] // rows)
         if ds.id.get_num_chunks() != count:
             return None  # unallocated chunks read as fill values
+        infos: list[Any] = []
+        if hasattr(ds.id, "chunk_iter"):  # h5py >= 3.8 on HDF5 >= 1.12.3 / 1.14
+            ds.id.chunk_iter(infos.append)
+        elif count <= 4096:
+            # H5Dget_chunk_info walks the chunk index on every call: 20,000 chunks
+            # took 10.7 s here, against 0.04 s for chunk_iter.
+            infos = [ds.id.get_chunk_info(k) for k in range(count)]
+        else:
+            return None
         addrs = np.full(count, -1, dtype=np.int64)
-        for k in range(count):
-            info = ds.id.get_chunk_info(k)
+        for info in infos:
             first = info.chunk_offset[0]
             if first % rows or info.filter_mask or info.size != unit or info.byte_offset + unit > file_size:
                 return None
             addrs[first // rows] = info.byte_offset
-        if (addrs < 0).any():
+        if len(infos) != count or (addrs < 0).any():
             return None
         return cls(unit, addrs)
 
