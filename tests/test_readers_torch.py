@@ -169,3 +169,33 @@ def test_reads_files_tensorflow_wrote_without_an_index(tmp_path):
     ids = ids_from(DataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="fork"))
     assert sorted(ids) == list(range(10))
     assert next(iter(ds))["name"] == b"r0"
+
+
+def _distributed_rank(rank, world, init_file, shards, out_dir):
+    """One rank of a real gloo process group: read its share through two DataLoader workers."""
+    import json
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        ds = TFRecordDataset(shards)  # rank and world size come from torch.distributed
+        ids = ids_from(DataLoader(ds, batch_size=3, num_workers=2, multiprocessing_context="fork"))
+        (out_dir / f"rank{rank}.json").write_text(json.dumps({"ids": ids, "len": len(ds)}))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_tfrecord_ranks_from_torch_distributed(data, tmp_path):
+    import json
+
+    import torch.multiprocessing as mp
+
+    root, _ = data
+    world = 2
+    mp.spawn(_distributed_rank, args=(world, tmp_path / "init", root / "tf", tmp_path), nprocs=world)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    for r in results:
+        assert len(r["ids"]) == r["len"]
+    assert Counter(i for r in results for i in r["ids"]) == Counter(range(N))
+    assert {r["len"] for r in results} == {N // 2, N - N // 2}
