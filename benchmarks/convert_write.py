@@ -1,11 +1,17 @@
 """Write throughput: our TFRecord writer vs tf.io.TFRecordWriter on the same records.
 
-Both write the same serialised payloads to a fresh file on the same disk and are
-timed until the data is durable (our close() fsyncs; TF's file is fsynced after
-its close), best of three. Also the whole path from arrays: our encode_example +
-writer vs building tf.train.Example + SerializeToString + TF's writer.
+Both write the same serialised payloads (100 B, 3 KB and 100 KB records, 20-100 MB
+per case) to a fresh file on the same disk and are timed until the data is durable
+(our close() fsyncs and writes the .idx; TF's file is fsynced after its close),
+alternating ours and TF's, best of --repeat; the two files are checked to be
+byte-identical. Then the whole path from arrays: our encode_example + writer vs
+tf.train.Example + SerializeToString + TF's writer, for 30,000 image-like Examples.
 
-    .venv/bin/python benchmarks/convert_write.py
+Prints, per payload size, MB/s for each writer and the ratio ours/TF (target:
+>= 1.0x), then records/s for the whole path. Not a test: nothing is asserted
+about speed.
+
+    python benchmarks/convert_write.py [--repeat 3] [--dir DIR]
 """
 
 from __future__ import annotations
@@ -27,13 +33,15 @@ from converters.example_proto import encode_example  # noqa: E402
 from converters.tfrecord import TFRecordFileWriter  # noqa: E402
 
 
-def best_of(n: int, fn: Callable[[], None]) -> float:
-    times = []
+def best_of(n: int, ours: Callable[[], None], theirs: Callable[[], None]) -> tuple[float, float]:
+    """Best time of each over ``n`` alternating runs, so drift in machine speed hits both."""
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+        for fn, out in ((ours, times[0]), (theirs, times[1])):
+            t = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t)
+    return min(times[0]), min(times[1])
 
 
 def fsync_path(path: Path) -> None:
@@ -74,8 +82,9 @@ def main() -> None:
             payloads = [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for _ in range(count)]
             total_mb = (size + 16) * count / 1e6
 
-            t_ours = best_of(args.repeat, partial(write_ours, ours_path, payloads))
-            t_tf = best_of(args.repeat, partial(write_tf, tf, theirs_path, payloads))
+            t_ours, t_tf = best_of(
+                args.repeat, partial(write_ours, ours_path, payloads), partial(write_tf, tf, theirs_path, payloads)
+            )
             assert ours_path.read_bytes() == theirs_path.read_bytes()  # same bytes on disk
             print(f"{size:>9} {count:>8} {total_mb:>6.0f} | {total_mb / t_ours:>9.0f} "
                   f"{total_mb / t_tf:>8.0f} {t_tf / t_ours:>5.2f}x")
@@ -100,7 +109,7 @@ def main() -> None:
                     w.write(ex.SerializeToString())
             fsync_path(theirs_path)
 
-        t_ours, t_tf = best_of(args.repeat, ours_full), best_of(args.repeat, tf_full)
+        t_ours, t_tf = best_of(args.repeat, ours_full, tf_full)
         print(f"encode+write, {count} Examples of a 3 KB image + label: ours {count / t_ours:,.0f} rec/s, "
               f"TF {count / t_tf:,.0f} rec/s, {t_tf / t_ours:.2f}x")
 
