@@ -317,7 +317,10 @@ def iter_records(
         ahead = offset
         while offset < end:
             if advise is not None and ahead < end and offset >= ahead - _READ_AHEAD // 2:
-                advise(f.fileno(), ahead, min(_READ_AHEAD, end - ahead), os.POSIX_FADV_WILLNEED)
+                try:
+                    advise(f.fileno(), ahead, min(_READ_AHEAD, end - ahead), os.POSIX_FADV_WILLNEED)
+                except OSError:  # a filesystem without a page cache to fill: read as is
+                    advise = None
                 ahead += _READ_AHEAD
             header = read(_HEADER)
             if offset == 0:
