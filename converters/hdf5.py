@@ -322,6 +322,8 @@ class _Direct:
     def probe(cls, f: h5py.File, ds: h5py.Dataset, file_size: int) -> _Direct | None:
         if f.userblock_size or f.driver != "sec2" or ds.dtype.kind not in "biuf" or ds.ndim < 1:
             return None
+        if ds.size == 0:
+            return None  # nothing stored, no address: h5py reads empty selections fine
         dcpl = ds.id.get_create_plist()
         if dcpl.get_nfilters():
             return None

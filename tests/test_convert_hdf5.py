@@ -145,3 +145,13 @@ def test_compressed_fields_are_read_through_h5py(tmp_path):
     np.testing.assert_array_equal(compressed[123]["data"], x[123])
     np.testing.assert_array_equal(plain[123]["data"], x[123])
     assert not compressed.direct and plain.direct
+
+
+def test_empty_blobs_and_empty_datasets_read_back(tmp_path):
+    with h5py.File(tmp_path / "e.h5", "w") as f:
+        g = f.create_group("blob")
+        g.create_dataset("data", shape=(0,), maxshape=(None,), chunks=(1,), dtype=np.uint8)
+        g["offsets"] = np.zeros(4, np.int64)
+        f.create_dataset("wide", shape=(3, 0), dtype=np.float32)
+    reader = HDF5Reader(tmp_path / "e.h5")
+    assert reader[2]["blob"] == b"" and reader[2]["wide"].shape == (0,)
