@@ -199,3 +199,19 @@ def test_tfrecord_ranks_from_torch_distributed(data, tmp_path):
         assert len(r["ids"]) == r["len"]
     assert Counter(i for r in results for i in r["ids"]) == Counter(range(N))
     assert {r["len"] for r in results} == {N // 2, N - N // 2}
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_truncated_shard_with_a_stale_index_is_an_error_not_a_crash(tmp_path, shuffle):
+    np.save(tmp_path / "x.npy", np.arange(30))
+    convert(tmp_path / "x.npy", tmp_path / "tf", ConvertOptions(to="tfrecord"))
+    shard = next((tmp_path / "tf").glob("*.tfrecord"))
+    index = tfrecord.read_index(tfrecord.index_path_for(shard))
+    shard.write_bytes(shard.read_bytes()[: int(index[20][0]) + 5])  # cut inside record 20
+    # In order, record 20 is found cut short; shuffled, whichever record past the end
+    # comes first is refused by its index entry before the mapped file is touched.
+    size = int(index[20][0]) + 5
+    expected = (rf"corrupt at byte offset \d+: index entry \(\d+ 33\) lies outside the file \({size} bytes\)"
+                if shuffle else rf"corrupt at byte offset {index[20][0]}: truncated record header \(5 of 12 bytes\)")
+    with pytest.raises(CorruptFileError, match=f"{shard.name}: {expected}"):
+        list(TFRecordDataset(tmp_path / "tf", shuffle=shuffle))
