@@ -390,6 +390,10 @@ class HDF5Reader:
     ``__getstate__`` drops it, so the reader can be sent to DataLoader workers
     under fork or spawn. A handle inherited through fork is kept, never used and
     never closed in the child, so the parent's stays intact.
+
+    ``reader[i]`` reads uncompressed fields from a memory map of the file (see
+    NOTE [ Direct reads of uncompressed HDF5 data ]); ``iter_samples``, which
+    ``--verify`` and ``inspect`` use, reads through h5py.
     """
 
     def __init__(self, path: str | os.PathLike[str], fields: Sequence[str] | None = None) -> None:

@@ -361,8 +361,11 @@ def read_record_at(
         raise CorruptFileError(path, offset, f"index entry ({offset} {size}) lies outside the file ({file_size} bytes)")
     if isinstance(f, mmap.mmap):
         buf = f[offset : offset + size]
-    else:
+    elif hasattr(os, "pread"):
         buf = os.pread(f.fileno(), size, offset)  # one call, no seek; f's own buffer is not used
+    else:  # Windows
+        f.seek(offset)
+        buf = f.read(size)
     if len(buf) != size:
         raise CorruptFileError(path, offset, "truncated record (file changed while reading?)")
     (length,) = struct.unpack_from("<Q", buf)
