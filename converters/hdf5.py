@@ -456,7 +456,8 @@ class HDF5Reader:
                     readers.append((field.name, obj, None))
                     direct = _Direct.probe(f, obj, size) if mm is not None else None
                     if direct is not None:
-                        fast.append((field.name, "array", direct, (obj.dtype, obj.shape[1:])))
+                        item = obj.dtype.itemsize * int(np.prod(obj.shape[1:], dtype=np.int64))
+                        fast.append((field.name, "array", direct, (obj.dtype, obj.shape[1:], item)))
                     else:
                         fast.append((field.name, "h5array", obj, None))
         except (OSError, RuntimeError, ValueError) as exc:
@@ -480,8 +481,7 @@ class HDF5Reader:
             elif how == "bytes":  # see NOTE [ Direct reads of uncompressed HDF5 data ]
                 out[name] = src.read(mm, extra[i], extra[i + 1])
             elif how == "array":
-                dtype, shape = extra
-                n = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+                dtype, shape, n = extra
                 item = np.frombuffer(src.read(mm, i * n, (i + 1) * n), dtype=dtype).reshape(shape)
                 out[name] = item.copy()  # writable, as h5py's would be
             elif how == "h5bytes":
