@@ -126,7 +126,10 @@ class ReportCommand:
 
 
 def commands() -> list[Command]:
-    cmds: list[Command] = [DiagnoseCommand(), ReportCommand()]
+    from .compare import CompareCommand
+    from .tune import TuneCommand
+
+    cmds: list[Command] = [DiagnoseCommand(), ReportCommand(), TuneCommand(), CompareCommand()]
     try:
         from converters.commands import ConvertCommand, InspectCommand
     except ImportError:  # converters not built yet in this checkout

@@ -43,6 +43,7 @@ class Settings:
     json: str | None = None  # write the report (with the raw run) here at exit
     print_report: bool = True  # print the terminal summary at exit
     gpu: bool = True  # sample GPUs through NVML
+    apply: bool = False  # change DataLoaders built in the block (NOTE [ Live loader tuning ] in apply.py)
 
 
 _active_lock = threading.Lock()
@@ -61,6 +62,7 @@ class Profile:
         print_report: bool = True,
         gpu: bool = True,
         output: IO[str] | None = None,
+        apply: Any = False,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
@@ -72,8 +74,17 @@ class Profile:
             json=os.fspath(json) if json is not None else None,
             print_report=print_report,
             gpu=gpu,
+            apply=bool(apply),
         )
         self.output = output
+        # apply=True: measured safe loader fixes; an apply.Applier: the fixes of a tune/compare trial.
+        self._applier: Any = None
+        if apply:
+            from .apply import make_applier
+
+            self._applier = make_applier(apply, output=output, announce=print_report)
+        #: What ``apply`` changed, one line each (printed as it happens when print_report).
+        self.applied: list[str] = []
         self.run = Run(command=list(sys.argv))
         self._pid = os.getpid()
         self._t0 = 0.0
@@ -124,6 +135,8 @@ class Profile:
         self._sampler.start()
         self._watch = FrameworkWatch(self._make_hooks, on_error=self.run.limitations.append)
         self._watch.start()
+        if self._applier is not None:  # after the watch: NOTE [ Import watch order ] in apply.py
+            self._applier.start(self._timeline, self.run, lambda: self._sampler.host_samples if self._sampler else [])
 
     def _make_hooks(self, name: str, factory: type) -> Hooks:
         assert self._timeline is not None
@@ -142,6 +155,12 @@ class Profile:
         self._stopped = True
         try:
             end = time.perf_counter()
+            if self._applier is not None:
+                try:
+                    self._applier.stop()
+                except Exception as err:  # NOTE [ Never break the run ]
+                    self.run.limitations.append(f"apply: could not undo every fix ({type(err).__name__}: {err})")
+                self.applied = list(self._applier.messages)
             if self._watch is not None:
                 self._watch.stop()
             if self._sampler is not None:

@@ -1,0 +1,389 @@
+"""``loadprof compare``: the seed experiment generalised. One whole run per variant.
+
+Each variant is the unchanged script run end to end in a child process
+(trial.py) with one documented change applied from outside (apply.py). The
+table gives each variant's time and its ratio to the baseline; ``--json`` and
+``--png`` (a bar chart, matplotlib's Agg backend) keep them.
+
+Variants: the built-ins below, or your own with ``--variant NAME:ITEM,ITEM...``
+where each ITEM is
+- a built-in variant's name (``cache``): its fixes are included;
+- ``FIX=VALUE`` with FIX a loadprof fix (``num_workers=2``, ``amp=bf16``; see
+  ``apply.Changes``): that fix;
+- ``hook=FILE.py``: a Python file run in the child just before the script (patch
+  what you like; a module-level dict ``changes`` adds loadprof fixes);
+- ``ENV=VALUE`` with any other name: an environment variable for that run.
+Every run also gets ``LOADPROF_VARIANT=<name>``, so a script can switch on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from .apply import Changes
+from .trial import TrialResult, TrialSpec, run_trial
+
+DEFAULT_VARIANTS = ("baseline", "cache", "amp", "accum")
+
+
+@dataclass
+class Variant:
+    name: str
+    description: str
+    changes: Changes = field(default_factory=Changes)
+    env: dict[str, str] = field(default_factory=dict)
+    hook: str | None = None
+
+    def label(self) -> str:
+        parts = [self.changes.describe()] if not self.changes.empty else []
+        parts += [f"{k}={v}" for k, v in self.env.items()]
+        if self.hook:
+            parts.append(f"hook {os.path.basename(self.hook)}")
+        return ", ".join(parts) if parts else "as written"
+
+
+def builtin_variants(cores: int | None = None) -> dict[str, Variant]:
+    """The documented built-in variants. ``workers`` depends on the usable cores."""
+    from .apply import _usable_cores
+
+    cores = cores or _usable_cores()
+    w = max(1, cores - 1)
+    return {v.name: v for v in (
+        Variant("baseline", "the script as written"),
+        Variant("cache", "caching + prefetching: torch map-style datasets read once into memory (when they fit "
+                         "and two reads of an index agree); tf.data .cache() before the first shuffle/batch/repeat "
+                         "after a map, and .prefetch(AUTOTUNE) after batch()",
+                Changes(cache=True, prefetch=True)),
+        Variant("amp", "mixed precision: torch autocast around each outermost module call (bf16 where the device "
+                       "supports it, else fp16 with GradScaler); Keras global policy mixed_bfloat16/mixed_float16",
+                Changes(amp="auto")),
+        Variant("accum", "gradient accumulation: batch_size // 2 micro-batches, one optimizer step per 2 "
+                         "(torch: loss / 2 and every other step skipped; Keras: gradient_accumulation_steps=2)",
+                Changes(accumulation=2)),
+        Variant("workers", f"DataLoader num_workers={w} (usable cores - 1), persistent_workers=True",
+                Changes(num_workers=w, persistent_workers=True)),
+        Variant("prefetch", "tf.data .prefetch(AUTOTUNE) after batch(); torch prefetch_factor=4 with workers",
+                Changes(prefetch=True, prefetch_factor=4)),
+        Variant("parallel_map", "tf.data map(num_parallel_calls=AUTOTUNE) where unset", Changes(parallel_map=True)),
+        Variant("ideal", "model-only rate: every torch batch is the loader's first batch (not a real training run)",
+                Changes(repeat_batch=True)),
+    )}
+
+
+class VariantError(ValueError):
+    """A variant list or definition that cannot be used (one line)."""
+
+
+_FIX_NAMES = {f.name for f in dataclasses.fields(Changes)}
+
+
+def _value(text: str) -> Any:
+    low = text.lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    if low in ("none", "null"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def parse_variants(names: str, definitions: list[str], cores: int | None = None) -> list[Variant]:
+    """The variants to run, in order: ``names`` (comma-separated) then any defined but unlisted."""
+    builtins = builtin_variants(cores)
+    defined: dict[str, Variant] = {}
+    for text in definitions:
+        name, sep, spec = text.partition(":")
+        name = name.strip()
+        if not sep or not name or not name.replace("_", "").replace("-", "").isalnum():
+            raise VariantError(f"--variant {text!r}: expected NAME:ITEM[,ITEM...] (e.g. big:BATCH=256,amp)")
+        changes: dict[str, Any] = {}
+        env: dict[str, str] = {}
+        hook = None
+        for item in (i.strip() for i in spec.split(",")):
+            if not item:
+                continue
+            key, eq, val = item.partition("=")
+            if not eq:
+                if item not in builtins:
+                    raise VariantError(f"--variant {name}: unknown variant {item!r} "
+                                       f"(built-in: {', '.join(builtins)})")
+                changes.update(builtins[item].changes.to_dict())
+            elif key == "hook":
+                if not os.path.isfile(val):
+                    raise VariantError(f"--variant {name}: hook {val}: no such file")
+                hook = os.path.abspath(val)
+            elif key in _FIX_NAMES:
+                changes[key] = _value(val)
+            elif key.replace("_", "").isalnum() and not key[0].isdigit():
+                env[key] = val
+            else:
+                raise VariantError(f"--variant {name}: {key!r} is not an environment variable name")
+        try:
+            ch = Changes.from_dict(changes)
+        except (TypeError, ValueError) as exc:
+            raise VariantError(f"--variant {name}: {exc}") from None
+        defined[name] = Variant(name, f"user-defined: {spec}", ch, env, hook)
+    order = [n.strip() for n in names.split(",") if n.strip()]
+    if not order and not defined:
+        raise VariantError("--variants: no variant named")
+    out: list[Variant] = []
+    for n in order:
+        if n in defined:
+            out.append(defined[n])
+        elif n in builtins:
+            out.append(builtins[n])
+        else:
+            raise VariantError(f"unknown variant {n!r}; built-in: {', '.join(builtins)} "
+                               "(define your own with --variant NAME:ITEM,...)")
+    out += [v for n, v in defined.items() if n not in order]
+    if len({v.name for v in out}) != len(out):
+        raise VariantError("--variants: a variant is named twice")
+    return out
+
+
+@dataclass
+class VariantResult:
+    variant: Variant
+    runs: list[TrialResult] = field(default_factory=list)
+
+    @property
+    def ok_runs(self) -> list[TrialResult]:
+        return [r for r in self.runs if r.ok]
+
+    @property
+    def time_s(self) -> float | None:
+        times = [r.script_s for r in self.ok_runs]
+        return statistics.median(times) if times else None
+
+    @property
+    def train_s(self) -> float | None:
+        times = [r.train_s for r in self.ok_runs if r.train_s]
+        return statistics.median(times) if times else None
+
+    @property
+    def status(self) -> str:
+        bad = [r for r in self.runs if not r.ok]
+        if not bad:
+            return "ok"
+        return f"{bad[0].status}: {bad[0].detail}" if len(bad) == len(self.runs) else \
+            f"{len(bad)} of {len(self.runs)} runs {bad[0].status}"
+
+    def final_loss(self) -> float | None:
+        losses = [r.losses for r in self.ok_runs if r.losses]
+        if not losses:
+            return None
+        tails = [statistics.fmean(v for v in ls[-20:] if math.isfinite(v)) for ls in losses
+                 if any(math.isfinite(v) for v in ls[-20:])]
+        return statistics.median(tails) if tails else float("nan")
+
+
+@dataclass
+class Comparison:
+    command: list[str]
+    results: list[VariantResult]
+    repeat: int = 1
+
+    def reference(self) -> VariantResult | None:
+        for r in self.results:
+            if r.variant.name == "baseline" and r.time_s:
+                return r
+        return next((r for r in self.results if r.time_s), None)
+
+    def ratio(self, r: VariantResult) -> float | None:
+        ref = self.reference()
+        if ref is None or not ref.time_s or not r.time_s:
+            return None
+        return r.time_s / ref.time_s
+
+    def machine(self) -> dict[str, Any]:
+        for r in self.results:
+            for run in r.ok_runs:
+                return run.environment
+        return {}
+
+    def to_dict(self) -> dict[str, Any]:
+        ref = self.reference()
+        return {
+            "schema": 1,
+            "command": self.command,
+            "machine": self.machine(),
+            "repeat": self.repeat,
+            "reference": ref.variant.name if ref else None,
+            "variants": [{
+                "name": r.variant.name,
+                "description": r.variant.description,
+                "changes": r.variant.changes.to_dict(),
+                "env": r.variant.env,
+                "hook": r.variant.hook,
+                "time_s": r.time_s,
+                "times_s": [run.script_s for run in r.ok_runs],
+                "ratio": self.ratio(r),
+                "train_s": r.train_s,
+                "steps": r.ok_runs[0].steps_total if r.ok_runs else None,
+                "final_loss": r.final_loss(),
+                "status": r.status,
+                "applied": r.runs[0].applied if r.runs else [],
+                "not_applied": r.runs[0].not_applied if r.runs else [],
+            } for r in self.results],
+        }
+
+
+def compare(script: str | None, module: str | None, args: list[str], variants: list[Variant], *,
+            repeat: int = 1, timeout: float = 3600.0, gpu: bool = True,
+            progress: Callable[[str], None] | None = None) -> Comparison:
+    """Run every variant ``repeat`` times, interleaved (so slow drifts of a shared
+    machine hit every variant alike)."""
+    say = progress or (lambda line: None)
+    results = [VariantResult(v) for v in variants]
+    for i in range(repeat):
+        for r in results:
+            v = r.variant
+            say(f"{v.name} ({v.label()})" + (f", run {i + 1} of {repeat}" if repeat > 1 else ""))
+            spec = TrialSpec(script=script, module=module, args=args, changes=v.changes.to_dict(), max_steps=None,
+                             seed=0, record_losses=True, probe=False, gpu=gpu, hook=v.hook,
+                             env={**v.env, "LOADPROF_VARIANT": v.name})
+            t = run_trial(v.name, spec, timeout)
+            r.runs.append(t)
+            if t.ok:
+                say(f"{v.name}: {t.script_s:.2f} s")
+            else:
+                say(f"{v.name}: {t.status}: {t.detail}")
+    command = ["-m", module, *args] if module else [script or "", *args]
+    return Comparison(command, results, repeat)
+
+
+# -- output ---------------------------------------------------------------------------
+def render(cmp: Comparison, file: IO[str] | None = None, width: int | None = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=file or sys.stdout, width=width or 110, highlight=False)
+    env = cmp.machine()
+    gpu = "no GPU" if not env.get("cuda_in_use") else ", ".join(g.get("name", "GPU") for g in env.get("gpus", []))
+    console.print(f"[bold]loadprof compare[/bold] {' '.join(cmp.command)}: {env.get('usable_cores', '?')} usable "
+                  f"cores, {gpu}" + (f"; median of {cmp.repeat} runs each" if cmp.repeat > 1 else ""))
+    table = Table()
+    for col, just in (("variant", "left"), ("change", "left"), ("time (s)", "right"), ("vs baseline", "right"),
+                      ("training loop (s)", "right"), ("final loss", "right"), ("status", "left")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    ref = cmp.reference()
+    for r in cmp.results:
+        ratio = cmp.ratio(r)
+        loss = r.final_loss()
+        notes = r.status
+        if r.runs and r.runs[0].ok and r.runs[0].not_applied:
+            notes += "; not applied: " + "; ".join(r.runs[0].not_applied)
+        elif r.runs and r.runs[0].ok and not r.runs[0].applied and not r.variant.changes.empty:
+            notes += "; nothing in the script matched"
+        table.add_row(
+            r.variant.name, r.variant.label(),
+            f"{r.time_s:.2f}" if r.time_s else "-",
+            ("baseline" if r is ref else f"{ratio:.2f}x ({ratio - 1:+.0%})") if ratio else "-",
+            f"{r.train_s:.2f}" if r.train_s else "-",
+            f"{loss:.4f}" if loss is not None and math.isfinite(loss) else "-",
+            notes,
+        )
+    console.print(table)
+    console.print("time: the script end to end under the profiler; vs baseline: time ratio (negative % = faster).")
+
+
+def write_png(cmp: Comparison, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in cmp.results if r.time_s]
+    names = [r.variant.name for r in rows]
+    times = [r.time_s or 0.0 for r in rows]
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * max(1, len(rows)), 3.8), dpi=120)
+    ref = cmp.reference()
+    colors = ["#7f7f7f" if r is ref else "#1f77b4" for r in rows]
+    bars = ax.bar(names, times, color=colors)
+    if cmp.repeat > 1:
+        lo = [t - min(run.script_s for run in r.ok_runs) for t, r in zip(times, rows, strict=True)]
+        hi = [max(run.script_s for run in r.ok_runs) - t for t, r in zip(times, rows, strict=True)]
+        ax.errorbar(names, times, yerr=[lo, hi], fmt="none", ecolor="black", capsize=3, linewidth=1)
+    for bar, r in zip(bars, rows, strict=True):
+        ratio = cmp.ratio(r)
+        label = f"{bar.get_height():.1f} s" + (f"\n{ratio:.2f}x" if ratio and r is not ref else "")
+        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                    fontsize=8, xytext=(0, 2), textcoords="offset points")
+    env = cmp.machine()
+    gpu = "no GPU" if not env.get("cuda_in_use") else "GPU"
+    ax.set_ylabel("time (s), whole script")
+    ax.set_title(f"{os.path.basename(cmp.command[0]) if cmp.command else ''}: "
+                 f"{env.get('usable_cores', '?')} cores, {gpu}", fontsize=10)
+    ax.set_ylim(0, max(times or [1.0]) * 1.25)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+class CompareCommand:
+    name = "compare"
+    help = "run the script end to end once per variant (baseline, cache, amp, accum, ...) and compare times"
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        from .cli import _positive_int, add_target_arguments
+
+        parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), metavar="LIST",
+                            help=f"comma-separated variants to run, in order (default {','.join(DEFAULT_VARIANTS)})")
+        parser.add_argument("--variant", action="append", default=[], metavar="NAME:ITEM,...",
+                            help="define a variant: built-in names, FIX=VALUE, hook=FILE.py, ENV=VALUE")
+        parser.add_argument("--list", action="store_true", help="list the built-in variants and exit")
+        parser.add_argument("--repeat", type=_positive_int, default=1, metavar="N",
+                            help="runs per variant, interleaved; the median is reported (default 1)")
+        parser.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS",
+                            help="stop a variant's run after this long (default 3600)")
+        parser.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
+        parser.add_argument("--png", metavar="PATH", help="write a bar chart of the times (PNG)")
+        parser.add_argument("--no-gpu", action="store_true", help="do not sample GPUs through NVML")
+        parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines, only the table")
+        add_target_arguments(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        from .cli import UsageError, target_from
+        from .runner import TargetError
+        from .tune import _check_writable, _write_json
+
+        if args.list:
+            for v in builtin_variants().values():
+                print(f"{v.name:13} {v.description}")
+            return 0
+        if not (args.timeout > 0) or not math.isfinite(args.timeout):
+            raise UsageError(f"--timeout: must be > 0 seconds, got {args.timeout!r}")
+        try:
+            variants = parse_variants(args.variants, args.variant)
+        except VariantError as exc:
+            raise UsageError(str(exc)) from None
+        target = target_from(args)
+        try:
+            target.validate()
+        except TargetError as exc:
+            raise UsageError(str(exc)) from None
+        for opt in ("json", "png"):
+            if getattr(args, opt):
+                _check_writable(getattr(args, opt), f"--{opt}")
+        progress = None if args.quiet else (lambda line: print(f"loadprof compare: {line}", file=sys.stderr, flush=True))
+        cmp = compare(target.script, target.module, target.args, variants, repeat=args.repeat,
+                      timeout=args.timeout, gpu=not args.no_gpu, progress=progress)
+        render(cmp)
+        if args.json:
+            _write_json(args.json, cmp.to_dict())
+        if args.png:
+            write_png(cmp, args.png)
+        return 0 if all(r.status == "ok" for r in cmp.results) else 1

@@ -1,0 +1,375 @@
+"""One trial: the user's unchanged script, run in a child process with fixes applied.
+
+``loadprof tune`` runs many short trials and ``loadprof compare`` a few whole
+runs; both go through ``run_trial(spec, timeout)`` here.
+
+NOTE [ Trial lifecycle ]
+- The parent writes the spec as JSON into a fresh temporary folder and starts
+  ``python -c <child>``; the child runs the script as ``loadprof diagnose`` does
+  (``runner.run``: argv, sys.path, exit codes, signals) under
+  ``Profile(apply=Applier(...), max_steps=..., json=<report>)`` and then writes
+  ``result.json``: exit code, what the fixes changed or skipped, the recorded
+  losses, cache probes and set-up time. The parent reads the report back with
+  ``load_report``, so a trial's numbers are those of a normal saved run.
+- The child leads a new process group (``start_new_session``), so its DataLoader
+  workers are in it too. At the time limit the parent sends SIGTERM to the group
+  (the runner unwinds the script and still writes the report: partial steps
+  survive), waits ``GRACE_S``, then SIGKILLs the group. Ctrl-C in the parent
+  kills the group before it propagates.
+- The script's stdout and stderr go to files in that folder; the tail of stderr
+  is kept for a trial that crashed. The folder is removed afterwards.
+- ``LOADPROF_TRIAL=1`` and the variant's own environment are set in the child;
+  nothing else about the script's environment changes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .records import Run
+
+#: Seconds between SIGTERM and SIGKILL for a trial past its time limit.
+GRACE_S = 5.0
+#: Lines of the child's stderr kept for a failed trial.
+TAIL_LINES = 12
+
+_ROOT = str(Path(__file__).resolve().parent.parent)
+_CHILD = (
+    "import sys; sys.path.insert(0, {root!r}); import profiler.trial as t; "
+    "sys.path.remove({root!r}); sys.exit(t.child_main(sys.argv[1]))"
+)
+
+
+@dataclass
+class TrialSpec:
+    """What a child runs. ``changes`` is a ``Changes.to_dict()``."""
+
+    script: str | None = None
+    module: str | None = None
+    args: list[str] = field(default_factory=list)
+    changes: dict[str, Any] = field(default_factory=dict)
+    max_steps: int | None = None
+    seed: int | None = 0
+    record_losses: bool = True
+    probe: bool = False
+    gpu: bool = True
+    interval: float = 0.1
+    #: A Python file run in the child just before the script (compare's user variants).
+    hook: str | None = None
+    #: Extra environment for the child (not written to the spec file).
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class TrialResult:
+    """What one trial measured. Throughput counts only the steps after warm-up."""
+
+    name: str
+    changes: dict[str, Any] = field(default_factory=dict)
+    status: str = "ok"  # "ok", "crashed", "timed out", "too few steps", "skipped"
+    detail: str = ""
+    exit_code: int | None = None
+    wall_s: float = 0.0  # the child process, start to end (interpreter start and imports included)
+    script_s: float = 0.0  # the script itself under the profiler
+    train_s: float = 0.0  # first step start to last step end
+    steps_total: int = 0
+    steps_measured: int = 0
+    steps_per_s: float | None = None
+    samples_per_s: float | None = None
+    speedup: float | None = None  # throughput / baseline throughput
+    safe: bool | None = None  # None: not judged
+    unsafe_reason: str = ""
+    loss_check: str = ""
+    applied: list[str] = field(default_factory=list)
+    not_applied: list[str] = field(default_factory=list)
+    setup_s: float = 0.0  # one-time work the fix did (cache fill), outside the measured steps
+    losses: list[float] = field(default_factory=list)
+    cache_checks: dict[str, Any] = field(default_factory=dict)
+    pipeline: dict[str, Any] = field(default_factory=dict)
+    tf_batch_sizes: list[int] = field(default_factory=list)
+    sites: list[dict[str, Any]] = field(default_factory=list)
+    loss_site: list[Any] | None = None
+    verdict: str = ""
+    cause: str | None = None
+    data_wait_fraction: float | None = None
+    summary: str = ""
+    loaders: list[dict[str, Any]] = field(default_factory=list)
+    environment: dict[str, Any] = field(default_factory=dict)
+    stderr_tail: str = ""
+    run: Run | None = field(default=None, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def rate(self) -> float | None:
+        """The throughput trials are ranked by: samples/s when known, else steps/s."""
+        return self.samples_per_s if self.samples_per_s is not None else self.steps_per_s
+
+    def to_dict(self, losses: bool = False) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("run", None)
+        if not losses:
+            d["losses"] = len(self.losses)
+        return d
+
+
+# -- child side -----------------------------------------------------------------
+def child_main(spec_path: str) -> int:
+    """Entry of the child process (see NOTE [ Trial lifecycle ])."""
+    import runpy
+
+    from .apply import Applier, Changes
+    from .runner import Target, TargetError, run
+
+    folder = Path(spec_path).parent
+    spec = TrialSpec(**json.loads(Path(spec_path).read_text(encoding="utf-8")))
+    changes = dict(spec.changes)
+    if spec.hook:
+        hook_globals = runpy.run_path(spec.hook, run_name="__loadprof_hook__")
+        extra = hook_globals.get("changes")
+        if isinstance(extra, dict):
+            changes.update(extra)
+    applier = Applier(Changes.from_dict(changes), record_losses=spec.record_losses, probe=spec.probe, seed=spec.seed)
+    target = Target(script=spec.script, module=spec.module, args=list(spec.args))
+    code = 0
+    error = ""
+    try:
+        code = run(target, apply=applier, max_steps=spec.max_steps, json=str(folder / "report.json"),
+                   print_report=False, gpu=spec.gpu, interval=spec.interval)
+    except TargetError as exc:
+        code, error = 2, str(exc)
+    result = {
+        "exit_code": code,
+        "error": error,
+        "applied": applier.messages,
+        "not_applied": applier.skipped,
+        "losses": [x if math.isfinite(x) else repr(x) for x in applier.losses],
+        "cache_checks": {k: v.to_dict() for k, v in applier.cache_checks.items()},
+        "setup_s": applier.setup_seconds,
+        "pipeline": applier.pipeline,
+        "tf_batch_sizes": applier.batch_sizes,
+        "sites": [asdict(s) for s in applier.sites],
+        "loss_site": list(applier.loss_site) if applier.loss_site else None,
+    }
+    tmp = folder / "result.json.tmp"
+    tmp.write_text(json.dumps(result, default=repr), encoding="utf-8")
+    os.replace(tmp, folder / "result.json")
+    return code
+
+
+# -- parent side ----------------------------------------------------------------
+def run_trial(name: str, spec: TrialSpec, timeout: float, warmup: int = 0) -> TrialResult:
+    """Run one trial in a child process; never raises for the script's own failures."""
+    folder = Path(tempfile.mkdtemp(prefix="loadprof-trial-"))
+    try:
+        return _run_in(folder, name, spec, timeout, warmup)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_in(folder: Path, name: str, spec: TrialSpec, timeout: float, warmup: int) -> TrialResult:
+    from .report import ReportError, load_report
+
+    data = asdict(spec)
+    env_extra = data.pop("env")
+    spec_path = folder / "spec.json"
+    spec_path.write_text(json.dumps(data), encoding="utf-8")
+    env = {**os.environ, **env_extra, "LOADPROF_TRIAL": "1"}
+    out = (folder / "stdout.txt").open("wb")
+    err = (folder / "stderr.txt").open("wb")
+    result = TrialResult(name, changes=dict(spec.changes))
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD.format(root=_ROOT), str(spec_path)],
+        stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+    )
+    timed_out = False
+    try:
+        try:
+            proc.wait(timeout=max(0.1, timeout))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _stop_group(proc)
+    except BaseException:
+        _stop_group(proc, grace=0.5)
+        raise
+    finally:
+        out.close()
+        err.close()
+    result.wall_s = time.perf_counter() - t0
+    result.exit_code = proc.returncode
+    result.stderr_tail = _tail(folder / "stderr.txt")
+    child: dict[str, Any] = {}
+    try:
+        child = json.loads((folder / "result.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        pass
+    if child:
+        result.exit_code = child.get("exit_code", result.exit_code)
+        result.applied = list(child.get("applied", []))
+        result.not_applied = list(child.get("not_applied", []))
+        result.losses = [float(x) for x in child.get("losses", [])]
+        result.cache_checks = dict(child.get("cache_checks", {}))
+        result.setup_s = float(child.get("setup_s", 0.0))
+        result.pipeline = dict(child.get("pipeline", {}))
+        result.tf_batch_sizes = list(child.get("tf_batch_sizes", []))
+        result.sites = list(child.get("sites", []))
+        result.loss_site = child.get("loss_site")
+        if child.get("error"):
+            result.detail = child["error"]
+    report = None
+    if (folder / "report.json").exists():
+        try:
+            report = load_report(folder / "report.json")
+        except ReportError as exc:
+            result.detail = result.detail or str(exc)
+    if report is not None:
+        _measure(result, report, warmup, spec)
+    if timed_out:
+        result.status = "timed out"
+        result.detail = f"stopped after {timeout:.0f} s" + (f" ({result.steps_total} steps seen)" if report else "")
+    elif child.get("error"):
+        result.status = "crashed"
+    elif report is None or (result.exit_code not in (0, None) and not _stopped_by_max_steps(report)):
+        result.status = "crashed"
+        last = result.stderr_tail.strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
+        result.detail = f"exit code {result.exit_code}: {last[0][:200]}"
+    return result
+
+
+def _stopped_by_max_steps(report: Any) -> bool:
+    return str(report.run.exit_status).startswith("stopped after")
+
+
+def _measure(result: TrialResult, report: Any, warmup: int, spec: TrialSpec) -> None:
+    run: Run = report.run
+    result.run = run
+    result.script_s = run.duration
+    result.steps_total = len(run.steps)
+    result.verdict = report.verdict
+    result.cause = report.cause
+    result.summary = report.diagnosis.summary
+    result.data_wait_fraction = report.data_wait_fraction
+    result.loaders = [asdict(li) for li in run.loaders]
+    env = run.environment
+    result.environment = {
+        "usable_cores": env.usable_cores, "logical_cores": env.logical_cores, "platform": env.platform,
+        "python": env.python, "frameworks": dict(env.frameworks), "gpu_status": env.gpu_status,
+        "gpus": [asdict(g) for g in env.gpus], "cuda_in_use": env.cuda_in_use, "memory_total": env.memory_total,
+    }
+    if run.steps:
+        result.train_s = run.steps[-1].end - run.steps[0].start
+    n, steps_per_s, samples_per_s = throughput(run, warmup)
+    result.steps_measured = n
+    result.steps_per_s = steps_per_s
+    result.samples_per_s = samples_per_s
+    if samples_per_s is None and steps_per_s is not None:
+        result.samples_per_s = _samples_from_batch_size(result, steps_per_s)
+    if spec.max_steps is not None and n < 3:
+        result.status = "too few steps"
+        result.detail = (f"{len(run.steps)} steps seen, {n} after {warmup} warm-up: "
+                         "need 3 or more (is the loop visible to loadprof?)")
+
+
+def _samples_from_batch_size(result: TrialResult, steps_per_s: float) -> float | None:
+    """samples/s when steps carry no batch size: the main loader's batch size (times the
+    micro-batches per optimizer step under accumulation), or the tf.data batch size when unique."""
+    loaders = [li for li in result.loaders if li.get("framework") == "torch" and li.get("batch_size")]
+    if loaders:
+        main = max(loaders, key=lambda li: li.get("iterations", 0))
+        divided = any("batch_size" in s.get("after", {}) for s in result.sites)
+        k = int(result.changes.get("accumulation") or 1) if divided else 1
+        return steps_per_s * int(main["batch_size"]) * k
+    sizes = set(result.tf_batch_sizes)
+    if len(sizes) == 1:
+        return steps_per_s * sizes.pop()
+    return None
+
+
+def throughput(run: Run, warmup: int) -> tuple[int, float | None, float | None]:
+    """(measured steps, steps/s, samples/s) over the steps after ``warmup``.
+
+    Steps are contiguous (each starts where the previous ended), so their span is
+    the time the loop took. samples/s needs every measured step's batch size.
+    """
+    steps = run.steps[warmup:]
+    if not steps:
+        return 0, None, None
+    span = steps[-1].end - steps[0].start
+    if span <= 0:
+        return len(steps), None, None
+    sizes = [s.batch_size for s in steps]
+    samples = sum(s for s in sizes if s) / span if all(sizes) else None
+    return len(steps), len(steps) / span, samples
+
+
+def _stop_group(proc: subprocess.Popen[bytes], grace: float = GRACE_S) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the workers too, even when the leader already left
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _tail(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-TAIL_LINES:])
+
+
+# -- the correctness guard --------------------------------------------------------
+#: Windows the loss trajectory is split into; each window's mean is compared.
+LOSS_WINDOWS = 4
+
+
+def compare_losses(base: list[float], trial: list[float], tolerance: float) -> tuple[bool | None, str]:
+    """Is ``trial``'s loss trajectory within ``tolerance`` (relative) of ``base``'s?
+
+    Both runs made the same number of optimizer steps from the same seed. Each
+    trajectory is cut into ``LOSS_WINDOWS`` equal parts by position (so a trial
+    recording two micro-batch losses per step lines up with the baseline) and
+    the window means are compared. None: nothing to compare.
+    """
+    if not base or not trial:
+        return None, "no losses recorded"
+    if not all(math.isfinite(x) for x in trial) and all(math.isfinite(x) for x in base):
+        return False, "the loss became NaN or infinite"
+    windows = min(LOSS_WINDOWS, len(base), len(trial))
+    worst = 0.0
+    for i in range(windows):
+        b = _window_mean(base, i, windows)
+        t = _window_mean(trial, i, windows)
+        worst = max(worst, abs(t - b) / max(abs(b), 1e-3))
+    ok = worst <= tolerance
+    return ok, f"loss within {worst:.1%} of the baseline's" if ok else \
+        f"loss moved {worst:.1%} from the baseline's (tolerance {tolerance:.0%})"
+
+
+def _window_mean(values: list[float], i: int, windows: int) -> float:
+    lo = len(values) * i // windows
+    hi = max(lo + 1, len(values) * (i + 1) // windows)
+    part = [v for v in values[lo:hi] if math.isfinite(v)]
+    return sum(part) / len(part) if part else float("nan")

@@ -1,0 +1,550 @@
+"""``loadprof tune``: measure each applicable fix on the user's own job, keep the best.
+
+The search, within ``--budget`` seconds in all:
+1. Baseline: the script as written, ``warmup + steps`` training steps, in a child
+   process (trial.py). It also probes every dataset for caching (after the run).
+2. Input stage (when input takes >= 5% of step time, the TensorFlow profiler's
+   "moderately input-bound" cut-off): DataLoader worker counts chosen from the
+   usable cores and the measured loading cost (``advice.workers_needed``), the
+   in-memory cache when the probe allowed it, tf.data cache / prefetch /
+   parallel map where the pipeline lacks them. Each alone, on the baseline.
+3. Combinations on top of the best safe input trial: prefetch_factor=4 when it
+   still waits for data, cache together with workers, all tf.data fixes together.
+4. Compute stage, on top of the best so far when it is compute- or memory-bound:
+   mixed precision (GPU with tensor cores, or a CPU with bf16 instructions);
+   gradient accumulation only when memory-bound.
+5. The ideal: the model-only rate, each batch being the loader's first batch again.
+Throughput is measured over the steps after warm-up (trial.throughput); a trial
+counts as faster only when it beats the baseline by ``min_gain`` (run-to-run
+noise). Correctness guard: a trial whose loss trajectory moves more than
+``loss_tolerance`` from the baseline's, or whose fix the probe found unsafe
+(items that differ between reads), is reported unsafe and never recommended.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from .apply import Changes
+from .trial import TrialResult, TrialSpec, compare_losses, run_trial
+
+#: Fix families ``--fixes`` can name.
+FAMILIES = ("workers", "prefetch", "pin_memory", "cache", "tf_data", "amp", "accumulation")
+
+
+@dataclass
+class TuneOptions:
+    """Every knob of a tune search, documented once."""
+
+    budget: float = 300.0  # seconds for the whole search, baseline included
+    warmup: int = 5  # steps per trial left out of the measurement (worker start-up, allocator growth)
+    steps: int = 30  # measured steps per trial
+    loss_tolerance: float = 0.10  # relative move of the loss trajectory that makes a fix unsafe
+    min_gain: float = 0.03  # a fix must beat the baseline by this share to count as faster
+    fixes: tuple[str, ...] = FAMILIES
+    ideal: bool = True  # also measure the model-only rate (one cached batch repeated)
+    gpu: bool = True
+    seed: int = 0
+    interval: float = 0.1
+
+
+class TuneError(Exception):
+    """The search could not start or had nothing to measure (one line)."""
+
+
+@dataclass
+class Candidate:
+    name: str
+    changes: Changes
+    family: str
+    why: str = ""
+
+
+@dataclass
+class TuneResult:
+    command: list[str]
+    options: TuneOptions
+    baseline: TrialResult
+    trials: list[TrialResult] = field(default_factory=list)  # every row after the baseline, skipped ones too
+    best: TrialResult | None = None  # None: nothing beat the baseline safely
+    ideal: TrialResult | None = None
+    code_change: str = ""
+    elapsed_s: float = 0.0
+
+    @property
+    def best_or_baseline(self) -> TrialResult:
+        return self.best or self.baseline
+
+    def to_dict(self) -> dict[str, Any]:
+        best = self.best_or_baseline
+        base = self.baseline
+        return {
+            "schema": 1,
+            "command": self.command,
+            "machine": base.environment,
+            "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self.options).items()},
+            "elapsed_s": self.elapsed_s,
+            "baseline": _summary(base),
+            "best": {**_summary(best), "name": best.name if self.best else "baseline",
+                     "changes": dict(best.changes) if self.best else {},
+                     "speedup": best.speedup if self.best else 1.0, "code_change": self.code_change},
+            "ideal": _summary(self.ideal) if self.ideal else None,
+            "best_share_of_ideal": self.share_of_ideal(),
+            "trials": [t.to_dict() for t in [self.baseline, *self.trials]],
+        }
+
+    def share_of_ideal(self) -> float | None:
+        best = self.best_or_baseline
+        if self.ideal is None or not self.ideal.ok or not self.ideal.steps_per_s or not best.steps_per_s:
+            return None
+        return best.steps_per_s / self.ideal.steps_per_s
+
+
+def _summary(t: TrialResult | None) -> dict[str, Any]:
+    if t is None:
+        return {}
+    return {"steps_per_s": t.steps_per_s, "samples_per_s": t.samples_per_s, "steps_measured": t.steps_measured,
+            "verdict": t.verdict, "data_wait_fraction": t.data_wait_fraction, "setup_s": t.setup_s,
+            "status": t.status}
+
+
+# -- the search ------------------------------------------------------------------
+class Search:
+    """Runs the trials of one tune search (see the module doc)."""
+
+    def __init__(self, script: str | None, module: str | None, args: list[str], options: TuneOptions,
+                 progress: Callable[[str], None] | None = None,
+                 runner: Callable[[str, TrialSpec, float, int], TrialResult] = run_trial) -> None:
+        self.script, self.module, self.args = script, module, list(args)
+        self.o = options
+        self.progress = progress or (lambda line: None)
+        self._run_trial = runner
+        self.t0 = time.perf_counter()
+        self.trials: list[TrialResult] = []
+        self.baseline: TrialResult | None = None
+
+    # -- budget -------------------------------------------------------------------
+    def remaining(self) -> float:
+        return self.o.budget - (time.perf_counter() - self.t0)
+
+    def _spec(self, changes: Changes, probe: bool = False) -> TrialSpec:
+        return TrialSpec(script=self.script, module=self.module, args=self.args, changes=changes.to_dict(),
+                         max_steps=self.o.warmup + self.o.steps, seed=self.o.seed, record_losses=True,
+                         probe=probe, gpu=self.o.gpu, interval=self.o.interval)
+
+    def _estimate(self, changes: Changes) -> float:
+        assert self.baseline is not None
+        est = self.baseline.wall_s
+        if changes.cache:
+            checks = [c for c in self.baseline.cache_checks.values() if c.get("cacheable")]
+            est += sum(c.get("items", 0) * c.get("item_seconds", 0.0) for c in checks)
+        return est
+
+    def trial(self, cand: Candidate) -> TrialResult:
+        for done in [self.baseline, *self.trials]:
+            if done is not None and done.changes == cand.changes.to_dict() and done.status != "skipped":
+                return done  # measured already (a combination equal to a single fix)
+        est = self._estimate(cand.changes)
+        left = self.remaining()
+        if left < 1.1 * est:
+            t = TrialResult(cand.name, cand.changes.to_dict(), status="skipped",
+                            detail=f"budget: {max(0.0, left):.0f} s left, a trial takes about {est:.0f} s")
+            self.trials.append(t)
+            self.progress(f"skipped {cand.name}: {t.detail}")
+            return t
+        limit = min(left, max(3 * est, est + 30))
+        self.progress(f"trial {cand.name} ({cand.why})" if cand.why else f"trial {cand.name}")
+        t = self._run_trial(cand.name, self._spec(cand.changes), limit, self.o.warmup)
+        t.name = cand.name
+        self._judge(t, cand)
+        self.trials.append(t)
+        return t
+
+    def _judge(self, t: TrialResult, cand: Candidate) -> None:
+        base = self.baseline
+        assert base is not None
+        if t.ok and not t.applied and not cand.changes.empty:
+            t.status = "not applied"
+            t.detail = "; ".join(t.not_applied) or "nothing in the script matched this fix"
+        if t.ok and base.rate and t.rate:
+            t.speedup = t.rate / base.rate
+        if not t.ok:
+            return
+        if cand.changes.repeat_batch:
+            return  # the ideal trains on one batch on purpose: no loss comparison
+        safe, why = compare_losses(base.losses, t.losses, self.o.loss_tolerance)
+        t.loss_check = why
+        if safe is False:
+            t.safe, t.unsafe_reason = False, why
+        elif any("differ" in s for s in t.not_applied):
+            t.safe, t.unsafe_reason = False, next(s for s in t.not_applied if "differ" in s)
+        else:
+            t.safe = True if safe else None
+
+    # -- the stages -------------------------------------------------------------------
+    def run(self) -> TuneResult:
+        o = self.o
+        self.progress(f"baseline: the script as written, {o.warmup} warm-up + {o.steps} measured steps")
+        base = self._run_trial("baseline", self._spec(Changes(), probe=True), max(1.0, self.remaining()), o.warmup)
+        base.name = "baseline"
+        base.speedup = 1.0 if base.ok else None
+        base.safe = True
+        self.baseline = base
+        if not base.ok:
+            tail = ("\n" + base.stderr_tail) if base.stderr_tail else ""
+            raise TuneError(f"the baseline run failed ({base.status}: {base.detail}){tail}")
+        if not base.rate:
+            raise TuneError("the baseline run showed no training steps to measure (no optimizer step or "
+                            "Keras fit seen; mark steps with Profile.step())")
+        plan, skipped = plan_input(base, o)
+        for name, reason in skipped:
+            self.trials.append(TrialResult(name, status="skipped", detail=reason))
+        input_trials = [self.trial(c) for c in plan]
+        best = self._best(input_trials)
+        for cand in plan_combinations(base, best, input_trials, o):
+            t = self.trial(cand)
+            if self._better(t, best):
+                best = t
+        for maybe, (left_out, why) in plan_compute(base, best, o):
+            if maybe is None:
+                self.trials.append(TrialResult(left_out, status="skipped", detail=why))
+                continue
+            t = self.trial(maybe)
+            if self._better(t, best):
+                best = t
+        ideal = None
+        if o.ideal and _has_torch_loader(base):
+            ideal = self.trial(Candidate("ideal (model only)", Changes(repeat_batch=True), "ideal",
+                                         "every batch is the first batch again"))
+        winner = best if best is not None and self._counts(best) else None
+        result = TuneResult(self._command(), o, base, self.trials, winner, ideal if ideal and ideal.ok else ideal,
+                            elapsed_s=time.perf_counter() - self.t0)
+        if winner is not None:
+            from .codechange import describe_changes
+
+            result.code_change = describe_changes(winner, base)
+        return result
+
+    def _command(self) -> list[str]:
+        return ["-m", self.module, *self.args] if self.module else [self.script or "", *self.args]
+
+    def _counts(self, t: TrialResult) -> bool:
+        return bool(t.ok and t.safe and t.speedup and t.speedup >= 1 + self.o.min_gain and
+                    not t.changes.get("repeat_batch"))
+
+    def _better(self, t: TrialResult, than: TrialResult | None) -> bool:
+        if not self._counts(t):
+            return False
+        return than is None or (t.rate or 0) > (than.rate or 0)
+
+    def _best(self, trials: list[TrialResult]) -> TrialResult | None:
+        best = None
+        for t in trials:
+            if self._better(t, best):
+                best = t
+        return best
+
+
+def _has_torch_loader(t: TrialResult) -> bool:
+    return any(li.get("framework") == "torch" for li in t.loaders)
+
+
+def _main_loader(t: TrialResult) -> dict[str, Any] | None:
+    loaders = [li for li in t.loaders]
+    if not loaders:
+        return None
+    return max(loaders, key=lambda li: li.get("iterations", 0))
+
+
+def _input_share_known(t: TrialResult) -> bool:
+    return t.run is not None and t.run.data_wait_method in ("iterator-next", "between-steps", "differential")
+
+
+def plan_input(base: TrialResult, o: TuneOptions) -> tuple[list[Candidate], list[tuple[str, str]]]:
+    """Input-stage candidates from the baseline's measurements, and the fixes left out (why)."""
+    from .advice import workers_needed
+    from .diagnosis import compute_metrics
+
+    cands: list[Candidate] = []
+    skipped: list[tuple[str, str]] = []
+    assert base.run is not None
+    m = compute_metrics(base.run)
+    share = m.data_wait_fraction
+    starved_enough = share >= 0.05 or not _input_share_known(base)
+    low = f"input is {share:.0%} of step time (< 5%): a faster input pipeline cannot speed this up"
+    loader = _main_loader(base)
+    cores = max(1, int(base.environment.get("usable_cores", 1)))
+    cuda = bool(base.environment.get("cuda_in_use"))
+    if loader is not None and loader.get("framework") == "torch":
+        cur = int(loader.get("num_workers") or 0)
+        if "workers" in o.fixes:
+            if not starved_enough:
+                skipped.append(("num_workers", low))
+            else:
+                need = workers_needed(m, m.loader) if m.loader is not None else None
+                counts = {max(1, cores - 1), cores}
+                if need is not None:
+                    counts.add(min(need[0], cores if base.cause != "io-latency" else 2 * cores))
+                if base.cause == "io-latency":
+                    counts.add(2 * cores)
+                counts.discard(cur)
+                why = (f"loading {need[1] * 1000:.0f} ms CPU/step vs compute {m.compute_per_step * 1000:.0f} ms "
+                       f"-> {need[0]} worker(s); {cores} usable core(s)") if need else f"{cores} usable core(s)"
+                for w in sorted(counts)[:3]:
+                    ch = Changes(num_workers=w, persistent_workers=True if w > 0 else None,
+                                 pin_memory=True if cuda and "pin_memory" in o.fixes else None)
+                    cands.append(Candidate(ch.describe(), ch, "workers", why))
+        if "cache" in o.fixes:
+            check = _cache_check_for(base, loader)
+            if check is None:
+                skipped.append(("cache", "no map-style dataset was seen to probe"))
+            elif not check.get("cacheable"):
+                name = "cache (unsafe)" if "differ" in check.get("reason", "") else "cache"
+                skipped.append((name, check.get("reason", "not cacheable")))
+            elif not starved_enough:
+                skipped.append(("cache", low))
+            else:
+                cands.append(Candidate("cache", Changes(cache=True), "cache", check.get("reason", "")))
+    tf = base.pipeline
+    if tf and "tf_data" in o.fixes:
+        if not starved_enough:
+            skipped.append(("tf.data fixes", low))
+        else:
+            if not tf.get("prefetch"):
+                cands.append(Candidate("tf prefetch", Changes(prefetch=True), "tf_data", "no prefetch() in the pipeline"))
+            if tf.get("sequential_maps"):
+                cands.append(Candidate("tf parallel map", Changes(parallel_map=True), "tf_data",
+                                       f"{tf['sequential_maps']} map() without num_parallel_calls"))
+            if tf.get("maps") and not tf.get("cache") and "cache" in o.fixes:
+                cands.append(Candidate("tf cache + prefetch", Changes(cache=True, prefetch=True), "tf_data",
+                                       "map() results recomputed every epoch"))
+    if not cands and not skipped:
+        skipped.append(("input fixes", "no torch DataLoader or tf.data pipeline was seen"))
+    return cands, skipped
+
+
+def _cache_check_for(base: TrialResult, loader: dict[str, Any] | None) -> dict[str, Any] | None:
+    checks = list(base.cache_checks.values())
+    if not checks:
+        return None
+    if loader is not None and loader.get("dataset_length") is not None:
+        same = [c for c in checks if c.get("items") == loader["dataset_length"]]
+        if same:
+            return same[0]
+    return checks[0]
+
+
+def plan_combinations(base: TrialResult, best: TrialResult | None, trials: list[TrialResult],
+                      o: TuneOptions) -> list[Candidate]:
+    """Combinations on top of the best safe input trial."""
+    out: list[Candidate] = []
+    if best is None:
+        return out
+    cur = Changes.from_dict(best.changes)
+    good = [t for t in trials if t.ok and t.safe and t.speedup and t.speedup >= 1 + o.min_gain]
+    if "prefetch" in o.fixes and cur.num_workers and (best.data_wait_fraction or 0) >= 0.05:
+        ch = cur.merged(Changes(prefetch_factor=4))
+        out.append(Candidate(ch.describe(), ch, "prefetch",
+                             f"still waits {best.data_wait_fraction:.0%} of step time for data"))
+    for other in good:
+        if other is best:
+            continue
+        merged = cur.merged(Changes.from_dict(other.changes))
+        if merged.to_dict() != cur.to_dict():
+            out.append(Candidate(merged.describe(), merged, "combination", f"{best.name} and {other.name} each helped"))
+    # Only the two most promising combinations: the budget is better spent on the compute stage.
+    return out[:2]
+
+
+def _cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def plan_compute(base: TrialResult, best: TrialResult | None, o: TuneOptions) -> list[tuple[Candidate | None, tuple[str, str]]]:
+    """Compute-stage candidates on top of the best so far; (None, (name, reason)) for a fix left out."""
+    out: list[tuple[Candidate | None, tuple[str, str]]] = []
+    cur = best or base
+    on = Changes.from_dict(cur.changes)
+    verdict = cur.verdict
+    run = cur.run
+    amp_in_use = bool(run and run.amp_in_use)
+    gpus = base.environment.get("gpus") or []
+    cuda = bool(base.environment.get("cuda_in_use"))
+    if "amp" in o.fixes:
+        ccs = [tuple(g["compute_capability"]) for g in gpus if g.get("compute_capability")]
+        if amp_in_use:
+            out.append((None, ("mixed precision", "autocast or half-precision weights already in use")))
+        elif verdict == "data-starved":
+            out.append((None, ("mixed precision", f"{cur.name} is still data-starved: faster math would wait for data")))
+        elif cuda and ccs and max(ccs) < (7, 0):
+            out.append((None, ("mixed precision", f"GPU compute capability {max(ccs)} has no tensor cores")))
+        elif not cuda and not _cpu_has_bf16():
+            out.append((None, ("mixed precision", "no GPU in use and the CPU lacks bf16 instructions")))
+        else:
+            ch = on.merged(Changes(amp="auto"))
+            where = "GPU" if cuda else "CPU (bf16 instructions)"
+            out.append((Candidate(ch.describe(), ch, "amp", f"{verdict} on {where}"), ("", "")))
+    if "accumulation" in o.fixes:
+        if verdict != "memory-bound":
+            out.append((None, ("gradient accumulation", f"{cur.name} is {verdict or 'not measured'}, not memory-bound: "
+                                                       "smaller micro-batches would only add steps")))
+        else:
+            ch = on.merged(Changes(accumulation=2))
+            out.append((Candidate(ch.describe(), ch, "accumulation", "memory-bound"), ("", "")))
+    return out
+
+
+# -- rendering ------------------------------------------------------------------------
+def render(result: TuneResult, file: IO[str] | None = None, width: int | None = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=file or sys.stdout, width=width or 110, highlight=False, soft_wrap=False)
+    base = result.baseline
+    env = base.environment
+    gpu = "no GPU" if not env.get("cuda_in_use") else ", ".join(g.get("name", "GPU") for g in env.get("gpus", []))
+    o = result.options
+    console.print(f"[bold]loadprof tune[/bold] {' '.join(result.command)}: {env.get('usable_cores')} usable cores, "
+                  f"{gpu}; {o.warmup} warm-up + {o.steps} measured steps per trial; {result.elapsed_s:.0f} s "
+                  f"of a {o.budget:.0f} s budget")
+    table = Table(show_lines=False)
+    for col, just in (("trial", "left"), ("steps/s", "right"), ("samples/s", "right"), ("speedup", "right"),
+                      ("input", "right"), ("loss check", "left"), ("status", "left")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for t in [base, *result.trials]:
+        status = t.status if t.status != "ok" else ("ok" if t.safe is not False else "unsafe")
+        if t.status in ("skipped", "crashed", "timed out", "not applied", "too few steps") and t.detail:
+            status = f"{t.status}: {t.detail}"
+        elif t.safe is False:
+            status = f"unsafe: {t.unsafe_reason}"
+        elif t.setup_s >= 0.05:
+            status += f" (+{t.setup_s:.1f} s one-time fill)"
+        if result.best is t:
+            status = "best; " + status
+        table.add_row(
+            t.name, _num(t.steps_per_s), _num(t.samples_per_s),
+            f"{t.speedup:.2f}x" if t.speedup else "-",
+            f"{t.data_wait_fraction:.0%}" if t.data_wait_fraction is not None and t.ok else "-",
+            "baseline" if t is base else (t.loss_check or "-") if t.ok else "-",
+            status,
+        )
+    console.print(table)
+    best = result.best
+    share = result.share_of_ideal()
+    if best is None:
+        console.print(f"No change beat the baseline by {o.min_gain:.0%} or more safely: keep the script as it is.")
+    else:
+        line = f"[bold]Best:[/bold] {best.name}: {best.speedup:.2f}x the baseline's throughput"
+        if share is not None:
+            line += f", {share:.0%} of the model-only rate"
+        console.print(line)
+        if best.setup_s >= 0.05:
+            console.print(f"  (plus a one-time {best.setup_s:.1f} s cache fill before the first step)")
+        if result.code_change:
+            console.print("Change to make in the script:")
+            console.print(result.code_change, markup=False, highlight=False)
+    if best is None and share is not None:
+        console.print(f"The baseline runs at {share:.0%} of the model-only rate.")
+
+
+def _num(x: float | None) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    return f"{x:.1f}" if x < 1000 else f"{x:.0f}"
+
+
+# -- the command ------------------------------------------------------------------------
+class TuneCommand:
+    name = "tune"
+    help = "measure each applicable fix on a bounded run of the script and print the best change"
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        from .cli import _positive_int, add_target_arguments
+
+        parser.add_argument("--budget", type=float, default=TuneOptions.budget, metavar="SECONDS",
+                            help="seconds for the whole search, baseline included (default 300)")
+        parser.add_argument("--steps", type=_positive_int, default=TuneOptions.steps, metavar="N",
+                            help="measured steps per trial (default 30)")
+        parser.add_argument("--warmup", type=int, default=TuneOptions.warmup, metavar="N",
+                            help="steps per trial before measuring (default 5)")
+        parser.add_argument("--fixes", default=",".join(FAMILIES), metavar="LIST",
+                            help=f"fix families to consider (default all: {','.join(FAMILIES)})")
+        parser.add_argument("--loss-tolerance", type=float, default=TuneOptions.loss_tolerance, metavar="X",
+                            help="relative move of the loss trajectory that makes a fix unsafe (default 0.10)")
+        parser.add_argument("--no-ideal", action="store_true", help="skip the model-only (ideal) trial")
+        parser.add_argument("--json", metavar="PATH", help="write the search (baseline, best, every trial) as JSON")
+        parser.add_argument("--no-gpu", action="store_true", help="do not sample GPUs through NVML")
+        parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines, only the table")
+        add_target_arguments(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        from .cli import UsageError, target_from
+        from .runner import TargetError
+
+        options = options_from(args)
+        target = target_from(args)
+        try:
+            target.validate()
+        except TargetError as exc:
+            raise UsageError(str(exc)) from None
+        if args.json:
+            _check_writable(args.json)
+        progress = None if args.quiet else (lambda line: print(f"loadprof tune: {line}", file=sys.stderr, flush=True))
+        search = Search(target.script, target.module, target.args, options, progress)
+        try:
+            result = search.run()
+        except TuneError as exc:
+            print(f"loadprof: tune: {exc}", file=sys.stderr)
+            return 1
+        render(result)
+        if args.json:
+            _write_json(args.json, result.to_dict())
+        return 0
+
+
+def options_from(args: argparse.Namespace) -> TuneOptions:
+    from .cli import UsageError
+
+    if not (args.budget > 0) or not math.isfinite(args.budget):
+        raise UsageError(f"--budget: must be > 0 seconds, got {args.budget!r}")
+    if args.warmup < 0:
+        raise UsageError(f"--warmup: must be >= 0, got {args.warmup}")
+    if not (0 < args.loss_tolerance < 10):
+        raise UsageError(f"--loss-tolerance: expected a share like 0.1, got {args.loss_tolerance!r}")
+    fixes = tuple(f.strip() for f in args.fixes.split(",") if f.strip())
+    unknown = [f for f in fixes if f not in FAMILIES]
+    if unknown or not fixes:
+        raise UsageError(f"--fixes: unknown fix family {unknown[0] if unknown else args.fixes!r}; "
+                         f"known: {', '.join(FAMILIES)}")
+    return TuneOptions(budget=args.budget, warmup=args.warmup, steps=args.steps, loss_tolerance=args.loss_tolerance,
+                       fixes=fixes, ideal=not args.no_ideal, gpu=not args.no_gpu)
+
+
+def _check_writable(path: str, option: str = "--json") -> None:
+    from .cli import UsageError
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"{option} {path}: folder {folder} does not exist")
+    if os.path.isdir(path):
+        raise UsageError(f"{option} {path}: is a directory")
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, default=repr)
+    os.replace(tmp, path)
