@@ -16,8 +16,9 @@ from .records import Run  # noqa: E402
 from .report import Report, build_report, load_report  # noqa: E402
 from .session import Profile, Settings  # noqa: E402
 from .timeline import StopRun  # noqa: E402
+from .tune import tune_loader  # noqa: E402
 
 __all__ = [
     "Profile", "Settings", "Run", "Report", "Diagnosis", "Thresholds", "Recommendation",
-    "StopRun", "diagnose", "recommend", "build_report", "load_report", "__version__",
+    "StopRun", "tune_loader", "diagnose", "recommend", "build_report", "load_report", "__version__",
 ]
