@@ -9,7 +9,7 @@ and undoes them on ``stop()``. It serves three callers:
   ``backward`` (the correctness guard compares trajectories), seeds the RNGs so
   two trials see the same data, and probes whether each dataset could be cached.
 - ``Profile(apply=True)``: DataLoaders created inside the block get the safe
-  loader settings (workers, persistent workers, prefetch, pinned memory) that the
+  loader settings (workers, prefetch, pinned memory) that the
   measured first iteration calls for, from their next iteration on
   (NOTE [ Live loader tuning ]).
 - ``tune.tune_loader``: the in-memory cache and rebuilt loaders live here.
@@ -618,6 +618,7 @@ class TorchFixes:
     def remove(self) -> None:
         self.pid = -1  # every wrapper left in a chain calls straight through from now on
         self.p.restore()
+        self._live.clear()  # drops the iterators held for live tuning
         for ref in self._optimizers:
             opt = ref()
             if opt is not None:
@@ -813,8 +814,9 @@ class TorchFixes:
     # Profile(apply=True) cannot know a loader's costs when the loader is built. Its
     # first iteration runs as written and is measured; at the start of a later
     # iteration (the next epoch), if the steps so far call for it, the safe settings
-    # from advice.recommend (num_workers, persistent_workers, prefetch_factor,
-    # pin_memory with CUDA) are set on the loader itself. If the new iterator fails
+    # from advice.recommend (num_workers, prefetch_factor, pin_memory with CUDA) are
+    # set on the loader itself. Never persistent_workers: it changes the shuffle order
+    # (see _live_tune), and apply=True must leave the run's results as they were. If the new iterator fails
     # to start or to deliver its first batch (a dataset that cannot live in a worker),
     # the old settings come back and that epoch starts again as written.
     def _live_iterator(self, loader: Any, original: Callable[..., Any]) -> Any:
@@ -838,8 +840,8 @@ class TorchFixes:
             return original(loader)
         if saved is not None:
             self._guard_first_batch(loader, it, saved, state, original)
-        else:
-            state["last"] = weakref.ref(it)
+        elif not state.get("done"):
+            state["last"] = it  # held until the next iteration: its timing info is judged then
         return it
 
     def _live_tune(self, loader: Any, state: dict[str, Any]) -> None:
@@ -847,8 +849,9 @@ class TorchFixes:
         from .diagnosis import diagnose
         from .records import Run
 
-        last = state.get("last")
-        prev = last() if last is not None else None
+        # The previous epoch's iterator, held strongly: a for loop drops it at the end of the
+        # epoch, and the profiler attaches its timing info to it after _get_iterator returns.
+        prev = state.pop("last", None)
         info = getattr(prev, "_loadprof_info", None)
         if info is None or self.a.timeline is None or self.a.run is None:
             return
@@ -865,8 +868,9 @@ class TorchFixes:
             if rec.id in ("num_workers", "persistent_workers", "prefetch", "pin_memory"):
                 values.update({k: v for k, v in rec.values.items()
                                if k in ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory")})
-        if values.get("num_workers") and not loader.persistent_workers:
-            values["persistent_workers"] = True
+        # Not persistent_workers: a reused iterator skips the base-seed draw a new one takes
+        # from the global RNG, so every later shuffle order would differ from the run as written.
+        values.pop("persistent_workers", None)
         if values.get("pin_memory") and not self.torch.cuda.is_available():
             values.pop("pin_memory")
         current = {k: getattr(loader, k) for k in ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory")}
@@ -915,7 +919,6 @@ class TorchFixes:
                 return it._next_data()
 
         it._next_data = _next_data
-        state["last"] = weakref.ref(it)
 
     # -- mixed precision ----------------------------------------------------------
     def _dtype_for(self, device: str) -> Any:

@@ -1,0 +1,97 @@
+"""Profile(apply=True) and the pieces tune/compare apply from outside, on real CPU loops."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from profiler import Profile
+from profiler.apply import CachedDataset, check_cacheable
+
+
+class Slow(Dataset):
+    """Deterministic items that cost ~4 ms each: a data-starved loop with no workers."""
+
+    def __len__(self) -> int:
+        return 192
+
+    def __getitem__(self, i: int):
+        time.sleep(0.004)
+        rng = np.random.default_rng(i)
+        return torch.from_numpy(rng.standard_normal(16).astype("float32")), int(i % 3)
+
+
+class RandomAug(Dataset):
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int):
+        return torch.full((4,), float(i)) + torch.randn(4), i % 2
+
+
+def train(epochs: int = 4) -> tuple[list[float], DataLoader]:
+    torch.manual_seed(0)
+    loader = DataLoader(Slow(), batch_size=16, shuffle=True, num_workers=0)
+    model = torch.nn.Linear(16, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(epochs):
+        for x, y in loader:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return losses, loader
+
+
+def test_apply_true_retunes_a_loader_built_in_the_block_and_leaves_results_identical() -> None:
+    plain, _ = train()
+    out = io.StringIO()
+    with Profile(apply=True, print_report=False, gpu=False, output=out) as prof:
+        tuned, loader = train()
+    assert loader.num_workers >= 1, prof.applied
+    assert any("num_workers 0 ->" in line for line in prof.applied), prof.applied
+    assert tuned == plain  # same items, same order, same updates
+
+
+def test_apply_true_says_what_it_changed_when_it_prints() -> None:
+    out = io.StringIO()
+    with Profile(apply=True, gpu=False, output=out) as prof:
+        train(epochs=3)
+    assert prof.applied
+    assert "num_workers" in out.getvalue()
+
+
+def test_without_apply_nothing_changes() -> None:
+    with Profile(print_report=False, gpu=False) as prof:
+        _, loader = train(epochs=2)
+    assert loader.num_workers == 0 and prof.applied == []
+
+
+def test_apply_rejects_other_values() -> None:
+    with pytest.raises(TypeError, match="apply"):
+        Profile(apply="yes")
+
+
+def test_check_cacheable_tells_deterministic_from_random_items() -> None:
+    ok = check_cacheable(Slow())
+    assert ok.cacheable and ok.items == 192 and ok.estimated_bytes > 0
+    bad = check_cacheable(RandomAug())
+    assert not bad.cacheable and "differs" in bad.reason
+    small = check_cacheable(Slow(), memory_available=1000)
+    assert not small.cacheable and "available" in small.reason
+
+
+def test_cached_dataset_holds_the_same_items() -> None:
+    ds = Slow()
+    cached = CachedDataset.fill(ds, workers=2)
+    assert len(cached) == len(ds)
+    for i in (0, 63, 64, 191):
+        a, b = cached[i], ds[i]
+        assert torch.equal(a[0], b[0]) and a[1] == b[1]

@@ -1,0 +1,186 @@
+"""`loadprof tune` and `profiler.tune_loader` on real small CPU training loops."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import profiler
+from profiler.cli import main
+
+# A data-starved loop: each item costs ~4 ms of "decoding", the model almost nothing.
+# MARKER (a path or "") lets one worker trial crash or hang: the first DataLoader
+# worker to create the file does so, later trials run normally.
+STARVED = """
+import os, sys, time
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+MARKER, MODE = sys.argv[1], sys.argv[2]
+
+class Slow(Dataset):
+    def __len__(self):
+        return 512
+    def __getitem__(self, i):
+        if MARKER and get_worker_info() is not None:
+            try:
+                os.close(os.open(MARKER, os.O_CREAT | os.O_EXCL))
+                if MODE == "crash":
+                    raise RuntimeError("worker crashed on purpose")
+                time.sleep(600)
+            except FileExistsError:
+                pass
+        time.sleep(0.004)
+        rng = np.random.default_rng(i)
+        return torch.from_numpy(rng.standard_normal(16).astype("float32")), int(i % 2)
+
+torch.manual_seed(0)
+loader = DataLoader(Slow(), batch_size=8, shuffle=True, num_workers=0)
+model = torch.nn.Linear(16, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+for epoch in range(3):
+    for x, y in loader:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+# Random augmentation drawn from the global RNG: caching the items would freeze it.
+RANDOM_AUG = """
+import time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Aug(Dataset):
+    def __len__(self):
+        return 256
+    def __getitem__(self, i):
+        time.sleep(0.003)
+        return torch.full((8,), float(i % 7)) + torch.randn(8), int(i % 2)
+
+torch.manual_seed(0)
+loader = DataLoader(Aug(), batch_size=8, shuffle=False)
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+for epoch in range(4):
+    for x, y in loader:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+FAST = ["--steps", "8", "--warmup", "2", "--no-ideal", "--no-gpu", "-q"]
+
+
+def _script(tmp_path: Path, text: str, name: str = "train.py") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def _tune(tmp_path: Path, script: Path, *options: str, args: tuple[str, ...] = ()) -> dict:
+    out = tmp_path / "tune.json"
+    rc = main(["tune", *FAST, *options, "--json", str(out), str(script), *args])
+    assert rc == 0
+    return json.loads(out.read_text())
+
+
+def test_starved_script_gets_more_workers_and_json_has_the_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _script(tmp_path, STARVED)
+    data = _tune(tmp_path, script, "--budget", "90", "--fixes", "workers", args=("", "none"))
+    assert data["baseline"]["steps_per_s"] > 0
+    assert data["best"]["changes"]["num_workers"] >= 1
+    assert data["best"]["steps_per_s"] > 0
+    assert data["trials"] and all("name" in t and "status" in t for t in data["trials"])
+    out = capsys.readouterr().out
+    assert "baseline" in out and "num_workers" in out
+    assert "Change to make in the script" in out and "num_workers=" in out  # the exact code change
+
+
+def test_caching_a_random_augmentation_is_unsafe(tmp_path: Path) -> None:
+    script = _script(tmp_path, RANDOM_AUG)
+    data = _tune(tmp_path, script, "--budget", "90", "--fixes", "cache")
+    cache = [t for t in data["trials"] if t["changes"].get("cache") or t["name"].startswith("cache")]
+    assert cache, data["trials"]
+    # Either the probe saw items differ between reads (not tried) or the trial is marked unsafe.
+    for t in cache:
+        assert t["status"] == "skipped" or t["safe"] is False, t
+        assert "differ" in (t["detail"] or "") + (t["unsafe_reason"] or "")
+    assert data["best"] is None or not data["best"]["changes"].get("cache")
+
+
+@pytest.mark.parametrize("mode", ["crash", "hang"])
+def test_a_failing_trial_is_stopped_and_the_search_goes_on(tmp_path: Path, mode: str) -> None:
+    script = _script(tmp_path, STARVED)
+    marker = tmp_path / "marker"
+    data = _tune(tmp_path, script, "--budget", "150", "--fixes", "workers", args=(str(marker), mode))
+    assert marker.exists()
+    statuses = [t["status"] for t in data["trials"]]
+    failed = [t for t in data["trials"] if t["status"] not in ("ok", "skipped", "not applied")]
+    assert len(failed) == 1, statuses
+    if mode == "hang":
+        assert failed[0]["status"] == "timed out" and "stopped" in failed[0]["detail"]
+    else:
+        assert "worker crashed on purpose" in failed[0]["detail"] + failed[0]["stderr_tail"]
+    # Later worker trials ran and one of them won.
+    assert any(t["status"] == "ok" for t in data["trials"]), statuses
+    assert data["best"] is not None and data["best"]["changes"]["num_workers"] >= 1
+
+
+@pytest.mark.parametrize("argv, word", [
+    (["tune", "--budget", "0", "x.py"], "--budget"),
+    (["tune", "--steps", "-3", "x.py"], "--steps"),
+    (["tune", "--fixes", "workers,teleport", "x.py"], "--fixes"),
+    (["tune", "missing_script.py"], "missing_script.py"),
+])
+def test_bad_arguments_one_line_exit_2(argv: list[str], word: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        raise SystemExit(main(argv))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert word in err and "Traceback" not in err
+
+
+class Slow(Dataset):
+    def __len__(self) -> int:
+        return 96
+
+    def __getitem__(self, i: int):
+        import time
+
+        time.sleep(0.003)
+        return torch.full((4,), float(i)), i
+
+
+def test_tune_loader_returns_an_equivalent_loader() -> None:
+    loader = DataLoader(Slow(), batch_size=8, shuffle=False, drop_last=True)
+    tuned = profiler.tune_loader(loader, batches=6, budget=15)
+    assert isinstance(tuned, DataLoader) and tuned is not loader
+    assert tuned.dataset is loader.dataset and tuned.batch_size == 8 and tuned.drop_last
+    assert tuned.num_workers >= 1  # 3 ms per item with no workers is the bottleneck here
+    before = [(x.tolist(), y.tolist()) for x, y in loader]
+    after = [(x.tolist(), y.tolist()) for x, y in tuned]
+    assert before == after
+
+
+def test_tune_loader_keeps_the_shuffle_order_of_a_seeded_generator() -> None:
+    loader = DataLoader(Slow(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(3))
+    tuned = profiler.tune_loader(loader, batches=4, budget=10)
+    loader.generator.manual_seed(5)
+    first = [y.tolist() for _, y in loader]
+    loader.generator.manual_seed(5)
+    second = [y.tolist() for _, y in tuned]
+    assert first == second
+
+
+def test_tune_loader_rejects_what_is_not_a_dataloader() -> None:
+    with pytest.raises(TypeError, match="DataLoader"):
+        profiler.tune_loader([1, 2, 3])
