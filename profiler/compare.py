@@ -14,6 +14,10 @@ where each ITEM is
   what you like; a module-level dict ``changes`` adds loadprof fixes);
 - ``ENV=VALUE`` with any other name: an environment variable for that run.
 Every run also gets ``LOADPROF_VARIANT=<name>``, so a script can switch on it.
+
+compare's long options may come before or after the script
+(``loadprof compare train.py --variants baseline,cache --epochs 1``: ``--epochs``
+goes to the script); after a ``--`` everything goes to the script.
 """
 
 from __future__ import annotations
@@ -360,6 +364,7 @@ class CompareCommand:
         from .runner import TargetError
         from .tune import _check_writable, _write_json
 
+        _take_own_options(args)
         if args.list:
             for v in builtin_variants().values():
                 print(f"{v.name:13} {v.description}")
@@ -387,3 +392,60 @@ class CompareCommand:
         if args.png:
             write_png(cmp, args.png)
         return 0 if all(r.status == "ok" for r in cmp.results) else 1
+
+
+#: compare's options that may also follow the script (``loadprof compare train.py --variants ...``).
+_AFTER_SCRIPT = {"--variants": "variants", "--variant": "variant", "--json": "json", "--png": "png",
+                 "--repeat": "repeat", "--timeout": "timeout", "--no-gpu": "no_gpu", "--quiet": "quiet"}
+
+
+def _take_own_options(args: argparse.Namespace) -> None:
+    """Move compare's own long options out of the script's arguments, so that
+    ``loadprof compare train.py --variants baseline,cache`` works as the issue writes it.
+    Everything after a ``--`` goes to the script untouched (for a script whose own
+    options share these names)."""
+    from .cli import UsageError
+
+    rest = list(getattr(args, "args", None) or [])
+    if not rest:
+        return
+    kept: list[str] = []
+    i = 0
+    while i < len(rest):
+        word = rest[i]
+        if word == "--":
+            kept.extend(rest[i + 1:])
+            break
+        name, eq, value = word.partition("=")
+        dest = _AFTER_SCRIPT.get(name)
+        if dest is None:
+            kept.append(word)
+            i += 1
+            continue
+        if dest in ("no_gpu", "quiet"):
+            setattr(args, dest, True)
+            i += 1
+            continue
+        if not eq:
+            if i + 1 >= len(rest):
+                raise UsageError(f"{name}: expected a value")
+            value = rest[i + 1]
+            i += 1
+        i += 1
+        if dest == "variant":
+            args.variant.append(value)
+        elif dest == "repeat":
+            try:
+                args.repeat = int(value)
+            except ValueError:
+                raise UsageError(f"--repeat: expected a whole number >= 1, got {value!r}") from None
+            if args.repeat < 1:
+                raise UsageError(f"--repeat: expected a whole number >= 1, got {value!r}")
+        elif dest == "timeout":
+            try:
+                args.timeout = float(value)
+            except ValueError:
+                raise UsageError(f"--timeout: expected seconds, got {value!r}") from None
+        else:
+            setattr(args, dest, value)
+    args.args = kept

@@ -111,3 +111,14 @@ def test_list_shows_the_builtins(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for name in ("baseline", "cache", "amp", "accum"):
         assert name in out
+
+
+def test_compare_options_may_follow_the_script(tmp_path: Path) -> None:
+    script = _script(tmp_path)
+    out = tmp_path / "after.json"
+    rc = main(["compare", str(script), "--variants", "baseline,accum", "--no-gpu", "--quiet",
+               f"--json={out}", "--", "--ignored-by-the-script"])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert [v["name"] for v in data["variants"]] == ["baseline", "accum"]
+    assert data["command"][-1] == "--ignored-by-the-script"
