@@ -95,3 +95,13 @@ def test_cached_dataset_holds_the_same_items() -> None:
     for i in (0, 63, 64, 191):
         a, b = cached[i], ds[i]
         assert torch.equal(a[0], b[0]) and a[1] == b[1]
+
+
+def test_a_loader_built_before_the_block_is_left_alone() -> None:
+    torch.manual_seed(0)
+    loader = DataLoader(Slow(), batch_size=16, shuffle=True, num_workers=0)
+    with Profile(apply=True, print_report=False, gpu=False) as prof:
+        for _ in range(3):
+            for _x, _y in loader:
+                pass
+    assert loader.num_workers == 0 and prof.applied == []
