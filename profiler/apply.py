@@ -305,7 +305,17 @@ def _parallel_read(dataset: Any, n: int, workers: int, worker_init_fn: Any) -> l
 
 def raw_batches(loader: Any) -> Iterator[Any]:
     """Iterate a DataLoader without the profiler's timing hooks (internal reads: cache
-    fill, tune_loader's measurements) so they never count as the training loop's waits."""
+    fill, tune_loader's measurements) so they never count as the training loop's waits.
+
+    The random number generators it draws from (torch's global one: the workers' base
+    seed and a shuffle's seed; the loader's and its sampler's generators) are put back
+    afterwards, so the script's own shuffles come out as if this read never happened."""
+    import torch
+
+    generators = {id(g): g for g in (getattr(loader, "generator", None), getattr(loader.sampler, "generator", None))
+                  if g is not None}
+    saved = [(g, g.get_state()) for g in generators.values()]
+    global_state = torch.get_rng_state()
     with _internal():
         it = loader._get_iterator()
     try:
@@ -318,6 +328,9 @@ def raw_batches(loader: Any) -> Iterator[Any]:
         shutdown = getattr(it, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
+        torch.set_rng_state(global_state)
+        for g, state in saved:
+            g.set_state(state)
 
 
 _local = threading.local()

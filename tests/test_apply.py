@@ -105,3 +105,11 @@ def test_a_loader_built_before_the_block_is_left_alone() -> None:
             for _x, _y in loader:
                 pass
     assert loader.num_workers == 0 and prof.applied == []
+
+
+def test_filling_a_cache_leaves_the_random_state_as_it_was() -> None:
+    torch.manual_seed(1)
+    expected = torch.rand(3)
+    torch.manual_seed(1)
+    CachedDataset.fill(Slow(), workers=2)  # reads through a DataLoader with workers
+    assert torch.equal(torch.rand(3), expected)

@@ -184,3 +184,12 @@ def test_tune_loader_keeps_the_shuffle_order_of_a_seeded_generator() -> None:
 def test_tune_loader_rejects_what_is_not_a_dataloader() -> None:
     with pytest.raises(TypeError, match="DataLoader"):
         profiler.tune_loader([1, 2, 3])
+
+
+def test_tune_loader_leaves_the_random_state_as_it_was() -> None:
+    loader = DataLoader(Slow(), batch_size=8, shuffle=True)
+    torch.manual_seed(2)
+    expected = torch.rand(3)
+    torch.manual_seed(2)
+    profiler.tune_loader(loader, batches=3, budget=6)
+    assert torch.equal(torch.rand(3), expected)
