@@ -33,10 +33,10 @@ cannot be applied is skipped with a message; it never stops the run
 (NOTE [ Never break the run ] in session.py).
 
 NOTE [ Import watch order ]
-Profile's own framework watch puts a finder at ``sys.meta_path[0]`` that asks
-``PathFinder`` directly. The applier starts after it and puts its finder in
-front; that finder asks the finders behind it (Profile's included) for the spec
-and wraps the resulting ``exec_module`` once more. So when the script imports
+Profile's own framework watch puts an ``ImportWatch`` (instrument/__init__.py)
+at ``sys.meta_path[0]``. The applier starts after it and puts its own in front;
+each watch asks the finders behind it (so the applier's asks Profile's) for the
+spec and wraps the resulting ``exec_module`` once more. So when the script imports
 torch, Profile's hooks install first and the fixes second, and on stop the fixes
 are removed first: patches come off in the reverse order they went on.
 """
@@ -44,7 +44,7 @@ are removed first: patches come off in the reverse order they went on.
 from __future__ import annotations
 
 import dataclasses
-import importlib.abc
+import importlib.util
 import os
 import pickle
 import random
@@ -54,10 +54,13 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from types import FrameType, ModuleType
+from types import FrameType
 from typing import IO, Any
 
 import psutil
+
+from .instrument import ImportWatch
+from .samplers.host import usable_cores
 
 _MISSING = object()
 _PROFILER_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -368,42 +371,6 @@ def call_site(frame: FrameType | None, roots: tuple[str, ...], init_of: type | N
     return None
 
 
-# -- the import watch (NOTE [ Import watch order ]) ---------------------------
-class _ImportWatch(importlib.abc.MetaPathFinder):
-    def __init__(self, names: set[str], on_loaded: Callable[[str], None]) -> None:
-        self.names = set(names)
-        self.on_loaded = on_loaded
-        self._busy = threading.local()
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname not in self.names or getattr(self._busy, "on", False):
-            return None
-        self._busy.on = True
-        try:
-            spec = None
-            behind = sys.meta_path[sys.meta_path.index(self) + 1:] if self in sys.meta_path else []
-            for finder in behind:
-                find = getattr(finder, "find_spec", None)
-                if find is not None:
-                    spec = find(fullname, path, target)
-                    if spec is not None:
-                        break
-        finally:
-            self._busy.on = False
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return None
-        loader = spec.loader
-        inner = loader.exec_module
-        on_loaded = self.on_loaded
-
-        def exec_module(module: ModuleType) -> None:
-            inner(module)
-            on_loaded(fullname)
-
-        loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
 # -- the applier -------------------------------------------------------------
 @dataclass
 class SiteRecord:
@@ -456,7 +423,7 @@ class Applier:
         self.timeline: Any = None
         self.run: Any = None
         self.host_samples: Callable[[], list[Any]] = list
-        self._watch: _ImportWatch | None = None
+        self._watch: ImportWatch | None = None
         self._fixes: dict[str, Any] = {}
         self._started = False
         self._lock = threading.Lock()
@@ -483,18 +450,14 @@ class Applier:
             else:
                 pending.add(name)
         if pending:
-            self._watch = _ImportWatch(pending, self._install)
-            sys.meta_path.insert(0, self._watch)
+            self._watch = ImportWatch(pending, self._install).install()
 
     def stop(self) -> None:
         if not self._started or os.getpid() != self.pid:
             return
         self._started = False
         if self._watch is not None:
-            try:
-                sys.meta_path.remove(self._watch)
-            except ValueError:
-                pass
+            self._watch.remove()
             self._watch = None
         for name in reversed(list(self._fixes)):
             fixes = self._fixes.pop(name)
@@ -678,7 +641,7 @@ class TorchFixes:
             if os.getpid() != fixes.pid or _in_internal():
                 return original(loader, *args, **kwargs)
             site = call_site(sys._getframe(1), fixes.roots, loader_cls)
-            where = f"{_short(site[0])}:{site[1]}" if site else "?"
+            where = f"{short_path(site[0])}:{site[1]}" if site else "?"
             try:
                 bound = signature.bind(loader, *args, **kwargs)
                 bound.apply_defaults()
@@ -785,7 +748,7 @@ class TorchFixes:
             self.a.skip(f"cache at {where}: {check.reason}")
             return None
         t0 = time.perf_counter()
-        fill_workers = max(workers, min(4, _usable_cores()))
+        fill_workers = max(workers, min(4, usable_cores()))
         cached = CachedDataset.fill(dataset, fill_workers if check.items * check.item_seconds > 1.0 else 0,
                                     params.get("worker_init_fn"))
         took = time.perf_counter() - t0
@@ -1070,19 +1033,13 @@ def _module_device(module: Any, args: tuple[Any, ...]) -> str | None:
     return None
 
 
-def _short(path: str) -> str:
+def short_path(path: str) -> str:
+    """``path`` relative to the working directory when it lies below it, as users wrote it."""
     try:
         rel = os.path.relpath(path)
     except ValueError:
         return path
     return rel if not rel.startswith("..") else path
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 # -- tf.data ------------------------------------------------------------------------
@@ -1165,7 +1122,7 @@ class TfFixes:
         tf = self.tf
         c = self.changes
         facts = self.a.pipeline
-        where = f"{_short(site[0])}:{site[1]}"
+        where = f"{short_path(site[0])}:{site[1]}"
         flags = dict(getattr(ds, "_loadprof", {}))
         src = ds
         if name == "map":
@@ -1212,7 +1169,7 @@ class TfFixes:
             out = self._original("prefetch")(out, self.tf.data.AUTOTUNE)
             flags["prefetched"] = True
             self._record("tf.data.batch", site, {}, {"prefetch": "tf.data.AUTOTUNE"})
-            self.a.say(f"tf.data batch at {_short(site[0])}:{site[1]}: .prefetch(tf.data.AUTOTUNE) after it")
+            self.a.say(f"tf.data batch at {short_path(site[0])}:{site[1]}: .prefetch(tf.data.AUTOTUNE) after it")
         try:
             out._loadprof = flags
         except AttributeError:

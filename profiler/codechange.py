@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import ast
 import difflib
-import os
 from dataclasses import dataclass
 from typing import Any
 
+from .apply import short_path
 from .trial import TrialResult
 
 LOADER_KEYS = ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory")
@@ -41,7 +41,7 @@ def describe_changes(winner: TrialResult, base: TrialResult) -> str:
             parts.append(diff)
         else:
             for s in sites:
-                parts.append(f"# {_short(path)}:{s['line']} ({s['kind']}): " + ", ".join(
+                parts.append(f"# {short_path(path)}:{s['line']} ({s['kind']}): " + ", ".join(
                     f"{k}={_py(v)}" for k, v in s["after"].items()))
     ch = winner.changes
     if ch.get("amp"):
@@ -49,14 +49,6 @@ def describe_changes(winner: TrialResult, base: TrialResult) -> str:
     if ch.get("accumulation"):
         parts.append(_accumulation_recipe(winner))
     return "\n".join(p for p in parts if p)
-
-
-def _short(path: str) -> str:
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return rel if not rel.startswith("..") else path
 
 
 def _py(value: Any) -> str:
@@ -84,7 +76,7 @@ def _diff_for(path: str, sites: list[dict[str, Any]]) -> str:
     if not edits:
         return ""
     new = _apply(data, edits).decode("utf-8")
-    diff = difflib.unified_diff(source.splitlines(), new.splitlines(), _short(path), _short(path) + " (tuned)",
+    diff = difflib.unified_diff(source.splitlines(), new.splitlines(), short_path(path), short_path(path) + " (tuned)",
                                 n=1, lineterm="")
     return "\n".join(diff)
 
@@ -217,7 +209,7 @@ def _apply(data: bytes, edits: list[_Edit]) -> bytes:
 
 def _where(winner: TrialResult) -> str:
     if winner.loss_site:
-        return f" (the loss at {_short(str(winner.loss_site[0]))}:{winner.loss_site[1]})"
+        return f" (the loss at {short_path(str(winner.loss_site[0]))}:{winner.loss_site[1]})"
     return ""
 
 

@@ -56,9 +56,9 @@ class Variant:
 
 def builtin_variants(cores: int | None = None) -> dict[str, Variant]:
     """The documented built-in variants. ``workers`` depends on the usable cores."""
-    from .apply import _usable_cores
+    from .samplers.host import usable_cores
 
-    cores = cores or _usable_cores()
+    cores = cores or usable_cores()
     w = max(1, cores - 1)
     return {v.name: v for v in (
         Variant("baseline", "the script as written"),

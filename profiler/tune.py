@@ -614,13 +614,13 @@ def tune_loader(loader: Any, batches: int = 20, budget: float = 30.0, verbose: b
     import torch
     import torch.utils.data as tud
 
-    from .apply import _usable_cores
+    from .samplers.host import usable_cores
 
     if not isinstance(loader, tud.DataLoader):
         raise TypeError(f"tune_loader: loader must be a torch DataLoader, got {type(loader).__name__}")
     if batches < 1 or budget <= 0:
         raise ValueError(f"tune_loader: batches must be >= 1 and budget > 0, got {batches} and {budget}")
-    cores = _usable_cores()
+    cores = usable_cores()
     counts = sorted({0, 1, 2, max(1, cores // 2), max(1, cores - 1), cores} - {loader.num_workers})
     per = budget / (len(counts) + 1)
     base = _batches_per_s(_loader_like(loader), batches, per)

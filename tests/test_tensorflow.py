@@ -22,7 +22,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 from profiler import Profile  # noqa: E402
-from profiler.instrument import _Finder  # noqa: E402
+from profiler.instrument import ImportWatch  # noqa: E402
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 
@@ -306,7 +306,7 @@ def _hooked_attributes():
 
 def test_hooks_are_installed_in_the_block_and_removed_after_it():
     before = _hooked_attributes()
-    finders = [f for f in sys.meta_path if isinstance(f, _Finder)]
+    finders = [f for f in sys.meta_path if isinstance(f, ImportWatch)]
     x, y = arrays(256)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
     model = compiled(small_model())
@@ -315,7 +315,7 @@ def test_hooks_are_installed_in_the_block_and_removed_after_it():
         model.fit(ds, epochs=1, verbose=0)
     assert all(inside[k] is not before[k] for k in before), "every hook was installed"
     assert _hooked_attributes() == before
-    assert [f for f in sys.meta_path if isinstance(f, _Finder)] == finders
+    assert [f for f in sys.meta_path if isinstance(f, ImportWatch)] == finders
     assert not getattr(model.train_function, "_loadprof_timed", False)
     # and the model trains on as usual after the block
     assert np.isfinite(model.fit(ds, epochs=1, verbose=0).history["loss"][0])

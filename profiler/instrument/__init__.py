@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
-import importlib.machinery
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -34,10 +33,15 @@ FRAMEWORKS: dict[str, str] = {
 }
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    """Sees the import of a watched top-level module and runs a callback once it has executed."""
+class ImportWatch(importlib.abc.MetaPathFinder):
+    """Calls ``on_loaded(name)`` right after one of ``names`` is imported.
 
-    def __init__(self, names: Sequence[str], on_loaded: Callable[[str], None]) -> None:
+    It sits in front of ``sys.meta_path`` and asks the finders behind it for the
+    spec (another watch included, so watches nest: NOTE [ Import watch order ]
+    in apply.py), then wraps the loader's ``exec_module``.
+    """
+
+    def __init__(self, names: Iterable[str], on_loaded: Callable[[str], None]) -> None:
         self.names = set(names)
         self.on_loaded = on_loaded
         self._busy = threading.local()
@@ -47,21 +51,38 @@ class _Finder(importlib.abc.MetaPathFinder):
             return None
         self._busy.on = True
         try:
-            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+            spec = None
+            behind = sys.meta_path[sys.meta_path.index(self) + 1:] if self in sys.meta_path else []
+            for finder in behind:
+                find = getattr(finder, "find_spec", None)
+                if find is not None:
+                    spec = find(fullname, path, target)
+                    if spec is not None:
+                        break
         finally:
             self._busy.on = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return None
         loader = spec.loader
-        original_exec = loader.exec_module
+        inner = loader.exec_module
         on_loaded = self.on_loaded
 
         def exec_module(module: ModuleType) -> None:
-            original_exec(module)
+            inner(module)
             on_loaded(fullname)
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
+
+    def install(self) -> ImportWatch:
+        sys.meta_path.insert(0, self)
+        return self
+
+    def remove(self) -> None:
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
 
 
 class FrameworkWatch:
@@ -73,7 +94,7 @@ class FrameworkWatch:
         self.frameworks = dict(FRAMEWORKS if frameworks is None else frameworks)
         self.on_error = on_error or (lambda msg: None)
         self.hooks: dict[str, Hooks] = {}
-        self._finder: _Finder | None = None
+        self._finder: ImportWatch | None = None
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -84,15 +105,11 @@ class FrameworkWatch:
             else:
                 pending.append(name)
         if pending:
-            self._finder = _Finder(pending, self._install)
-            sys.meta_path.insert(0, self._finder)
+            self._finder = ImportWatch(pending, self._install).install()
 
     def stop(self) -> None:
         if self._finder is not None:
-            try:
-                sys.meta_path.remove(self._finder)
-            except ValueError:
-                pass
+            self._finder.remove()
             self._finder = None
         for hooks in list(self.hooks.values()):
             hooks.remove()

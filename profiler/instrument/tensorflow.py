@@ -96,7 +96,7 @@ import tensorflow as tf
 
 from ..records import LoaderInfo, Run, Step
 from ..timeline import Timeline
-from . import _Finder, tfdata
+from . import ImportWatch, tfdata
 
 _MISSING = object()
 
@@ -155,7 +155,7 @@ class TensorFlowHooks:
         self.installed = False
         self._saved: list[tuple[Any, str, Any]] = []
         self._local = threading.local()
-        self._finder: _Finder | None = None
+        self._finder: ImportWatch | None = None
         self._pending: dict[str, Callable[[ModuleType], None]] = {}
         self._step_functions: weakref.WeakSet[Any] = weakref.WeakSet()
         self._checked_functions: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -187,18 +187,14 @@ class TensorFlowHooks:
         self._when_imported("keras.src.optimizers.base_optimizer", self._patch_optimizer)
         self._when_imported("keras.src.models.model", self._patch_model)
         if self._pending:
-            self._finder = _Finder(list(self._pending), self._on_module_loaded)
-            sys.meta_path.insert(0, self._finder)
+            self._finder = ImportWatch(list(self._pending), self._on_module_loaded).install()
 
     def remove(self) -> None:
         if not self.installed:
             return
         self.installed = False
         if self._finder is not None:
-            try:
-                sys.meta_path.remove(self._finder)
-            except ValueError:
-                pass
+            self._finder.remove()
             self._finder = None
         for owner, name, original in reversed(self._saved):
             if original is _MISSING:
