@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import math
 import os
 import statistics
@@ -383,6 +384,9 @@ class CompareCommand:
         for opt in ("json", "png"):
             if getattr(args, opt):
                 _check_writable(getattr(args, opt), f"--{opt}")
+        if args.png and importlib.util.find_spec("matplotlib") is None:
+            # Said before the runs, not after them.
+            raise UsageError("--png needs matplotlib: pip install 'loadprof[plot]' (or matplotlib)")
         progress = None if args.quiet else (lambda line: print(f"loadprof compare: {line}", file=sys.stderr, flush=True))
         cmp = compare(target.script, target.module, target.args, variants, repeat=args.repeat,
                       timeout=args.timeout, gpu=not args.no_gpu, progress=progress)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 from pathlib import Path
 
@@ -95,6 +96,16 @@ def test_bad_variants_one_line_exit_2(tmp_path: Path, argv: list[str], word: str
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert word in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+
+
+def test_png_without_matplotlib_is_refused_before_any_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    png = tmp_path / "c.png"
+    assert main(["compare", "--png", str(png), str(_script(tmp_path))]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "matplotlib" in err and len(err.splitlines()) == 1, err
+    assert not png.exists()
 
 
 def test_variants_from_names_and_definitions() -> None:
