@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from profiler.diagnosis import compute_metrics
+from profiler.instrument import ThisProcess
 from profiler.records import Run
 from profiler.timeline import StopRun, Timeline
 
@@ -80,3 +83,19 @@ def test_long_runs_merge_old_steps_and_keep_totals_exact():
     assert m.steps_total == 1000
     assert m.data_wait_fraction == pytest.approx(0.25)
     assert m.step_time_median == pytest.approx(1.0)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_this_process_pid_follows_fork():
+    # The hooks' cheap "am I the installing process" check (NOTE [ Fork safety ]).
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        os.write(write, f"{ThisProcess.pid} {os.getpid()}".encode())
+        os._exit(0)
+    os.close(write)
+    seen, real = os.read(read, 100).decode().split()
+    os.waitpid(child, 0)
+    os.close(read)
+    assert seen == real != str(os.getpid())
+    assert ThisProcess.pid == os.getpid()

@@ -11,11 +11,29 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any, Protocol
+
+
+class ThisProcess:
+    """``ThisProcess.pid`` is ``os.getpid()``, kept current across ``fork`` by an
+    at-fork handler, so the hooks' per-batch check that they run in the process
+    that installed them (NOTE [ Fork safety ] in torch.py) costs an attribute
+    read rather than a system call."""
+
+    pid = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    ThisProcess.pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; elsewhere workers are spawned, not forked
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Hooks(Protocol):

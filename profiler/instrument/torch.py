@@ -17,8 +17,8 @@ What is hooked, and how it is undone:
 
 NOTE [ Fork safety ]
 DataLoader workers are forked from the training process and inherit these
-patched classes. Every wrapper checks ``os.getpid()`` against the pid that
-installed it and does nothing but call through in any other process, so workers
+patched classes. Every wrapper checks the process id (``ThisProcess.pid``, kept
+current across fork) against the pid that installed it and does nothing but call through in any other process, so workers
 never record, print or write anything.
 """
 
@@ -35,6 +35,7 @@ from torch.optim import optimizer as _optim
 
 from ..records import LoaderInfo, Run
 from ..timeline import Timeline
+from . import ThisProcess
 
 _MISSING = object()
 
@@ -124,7 +125,7 @@ class TorchHooks:
 
         def __iter__(loader: Any) -> Any:
             it = original(loader)
-            if os.getpid() == hooks.pid:
+            if ThisProcess.pid == hooks.pid:
                 info = hooks._loader_info(loader)
                 info.iterations += 1
                 try:
@@ -141,7 +142,7 @@ class TorchHooks:
         thread_time = time.thread_time
 
         def __next__(it: Any) -> Any:
-            if os.getpid() != hooks.pid:
+            if ThisProcess.pid != hooks.pid:
                 return original(it)
             c0 = thread_time()
             t0 = clock()
@@ -166,7 +167,7 @@ class TorchHooks:
         hooks = self
 
         def __enter__(ctx: Any) -> Any:
-            if getattr(ctx, "_enabled", False) and os.getpid() == hooks.pid:
+            if getattr(ctx, "_enabled", False) and ThisProcess.pid == hooks.pid:
                 hooks.run.amp_in_use = True
             return original(ctx)
 
@@ -180,7 +181,7 @@ class TorchHooks:
             t0 = clock()
             out = original(tensor, *args, **kwargs)
             if out is not tensor and tensor.device.type == "cpu" and out.device.type != "cpu":
-                if os.getpid() == hooks.pid:
+                if ThisProcess.pid == hooks.pid:
                     hooks.timeline.host_to_device(clock() - t0)
             return out
 
@@ -188,11 +189,11 @@ class TorchHooks:
 
     # -- hook callbacks -------------------------------------------------------
     def _on_forward(self, module: Any, args: Any) -> None:
-        if os.getpid() == self.pid:
+        if ThisProcess.pid == self.pid:
             self.timeline.forward_start(self.clock())
 
     def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.run.amp_in_use or id(optimizer) in self._checked or os.getpid() != self.pid:
+        if self.run.amp_in_use or id(optimizer) in self._checked or ThisProcess.pid != self.pid:
             return
         self._checked.add(id(optimizer))
         # Half-precision parameters count as mixed precision already in use.
@@ -203,7 +204,7 @@ class TorchHooks:
             break
 
     def _on_optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if os.getpid() == self.pid:
+        if ThisProcess.pid == self.pid:
             self.timeline.optimizer_step(self.clock())
 
     # -- facts ----------------------------------------------------------------
