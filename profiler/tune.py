@@ -13,7 +13,8 @@ The search, within ``--budget`` seconds in all:
 4. Compute stage, on top of the best so far when it is compute- or memory-bound:
    mixed precision (GPU with tensor cores, or a CPU with bf16 instructions);
    gradient accumulation only when memory-bound.
-5. The ideal: the model-only rate, each batch being the loader's first batch again.
+5. The ideal: the model-only rate, each batch being the loader's first batch again,
+   with the winner's mixed precision and accumulation (the same model cost).
 Throughput is measured over the steps after warm-up (trial.throughput); a trial
 counts as faster only when it beats the baseline by ``min_gain`` (run-to-run
 noise). Correctness guard: a trial whose loss trajectory moves more than
@@ -112,7 +113,8 @@ class TuneResult:
 def _summary(t: TrialResult | None) -> dict[str, Any]:
     if t is None:
         return {}
-    return {"steps_per_s": t.steps_per_s, "samples_per_s": t.samples_per_s, "steps_measured": t.steps_measured,
+    return {"name": t.name, "changes": dict(t.changes),
+            "steps_per_s": t.steps_per_s, "samples_per_s": t.samples_per_s, "steps_measured": t.steps_measured,
             "verdict": t.verdict, "data_wait_fraction": t.data_wait_fraction, "setup_s": t.setup_s,
             "status": t.status}
 
@@ -221,11 +223,16 @@ class Search:
             t = self.trial(maybe)
             if self._better(t, best):
                 best = t
+        winner = best if best is not None and self._counts(best) else None
         ideal = None
         if o.ideal and _has_torch_loader(base):
-            ideal = self.trial(Candidate("ideal (model only)", Changes(repeat_batch=True), "ideal",
+            # The model-only rate of the same model cost as the winner: with its mixed
+            # precision and accumulation, or a faster compute path would count as input.
+            compute = {k: v for k, v in (winner.changes if winner else {}).items()
+                       if k in ("amp", "accumulation") and v}
+            label = "ideal (model only" + "".join(f", {k}={v}" for k, v in compute.items()) + ")"
+            ideal = self.trial(Candidate(label, Changes(repeat_batch=True, **compute), "ideal",
                                          "every batch is the first batch again"))
-        winner = best if best is not None and self._counts(best) else None
         result = TuneResult(self._command(), o, base, self.trials, winner, ideal if ideal and ideal.ok else ideal,
                             elapsed_s=time.perf_counter() - self.t0)
         if winner is not None:
