@@ -317,21 +317,23 @@ def write_png(cmp: Comparison, path: str) -> None:
     ref = cmp.reference()
     colors = ["#7f7f7f" if r is ref else "#1f77b4" for r in rows]
     bars = ax.bar(names, times, color=colors)
+    tops = list(times)  # labels go above the error bar, not through it
     if cmp.repeat > 1:
+        tops = [max(run.script_s for run in r.ok_runs) for r in rows]
         lo = [t - min(run.script_s for run in r.ok_runs) for t, r in zip(times, rows, strict=True)]
-        hi = [max(run.script_s for run in r.ok_runs) - t for t, r in zip(times, rows, strict=True)]
+        hi = [top - t for t, top in zip(times, tops, strict=True)]
         ax.errorbar(names, times, yerr=[lo, hi], fmt="none", ecolor="black", capsize=3, linewidth=1)
-    for bar, r in zip(bars, rows, strict=True):
+    for bar, r, top in zip(bars, rows, tops, strict=True):
         ratio = cmp.ratio(r)
         label = f"{bar.get_height():.1f} s" + (f"\n{ratio:.2f}x" if ratio and r is not ref else "")
-        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
-                    fontsize=8, xytext=(0, 2), textcoords="offset points")
+        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, top), ha="center", va="bottom",
+                    fontsize=8, xytext=(0, 3), textcoords="offset points")
     env = cmp.machine()
     gpu = "no GPU" if not env.get("cuda_in_use") else "GPU"
     ax.set_ylabel("time (s), whole script")
     ax.set_title(f"{os.path.basename(cmp.command[0]) if cmp.command else ''}: "
                  f"{env.get('usable_cores', '?')} cores, {gpu}", fontsize=10)
-    ax.set_ylim(0, max(times or [1.0]) * 1.25)
+    ax.set_ylim(0, max(tops or [1.0]) * 1.3)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     fig.savefig(path)
