@@ -71,7 +71,7 @@ class HostSample:
     iowait_percent: float | None = None  # Linux only
 
 
-@dataclass
+@dataclass(slots=True)  # one per training step, made on the step's path: keep it cheap
 class Step:
     """One training step, delimited by the optimizer step (or ``Profile.step()``)."""
 

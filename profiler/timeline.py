@@ -73,14 +73,26 @@ class Timeline:
         self._end_cpu: float | None = 0.0
         self._batch_size: int | None = None
         self.batches = 0
+        self._cpu_read = 0.0  # CPU seconds of the waits whose CPU was read ...
+        self._cpu_wall = 0.0  # ... and their wall seconds
 
     # -- events ---------------------------------------------------------------
-    def batch_wait(self, start: float, end: float, cpu: float = 0.0, batch_size: int | None = None) -> None:
-        """The loop was blocked from ``start`` to ``end`` getting a batch."""
+    def batch_wait(self, start: float, end: float, cpu: float | None = 0.0, batch_size: int | None = None) -> None:
+        """The loop was blocked from ``start`` to ``end`` getting a batch.
+
+        ``cpu`` is the waiting thread's CPU seconds meanwhile, or None when it was
+        not read: NOTE [ Sampled thread CPU ].
+        """
         with self._lock:
             if self._step_start is None:
                 self._step_start = start
-            self._wait += end - start
+            wall = end - start
+            if cpu is None:
+                cpu = wall * (self._cpu_read / self._cpu_wall) if self._cpu_wall > 0 else 0.0
+            else:
+                self._cpu_read += cpu
+                self._cpu_wall += wall
+            self._wait += wall
             self._wait_cpu += cpu
             self._waited = True
             self.batches += 1

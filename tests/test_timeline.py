@@ -99,3 +99,22 @@ def test_this_process_pid_follows_fork():
     os.close(read)
     assert seen == real != str(os.getpid())
     assert ThisProcess.pid == os.getpid()
+
+
+def test_waits_whose_cpu_was_not_read_book_the_ratio_of_those_that_were():
+    # NOTE [ Sampled thread CPU ]: 0.6 CPU s per wall s over the read waits.
+    tl = Timeline(t0=0.0)
+    tl.batch_wait(0.0, 0.1, cpu=0.05)
+    tl.batch_wait(0.2, 0.3, cpu=0.07)
+    tl.batch_wait(0.4, 0.6, cpu=None)
+    tl.optimizer_step(1.0)
+    (step,) = tl.steps
+    assert step.data_wait == pytest.approx(0.4)
+    assert step.data_wait_cpu == pytest.approx(0.05 + 0.07 + 0.2 * 0.6)
+
+
+def test_no_cpu_read_at_all_books_none():
+    tl = Timeline(t0=0.0)
+    tl.batch_wait(0.0, 0.1, cpu=None)
+    tl.optimizer_step(1.0)
+    assert tl.steps[0].data_wait_cpu == 0.0

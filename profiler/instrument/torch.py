@@ -37,6 +37,20 @@ from ..records import LoaderInfo, Run
 from ..timeline import Timeline
 from . import ThisProcess
 
+#: NOTE [ Sampled thread CPU ]
+#: With ``num_workers=0`` the training thread loads each batch itself, and its
+#: own CPU time during the wait tells computation (decoding, augmenting) from
+#: waiting (storage, sleeps): diagnosis.py's ``wait_cpu_bound`` rule. Reading a
+#: thread's CPU clock is a system call, and two per batch were a measurable part
+#: of the per-step cost (benchmarks/overhead.py). So the clock is read around
+#: every one of the first ``CPU_READ_ALL`` batches and then around one in
+#: ``CPU_READ_EVERY``; for the others the timeline books the CPU-per-wall ratio
+#: of the batches that were read. With worker processes the training thread's
+#: CPU while it waits is not what loads the data (the workers' CPU, sampled by
+#: host.py, is), so it is not read at all.
+CPU_READ_ALL = 64
+CPU_READ_EVERY = 4
+
 _MISSING = object()
 
 
@@ -75,6 +89,7 @@ class TorchHooks:
         self._forward_handle: Any = None
         self._loaders: dict[int, LoaderInfo] = {}
         self._checked: set[int] = set()  # optimizers whose parameter dtype was looked at
+        self._nexts = 0  # batches fetched through the next() wrapper
         self.installed = False
 
     # -- install / remove -----------------------------------------------------
@@ -85,7 +100,6 @@ class TorchHooks:
         self.run.environment.frameworks["torch"] = torch.__version__
         self._patch(_dl.DataLoader, "__iter__", self._wrap_iter(_dl.DataLoader.__iter__))
         self._patch(_dl._BaseDataLoaderIter, "__next__", self._wrap_next(_dl._BaseDataLoaderIter.__next__))
-        self._handles.append(_optim.register_optimizer_step_pre_hook(self._on_optimizer_pre))
         self._handles.append(_optim.register_optimizer_step_post_hook(self._on_optimizer_post))
         self._forward_handle = torch.nn.modules.module.register_module_forward_pre_hook(self._on_forward)
         autocast_cls = torch.amp.autocast_mode.autocast
@@ -144,11 +158,15 @@ class TorchHooks:
         def __next__(it: Any) -> Any:
             if ThisProcess.pid != hooks.pid:
                 return original(it)
-            c0 = thread_time()
+            n = hooks._nexts
+            hooks._nexts = n + 1
+            # NOTE [ Sampled thread CPU ]
+            read_cpu = not getattr(it, "_num_workers", 0) and (n < CPU_READ_ALL or not n % CPU_READ_EVERY)
+            c0 = thread_time() if read_cpu else 0.0
             t0 = clock()
             batch = original(it)  # StopIteration passes through untimed: no batch was waited for
             t1 = clock()
-            cpu = thread_time() - c0
+            cpu = thread_time() - c0 if read_cpu else None
             info = getattr(it, "_loadprof_info", None)
             size: int | None = None
             if info is not None and info.sample_nbytes is None:
@@ -192,9 +210,16 @@ class TorchHooks:
         if ThisProcess.pid == self.pid:
             self.timeline.forward_start(self.clock())
 
-    def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.run.amp_in_use or id(optimizer) in self._checked or ThisProcess.pid != self.pid:
+    def _on_optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        # One hook per step, not two: it is on every step's path (benchmarks/overhead.py).
+        if ThisProcess.pid != self.pid:
             return
+        t = self.clock()
+        if not self.run.amp_in_use and id(optimizer) not in self._checked:
+            self._check_half_precision(optimizer)
+        self.timeline.optimizer_step(t)  # may raise StopRun (--max-steps): last
+
+    def _check_half_precision(self, optimizer: Any) -> None:
         self._checked.add(id(optimizer))
         # Half-precision parameters count as mixed precision already in use.
         for group in optimizer.param_groups:
@@ -202,10 +227,6 @@ class TorchHooks:
                 if p.dtype in (torch.float16, torch.bfloat16):
                     self.run.amp_in_use = True
             break
-
-    def _on_optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if ThisProcess.pid == self.pid:
-            self.timeline.optimizer_step(self.clock())
 
     # -- facts ----------------------------------------------------------------
     def _loader_info(self, loader: Any) -> LoaderInfo:
