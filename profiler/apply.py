@@ -59,7 +59,7 @@ from typing import IO, Any
 
 import psutil
 
-from .instrument import ImportWatch
+from .instrument import ImportWatch, ThisProcess
 from .samplers.host import usable_cores
 
 _MISSING = object()
@@ -453,7 +453,7 @@ class Applier:
             self._watch = ImportWatch(pending, self._install).install()
 
     def stop(self) -> None:
-        if not self._started or os.getpid() != self.pid:
+        if not self._started or ThisProcess.pid != self.pid:
             return
         self._started = False
         if self._watch is not None:
@@ -489,17 +489,17 @@ class Applier:
     # -- reporting ----------------------------------------------------------
     def say(self, message: str) -> None:
         self.messages.append(message)
-        if self.announce and os.getpid() == self.pid:
+        if self.announce and ThisProcess.pid == self.pid:
             print(f"loadprof: {message}", file=self.output or sys.stderr)
 
     def skip(self, message: str) -> None:
         if message not in self.skipped:
             self.skipped.append(message)
-            if self.announce and os.getpid() == self.pid:
+            if self.announce and ThisProcess.pid == self.pid:
                 print(f"loadprof: not applied: {message}", file=self.output or sys.stderr)
 
     def in_owner(self) -> bool:
-        return os.getpid() == self.pid
+        return ThisProcess.pid == self.pid
 
     def add_losses(self, values: list[float]) -> None:
         self.losses.extend(values)
@@ -638,7 +638,7 @@ class TorchFixes:
         loader_cls = self.torch.utils.data.DataLoader
 
         def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
-            if os.getpid() != fixes.pid or _in_internal():
+            if ThisProcess.pid != fixes.pid or _in_internal():
                 return original(loader, *args, **kwargs)
             site = call_site(sys._getframe(1), fixes.roots, loader_cls)
             where = f"{short_path(site[0])}:{site[1]}" if site else "?"
@@ -762,7 +762,7 @@ class TorchFixes:
         fixes = self
 
         def _get_iterator(loader: Any) -> Any:
-            if os.getpid() != fixes.pid or _in_internal():
+            if ThisProcess.pid != fixes.pid or _in_internal():
                 return original(loader)
             if fixes.changes.repeat_batch:
                 return fixes._repeat_first(loader, original(loader))
@@ -920,7 +920,7 @@ class TorchFixes:
         depth = self._depth
 
         def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
-            if getattr(depth, "n", 0) or os.getpid() != fixes.pid:
+            if getattr(depth, "n", 0) or ThisProcess.pid != fixes.pid:
                 return original(module, *args, **kwargs)
             device = _module_device(module, args)
             dtype = fixes._dtype_for(device) if device else None
@@ -947,7 +947,7 @@ class TorchFixes:
         torch = self.torch
 
         def backward(tensor: Any, gradient: Any = None, *args: Any, **kwargs: Any) -> Any:
-            if os.getpid() != fixes.pid or gradient is not None or tensor.numel() != 1 or not tensor.requires_grad:
+            if ThisProcess.pid != fixes.pid or gradient is not None or tensor.numel() != 1 or not tensor.requires_grad:
                 return original(tensor, gradient, *args, **kwargs)
             if fixes.a.record_losses and len(fixes._pending_losses) < 200_000:
                 fixes._pending_losses.append(tensor.detach())  # no .item(): no sync per step
@@ -968,7 +968,7 @@ class TorchFixes:
 
         def __init__(opt: Any, *args: Any, **kwargs: Any) -> None:
             original(opt, *args, **kwargs)
-            if os.getpid() == fixes.pid and "step" not in opt.__dict__:
+            if ThisProcess.pid == fixes.pid and "step" not in opt.__dict__:
                 fixes._wrap_optimizer(opt)
 
         return __init__
@@ -1013,7 +1013,7 @@ class TorchFixes:
         k = self.changes.accumulation or 1
 
         def zero_grad(module: Any, *args: Any, **kwargs: Any) -> Any:
-            if os.getpid() == fixes.pid and fixes.accumulating:
+            if ThisProcess.pid == fixes.pid and fixes.accumulating:
                 for ref in fixes._optimizers:
                     opt = ref()
                     if opt is not None and opt.__dict__.get("_loadprof_accum_state", {}).get("calls", 0) % k:
@@ -1098,7 +1098,7 @@ class TfFixes:
         fixes = self
 
         def method(ds: Any, *args: Any, **kwargs: Any) -> Any:
-            if os.getpid() != fixes.pid:
+            if ThisProcess.pid != fixes.pid:
                 return original(ds, *args, **kwargs)
             site = fixes._from_user()
             if site is None:
@@ -1276,7 +1276,7 @@ class KerasFixes:
         k = self.changes.accumulation
 
         def __init__(opt: Any, *args: Any, **kwargs: Any) -> None:
-            if os.getpid() == fixes.pid and not kwargs.get("gradient_accumulation_steps"):
+            if ThisProcess.pid == fixes.pid and not kwargs.get("gradient_accumulation_steps"):
                 kwargs["gradient_accumulation_steps"] = k
                 if f"Keras optimizer gradient_accumulation_steps={k}" not in fixes.a.messages:
                     fixes.a.say(f"Keras optimizer gradient_accumulation_steps={k}")
@@ -1305,7 +1305,7 @@ class KerasFixes:
                     tl.mark(time.perf_counter())
 
         def fit(model: Any, *args: Any, **kwargs: Any) -> Any:
-            if os.getpid() == fixes.pid and (fixes.a.record_losses or fixes.a.timeline is not None):
+            if ThisProcess.pid == fixes.pid and (fixes.a.record_losses or fixes.a.timeline is not None):
                 callbacks = list(kwargs.get("callbacks") or [])
                 callbacks.append(_Recorder())
                 kwargs["callbacks"] = callbacks

@@ -96,7 +96,7 @@ import tensorflow as tf
 
 from ..records import LoaderInfo, Run, Step
 from ..timeline import Timeline
-from . import ImportWatch, tfdata
+from . import ImportWatch, ThisProcess, tfdata
 
 _MISSING = object()
 
@@ -257,7 +257,7 @@ class TensorFlowHooks:
         return getattr(self._local, "keras", 0) > 0
 
     def _ours(self) -> bool:
-        return self.installed and os.getpid() == self.pid
+        return self.installed and ThisProcess.pid == self.pid
 
     # -- tf.data ---------------------------------------------------------------
     def _wrap_iter(self, original: Callable[..., Any]) -> Callable[..., Any]:

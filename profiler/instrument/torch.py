@@ -18,8 +18,9 @@ What is hooked, and how it is undone:
 NOTE [ Fork safety ]
 DataLoader workers are forked from the training process and inherit these
 patched classes. Every wrapper checks the process id (``ThisProcess.pid``, kept
-current across fork) against the pid that installed it and does nothing but call through in any other process, so workers
-never record, print or write anything.
+current across fork) against the pid that installed it and does nothing but
+call through in any other process, so workers never record, print or write
+anything.
 """
 
 from __future__ import annotations
