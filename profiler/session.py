@@ -94,6 +94,7 @@ class Profile:
         self._watch: FrameworkWatch | None = None
         self._sampler: Sampler | None = None
         self._nvml: NvmlSource | None = None
+        self._host: HostSource | None = None
         self._report: Any = None
 
     # -- lifecycle ------------------------------------------------------------
@@ -124,13 +125,14 @@ class Profile:
             self.run.environment.gpus = list(self._nvml.gpus)
         else:
             self.run.environment.gpu_status = "unavailable (GPU sampling turned off)"
-        host = HostSource(pid=self._pid)
+        host = self._host = HostSource(pid=self._pid)
         sources = (self._nvml, host) if self.settings.gpu else (host,)
         self._sampler = Sampler(
             interval=self.settings.interval,
             sources=sources,
             max_samples=self.settings.max_samples,
             t0=self._t0,
+            on_tick=self._timeline.fold,
         )
         self._sampler.start()
         self._watch = FrameworkWatch(self._make_hooks, on_error=self.run.limitations.append)
@@ -172,6 +174,8 @@ class Profile:
                 self.run.limitations.extend(self._sampler.problems())
             if self._nvml is not None:
                 self._nvml.close()
+            if self._host is not None:
+                self._host.close()
             assert self._timeline is not None
             self.run.steps = list(self._timeline.steps)
             self.run.data_wait_method = self._timeline.method()

@@ -17,6 +17,41 @@ A hand-written generator gives us no iterator to time. Then the gap between the
 end of one optimizer step and the first forward pass after it is input time: the
 loop was producing the next batch (``method = "between-steps"``). When a timed
 iterator wait was seen in the step, that measurement wins.
+
+NOTE [ Events now, steps on read ]
+The event methods run inside the training loop, once or twice per step, where
+the interpreter's caches are cold from the model's work: there a few lines of
+Python cost several times what a micro-benchmark says (building a ``Step`` under
+a lock measured ~7 us per step in a real loop, ~1.6 us in a tight one). So an
+event only appends a plain tuple or float to ``_events`` (``list.append`` is
+atomic under the GIL, so hooks on any thread may call it), and the events are
+folded into ``Step`` records in batches, off the loop where possible: on the
+sampler thread at every tick (``Sampler(on_tick=...)``: there the fold mostly
+overlaps the loop's own GIL-free compute), when ``steps`` is read, and in the loop
+only as a bound on memory, past ``MAX_EVENTS`` events, should no tick come. The fold
+runs under a lock and removes only the events it folded, so events appended
+meanwhile, from any thread, are kept.
+Events are:
+- ``(start, end, cpu, batch_size)``: a batch wait (``cpu`` None: not read);
+- ``t`` (a number): a step ended at ``t``;
+- ``(_END_CPU, t, thread_cpu)``: a step ended with no iterator wait seen in it
+  (only between-steps needs the thread's CPU clock; None: not read);
+- ``(_FORWARD, t, thread_cpu)``: the first forward pass after a step end;
+- ``(_H2D, seconds)``: a host-to-device copy;
+- ``(_MANUAL, t0)``: the first ``Profile.step()``.
+
+NOTE [ Sampled thread CPU ]
+When the training thread itself produces the batch (a DataLoader with
+``num_workers=0``, a generator), its CPU time while the loop waits tells
+computation (decoding, augmenting) from waiting (storage, sleeps): diagnosis.py's
+``wait_cpu_bound`` rule. Reading a thread's CPU clock is a system call with no
+fast path (~0.5 us in a tight loop, ~3 us inside a training loop on the CI VM),
+and two per step were a measurable part of the per-step cost
+(benchmarks/overhead.py). So the clock is read around the waits of the first
+``CPU_READ_ALL`` batches (or steps) and then of one in ``CPU_READ_EVERY``; the
+waits whose CPU was not read are booked at the CPU-per-wall ratio of those that
+were. With DataLoader worker processes the training thread's CPU is not what
+loads the data (the workers' CPU, sampled by host.py, is), and it is not read.
 """
 
 from __future__ import annotations
@@ -24,6 +59,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from .records import Step
 
@@ -31,6 +67,16 @@ from .records import Step
 #: (sums of time and waits are kept exact; per-step detail halves), so a run of
 #: millions of steps stays at a few MiB.
 MAX_STEP_RECORDS = 20_000
+
+#: NOTE [ Sampled thread CPU ]
+CPU_READ_ALL = 64
+CPU_READ_EVERY = 16
+
+#: Events after which the loop folds them itself, should the sampler not have
+#: (NOTE [ Events now, steps on read ]): a bound of a few MiB.
+MAX_EVENTS = 65_536
+
+_END_CPU, _FORWARD, _H2D, _MANUAL = range(4)
 
 
 class StopRun(BaseException):
@@ -49,129 +95,189 @@ class Timeline:
         t0: float,
         clock: Callable[[], float] = time.perf_counter,
         max_steps: int | None = None,
-        on_step: Callable[[Step], None] | None = None,
     ) -> None:
         self.t0 = t0
         self.clock = clock
         self.max_steps = max_steps
-        self.on_step = on_step
         self.max_records = MAX_STEP_RECORDS
         self.count = 0  # steps seen, including merged ones
-        self.steps: list[Step] = []
         self.manual = False
         self.methods: set[str] = set()
+        self._events: list[Any] = []
+        self._steps: list[Step] = []
         self._lock = threading.Lock()
+        # Hot-path flags, written by the event methods:
+        self._waited = False  # a batch wait was seen since the last step end
+        self._awaiting_forward = True  # no forward pass seen since the last step end (or start)
+        self._cpu_forward = True  # read the CPU clock at the next forward (it was read at the step end)
+        # Fold state, owned by fold():
+        self._folded = 0  # steps built so far
         self._step_start: float | None = None
         self._last_end: float | None = None
         self._wait = 0.0
         self._wait_cpu = 0.0
         self._h2d = 0.0
-        self._waited = False  # a timed iterator wait was seen in the open step
-        self._awaiting_forward = False
-        #: thread CPU time at the last step end (between-steps method); None after a
-        #: step whose input was timed at the iterator, where nobody needs it
+        self._fold_waited = False
+        self._fold_awaiting = False
         self._end_cpu: float | None = 0.0
         self._batch_size: int | None = None
         self.batches = 0
         self._cpu_read = 0.0  # CPU seconds of the waits whose CPU was read ...
         self._cpu_wall = 0.0  # ... and their wall seconds
 
-    # -- events ---------------------------------------------------------------
+    # -- events (NOTE [ Events now, steps on read ]) ---------------------------
     def batch_wait(self, start: float, end: float, cpu: float | None = 0.0, batch_size: int | None = None) -> None:
         """The loop was blocked from ``start`` to ``end`` getting a batch.
 
         ``cpu`` is the waiting thread's CPU seconds meanwhile, or None when it was
         not read: NOTE [ Sampled thread CPU ].
         """
-        with self._lock:
-            if self._step_start is None:
-                self._step_start = start
-            wall = end - start
-            if cpu is None:
-                cpu = wall * (self._cpu_read / self._cpu_wall) if self._cpu_wall > 0 else 0.0
-            else:
-                self._cpu_read += cpu
-                self._cpu_wall += wall
-            self._wait += wall
-            self._wait_cpu += cpu
-            self._waited = True
-            self.batches += 1
-            if batch_size is not None:
-                self._batch_size = (self._batch_size or 0) + batch_size
-            self.methods.add("iterator-next")
+        self._events.append((start, end, cpu, batch_size))
+        self._waited = True
 
     def host_to_device(self, seconds: float) -> None:
-        with self._lock:
-            self._h2d += seconds
+        self._events.append((_H2D, seconds))
 
     def forward_start(self, t: float) -> None:
-        """A model's forward pass began (first one after a step end counts)."""
-        if not self._awaiting_forward and self._step_start is not None:
-            return
-        with self._lock:
-            if self._step_start is None:
-                self._step_start = t
-            if self._awaiting_forward and not self._waited and self._last_end is not None:
-                self._wait += max(0.0, t - self._last_end)
-                if self._end_cpu is not None:
-                    self._wait_cpu += max(0.0, time.thread_time() - self._end_cpu)
-                self.methods.add("between-steps")
+        """A model's forward pass began (only the first one after a step end counts)."""
+        if self._awaiting_forward:
             self._awaiting_forward = False
+            # After a timed batch wait the forward pass does not count: no clock read.
+            read = self._cpu_forward and not self._waited
+            self._events.append((_FORWARD, t, time.thread_time() if read else None))
 
     def optimizer_step(self, t: float) -> None:
         if not self.manual:
-            self._close(t)
+            self._end(t)
 
     def mark(self, t: float) -> None:
         """``Profile.step()``: the user delimits steps; optimizer events are ignored from now on."""
         if not self.manual:
-            with self._lock:
-                self.manual = True
-                self.methods.add("manual")
-                if self._step_start is None and self._last_end is None:
-                    # The first mark closes a step that began when profiling began.
-                    self._step_start = 0.0 + self.t0
-        self._close(t)
+            self.manual = True
+            self._events.append((_MANUAL, self.t0))
+        self._end(t)
 
-    # -- internals ------------------------------------------------------------
-    def _close(self, t: float) -> None:
-        with self._lock:
-            start = self._step_start if self._step_start is not None else self._last_end
-            if start is None:
-                start = t
-            step = Step(
-                index=self.count,
-                start=start - self.t0,
-                end=t - self.t0,
-                data_wait=min(self._wait, t - start),
-                data_wait_cpu=self._wait_cpu,
-                h2d=self._h2d,
-                batch_size=self._batch_size,
-            )
-            self.steps.append(step)
-            self.count += 1
-            if len(self.steps) > self.max_records:
-                self._merge_older()
-            self._step_start = t
-            self._last_end = t
-            self._wait = self._wait_cpu = self._h2d = 0.0
-            # Only the between-steps method reads it; skipping the clock read after
-            # an iterator-timed step keeps the per-step cost down (benchmarks/overhead.py).
-            self._end_cpu = time.thread_time() if not self._waited else None
+    def _end(self, t: float) -> None:
+        n = self.count
+        if self._waited:
+            self._events.append(t)
             self._waited = False
-            self._batch_size = None
-            self._awaiting_forward = True
-            n = self.count
-        if self.on_step is not None:
-            self.on_step(step)
+            self._cpu_forward = False
+        else:
+            # Only the between-steps method needs the thread's CPU clock at a step end:
+            # NOTE [ Sampled thread CPU ].
+            self._cpu_forward = n < CPU_READ_ALL or not n % CPU_READ_EVERY
+            self._events.append((_END_CPU, t, time.thread_time() if self._cpu_forward else None))
+        self._awaiting_forward = True
+        n = self.count = n + 1
+        if len(self._events) > MAX_EVENTS:
+            self.fold()
         if self.max_steps is not None and n >= self.max_steps:
             raise StopRun(f"stopped after {n} steps (--max-steps)")
+
+    # -- reading ----------------------------------------------------------------
+    @property
+    def steps(self) -> list[Step]:
+        """The steps so far, oldest first (the timeline's own list: read, do not keep)."""
+        self.fold()
+        return self._steps
+
+    def method(self) -> str:
+        self.fold()
+        if "manual" in self.methods and len(self.methods) == 1:
+            return "manual"
+        for m in ("iterator-next", "differential", "between-steps", "manual"):
+            if m in self.methods:
+                return m
+        return ""
+
+    # -- folding --------------------------------------------------------------
+    def fold(self) -> None:
+        with self._lock:
+            events = self._events
+            n = len(events)
+            if not n:
+                return
+            for e in events[:n]:
+                if type(e) is not tuple:
+                    self._close(e, None)
+                elif len(e) == 4:
+                    self._fold_wait(*e)
+                else:
+                    kind = e[0]
+                    if kind == _END_CPU:
+                        self._close(e[1], e[2])
+                    elif kind == _FORWARD:
+                        self._fold_forward(e[1], e[2])
+                    elif kind == _H2D:
+                        self._h2d += e[1]
+                    elif kind == _MANUAL:
+                        self.methods.add("manual")
+                        if self._step_start is None and self._last_end is None:
+                            # The first mark closes a step that began when profiling began.
+                            self._step_start = e[1]
+            del events[:n]  # events appended meanwhile by another thread stay
+
+    def _fold_wait(self, start: float, end: float, cpu: float | None, batch_size: int | None) -> None:
+        if self._step_start is None:
+            self._step_start = start
+        wall = end - start
+        self._wait += wall
+        self._wait_cpu += self._cpu_of(wall, cpu)
+        self._fold_waited = True
+        self.batches += 1
+        if batch_size is not None:
+            self._batch_size = (self._batch_size or 0) + batch_size
+        self.methods.add("iterator-next")
+
+    def _fold_forward(self, t: float, cpu: float | None) -> None:
+        if self._step_start is None:
+            self._step_start = t
+        if self._fold_awaiting and not self._fold_waited and self._last_end is not None:
+            gap = max(0.0, t - self._last_end)
+            self._wait += gap
+            self._wait_cpu += self._cpu_of(gap, None if cpu is None or self._end_cpu is None
+                                           else max(0.0, cpu - self._end_cpu))
+            self.methods.add("between-steps")
+        self._fold_awaiting = False
+
+    def _cpu_of(self, wall: float, cpu: float | None) -> float:
+        """CPU seconds of a wait: as read, or at the ratio of the waits that were read."""
+        if cpu is None:
+            return wall * (self._cpu_read / self._cpu_wall) if self._cpu_wall > 0 else 0.0
+        self._cpu_read += cpu
+        self._cpu_wall += wall
+        return cpu
+
+    def _close(self, t: float, cpu: float | None) -> None:
+        start = self._step_start if self._step_start is not None else self._last_end
+        if start is None:
+            start = t
+        self._steps.append(Step(
+            index=self._folded,
+            start=start - self.t0,
+            end=t - self.t0,
+            data_wait=min(self._wait, t - start),
+            data_wait_cpu=self._wait_cpu,
+            h2d=self._h2d,
+            batch_size=self._batch_size,
+        ))
+        self._folded += 1
+        if len(self._steps) > self.max_records:
+            self._merge_older()
+        self._step_start = t
+        self._last_end = t
+        self._wait = self._wait_cpu = self._h2d = 0.0
+        self._end_cpu = cpu
+        self._fold_waited = False
+        self._batch_size = None
+        self._fold_awaiting = True
 
     def _merge_older(self) -> None:
         """Merge pairs among the older half of the records (the first few, warm-up, stay as they are)."""
         keep_head = 8
-        half = len(self.steps) // 2
-        older, newer = self.steps[keep_head:half], self.steps[half:]
+        half = len(self._steps) // 2
+        older, newer = self._steps[keep_head:half], self._steps[half:]
         merged = []
         for a, b in zip(older[0::2], older[1::2], strict=False):  # an odd last one is kept below
             merged.append(Step(
@@ -181,16 +287,4 @@ class Timeline:
             ))
         if len(older) % 2:
             merged.append(older[-1])
-        self.steps = self.steps[:keep_head] + merged + newer
-
-    @property
-    def waited_in_last_step(self) -> bool:
-        return self._waited
-
-    def method(self) -> str:
-        if "manual" in self.methods and len(self.methods) == 1:
-            return "manual"
-        for m in ("iterator-next", "differential", "between-steps", "manual"):
-            if m in self.methods:
-                return m
-        return ""
+        self._steps = self._steps[:keep_head] + merged + newer

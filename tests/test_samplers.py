@@ -434,6 +434,50 @@ def test_host_sample_fields_are_plausible() -> None:
     assert host.problems() == []
 
 
+def _proc_stat_text(ticks: dict[int, tuple[int, int]]) -> str:
+    """A /proc/stat with the given per-CPU (busy, idle) ticks, and an aggregate line."""
+    lines = []
+    for cpu, (busy, idle) in ticks.items():
+        # user nice system idle iowait irq softirq steal guest guest_nice
+        lines.append(f"cpu{cpu} {busy} 0 0 {idle} 0 0 0 0 7 0")
+    total_busy, total_idle = sum(b for b, _ in ticks.values()), sum(i for _, i in ticks.values())
+    head = f"cpu  {total_busy} 0 0 {total_idle} 5 0 0 0 0 0"
+    return "\n".join([head, *lines, "intr 1 2 3", "ctxt 4", ""])
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs CPU affinity")
+def test_host_reads_proc_stat_and_statm_itself(tmp_path: Path) -> None:
+    # NOTE [ Sampling cost ]: on Linux the hot readings come from /proc, read by hand.
+    cores = sorted(os.sched_getaffinity(0))
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self" / "statm").write_text("9000 50 10 1 0 20 0\n")
+    stat = tmp_path / "stat"
+    stat.write_text(_proc_stat_text({c: (1000, 5000) for c in cores}))
+    host = HostSource(proc_root=tmp_path)
+    host.start()
+    # 100 ticks pass on each usable core; core number k was busy for 10 * (k + 1) % 100 of them.
+    # Guest time (the 7) is already in user time and is not counted twice.
+    want = [10 * (k + 1) % 100 for k in range(len(cores))]
+    stat.write_text(_proc_stat_text({c: (1000 + w, 5000 + 100 - w) for c, w in zip(cores, want, strict=True)}))
+    s = host.sample(0.1)
+    host.close()
+    assert s.cpu_per_core == pytest.approx([float(w) for w in want])
+    assert s.iowait_percent == 0.0
+    assert s.process_rss == 50 * os.sysconf("SC_PAGE_SIZE")
+    assert host.problems() == []
+
+
+def test_host_falls_back_to_psutil_without_proc(tmp_path: Path) -> None:
+    host = HostSource(proc_root=tmp_path / "nothing-here")
+    host.start()
+    s = host.sample(0.1)
+    host.close()
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    assert len(s.cpu_per_core) == len(affinity)
+    assert s.process_rss > 0 and s.memory_available > 0
+    assert host.problems() == []
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="zombie status as on Linux")
 def test_zombie_child_does_not_break_sampling() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -629,3 +673,24 @@ def test_stop_in_a_forked_child_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> N
         s.stop()
         nv.close()
     assert fake.shutdown_calls == 1
+
+
+def test_on_tick_runs_on_the_sampler_thread_and_its_errors_cost_nothing_else() -> None:
+    # Profile folds the timeline there (NOTE [ Events now, steps on read ] in timeline.py).
+    seen: list[str] = []
+
+    def on_tick() -> None:
+        seen.append(threading.current_thread().name)
+        if len(seen) == 2:
+            raise RuntimeError("fold exploded")
+
+    s = Sampler(interval=0.005, sources=(HostSource(),), on_tick=on_tick)
+    s.start()
+    try:
+        assert wait_until(lambda: len(seen) >= 5)
+        assert s.running
+    finally:
+        s.stop()
+    assert THREAD_NAME in seen
+    assert len(s.host_samples) >= 5
+    assert s.problems() == ["Sampler: RuntimeError: fold exploded"]

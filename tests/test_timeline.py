@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import pytest
 
 from profiler.diagnosis import compute_metrics
 from profiler.instrument import ThisProcess
 from profiler.records import Run
-from profiler.timeline import StopRun, Timeline
+from profiler.timeline import CPU_READ_ALL, CPU_READ_EVERY, StopRun, Timeline
 
 
 def test_batch_waits_belong_to_the_step_they_precede():
@@ -118,3 +120,53 @@ def test_no_cpu_read_at_all_books_none():
     tl.batch_wait(0.0, 0.1, cpu=None)
     tl.optimizer_step(1.0)
     assert tl.steps[0].data_wait_cpu == 0.0
+
+
+def test_a_fold_on_another_thread_loses_no_event():
+    # NOTE [ Events now, steps on read ]: the sampler thread folds while the loop appends.
+    tl = Timeline(t0=0.0)
+    done = threading.Event()
+
+    def fold_often() -> None:
+        while not done.is_set():
+            tl.fold()
+
+    folder = threading.Thread(target=fold_often)
+    folder.start()
+    try:
+        for i in range(5000):
+            tl.batch_wait(i + 0.0, i + 0.25, cpu=0.1, batch_size=8)
+            tl.optimizer_step(i + 1.0)
+    finally:
+        done.set()
+        folder.join()
+    steps = tl.steps
+    assert len(steps) == tl.count == 5000
+    assert [s.index for s in steps] == list(range(5000))
+    assert sum(s.data_wait for s in steps) == pytest.approx(1250.0)
+    assert {s.batch_size for s in steps} == {8}
+    assert tl.method() == "iterator-next"
+
+
+def test_between_steps_cpu_after_the_read_steps_is_booked_at_their_ratio():
+    # NOTE [ Sampled thread CPU ]: past CPU_READ_ALL steps the clock is read in one
+    # step of CPU_READ_EVERY, yet every step's input time carries its CPU share.
+    tl = Timeline(t0=0.0)
+    t = 0.0
+    for _ in range(CPU_READ_ALL + 2 * CPU_READ_EVERY):
+        tl.forward_start(t)
+        t += 0.001
+        tl.optimizer_step(t)
+        busy_until = time.thread_time() + 0.002  # the "generator" computes the next batch
+        while time.thread_time() < busy_until:
+            pass
+        t += 0.002
+    tl.forward_start(t)
+    tl.optimizer_step(t + 0.001)
+    steps = tl.steps[1:]  # the first step has no gap before it
+    assert tl.method() == "between-steps"
+    assert all(s.data_wait == pytest.approx(0.002) for s in steps)
+    # Each gap burned 2 ms of thread CPU in its 2 ms (by the step clock); the steps whose
+    # clock was not read are booked at the read ones' ratio, so they show it too.
+    assert len(steps) > CPU_READ_ALL + CPU_READ_EVERY
+    assert all(0.0019 <= s.data_wait_cpu < 0.003 for s in steps)

@@ -602,13 +602,12 @@ class TensorFlowHooks:
         batches = k
         if record.steps_per_epoch:
             batches = max(1, min(k, record.steps_per_epoch - record.begin_step))
-        steps = self.timeline.steps
-        n = len(steps)
+        n = self.timeline.count
         try:
             self.timeline.optimizer_step(t1)
         finally:
-            if len(steps) > n:
-                step = steps[n]
+            if self.timeline.count > n:
+                step = self.timeline.steps[-1]
                 if record.epoch_start is not None:
                     step.start = min(step.end, record.epoch_start - self.timeline.t0)
                     record.epoch_start = None

@@ -35,22 +35,8 @@ import torch.utils.data.dataloader as _dl
 from torch.optim import optimizer as _optim
 
 from ..records import LoaderInfo, Run
-from ..timeline import Timeline
+from ..timeline import CPU_READ_ALL, CPU_READ_EVERY, Timeline
 from . import ThisProcess
-
-#: NOTE [ Sampled thread CPU ]
-#: With ``num_workers=0`` the training thread loads each batch itself, and its
-#: own CPU time during the wait tells computation (decoding, augmenting) from
-#: waiting (storage, sleeps): diagnosis.py's ``wait_cpu_bound`` rule. Reading a
-#: thread's CPU clock is a system call, and two per batch were a measurable part
-#: of the per-step cost (benchmarks/overhead.py). So the clock is read around
-#: every one of the first ``CPU_READ_ALL`` batches and then around one in
-#: ``CPU_READ_EVERY``; for the others the timeline books the CPU-per-wall ratio
-#: of the batches that were read. With worker processes the training thread's
-#: CPU while it waits is not what loads the data (the workers' CPU, sampled by
-#: host.py, is), so it is not read at all.
-CPU_READ_ALL = 64
-CPU_READ_EVERY = 4
 
 _MISSING = object()
 
@@ -91,6 +77,7 @@ class TorchHooks:
         self._loaders: dict[int, LoaderInfo] = {}
         self._checked: set[int] = set()  # optimizers whose parameter dtype was looked at
         self._nexts = 0  # batches fetched through the next() wrapper
+        self._facts_pending = False  # a loader whose batch size and bytes are unknown began an iteration
         self.installed = False
 
     # -- install / remove -----------------------------------------------------
@@ -101,7 +88,7 @@ class TorchHooks:
         self.run.environment.frameworks["torch"] = torch.__version__
         self._patch(_dl.DataLoader, "__iter__", self._wrap_iter(_dl.DataLoader.__iter__))
         self._patch(_dl._BaseDataLoaderIter, "__next__", self._wrap_next(_dl._BaseDataLoaderIter.__next__))
-        self._handles.append(_optim.register_optimizer_step_post_hook(self._on_optimizer_post))
+        self._handles.append(_optim.register_optimizer_step_post_hook(self._make_optimizer_post()))
         self._forward_handle = torch.nn.modules.module.register_module_forward_pre_hook(self._on_forward)
         autocast_cls = torch.amp.autocast_mode.autocast
         self._patch(autocast_cls, "__enter__", self._wrap_autocast(autocast_cls.__enter__))
@@ -147,34 +134,47 @@ class TorchHooks:
                     it._loadprof_info = info
                 except AttributeError:  # a custom iterator with __slots__: settings stay unknown
                     pass
+                if info.sample_nbytes is None:
+                    hooks._facts_pending = True
             return it
 
         return __iter__
 
     def _wrap_next(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        # On every batch's path: locals rather than attribute lookups where it can
+        # (benchmarks/overhead.py).
         hooks = self
+        pid = self.pid
         clock = self.clock
         thread_time = time.thread_time
+        batch_wait = self.timeline.batch_wait
 
         def __next__(it: Any) -> Any:
-            if ThisProcess.pid != hooks.pid:
+            if ThisProcess.pid != pid:
                 return original(it)
             n = hooks._nexts
             hooks._nexts = n + 1
-            # NOTE [ Sampled thread CPU ]
-            read_cpu = not getattr(it, "_num_workers", 0) and (n < CPU_READ_ALL or not n % CPU_READ_EVERY)
-            c0 = thread_time() if read_cpu else 0.0
-            t0 = clock()
-            batch = original(it)  # StopIteration passes through untimed: no batch was waited for
-            t1 = clock()
-            cpu = thread_time() - c0 if read_cpu else None
-            info = getattr(it, "_loadprof_info", None)
+            # NOTE [ Sampled thread CPU ] in timeline.py
+            if (n < CPU_READ_ALL or not n % CPU_READ_EVERY) and not getattr(it, "_num_workers", 0):
+                c0 = thread_time()
+                t0 = clock()
+                batch = original(it)  # StopIteration passes through untimed: no batch was waited for
+                t1 = clock()
+                cpu: float | None = thread_time() - c0
+            else:
+                t0 = clock()
+                batch = original(it)
+                t1 = clock()
+                cpu = None
             size: int | None = None
-            if info is not None and info.sample_nbytes is None:
-                size, nbytes = _batch_facts(batch)
-                if size:
-                    info.sample_nbytes = nbytes // size
-            hooks.timeline.batch_wait(t0, t1, cpu, size)
+            if hooks._facts_pending:
+                hooks._facts_pending = False
+                info = getattr(it, "_loadprof_info", None)
+                if info is not None and info.sample_nbytes is None:
+                    size, nbytes = _batch_facts(batch)
+                    if size:
+                        info.sample_nbytes = nbytes // size
+            batch_wait(t0, t1, cpu, size)
             if hooks._forward_handle is not None:
                 # A DataLoader times input directly: the forward hook is no longer needed.
                 hooks._drop_forward_hook()
@@ -211,14 +211,22 @@ class TorchHooks:
         if ThisProcess.pid == self.pid:
             self.timeline.forward_start(self.clock())
 
-    def _on_optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        # One hook per step, not two: it is on every step's path (benchmarks/overhead.py).
-        if ThisProcess.pid != self.pid:
-            return
-        t = self.clock()
-        if not self.run.amp_in_use and id(optimizer) not in self._checked:
-            self._check_half_precision(optimizer)
-        self.timeline.optimizer_step(t)  # may raise StopRun (--max-steps): last
+    def _make_optimizer_post(self) -> Callable[[Any, Any, Any], None]:
+        # One hook per step, not two, with its lookups bound once: it is on every
+        # step's path (benchmarks/overhead.py).
+        pid, clock, run, checked = self.pid, self.clock, self.run, self._checked
+        optimizer_step = self.timeline.optimizer_step
+        check = self._check_half_precision
+
+        def on_optimizer_post(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if ThisProcess.pid != pid:
+                return
+            t = clock()
+            if not run.amp_in_use and id(optimizer) not in checked:
+                check(optimizer)
+            optimizer_step(t)  # may raise StopRun (--max-steps): last
+
+        return on_optimizer_post
 
     def _check_half_precision(self, optimizer: Any) -> None:
         self._checked.add(id(optimizer))

@@ -30,18 +30,31 @@ from profiler.records import HostSample
 log = logging.getLogger("loadprof.samplers")
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
+_PROC_ROOT = Path("/proc")
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 # NOTE [ Sampling cost ]
-# psutil reads /proc in Python, holding the GIL, so every millisecond spent here is
-# taken from a training loop that is itself GIL-bound. Listing the process tree
-# scans every process on the machine (~1 ms with 70 processes), memory, swap and
-# disk counters cost ~0.2 ms together. Those change slowly, so they are read every
-# ``TREE_EVERY``/``SLOW_EVERY`` samples (1 s and 0.5 s at 10 Hz), while per-core CPU
-# and the CPU of the known tree (~0.1 ms) are read every sample. New loader workers
-# are therefore seen within a second; their CPU since creation is still counted
-# (NOTE [ Short-lived loader workers ]).
+# The sampler thread holds the GIL while it parses what it reads, and every file
+# read gives the GIL away and takes it back, a hand-off the training loop waits
+# on when it is itself running Python; so what a tick costs the loop is mostly the
+# number of system calls in it. Measured on the 2-core CI VM, mean CPU per call
+# between sleeps (caches cold, as they are every 100 ms): psutil.cpu_times(percpu=True)
+# 118 us and cpu_times() 148 us (each opens, reads and closes /proc/stat),
+# Process.oneshot() cpu_times + memory_info 192 us, children(recursive=True)
+# 1.35 ms (it reads the stat file of every process on the machine),
+# virtual_memory + swap_memory + disk_io_counters 525 us together. So on Linux a
+# sample reads /proc/stat once, through a descriptor kept open (``_ProcFile``: one
+# pread), takes this process's CPU from its CPU clock and its RSS from
+# /proc/self/statm (kept open too), and lists the process tree through the
+# per-thread children files (``_linux_descendants``); psutil reads the rest, and
+# everything on other platforms. The slow-changing readings are spread out: the
+# tree is relisted every ``TREE_EVERY`` samples and memory, swap and disk read
+# every ``SLOW_EVERY`` (1 s each at 10 Hz, half a second apart). New loader
+# workers are therefore seen within a second; their CPU since creation is still
+# counted (NOTE [ Short-lived loader workers ]). benchmarks/overhead.py measures
+# what a tick then costs the loop: ~0.3 ms, 0.3% at 10 Hz.
 TREE_EVERY = 10
-SLOW_EVERY = 5
+SLOW_EVERY = 10
 _GONE = (psutil.NoSuchProcess, psutil.AccessDenied)  # ZombieProcess is a NoSuchProcess
 
 
@@ -53,13 +66,18 @@ class HostSource:
     forked mid-sample cannot inherit a held one.
     """
 
-    def __init__(self, pid: int | None = None) -> None:
+    def __init__(self, pid: int | None = None, proc_root: Path | None = None) -> None:
         self.pid = os.getpid() if pid is None else pid
+        #: where /proc is (tests point it elsewhere); unreadable -> psutil for everything
+        self.proc_root = _PROC_ROOT if proc_root is None else proc_root
+        self._own = self.pid == os.getpid()  # this process: its CPU and RSS without psutil
+        self._stat_file = _ProcFile(self.proc_root / "stat")
+        self._statm_file = _ProcFile(self.proc_root / "self" / "statm")
         self._proc: psutil.Process | None = None
         self._cores: list[int] = []
         self._started = False
         self._last_wall = 0.0  # time.monotonic() of the previous reading
-        self._last_percpu: list[tuple[float, float]] = []  # (busy, total) seconds per CPU
+        self._last_percpu: dict[int, tuple[float, float]] = {}  # cpu id -> (busy, total)
         self._last_all: tuple[float, float, float | None] = (0.0, 0.0, None)  # busy, total, iowait
         self._last_proc_cpu = 0.0
         self._last_children: dict[tuple[int, float], float] = {}  # (pid, create_time) -> cpu s
@@ -83,13 +101,14 @@ class HostSource:
             self._note(f"process {self.pid}: {type(exc).__name__}")
         self._cores = _affinity(self.pid)
         self._last_wall = self._last_slow_wall = time.monotonic()
-        self._last_percpu = [_busy_total(c) for c in psutil.cpu_times(percpu=True)]
-        self._last_all = _busy_total_iowait(psutil.cpu_times())
+        self._last_all, self._last_percpu = self._cpu_times()
         self._read_tree(self._last_wall, 0.0, relist=True)
         self._last_disk_read = self._disk_read()
 
     def close(self) -> None:
-        """Nothing to release; here so every source has the same lifecycle."""
+        """Close the /proc files kept open. Idempotent; a later sample opens them again."""
+        self._stat_file.close()
+        self._statm_file.close()
 
     # -- readings ------------------------------------------------------------
     def sample(self, t: float) -> HostSample:
@@ -100,15 +119,11 @@ class HostSource:
         dt = max(now - self._last_wall, 1e-9)
         s = HostSample(t=t)
 
-        percpu = [_busy_total(c) for c in psutil.cpu_times(percpu=True)]
-        s.cpu_per_core = [
-            _percent(percpu[i], self._last_percpu[i])
-            for i in self._cores
-            if i < len(percpu) and i < len(self._last_percpu)
-        ]
+        (busy, total, iowait), percpu = self._cpu_times()
+        last_percpu = self._last_percpu
+        s.cpu_per_core = [_percent(percpu[i], last_percpu[i]) for i in self._cores if i in percpu and i in last_percpu]
         self._last_percpu = percpu
 
-        busy, total, iowait = _busy_total_iowait(psutil.cpu_times())
         _, last_total, last_iowait = self._last_all
         if iowait is not None and last_iowait is not None and total > last_total:
             # Linux only. The kernel's iowait can go backwards per CPU; clamp.
@@ -120,7 +135,7 @@ class HostSource:
             self._read_tree(now, dt, relist=self._n % TREE_EVERY == 0 or self._n == 1)
         )
 
-        if self._n % SLOW_EVERY == 0 or self._n == 1:
+        if self._n % SLOW_EVERY == SLOW_EVERY // 2 or self._n == 1:
             mem_percent, available, swap, disk_bps = self._slow
             try:
                 vm = psutil.virtual_memory()
@@ -151,6 +166,47 @@ class HostSource:
         return [f"{what} ({n} times)" if n > 1 else what for what, n in self._errors.items()]
 
     # -- internals -----------------------------------------------------------
+    def _cpu_times(self) -> tuple[tuple[float, float, float | None], dict[int, tuple[float, float]]]:
+        """((busy, total, iowait) of all CPUs, {cpu id: (busy, total)}), in any one unit."""
+        got = _proc_stat(self._stat_file)
+        if got is not None:
+            return got
+        percpu = {i: _busy_total(c) for i, c in enumerate(psutil.cpu_times(percpu=True))}
+        return _busy_total_iowait(psutil.cpu_times()), percpu
+
+    def _own_cpu_rss(self) -> tuple[float, int] | None:
+        """This process's CPU seconds and RSS bytes without psutil (Linux), or None."""
+        try:
+            resident = int(self._statm_file.head(256).split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+        return time.process_time(), resident * _PAGE_SIZE
+
+    def _list_descendants(self, proc: psutil.Process) -> list[psutil.Process]:
+        """Every descendant of ``proc``; the Process objects of known ones are reused.
+
+        psutil's ``children(recursive=True)`` reads the stat file of every process
+        on the machine. On Linux the kernel lists each thread's children in
+        /proc/PID/task/TID/children, so walking our own tree reads one small file
+        per thread in it instead: 5 files rather than 118 on the CI VM. Each file
+        read gives the GIL away and back, which the training loop pays for (NOTE
+        [ Sampling cost ]). Without those files (an old kernel, another OS): psutil.
+        """
+        pids = _linux_descendants(self.proc_root, proc.pid)
+        if pids is None:
+            return proc.children(recursive=True)
+        known = {c.pid: c for c in self._children}
+        found = []
+        for pid in pids:
+            child = known.get(pid)
+            if child is None:
+                try:
+                    child = psutil.Process(pid)
+                except _GONE:
+                    continue  # exited since it was listed
+            found.append(child)
+        return found
+
     def _read_tree(self, now: float, dt: float, relist: bool) -> tuple[float, int, float, int, int]:
         """CPU % and RSS of the process and its descendants; updates the baselines.
 
@@ -163,11 +219,15 @@ class HostSource:
             self._pids = set()
             return 0.0, 0, 0.0, 0, 0
         try:
-            with proc.oneshot():
-                cpu = _cpu_seconds(proc)
-                rss = int(proc.memory_info().rss)
+            own = self._own_cpu_rss() if self._own else None
+            if own is not None:
+                cpu, rss = own
+            else:
+                with proc.oneshot():
+                    cpu = _cpu_seconds(proc)
+                    rss = int(proc.memory_info().rss)
             if relist:
-                self._children = proc.children(recursive=True)
+                self._children = self._list_descendants(proc)
             children = self._children
         except _GONE as exc:
             self._note(f"process {self.pid}: {type(exc).__name__}")
@@ -220,6 +280,102 @@ class HostSource:
         self._errors[what] = n + 1
         if n == 0:
             log.info("loadprof: host sampler: %s", what)
+
+
+class _ProcFile:
+    """A /proc file kept open and read again from offset 0, where the kernel
+    regenerates it: one system call per reading instead of open, read and close
+    (each ~100 us on the CI VM: NOTE [ Sampling cost ])."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def head(self, size: int) -> bytes:
+        """Up to ``size`` bytes from the start of the file; OSError if it cannot be read."""
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        return os.pread(self._fd, size, 0)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+
+def _proc_stat(file: _ProcFile) -> tuple[tuple[float, float, float | None], dict[int, tuple[float, float]]] | None:
+    """The aggregate and per-CPU lines of Linux's /proc/stat, in clock ticks, or None.
+
+    The ``cpu`` lines come first; the ``intr`` line after them can be tens of KB on
+    a big machine, so only the head is read, and read again larger if it did not
+    reach past the last ``cpu`` line. Accounting as ``_busy_total_iowait``.
+    """
+    size = 256 * ((os.cpu_count() or 1) + 2)
+    try:
+        while True:
+            head = file.head(size)
+            lines = head.split(b"\n")
+            # The cpu lines are whole once the line after them has begun (or the file ended).
+            if (len(head) < size or lines[-1][:3] not in (b"cpu", b"cp", b"c", b"")
+                    or not all(line.startswith(b"cpu") for line in lines[:-1])):
+                break
+            size *= 4
+        total_all: tuple[float, float, float | None] | None = None
+        percpu: dict[int, tuple[float, float]] = {}
+        for line in lines:
+            if not line.startswith(b"cpu"):
+                break
+            name, *fields = line.split()
+            v = [int(x) for x in fields]
+            # user nice system idle iowait irq softirq steal guest guest_nice (older kernels: fewer)
+            total = sum(v) - sum(v[8:10])
+            iowait = v[4] if len(v) > 4 else None
+            busy = total - v[3] - (iowait or 0)
+            if name == b"cpu":
+                total_all = (float(busy), float(total), None if iowait is None else float(iowait))
+            else:
+                percpu[int(name[3:])] = (float(busy), float(total))
+    except (OSError, ValueError, IndexError):
+        return None
+    if total_all is None or not percpu:
+        return None
+    return total_all, percpu
+
+
+def _linux_descendants(proc_root: Path, pid: int) -> list[int] | None:
+    """Pids of every descendant of ``pid`` from /proc/PID/task/TID/children, or None
+    when the kernel does not provide those files (CONFIG_PROC_CHILDREN)."""
+    found: list[int] = []
+    stack = [pid]
+    while stack:
+        parent = stack.pop()
+        try:
+            tids = os.listdir(proc_root / str(parent) / "task")
+        except OSError:
+            if parent == pid:
+                return None
+            continue  # a descendant that exited meanwhile
+        for tid in tids:
+            try:
+                fd = os.open(proc_root / str(parent) / "task" / tid / "children", os.O_RDONLY)
+            except FileNotFoundError:
+                if parent == pid and not os.path.exists(proc_root / str(parent) / "task" / tid):
+                    continue  # the thread ended
+                if parent == pid:
+                    return None  # the kernel has no children files
+                continue
+            except OSError:
+                continue
+            try:
+                data = os.read(fd, 65536)
+            except OSError:
+                data = b""
+            finally:
+                os.close(fd)
+            kids = [int(k) for k in data.split()]
+            found.extend(kids)
+            stack.extend(kids)
+    return found
 
 
 def _cpu_seconds(proc: psutil.Process) -> float:

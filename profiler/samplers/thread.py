@@ -46,6 +46,10 @@ Source = NvmlSource | HostSource
 class Sampler:
     """Samples ``sources`` every ``interval`` seconds into bounded buffers.
 
+    ``on_tick``, if given, is called on the sampling thread after each sample:
+    the profiler folds the timeline's raw events there, off the training loop
+    (NOTE [ Events now, steps on read ] in timeline.py).
+
     ``clock`` and ``t0`` define sample times: ``t = clock() - t0`` (seconds since
     the run started). When a buffer reaches ``max_samples`` ticks, every other tick
     is dropped and the interval doubles, so memory stays bounded for any run length
@@ -59,6 +63,7 @@ class Sampler:
         max_samples: int = 20000,
         clock: Callable[[], float] = time.perf_counter,
         t0: float | None = None,
+        on_tick: Callable[[], object] | None = None,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
@@ -70,6 +75,7 @@ class Sampler:
                 raise TypeError(f"sources must be NvmlSource or HostSource, got {type(src).__name__}")
         self.interval = float(interval)
         self.max_samples = max_samples
+        self.on_tick = on_tick
         self._clock = clock
         self._t0 = clock() if t0 is None else t0
         self._effective = self.interval
@@ -118,6 +124,8 @@ class Sampler:
         self.stop()
 
     def _run(self) -> None:
+        # The first sample is taken on the thread too: with PCIe readings it blocks
+        # ~20 ms per GPU in the driver (nvml.py), which must not delay the caller.
         spent = self._sample_once()
         while not self._done.wait(max(0.0, self._effective - spent)):
             spent = self._sample_once()
@@ -139,6 +147,8 @@ class Sampler:
                 pids = host.pids() or pids
         for nv in gpus:
             gpu_samples.extend(self._guarded(nv, nv.sample, t, pids) or [])
+        if self.on_tick is not None:
+            self._guarded(self, self.on_tick)
         spent = time.perf_counter() - begin
         with self._lock:
             self._ticks.append((host_sample, gpu_samples))
@@ -148,7 +158,7 @@ class Sampler:
                 self._decimate()
         return spent
 
-    def _guarded(self, source: Source, read: Callable[..., T], *args: object) -> T | None:
+    def _guarded(self, source: object, read: Callable[..., T], *args: object) -> T | None:
         # The sources handle the errors they expect (NVMLError, psutil.NoSuchProcess...)
         # themselves. This one broad catch is the last line of defence: the thread runs
         # inside someone's training job, and an unexpected error in a reading (a
