@@ -160,10 +160,10 @@ def _mean(values: list[float]) -> float | None:
 
 
 def main_loader(run: Run) -> LoaderInfo | None:
-    """The loader that fed the most batches: the one most iterated, first seen on ties."""
+    """The loader that fed training: the one most iterated with gradients on, first seen on ties."""
     if not run.loaders:
         return None
-    return max(run.loaders, key=lambda li: li.iterations)
+    return max(run.loaders, key=lambda li: (li.iterations - li.eval_iterations, li.iterations))
 
 
 def compute_metrics(run: Run) -> Metrics:
@@ -351,6 +351,12 @@ def diagnose(run: Run, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Diagnosis
         "step_time", "Median step time", m.step_time_median, _secs(m.step_time_median),
         source=f"{m.steps_judged} steps after {m.warmup_steps} warm-up",
     ))
+    if run.probes.get("eval_batches"):
+        ev.append(Evidence(
+            "eval_batches", "Batches read with gradients off (evaluation), left out of the steps",
+            run.probes["eval_batches"],
+            f"{run.probes['eval_batches']:.0f} batches, {_secs(run.probes.get('eval_wait_seconds', 0.0))} waiting",
+        ))
     if m.gpu_util_median is not None:
         ev.append(Evidence(
             "gpu_util", "GPU busy (NVML: time with >= 1 kernel running)", m.gpu_util_median / 100,

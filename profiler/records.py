@@ -106,6 +106,7 @@ class LoaderInfo:
     dataset_type: str | None = None
     sample_nbytes: int | None = None  # bytes of one sample as loaded, when measurable
     iterations: int = 0  # times the loader was iterated (epochs); > 1 makes worker start-up recur
+    eval_iterations: int = 0  # of those, begun with gradients off: evaluation (NOTE [ Evaluation batches ])
     # tf.data graph facts (issue 4): which transformations the pipeline already has.
     transformations: list[str] = field(default_factory=list)
     has_cache: bool | None = None

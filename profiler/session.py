@@ -179,6 +179,9 @@ class Profile:
             assert self._timeline is not None
             self.run.steps = list(self._timeline.steps)
             self.run.data_wait_method = self._timeline.method()
+            if self._timeline.eval_batches:  # NOTE [ Evaluation batches ] in timeline.py
+                self.run.probes["eval_batches"] = float(self._timeline.eval_batches)
+                self.run.probes["eval_wait_seconds"] = self._timeline.eval_seconds
             self.run.duration = end - self._t0
             self.run.exit_status = _exit_status(exc)
             if exc is not None and _is_oom(exc):

@@ -18,6 +18,18 @@ end of one optimizer step and the first forward pass after it is input time: the
 loop was producing the next batch (``method = "between-steps"``). When a timed
 iterator wait was seen in the step, that measurement wins.
 
+NOTE [ Evaluation batches ]
+A training script often evaluates between epochs: a second DataLoader read under
+``torch.no_grad()``. Its waits are no training step's input, and booking them
+into the next step would call a run data-starved for its validation pass (100
+steps of 10 ms with 1 ms waits, then 50 validation batches waiting 20 ms each,
+read as 50% input-bound). So a batch read with gradients off is reported with
+``eval_wait``: it is counted apart (``eval_batches``, ``eval_seconds``) and the open
+step starts again at the next batch read with gradients on, dropping what the
+evaluation pass left in it, as Keras fit does with validation
+(``instrument/tensorflow.py``). When the user marks steps by hand (an inference
+loop, gradients off throughout), these are the steps' own waits and count as such.
+
 NOTE [ Events now, steps on read ]
 The event methods run inside the training loop, once or twice per step, where
 the interpreter's caches are cold from the model's work: there a few lines of
@@ -38,7 +50,8 @@ Events are:
   (only between-steps needs the thread's CPU clock; None: not read);
 - ``(_FORWARD, t, thread_cpu)``: the first forward pass after a step end;
 - ``(_H2D, seconds)``: a host-to-device copy;
-- ``(_MANUAL, t0)``: the first ``Profile.step()``.
+- ``(_MANUAL, t0)``: the first ``Profile.step()``;
+- ``(_EVAL, start, end)``: a batch read with gradients off (NOTE [ Evaluation batches ]).
 
 NOTE [ Sampled thread CPU ]
 When the training thread itself produces the batch (a DataLoader with
@@ -76,7 +89,7 @@ CPU_READ_EVERY = 16
 #: (NOTE [ Events now, steps on read ]): a bound of a few MiB.
 MAX_EVENTS = 65_536
 
-_END_CPU, _FORWARD, _H2D, _MANUAL = range(4)
+_END_CPU, _FORWARD, _H2D, _MANUAL, _EVAL = range(5)
 
 
 class StopRun(BaseException):
@@ -122,6 +135,9 @@ class Timeline:
         self._end_cpu: float | None = 0.0
         self._batch_size: int | None = None
         self.batches = 0
+        self.eval_batches = 0  # NOTE [ Evaluation batches ]
+        self.eval_seconds = 0.0
+        self._after_eval = False
         self._cpu_read = 0.0  # CPU seconds of the waits whose CPU was read ...
         self._cpu_wall = 0.0  # ... and their wall seconds
 
@@ -134,6 +150,10 @@ class Timeline:
         """
         self._events.append((start, end, cpu, batch_size))
         self._waited = True
+
+    def eval_wait(self, start: float, end: float) -> None:
+        """A batch was read with gradients off: NOTE [ Evaluation batches ]."""
+        self._events.append((_EVAL, start, end))
 
     def host_to_device(self, seconds: float) -> None:
         self._events.append((_H2D, seconds))
@@ -211,6 +231,8 @@ class Timeline:
                         self._fold_forward(e[1], e[2])
                     elif kind == _H2D:
                         self._h2d += e[1]
+                    elif kind == _EVAL:
+                        self._fold_eval(e[1], e[2])
                     elif kind == _MANUAL:
                         self.methods.add("manual")
                         if self._step_start is None and self._last_end is None:
@@ -218,7 +240,21 @@ class Timeline:
                             self._step_start = e[1]
             del events[:n]  # events appended meanwhile by another thread stay
 
+    def _fold_eval(self, start: float, end: float) -> None:
+        if self.manual:
+            self._fold_wait(start, end, None, None)
+            return
+        self.eval_batches += 1
+        self.eval_seconds += end - start
+        self._after_eval = True
+
     def _fold_wait(self, start: float, end: float, cpu: float | None, batch_size: int | None) -> None:
+        if self._after_eval:
+            # The first training batch after an evaluation pass: the step starts here.
+            self._after_eval = False
+            self._step_start = start
+            self._wait = self._wait_cpu = self._h2d = 0.0
+            self._batch_size = None
         if self._step_start is None:
             self._step_start = start
         wall = end - start
@@ -272,6 +308,7 @@ class Timeline:
         self._fold_waited = False
         self._batch_size = None
         self._fold_awaiting = True
+        self._after_eval = False
 
     def _merge_older(self) -> None:
         """Merge pairs among the older half of the records (the first few, warm-up, stay as they are)."""

@@ -170,3 +170,29 @@ def test_between_steps_cpu_after_the_read_steps_is_booked_at_their_ratio():
     # clock was not read are booked at the read ones' ratio, so they show it too.
     assert len(steps) > CPU_READ_ALL + CPU_READ_EVERY
     assert all(0.0019 <= s.data_wait_cpu < 0.003 for s in steps)
+
+
+def test_evaluation_batches_are_no_step_s_and_the_next_step_starts_at_training_input():
+    # NOTE [ Evaluation batches ]: a validation pass between two training steps.
+    tl = Timeline(t0=0.0)
+    tl.batch_wait(0.0, 0.1)
+    tl.optimizer_step(1.0)
+    tl.eval_wait(1.0, 1.5)  # validation, gradients off
+    tl.host_to_device(0.2)  # its copy to the device
+    tl.eval_wait(1.7, 2.0)
+    tl.batch_wait(3.0, 3.2)  # training again
+    tl.optimizer_step(4.0)
+    first, second = tl.steps
+    assert (second.start, second.end, second.data_wait, second.h2d) == (3.0, 4.0, pytest.approx(0.2), 0.0)
+    assert tl.eval_batches == 2 and tl.eval_seconds == pytest.approx(0.8)
+    assert first.data_wait == pytest.approx(0.1)
+
+
+def test_with_manual_steps_batches_read_without_gradients_are_the_steps_input():
+    # An inference loop marked with Profile.step(): gradients are off throughout.
+    tl = Timeline(t0=0.0)
+    tl.mark(0.0)
+    tl.eval_wait(0.0, 0.4)
+    tl.mark(1.0)
+    assert tl.steps[-1].data_wait == pytest.approx(0.4)
+    assert tl.eval_batches == 0

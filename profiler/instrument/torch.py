@@ -130,6 +130,8 @@ class TorchHooks:
             if ThisProcess.pid == hooks.pid:
                 info = hooks._loader_info(loader)
                 info.iterations += 1
+                if not torch.is_grad_enabled():
+                    info.eval_iterations += 1
                 try:
                     it._loadprof_info = info
                 except AttributeError:  # a custom iterator with __slots__: settings stay unknown
@@ -148,6 +150,8 @@ class TorchHooks:
         clock = self.clock
         thread_time = time.thread_time
         batch_wait = self.timeline.batch_wait
+        eval_wait = self.timeline.eval_wait
+        grad_enabled = torch.is_grad_enabled
 
         def __next__(it: Any) -> Any:
             if ThisProcess.pid != pid:
@@ -174,7 +178,10 @@ class TorchHooks:
                     size, nbytes = _batch_facts(batch)
                     if size:
                         info.sample_nbytes = nbytes // size
-            batch_wait(t0, t1, cpu, size)
+            if grad_enabled():
+                batch_wait(t0, t1, cpu, size)
+            else:
+                eval_wait(t0, t1)  # NOTE [ Evaluation batches ] in timeline.py
             if hooks._forward_handle is not None:
                 # A DataLoader times input directly: the forward hook is no longer needed.
                 hooks._drop_forward_hook()

@@ -199,7 +199,7 @@ class HostSource:
         found = []
         for pid in pids:
             child = known.get(pid)
-            if child is None:
+            if child is None or not child.is_running():  # is_running: False for a reused pid too
                 try:
                     child = psutil.Process(pid)
                 except _GONE:
@@ -301,6 +301,12 @@ class _ProcFile:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except OSError:
+            pass
 
 
 def _proc_stat(file: _ProcFile) -> tuple[tuple[float, float, float | None], dict[int, tuple[float, float]]] | None:
