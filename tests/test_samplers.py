@@ -422,8 +422,7 @@ def test_host_sample_fields_are_plausible() -> None:
         x += i
     s = host.sample(0.5)
     assert s.t == 0.5
-    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-    assert len(s.cpu_per_core) == len(affinity)
+    assert len(s.cpu_per_core) == affinity_count()
     assert all(0.0 <= c <= 100.0 for c in s.cpu_per_core)
     assert s.process_cpu > 0.0
     assert s.process_rss > 0
@@ -472,8 +471,7 @@ def test_host_falls_back_to_psutil_without_proc(tmp_path: Path) -> None:
     host.start()
     s = host.sample(0.1)
     host.close()
-    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-    assert len(s.cpu_per_core) == len(affinity)
+    assert len(s.cpu_per_core) == affinity_count()
     assert s.process_rss > 0 and s.memory_available > 0
     assert host.problems() == []
 

@@ -314,7 +314,7 @@ def _proc_stat(file: _ProcFile) -> tuple[tuple[float, float, float | None], dict
 
     The ``cpu`` lines come first; the ``intr`` line after them can be tens of KB on
     a big machine, so only the head is read, and read again larger if it did not
-    reach past the last ``cpu`` line. Accounting as ``_busy_total_iowait``.
+    reach past the last ``cpu`` line. Accounting as psutil's (``_account``).
     """
     size = 256 * ((os.cpu_count() or 1) + 2)
     try:
@@ -332,15 +332,13 @@ def _proc_stat(file: _ProcFile) -> tuple[tuple[float, float, float | None], dict
             if not line.startswith(b"cpu"):
                 break
             name, *fields = line.split()
-            v = [int(x) for x in fields]
+            v = [float(x) for x in fields]
             # user nice system idle iowait irq softirq steal guest guest_nice (older kernels: fewer)
-            total = sum(v) - sum(v[8:10])
-            iowait = v[4] if len(v) > 4 else None
-            busy = total - v[3] - (iowait or 0)
+            busy, total, iowait = _account(sum(v), v[3], v[4] if len(v) > 4 else None, sum(v[8:10]))
             if name == b"cpu":
-                total_all = (float(busy), float(total), None if iowait is None else float(iowait))
+                total_all = (busy, total, iowait)
             else:
-                percpu[int(name[3:])] = (float(busy), float(total))
+                percpu[int(name[3:])] = (busy, total)
     except (OSError, ValueError, IndexError):
         return None
     if total_all is None or not percpu:
@@ -395,13 +393,17 @@ def _busy_total(times: object) -> tuple[float, float]:
 
 
 def _busy_total_iowait(times: object) -> tuple[float, float, float | None]:
+    fields = times._asdict()  # type: ignore[attr-defined]
+    return _account(sum(fields.values()), fields.get("idle", 0.0), fields.get("iowait"),
+                    fields.get("guest", 0.0) + fields.get("guest_nice", 0.0))
+
+
+def _account(all_fields: float, idle: float, iowait: float | None, guest: float) -> tuple[float, float, float | None]:
+    """(busy, total, iowait) from a CPU time line's sum and parts, psutil's or /proc/stat's."""
     # Same accounting as psutil.cpu_percent (and htop): guest time is already in
     # user/nice on Linux, and iowait is idle time, not busy time.
-    fields = times._asdict()  # type: ignore[attr-defined]
-    total = sum(fields.values()) - fields.get("guest", 0.0) - fields.get("guest_nice", 0.0)
-    iowait = fields.get("iowait")
-    busy = total - fields.get("idle", 0.0) - (iowait or 0.0)
-    return busy, total, iowait
+    total = all_fields - guest
+    return total - idle - (iowait or 0.0), total, iowait
 
 
 def _percent(now: tuple[float, float], last: tuple[float, float]) -> float:
