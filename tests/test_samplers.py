@@ -417,9 +417,11 @@ def test_children_cpu_counts_a_busy_grandchild(burner_tree: subprocess.Popen[byt
 def test_host_sample_fields_are_plausible() -> None:
     host = HostSource()
     host.start()
-    x = 0
-    for i in range(300_000):  # burn a little CPU in this process
-        x += i
+    # Burn CPU in this process for several scheduler ticks: with every core busy the
+    # kernel counts CPU time only at ticks, and a shorter window can read no time at all.
+    end = time.thread_time() + 0.05
+    while time.thread_time() < end:
+        pass
     s = host.sample(0.5)
     assert s.t == 0.5
     assert len(s.cpu_per_core) == affinity_count()
