@@ -563,6 +563,34 @@ def test_sampler_samples_at_once_and_stops_promptly(monkeypatch: pytest.MonkeyPa
         nv.close()
 
 
+def test_start_waits_for_the_first_host_reading_but_not_for_the_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    # NOTE [ First reading before the loop ] in thread.py: the host part of the first
+    # tick is done when start() returns; a GPU stuck in the driver does not hold it up.
+    release = threading.Event()
+
+    def stuck_in_driver(t: float) -> int:
+        release.wait(10.0)
+        return 40
+
+    fake = FakeNvml(gpus=[FakeGpu(util=stuck_in_driver)])
+    fake.install(monkeypatch)
+    nv = NvmlSource()
+    s = Sampler(interval=30.0, sources=(nv, HostSource()))
+    began = time.monotonic()
+    s.start()
+    try:
+        assert time.monotonic() - began < 5.0
+        assert len(s.host_samples) == 1  # no waiting: it was taken before start() returned
+        assert s.gpu_samples == []
+        release.set()
+        assert wait_until(lambda: len(s.gpu_samples) == 1)  # added to the same tick
+        assert s.gpu_samples[0].t == s.host_samples[0].t and s.gpu_samples[0].util_gpu == 40
+    finally:
+        release.set()
+        s.stop()
+        nv.close()
+
+
 def test_sampler_times_come_from_the_given_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     ticks = iter(range(100, 1000))
     s = Sampler(interval=0.001, sources=(HostSource(),), clock=lambda: float(next(ticks)), t0=100.0)

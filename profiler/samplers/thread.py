@@ -14,6 +14,18 @@ object, its buffers and its lock, possibly held by the thread at the moment of
 the fork. So in any process other than the one that called ``start()``:
 ``start()``/``stop()`` do nothing and the buffers are read without the lock. The
 sources follow the same rule (see NOTE [ NVML and fork ] in ``nvml.py``).
+
+NOTE [ First reading before the loop ]
+The thread's first tick would otherwise run beside the first steps of the
+training loop, and the host part of it is Python that holds the GIL: the first
+reading builds psutil's process object and opens the /proc files, and the loop's
+first steps, already slow with cold caches, waited on it (measured on the CI VM:
+~0.8 ms over the first two steps of a 2 ms/step loop, ~0.1 ms once ``start()``
+waited, benchmarks/overhead.py). So ``start()`` waits, for at most
+``FIRST_HOST_TIMEOUT``, until the thread has taken the first host reading, which
+is stored at once; the GPU part of the tick, which blocks in the driver with the
+GIL released (~20 ms per GPU with PCIe, nvml.py), goes on after ``start()``
+returned and is added to the same tick when done.
 """
 
 from __future__ import annotations
@@ -39,6 +51,10 @@ T = TypeVar("T")
 #: reads costs ~40 ms per GPU; anything near this bound is a hung driver call, and
 #: we would rather lose the final sample than hang the end of a training run.
 JOIN_TIMEOUT = 5.0
+
+#: How long ``start()`` waits for the first host reading (NOTE [ First reading
+#: before the loop ]); it takes a few ms, and a hung /proc must not hang training.
+FIRST_HOST_TIMEOUT = 1.0
 
 Source = NvmlSource | HostSource
 
@@ -82,6 +98,7 @@ class Sampler:
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
+        self._first_host = threading.Event()  # NOTE [ First reading before the loop ]
         self._pid: int | None = None
         self._stopped = False
         # One entry per tick, so decimation drops whole ticks, never one GPU of a tick.
@@ -101,6 +118,7 @@ class Sampler:
             src.start()  # both sources never raise from start()
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
+        self._first_host.wait(FIRST_HOST_TIMEOUT)  # NOTE [ First reading before the loop ]
 
     def stop(self) -> None:
         """Stop the thread promptly and take a final sample. Idempotent; no-op in a fork."""
@@ -125,7 +143,8 @@ class Sampler:
 
     def _run(self) -> None:
         # The first sample is taken on the thread too: with PCIe readings it blocks
-        # ~20 ms per GPU in the driver (nvml.py), which must not delay the caller.
+        # ~20 ms per GPU in the driver (nvml.py), which must not delay the caller;
+        # start() waits for its host part only (NOTE [ First reading before the loop ]).
         spent = self._sample_once()
         while not self._done.wait(max(0.0, self._effective - spent)):
             spent = self._sample_once()
@@ -145,17 +164,27 @@ class Sampler:
             if got is not None:
                 host_sample = got
                 pids = host.pids() or pids
+        # The tick is stored with its host reading now and its GPU readings added
+        # when they are in (NOTE [ First reading before the loop ]). Decimation keeps
+        # the newest tick, so the list filled below is always still kept.
+        with self._lock:
+            self._ticks.append((host_sample, gpu_samples))
+            if len(self._ticks) >= self.max_samples:
+                self._decimate()
+        if not self._first_host.is_set():
+            self._first_host.set()
+        got_gpus: list[GpuSample] = []
         for nv in gpus:
-            gpu_samples.extend(self._guarded(nv, nv.sample, t, pids) or [])
+            got_gpus.extend(self._guarded(nv, nv.sample, t, pids) or [])
+        if got_gpus:
+            with self._lock:
+                gpu_samples.extend(got_gpus)
         if self.on_tick is not None:
             self._guarded(self, self.on_tick)
         spent = time.perf_counter() - begin
         with self._lock:
-            self._ticks.append((host_sample, gpu_samples))
             self._taken += 1
             self._spent_total += spent
-            if len(self._ticks) >= self.max_samples:
-                self._decimate()
         return spent
 
     def _guarded(self, source: object, read: Callable[..., T], *args: object) -> T | None:
