@@ -357,6 +357,13 @@ def diagnose(run: Run, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Diagnosis
             run.probes["eval_batches"],
             f"{run.probes['eval_batches']:.0f} batches, {_secs(run.probes.get('eval_wait_seconds', 0.0))} waiting",
         ))
+    if run.probes.get("gc_in_wait_seconds"):
+        ev.append(Evidence(
+            "gc_in_waits", "Garbage collection inside batch waits, counted as compute, not input",
+            run.probes["gc_in_wait_seconds"],
+            f"{_secs(run.probes['gc_in_wait_seconds'])} of {_secs(run.probes.get('gc_seconds', 0.0))} "
+            f"in {run.probes.get('gc_collections', 0.0):.0f} collections",
+        ))
     if m.gpu_util_median is not None:
         ev.append(Evidence(
             "gpu_util", "GPU busy (NVML: time with >= 1 kernel running)", m.gpu_util_median / 100,

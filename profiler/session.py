@@ -15,6 +15,7 @@ for ``max_steps``) and the user's own.
 
 from __future__ import annotations
 
+import gc
 import os
 import platform
 import socket
@@ -139,6 +140,7 @@ class Profile:
         self._watch.start()
         if self._applier is not None:  # after the watch: NOTE [ Import watch order ] in apply.py
             self._applier.start(self._timeline, self.run, lambda: self._sampler.host_samples if self._sampler else [])
+        gc.callbacks.append(self._timeline.on_gc)  # NOTE [ Garbage collection in a wait ] in timeline.py
 
     def _make_hooks(self, name: str, factory: type) -> Hooks:
         assert self._timeline is not None
@@ -157,6 +159,8 @@ class Profile:
         self._stopped = True
         try:
             end = time.perf_counter()
+            if self._timeline is not None and self._timeline.on_gc in gc.callbacks:
+                gc.callbacks.remove(self._timeline.on_gc)
             if self._applier is not None:
                 try:
                     self._applier.stop()
@@ -182,6 +186,10 @@ class Profile:
             if self._timeline.eval_batches:  # NOTE [ Evaluation batches ] in timeline.py
                 self.run.probes["eval_batches"] = float(self._timeline.eval_batches)
                 self.run.probes["eval_wait_seconds"] = self._timeline.eval_seconds
+            if self._timeline.gc_collections:  # NOTE [ Garbage collection in a wait ] in timeline.py
+                self.run.probes["gc_collections"] = float(self._timeline.gc_collections)
+                self.run.probes["gc_seconds"] = self._timeline.gc_seconds
+                self.run.probes["gc_in_wait_seconds"] = self._timeline.gc_in_waits
             self.run.duration = end - self._t0
             self.run.exit_status = _exit_status(exc)
             if exc is not None and _is_oom(exc):

@@ -30,6 +30,20 @@ evaluation pass left in it, as Keras fit does with validation
 (``instrument/tensorflow.py``). When the user marks steps by hand (an inference
 loop, gradients off throughout), these are the steps' own waits and count as such.
 
+NOTE [ Garbage collection in a wait ]
+A collection of Python's garbage collector pauses the thread that triggered it,
+wherever the allocation that tipped it happened; when that is inside ``next()`` on
+the loader, the pause would be booked as input time (0.2 s for one full
+collection of the test suite's heap, enough to call a 2-second run data-starved).
+The pause is the whole program's cost, not the input pipeline's, so Profile
+registers ``on_gc`` in ``gc.callbacks`` and each collection becomes an event; the
+fold takes the part of a collection that falls inside a wait (or a between-steps
+gap, or an evaluation batch) out of it, wall and CPU both: it stays in the step
+as compute. ``gc_seconds`` and ``gc_in_waits`` are reported as probes. A training
+loop collects rarely (one collection per ~40 steps in benchmarks/overhead.py's
+loop), so this adds no per-step work. A collection on another thread (the
+sampler's) during a wait is taken out too; it is short and rare.
+
 NOTE [ Events now, steps on read ]
 The event methods run inside the training loop, once or twice per step, where
 the interpreter's caches are cold from the model's work: there a few lines of
@@ -51,7 +65,8 @@ Events are:
 - ``(_FORWARD, t, thread_cpu)``: the first forward pass after a step end;
 - ``(_H2D, seconds)``: a host-to-device copy;
 - ``(_MANUAL, t0)``: the first ``Profile.step()``;
-- ``(_EVAL, start, end)``: a batch read with gradients off (NOTE [ Evaluation batches ]).
+- ``(_EVAL, start, end)``: a batch read with gradients off (NOTE [ Evaluation batches ]);
+- ``(_GC, start, end)``: a garbage collection (NOTE [ Garbage collection in a wait ]).
 
 NOTE [ Sampled thread CPU ]
 When the training thread itself produces the batch (a DataLoader with
@@ -69,6 +84,7 @@ loads the data (the workers' CPU, sampled by host.py, is), and it is not read.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -89,7 +105,7 @@ CPU_READ_EVERY = 16
 #: (NOTE [ Events now, steps on read ]): a bound of a few MiB.
 MAX_EVENTS = 65_536
 
-_END_CPU, _FORWARD, _H2D, _MANUAL, _EVAL = range(5)
+_END_CPU, _FORWARD, _H2D, _MANUAL, _EVAL, _GC = range(6)
 
 
 class StopRun(BaseException):
@@ -140,6 +156,13 @@ class Timeline:
         self._after_eval = False
         self._cpu_read = 0.0  # CPU seconds of the waits whose CPU was read ...
         self._cpu_wall = 0.0  # ... and their wall seconds
+        # NOTE [ Garbage collection in a wait ]
+        self._pid = os.getpid()
+        self._gc_start: float | None = None
+        self._gc_recent: list[tuple[float, float]] = []  # collections since the last wait or step end
+        self.gc_collections = 0
+        self.gc_seconds = 0.0
+        self.gc_in_waits = 0.0  # seconds of collections taken out of waits
 
     # -- events (NOTE [ Events now, steps on read ]) ---------------------------
     def batch_wait(self, start: float, end: float, cpu: float | None = 0.0, batch_size: int | None = None) -> None:
@@ -154,6 +177,19 @@ class Timeline:
     def eval_wait(self, start: float, end: float) -> None:
         """A batch was read with gradients off: NOTE [ Evaluation batches ]."""
         self._events.append((_EVAL, start, end))
+
+    def gc_pause(self, start: float, end: float) -> None:
+        """A garbage collection paused the program from ``start`` to ``end``."""
+        self._events.append((_GC, start, end))
+
+    def on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        """A ``gc.callbacks`` entry: NOTE [ Garbage collection in a wait ]."""
+        if phase == "start":
+            self._gc_start = self.clock()
+        elif self._gc_start is not None:
+            start, self._gc_start = self._gc_start, None
+            if os.getpid() == self._pid:  # a forked loader worker inherits the callback: never recorded
+                self.gc_pause(start, self.clock())
 
     def host_to_device(self, seconds: float) -> None:
         self._events.append((_H2D, seconds))
@@ -233,6 +269,12 @@ class Timeline:
                         self._h2d += e[1]
                     elif kind == _EVAL:
                         self._fold_eval(e[1], e[2])
+                    elif kind == _GC:
+                        if len(self._gc_recent) >= 64:  # no wait nor step end for a long time: keep it bounded
+                            del self._gc_recent[:32]
+                        self._gc_recent.append((e[1], e[2]))
+                        self.gc_collections += 1
+                        self.gc_seconds += e[2] - e[1]
                     elif kind == _MANUAL:
                         self.methods.add("manual")
                         if self._step_start is None and self._last_end is None:
@@ -240,12 +282,22 @@ class Timeline:
                             self._step_start = e[1]
             del events[:n]  # events appended meanwhile by another thread stay
 
+    def _gc_within(self, start: float, end: float) -> float:
+        """Seconds of the collections since the last wait or step end that fall in
+        [start, end], which they leave (NOTE [ Garbage collection in a wait ])."""
+        inside = 0.0
+        for a, b in self._gc_recent:
+            inside += max(0.0, min(b, end) - max(a, start))
+        self._gc_recent.clear()
+        self.gc_in_waits += inside
+        return inside
+
     def _fold_eval(self, start: float, end: float) -> None:
         if self.manual:
             self._fold_wait(start, end, None, None)
             return
         self.eval_batches += 1
-        self.eval_seconds += end - start
+        self.eval_seconds += end - start - (self._gc_within(start, end) if self._gc_recent else 0.0)
         self._after_eval = True
 
     def _fold_wait(self, start: float, end: float, cpu: float | None, batch_size: int | None) -> None:
@@ -258,6 +310,11 @@ class Timeline:
         if self._step_start is None:
             self._step_start = start
         wall = end - start
+        if self._gc_recent:
+            paused = self._gc_within(start, end)
+            wall -= paused
+            if cpu is not None:
+                cpu = max(0.0, cpu - paused)  # a collection is CPU work
         self._wait += wall
         self._wait_cpu += self._cpu_of(wall, cpu)
         self._fold_waited = True
@@ -271,9 +328,14 @@ class Timeline:
             self._step_start = t
         if self._fold_awaiting and not self._fold_waited and self._last_end is not None:
             gap = max(0.0, t - self._last_end)
+            gap_cpu = None if cpu is None or self._end_cpu is None else max(0.0, cpu - self._end_cpu)
+            if self._gc_recent:
+                paused = self._gc_within(self._last_end, t)
+                gap = max(0.0, gap - paused)
+                if gap_cpu is not None:
+                    gap_cpu = max(0.0, gap_cpu - paused)
             self._wait += gap
-            self._wait_cpu += self._cpu_of(gap, None if cpu is None or self._end_cpu is None
-                                           else max(0.0, cpu - self._end_cpu))
+            self._wait_cpu += self._cpu_of(gap, gap_cpu)
             self.methods.add("between-steps")
         self._fold_awaiting = False
 
@@ -309,6 +371,9 @@ class Timeline:
         self._batch_size = None
         self._fold_awaiting = True
         self._after_eval = False
+        # Collections folded so far ran before this step end, in its compute: no wait's
+        # (NOTE [ Garbage collection in a wait ]).
+        self._gc_recent.clear()
 
     def _merge_older(self) -> None:
         """Merge pairs among the older half of the records (the first few, warm-up, stay as they are)."""

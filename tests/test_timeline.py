@@ -196,3 +196,76 @@ def test_with_manual_steps_batches_read_without_gradients_are_the_steps_input():
     tl.mark(1.0)
     assert tl.steps[-1].data_wait == pytest.approx(0.4)
     assert tl.eval_batches == 0
+
+
+# -- NOTE [ Garbage collection in a wait ] -------------------------------------
+def test_a_collection_inside_a_wait_is_taken_out_of_it_wall_and_cpu():
+    tl = Timeline(t0=0.0)
+    tl.gc_pause(0.2, 0.5)  # reported when the collection ends, before next() returns
+    tl.batch_wait(0.0, 0.6, cpu=0.35)
+    tl.gc_pause(0.7, 0.8)  # in the step's compute: no wait's
+    tl.optimizer_step(1.0)
+    step = tl.steps[0]
+    assert (step.data_wait, step.data_wait_cpu) == pytest.approx((0.3, 0.05))
+    assert step.duration == pytest.approx(1.0)
+    assert (tl.gc_collections, tl.gc_seconds, tl.gc_in_waits) == (2, pytest.approx(0.4), pytest.approx(0.3))
+
+
+def test_a_collection_in_the_compute_of_the_step_before_leaves_the_next_wait_alone():
+    tl = Timeline(t0=0.0)
+    tl.batch_wait(0.0, 0.1)
+    tl.gc_pause(0.5, 0.9)
+    tl.optimizer_step(1.0)
+    tl.batch_wait(1.0, 1.2)
+    tl.optimizer_step(2.0)
+    assert [s.data_wait for s in tl.steps] == pytest.approx([0.1, 0.2])
+    assert tl.gc_in_waits == 0.0
+
+
+def test_a_collection_between_steps_is_taken_out_of_the_gap():
+    tl = Timeline(t0=0.0)
+    tl.forward_start(0.0)
+    tl.optimizer_step(1.0)
+    tl.gc_pause(1.1, 1.3)
+    tl.forward_start(1.5)
+    tl.optimizer_step(2.0)
+    assert tl.steps[1].data_wait == pytest.approx(0.3)
+
+
+def test_a_collection_in_an_evaluation_batch_is_left_out_of_its_time():
+    tl = Timeline(t0=0.0)
+    tl.batch_wait(0.0, 0.1)
+    tl.optimizer_step(1.0)
+    tl.gc_pause(1.0, 1.4)
+    tl.eval_wait(1.0, 1.5)
+    tl.batch_wait(2.0, 2.1)
+    tl.optimizer_step(3.0)
+    assert tl.steps[1].data_wait == pytest.approx(0.1)  # reading the steps folds the events
+    assert tl.eval_seconds == pytest.approx(0.1)
+
+
+def test_on_gc_turns_callback_phases_into_a_pause_from_the_timeline_clock():
+    times = iter([10.0, 10.25])
+    tl = Timeline(t0=0.0, clock=lambda: next(times))
+    tl.on_gc("start", {"generation": 2})
+    tl.on_gc("stop", {"generation": 2, "collected": 0})
+    tl.on_gc("stop", {"generation": 0})  # a stop with no start seen: nothing
+    tl.fold()
+    assert (tl.gc_collections, tl.gc_seconds) == (1, pytest.approx(0.25))
+
+
+def test_on_gc_in_a_forked_child_records_nothing():
+    tl = Timeline(t0=0.0)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: as a DataLoader worker that inherited gc.callbacks
+        try:
+            tl.on_gc("start", {})
+            tl.on_gc("stop", {})
+            os.write(w, str(len(tl._events)).encode())
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(r, 16) == b"0"
+    os.close(r)
+    os.close(w)
