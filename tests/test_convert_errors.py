@@ -122,3 +122,56 @@ def test_unreadable_image_is_named(tmp_path):
     with pytest.raises(ConvertError, match=r"a/001\.png: cannot read: No such file or directory"):
         convert(tmp_path / "imgs", tmp_path / "o.h5", ConvertOptions(to="hdf5"))
     assert leftovers(tmp_path) == [] and not (tmp_path / "o.h5").exists()
+
+
+def _written_output(tmp_path, to: str):
+    """A finished temporary output of ten samples and the digest taken while writing,
+    as ``convert`` holds them just before ``--verify`` reads the output back."""
+    from converters.conversion import _Output
+    from converters.schema import SampleDigest, Schema
+
+    samples = [{"x": np.arange(4, dtype=np.float32) + i, "label": np.int64(i)} for i in range(10)]
+    schema = Schema.infer(samples[0], "sample 0")
+    output = _Output(tmp_path / ("out.h5" if to == "hdf5" else "out"), ConvertOptions(to=to, verify=True))
+    output.start(schema, len(samples))
+    digest = SampleDigest(schema)
+    for i, raw in enumerate(samples):
+        sample = schema.check(raw, f"sample {i}")
+        digest.update(sample)
+        output.write(sample)
+    output.finish({"checksums": digest.result()})
+    return output, digest
+
+
+def test_verify_reports_a_field_that_reads_back_different_from_what_was_written(tmp_path):
+    # The output changed between writing and reading back (a bad disk, a concurrent
+    # writer): here one value is rewritten in place.
+    import h5py
+
+    from converters.conversion import _verify
+
+    output, digest = _written_output(tmp_path, "hdf5")
+    _verify(output, digest)  # untouched: passes
+    with h5py.File(output.tmp, "r+") as f:
+        f["x"][3, 1] = 99.0
+    with pytest.raises(ConvertError, match=r"out\.h5: verification failed: field 'x' checksum \w+ differs from "
+                                           r"the source's \w+$"):
+        _verify(output, digest)
+    output.abort()
+    assert leftovers(tmp_path) == []
+
+
+def test_verify_reports_a_corrupt_tfrecord_shard_by_name_and_offset(tmp_path):
+    from converters.conversion import _verify
+
+    output, digest = _written_output(tmp_path, "tfrecord")
+    _verify(output, digest)
+    shard = next(output.tmp.glob("*.tfrecord"))
+    data = bytearray(shard.read_bytes())
+    data[-6] ^= 0xFF  # inside the last record's data
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ConvertError, match=r"train-00000-of-00001\.tfrecord.*data CRC-32C mismatch") as err:
+        _verify(output, digest)
+    assert "\n" not in str(err.value)
+    output.abort()
+    assert leftovers(tmp_path) == []
