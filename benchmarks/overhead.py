@@ -3,17 +3,18 @@
 Runs everything in one process. Each round runs the loop three times, in an order
 that rotates through all six: plain, under Profile, and plain again (the A/A
 control). The median of the per-round ratios profiled/plain is the overhead
-(target: <= 1.01); the median of control/plain is what the same code against
-itself reads on this machine at this moment, the resolution of the figure above.
-Not a test: timings are printed, never asserted.
+(target: <= 1.01), over the whole run and over its steady state (the steps after
+the first ``--settle``, whose extra time is printed apart, once per run); the
+median of control/plain is what the same code against itself reads on this
+machine at this moment. Not a test: timings are printed, never asserted.
 
-    python benchmarks/overhead.py [--rounds 60] [--steps 200] [--width 576] [--threads 1] [--interval 0.1]
+    python benchmarks/overhead.py [--rounds 60] [--steps 200] [--settle 20] [--width 576] [--threads 1] [--interval 0.1]
 
 On a shared VM the per-round noise (a few %) is larger than the effect, so it
-also measures the two parts of the cost where each can be resolved, and adds
-them up for this step time:
-- per step, the hooks: a loop of ~0.1 ms steps, plain and under Profile with no
-  sampling ticks, where 5 us/step is 5%;
+also measures the parts of the cost where each can be resolved:
+- per step, the hooks: the shift of the median step (a tick lands in one step
+  in ~50 and leaves the median alone), and a loop of ~0.1 ms steps, plain and
+  under Profile with no sampling ticks, where 5 us/step is 5%;
 - per tick, the sampler: in the profiled runs above, how much longer the steps
   that a sampling tick fell into took than the other steps.
 
@@ -43,13 +44,18 @@ def make_loop(steps: int, batch: int, width: int, features: int = 64):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
 
-    def run() -> float:
-        t0 = time.perf_counter()
+    clock = time.perf_counter
+
+    def run() -> list[float]:
+        """The loop's start and the end of each step (perf_counter)."""
+        ends = [clock()]
+        mark = ends.append
         for x, y in loader:
             opt.zero_grad()
             loss_fn(model(x), y).backward()
             opt.step()
-        return time.perf_counter() - t0
+            mark(clock())
+        return ends
 
     return run
 
@@ -63,10 +69,11 @@ def hook_cost_per_step(rounds: int, steps: int = 2000) -> float:
         t = {}
         for kind in (("plain", "profiled") if r % 2 == 0 else ("profiled", "plain")):
             if kind == "plain":
-                t[kind] = run()
+                ends = run()
             else:
                 with Profile(print_report=False, gpu=True, interval=1e6):  # one sample at start and at stop only
-                    t[kind] = run()
+                    ends = run()
+            t[kind] = ends[-1] - ends[0]
         extra.append((t["profiled"] - t["plain"]) / steps * 1e6)
     return statistics.median(extra)
 
@@ -104,38 +111,64 @@ def main() -> None:
                              "GPU job has; with every core busy, scheduler noise swamps a 1%% effect)")
     parser.add_argument("--interval", type=float, default=0.1, help="sampling interval in seconds (default 0.1)")
     parser.add_argument("--tiny-rounds", type=int, default=30, help="rounds of the ~0.1 ms/step loop for the hooks' cost")
+    parser.add_argument("--settle", type=int, default=20,
+                        help="steps counted as the run's start-up; the steady-state ratio is over the steps after them")
     args = parser.parse_args()
+    if not 0 < args.settle < args.steps:
+        parser.error(f"--settle must be between 1 and --steps - 1 ({args.steps - 1}), got {args.settle}")
 
     torch.set_num_threads(args.threads)
     run = make_loop(args.steps, args.batch, args.width)
     run()  # warm-up: allocator, thread pools
-    times: dict[str, list[float]] = {"plain": [], "profiled": [], "control": []}
+    kinds = ("plain", "profiled", "control")
+    whole: dict[str, list[float]] = {k: [] for k in kinds}  # the run, first batch to last step
+    start: dict[str, list[float]] = {k: [] for k in kinds}  # its first --settle steps
+    median_step: dict[str, list[float]] = {k: [] for k in kinds}  # its median step after them
+    first: dict[str, list[float]] = {k: [] for k in kinds}  # its first step
     edges, ticks, profiled_runs = [], [], []
-    orders = list(itertools.permutations(times))
+    orders = list(itertools.permutations(kinds))
     for r in range(args.rounds):
         for kind in orders[r % len(orders)]:
             if kind == "profiled":
                 e0 = time.perf_counter()
                 with Profile(print_report=False, gpu=True, interval=args.interval) as prof:
-                    t = run()
-                edges.append(time.perf_counter() - e0 - t)
+                    ends = run()
+                edges.append(time.perf_counter() - e0 - (ends[-1] - ends[0]))
                 ticks.append(prof.run.sampling.get("mean_sample_seconds", 0.0))
                 profiled_runs.append(prof.run)
             else:
-                t = run()
-            times[kind].append(t)
-        ms = {k: v[-1] / args.steps * 1e3 for k, v in times.items()}
+                ends = run()
+            whole[kind].append(ends[-1] - ends[0])
+            start[kind].append(ends[args.settle] - ends[0])
+            first[kind].append(ends[1] - ends[0])
+            after = ends[args.settle:]
+            median_step[kind].append(statistics.median(b - a for a, b in itertools.pairwise(after)))
+        ms = {k: v[-1] / args.steps * 1e3 for k, v in whole.items()}
         print(f"round {r:2d}: plain {ms['plain']:6.3f}  profiled {ms['profiled']:6.3f}  control {ms['control']:6.3f} "
               f"ms/step   profiled/plain {ms['profiled'] / ms['plain']:.4f}  control/plain {ms['control'] / ms['plain']:.4f}")
-    ratios = [p / q for p, q in zip(times["profiled"], times["plain"], strict=True)]
-    control = [c / q for c, q in zip(times["control"], times["plain"], strict=True)]
-    step_ms = statistics.median(times["plain"]) / args.steps * 1e3
-    med = statistics.median(ratios)
-    q1, _, q3 = statistics.quantiles(ratios)
+    steady = {k: [w - s for w, s in zip(whole[k], start[k], strict=True)] for k in kinds}
+
+    def ratio(times: dict[str, list[float]], kind: str) -> list[float]:
+        return [p / q for p, q in zip(times[kind], times["plain"], strict=True)]
+
+    step_ms = statistics.median(whole["plain"]) / args.steps * 1e3
     print(f"\nstep time (plain, median): {step_ms:.3f} ms, {args.steps} steps per run, {args.rounds} rounds")
-    print(f"overhead ratio profiled/plain, median: {med:.4f} (per step: {(med - 1) * step_ms * 1e3:+.1f} us; "
-          f"quartiles {q1:.4f}-{q3:.4f})   target <= 1.01")
-    print(f"control ratio plain/plain, median:    {statistics.median(control):.4f} (the resolution of the line above)")
+    for label, times in ((f"whole run ({args.steps} steps)", whole),
+                         (f"steady state (steps {args.settle + 1}-{args.steps})", steady)):
+        ratios = ratio(times, "profiled")
+        med = statistics.median(ratios)
+        q1, _, q3 = statistics.quantiles(ratios)
+        print(f"overhead profiled/plain, {label}: median {med:.4f} (per step {(med - 1) * step_ms * 1e3:+.1f} us; "
+              f"quartiles {q1:.4f}-{q3:.4f}); control plain/plain {statistics.median(ratio(times, 'control')):.4f}"
+              f"   target <= 1.01")
+    shift = [(p - q) * 1e6 for p, q in zip(median_step["profiled"], median_step["plain"], strict=True)]
+    control_shift = [(c - q) * 1e6 for c, q in zip(median_step["control"], median_step["plain"], strict=True)]
+    print(f"median step, profiled - plain: {statistics.median(shift):+.1f} us (control {statistics.median(control_shift):+.1f} us): "
+          "the per-step cost in this loop; a tick lands in one step in ~50 and leaves the median alone")
+    extra = [p - q for p, q in zip(start["profiled"], start["plain"], strict=True)]
+    extra_first = [p - q for p, q in zip(first["profiled"], first["plain"], strict=True)]
+    print(f"start-up inside the loop: the first {args.settle} steps took {statistics.median(extra) * 1e3:+.2f} ms "
+          f"longer profiled (median), once per run; the first step {statistics.median(extra_first) * 1e3:+.2f} ms")
     hooks_us = hook_cost_per_step(args.tiny_rounds)
     tick_ms = tick_cost(profiled_runs) * 1e3
     parts = 1 + hooks_us / (step_ms * 1e3) + tick_ms / (args.interval * 1e3)

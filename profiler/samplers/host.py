@@ -52,7 +52,9 @@ _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 # every ``SLOW_EVERY`` (1 s each at 10 Hz, half a second apart). New loader
 # workers are therefore seen within a second; their CPU since creation is still
 # counted (NOTE [ Short-lived loader workers ]). benchmarks/overhead.py measures
-# what a tick then costs the loop: ~0.3 ms, 0.3% at 10 Hz.
+# what a tick then costs the loop: 0.35-0.56 ms, 0.4-0.6% at 10 Hz, about the
+# sampler thread's whole CPU time per tick (benchmarks/gil_contention.py: Python
+# on a second thread costs this loop roughly its own length).
 TREE_EVERY = 10
 SLOW_EVERY = 10
 _GONE = (psutil.NoSuchProcess, psutil.AccessDenied)  # ZombieProcess is a NoSuchProcess

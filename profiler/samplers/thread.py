@@ -19,9 +19,10 @@ NOTE [ First reading before the loop ]
 The thread's first tick would otherwise run beside the first steps of the
 training loop, and the host part of it is Python that holds the GIL: the first
 reading builds psutil's process object and opens the /proc files, and the loop's
-first steps, already slow with cold caches, waited on it (measured on the CI VM:
-~0.8 ms over the first two steps of a 2 ms/step loop, ~0.1 ms once ``start()``
-waited, benchmarks/overhead.py). So ``start()`` waits, for at most
+first steps, already slow with cold caches, waited on it (measured on the CI VM,
+30 rounds: ~0.9 ms extra over the first two steps of benchmarks/overhead.py's
+2 ms/step loop, 0.2-0.4 ms once ``start()`` waited; its first step alone, 100
+rounds: ~1.08 ms, then ~0.48 ms). So ``start()`` waits, for at most
 ``FIRST_HOST_TIMEOUT``, until the thread has taken the first host reading, which
 is stored at once; the GPU part of the tick, which blocks in the driver with the
 GIL released (~20 ms per GPU with PCIe, nvml.py), goes on after ``start()``
