@@ -791,7 +791,8 @@ class TorchFixes:
     # first iteration runs as written and is measured; at the start of a later
     # iteration (the next epoch), if the steps so far call for it, the safe settings
     # from advice.recommend (num_workers, prefetch_factor, pin_memory with CUDA) are
-    # set on the loader itself. Never persistent_workers: it changes the shuffle order
+    # set on the loader itself; an evaluation loader (only ever read with gradients
+    # off) is left as written. Never persistent_workers: it changes the shuffle order
     # (see _live_tune), and apply=True must leave the run's results as they were. If the new iterator fails
     # to start or to deliver its first batch (a dataset that cannot live in a worker),
     # the old settings come back and that epoch starts again as written.
@@ -830,6 +831,11 @@ class TorchFixes:
         prev = state.pop("last", None)
         info = getattr(prev, "_loadprof_info", None)
         if info is None or self.a.timeline is None or self.a.run is None:
+            return
+        if info.eval_iterations >= info.iterations:
+            # Only read with gradients off so far: an evaluation loader feeds no step
+            # (NOTE [ Evaluation batches ] in timeline.py), so the steps say nothing about it.
+            state["done"] = True
             return
         env = dataclasses.replace(self.a.run.environment,
                                   cuda_in_use=bool(self.torch.cuda.is_available() and self.torch.cuda.is_initialized()))

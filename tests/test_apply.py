@@ -60,6 +60,35 @@ def test_apply_true_retunes_a_loader_built_in_the_block_and_leaves_results_ident
     assert tuned == plain  # same items, same order, same updates
 
 
+def test_apply_true_leaves_an_evaluation_loader_as_written() -> None:
+    # The steps judge the training loader only: a loader read with gradients off
+    # feeds no step (NOTE [ Evaluation batches ] in timeline.py), so it is not tuned.
+    def train_and_evaluate() -> tuple[list[float], DataLoader, DataLoader]:
+        torch.manual_seed(0)
+        loader = DataLoader(Slow(), batch_size=16, shuffle=True, num_workers=0)
+        val = DataLoader(Slow(), batch_size=64, num_workers=0)
+        model = torch.nn.Linear(16, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = []
+        for _ in range(3):
+            for x, y in loader:
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            with torch.no_grad():
+                losses.append(sum(torch.nn.functional.cross_entropy(model(x), y).item() for x, y in val))
+        return losses, loader, val
+
+    plain, _, _ = train_and_evaluate()
+    with Profile(apply=True, print_report=False, gpu=False) as prof:
+        tuned, loader, val = train_and_evaluate()
+    assert loader.num_workers >= 1, prof.applied
+    assert val.num_workers == 0, prof.applied
+    assert tuned == plain
+
+
 def test_apply_true_says_what_it_changed_when_it_prints() -> None:
     out = io.StringIO()
     with Profile(apply=True, gpu=False, output=out) as prof:
