@@ -42,7 +42,8 @@ gap, or an evaluation batch) out of it, wall and CPU both: it stays in the step
 as compute. ``gc_seconds`` and ``gc_in_waits`` are reported as probes. A training
 loop collects rarely (one collection per ~40 steps in benchmarks/overhead.py's
 loop), so this adds no per-step work. A collection on another thread (the
-sampler's) during a wait is taken out too; it is short and rare.
+sampler's, a pin-memory thread) during a wait is taken out too, though the wait
+went on meanwhile; such collections are short and rare (README, Known limits).
 
 NOTE [ Events now, steps on read ]
 The event methods run inside the training loop, once or twice per step, where
