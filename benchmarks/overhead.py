@@ -121,7 +121,7 @@ def main() -> None:
     run = make_loop(args.steps, args.batch, args.width)
     run()  # warm-up: allocator, thread pools
     kinds = ("plain", "profiled", "control")
-    whole: dict[str, list[float]] = {k: [] for k in kinds}  # the run, first batch to last step
+    whole: dict[str, list[float]] = {k: [] for k in kinds}  # the run, from the loop's start to its last step end
     start: dict[str, list[float]] = {k: [] for k in kinds}  # its first --settle steps
     median_step: dict[str, list[float]] = {k: [] for k in kinds}  # its median step after them
     first: dict[str, list[float]] = {k: [] for k in kinds}  # its first step
