@@ -70,6 +70,8 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, nargs="*", default=[100, 20],
                         help="iterations between GIL yields, one variant each (plus one with no yield)")
     args = parser.parse_args()
+    if args.rounds < 1 or args.steps < 1 or args.work < 1 or args.period <= 0 or any(c < 1 for c in args.chunk):
+        parser.error("--rounds, --steps, --work and each --chunk must be >= 1, and --period > 0")
 
     torch.set_num_threads(1)
     run = make_loop(args.steps, batch=64, width=576)

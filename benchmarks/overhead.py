@@ -114,6 +114,8 @@ def main() -> None:
     parser.add_argument("--settle", type=int, default=20,
                         help="steps counted as the run's start-up; the steady-state ratio is over the steps after them")
     args = parser.parse_args()
+    if args.rounds < 2 or args.tiny_rounds < 1:
+        parser.error(f"--rounds must be >= 2 (quartiles) and --tiny-rounds >= 1, got {args.rounds} and {args.tiny_rounds}")
     if not 0 < args.settle < args.steps:
         parser.error(f"--settle must be between 1 and --steps - 1 ({args.steps - 1}), got {args.settle}")
 
