@@ -95,8 +95,9 @@ def main() -> None:
     for v in variants[1:]:
         extra = statistics.median(t - p for t, p in zip(loop[v], plain, strict=True))
         label = "in one go" if v == args.work else f"yielding every {v}"
-        print(f"{label:>20}: loop +{extra * 1e3:.2f} ms per run; background CPU {statistics.median(cpu[v]) * 1e3:.2f} ms "
-              f"per run ({extra / statistics.median(cpu[v]):.0%} of it)")
+        used = statistics.median(cpu[v])
+        share = f"{extra / used:.0%} of it" if used > 0 else "no tick fell in a run: lengthen --steps"
+        print(f"{label:>20}: loop +{extra * 1e3:.2f} ms per run; background CPU {used * 1e3:.2f} ms per run ({share})")
 
 
 if __name__ == "__main__":
