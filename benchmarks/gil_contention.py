@@ -97,7 +97,7 @@ def main() -> None:
         label = "in one go" if v == args.work else f"yielding every {v}"
         used = statistics.median(cpu[v])
         share = f"{extra / used:.0%} of it" if used > 0 else "no tick fell in a run: lengthen --steps"
-        print(f"{label:>20}: loop +{extra * 1e3:.2f} ms per run; background CPU {used * 1e3:.2f} ms per run ({share})")
+        print(f"{label:>20}: loop {extra * 1e3:+.2f} ms per run; background CPU {used * 1e3:.2f} ms per run ({share})")
 
 
 if __name__ == "__main__":
