@@ -468,6 +468,61 @@ def test_host_reads_proc_stat_and_statm_itself(tmp_path: Path) -> None:
     assert host.problems() == []
 
 
+_MEMINFO = """MemTotal:       16000000 kB
+MemFree:         1000000 kB
+MemAvailable:    4000000 kB
+Buffers:          100000 kB
+SwapCached:            0 kB
+SwapTotal:       2000000 kB
+SwapFree:        1500000 kB
+"""
+
+
+def _diskstats(sda: int, sda1: int, loop0: int) -> str:
+    """A /proc/diskstats with the given sectors read: a disk, its partition, a loop device."""
+    return (f"   8       0 sda 100 0 {sda} 50 7 0 8 9 0 60 60 0 0 0 0 0 0\n"
+            f"   8       1 sda1 90 0 {sda1} 40 7 0 8 9 0 50 50 0 0 0 0 0 0\n"
+            f"   7       0 loop0 5 0 {loop0} 1 0 0 0 0 0 1 1 0 0 0 0\n")
+
+
+def test_host_reads_memory_and_disk_from_proc_itself(tmp_path: Path) -> None:
+    # NOTE [ Sampling cost ]: /proc/meminfo and /proc/diskstats kept open; the reads of
+    # the devices under /sys/block count (a partition's are already in its disk's).
+    (tmp_path / "meminfo").write_text(_MEMINFO)
+    (tmp_path / "diskstats").write_text(_diskstats(sda=1000, sda1=900, loop0=10))
+    block = tmp_path / "block"
+    (block / "sda").mkdir(parents=True)
+    (block / "loop0").mkdir()
+    host = HostSource(proc_root=tmp_path, block_root=block)
+    host.start()
+    (tmp_path / "diskstats").write_text(_diskstats(sda=1000 + 2048, sda1=900 + 2048, loop0=10 + 8))
+    s = host.sample(0.1)  # the first sample reads the slow readings too
+    host.close()
+    assert s.memory_percent == pytest.approx(75.0)
+    assert s.memory_available == 4_000_000 * 1024
+    assert s.swap_used == 500_000 * 1024
+    # (2048 + 8) sectors of 512 bytes since start(), over the few ms since then
+    assert s.disk_read_bps > 0
+    assert host._last_disk_read == (1000 + 2048 + 10 + 8) * 512
+    assert host.problems() == []
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/diskstats"), reason="Linux /proc")
+def test_host_disk_and_memory_readings_agree_with_psutil() -> None:
+    host = HostSource()
+    host.start()
+    before = psutil.disk_io_counters(perdisk=False)
+    ours = host._disk_read()
+    after = psutil.disk_io_counters(perdisk=False)
+    s = host.sample(0.1)
+    vm = psutil.virtual_memory()
+    host.close()
+    if before is not None and after is not None:
+        assert before.read_bytes <= ours <= after.read_bytes
+    assert s.memory_percent == pytest.approx(vm.percent, abs=2.0)
+    assert s.memory_available == pytest.approx(vm.available, rel=0.05)
+
+
 def test_host_falls_back_to_psutil_without_proc(tmp_path: Path) -> None:
     host = HostSource(proc_root=tmp_path / "nothing-here")
     host.start()

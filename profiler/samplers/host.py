@@ -31,6 +31,8 @@ log = logging.getLogger("loadprof.samplers")
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 _PROC_ROOT = Path("/proc")
+_BLOCK_ROOT = Path("/sys/block")
+_SECTOR = 512  # /proc/diskstats counts 512-byte sectors whatever the device's own size (psutil: DISK_SECTOR_SIZE)
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 # NOTE [ Sampling cost ]
@@ -46,8 +48,13 @@ _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 # sample reads /proc/stat once, through a descriptor kept open (``_ProcFile``: one
 # pread), takes this process's CPU from its CPU clock and its RSS from
 # /proc/self/statm (kept open too), and lists the process tree through the
-# per-thread children files (``_linux_descendants``); psutil reads the rest, and
-# everything on other platforms. The slow-changing readings are spread out: the
+# per-thread children files (``_linux_descendants``). Memory, swap and disk reads
+# come from /proc/meminfo and /proc/diskstats, kept open too (psutil's three calls
+# made ~40 system calls: each file opened, stat'ed, read and closed, /proc/meminfo
+# twice, and one access() per block device, counted with strace), summed over the
+# devices psutil counts (those under /sys/block, listed once at start). psutil
+# reads the rest, and everything on other platforms; ``os.cpu_count()`` behind the
+# /proc/stat read size is asked once. The slow-changing readings are spread out: the
 # tree is relisted every ``TREE_EVERY`` samples and memory, swap and disk read
 # every ``SLOW_EVERY`` (1 s each at 10 Hz, half a second apart). New loader
 # workers are therefore seen within a second; their CPU since creation is still
@@ -68,13 +75,18 @@ class HostSource:
     forked mid-sample cannot inherit a held one.
     """
 
-    def __init__(self, pid: int | None = None, proc_root: Path | None = None) -> None:
+    def __init__(self, pid: int | None = None, proc_root: Path | None = None, block_root: Path | None = None) -> None:
         self.pid = os.getpid() if pid is None else pid
         #: where /proc is (tests point it elsewhere); unreadable -> psutil for everything
         self.proc_root = _PROC_ROOT if proc_root is None else proc_root
+        #: where /sys/block is: its entries are the devices whose reads count
+        self.block_root = _BLOCK_ROOT if block_root is None else block_root
         self._own = self.pid == os.getpid()  # this process: its CPU and RSS without psutil
         self._stat_file = _ProcFile(self.proc_root / "stat")
         self._statm_file = _ProcFile(self.proc_root / "self" / "statm")
+        self._meminfo_file = _ProcFile(self.proc_root / "meminfo")
+        self._diskstats_file = _ProcFile(self.proc_root / "diskstats")
+        self._disks: frozenset[str] = frozenset()  # storage device names, listed at start()
         self._proc: psutil.Process | None = None
         self._cores: list[int] = []
         self._started = False
@@ -102,6 +114,11 @@ class HostSource:
         except _GONE as exc:
             self._note(f"process {self.pid}: {type(exc).__name__}")
         self._cores = _affinity(self.pid)
+        try:
+            # psutil's is_storage_device(): the name, '/' written '!', is an entry of /sys/block
+            self._disks = frozenset(name.replace("!", "/") for name in os.listdir(self.block_root))
+        except OSError:
+            self._disks = frozenset()  # psutil reads the disks (and says if there are none)
         self._last_wall = self._last_slow_wall = time.monotonic()
         self._last_all, self._last_percpu = self._cpu_times()
         self._read_tree(self._last_wall, 0.0, relist=True)
@@ -109,8 +126,8 @@ class HostSource:
 
     def close(self) -> None:
         """Close the /proc files kept open. Idempotent; a later sample opens them again."""
-        self._stat_file.close()
-        self._statm_file.close()
+        for file in (self._stat_file, self._statm_file, self._meminfo_file, self._diskstats_file):
+            file.close()
 
     # -- readings ------------------------------------------------------------
     def sample(self, t: float) -> HostSample:
@@ -139,12 +156,16 @@ class HostSource:
 
         if self._n % SLOW_EVERY == SLOW_EVERY // 2 or self._n == 1:
             mem_percent, available, swap, disk_bps = self._slow
-            try:
-                vm = psutil.virtual_memory()
-                mem_percent, available = float(vm.percent), int(vm.available)
-                swap = int(psutil.swap_memory().used)
-            except OSError as exc:
-                self._note(f"memory: {exc}")
+            memory = _proc_meminfo(self._meminfo_file)
+            if memory is not None:
+                mem_percent, available, swap = memory
+            else:
+                try:
+                    vm = psutil.virtual_memory()
+                    mem_percent, available = float(vm.percent), int(vm.available)
+                    swap = int(psutil.swap_memory().used)
+                except OSError as exc:
+                    self._note(f"memory: {exc}")
             read = self._disk_read()
             slow_dt = max(now - self._last_slow_wall, 1e-9)
             if read is not None and self._last_disk_read is not None:
@@ -267,6 +288,10 @@ class HostSource:
     def _disk_read(self) -> int | None:
         # System-wide block-device reads. Page-cache hits and network filesystems
         # (NFS, FUSE object stores) do not show up here: a warm-cache loader reads 0.
+        if self._disks:
+            read = _proc_diskstats(self._diskstats_file, self._disks)
+            if read is not None:
+                return read
         try:
             io = psutil.disk_io_counters(perdisk=False)
         except (OSError, RuntimeError) as exc:
@@ -292,12 +317,25 @@ class _ProcFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd: int | None = None
+        #: bytes the last complete reading needed (_proc_stat, whole()): the next one
+        #: reads that much at once, without working it out again
+        self.size = 0
 
     def head(self, size: int) -> bytes:
         """Up to ``size`` bytes from the start of the file; OSError if it cannot be read."""
         if self._fd is None:
             self._fd = os.open(self.path, os.O_RDONLY)
         return os.pread(self._fd, size, 0)
+
+    def whole(self) -> bytes:
+        """The whole file, in one read once its size is known (kept in ``size``)."""
+        size = self.size or 4096
+        while True:
+            data = self.head(size)
+            if len(data) < size:
+                self.size = size
+                return data
+            size *= 4
 
     def close(self) -> None:
         if self._fd is not None:
@@ -316,9 +354,12 @@ def _proc_stat(file: _ProcFile) -> tuple[tuple[float, float, float | None], dict
 
     The ``cpu`` lines come first; the ``intr`` line after them can be tens of KB on
     a big machine, so only the head is read, and read again larger if it did not
-    reach past the last ``cpu`` line. Accounting as psutil's (``_account``).
+    reach past the last ``cpu`` line. The size that sufficed is kept on ``file``:
+    ``os.cpu_count()`` reads /sys (open, read, close: three system calls, as many as
+    the rest of a tick, NOTE [ Sampling cost ]), so it is asked once. Accounting as
+    psutil's (``_account``).
     """
-    size = 256 * ((os.cpu_count() or 1) + 2)
+    size = file.size or 256 * ((os.cpu_count() or 1) + 2)
     try:
         while True:
             head = file.head(size)
@@ -328,6 +369,7 @@ def _proc_stat(file: _ProcFile) -> tuple[tuple[float, float, float | None], dict
                     or not all(line.startswith(b"cpu") for line in lines[:-1])):
                 break
             size *= 4
+        file.size = size
         total_all: tuple[float, float, float | None] | None = None
         percpu: dict[int, tuple[float, float]] = {}
         for line in lines:
@@ -346,6 +388,52 @@ def _proc_stat(file: _ProcFile) -> tuple[tuple[float, float, float | None], dict
     if total_all is None or not percpu:
         return None
     return total_all, percpu
+
+
+def _proc_meminfo(file: _ProcFile) -> tuple[float, int, int] | None:
+    """(memory % used, bytes available, swap bytes used) from Linux's /proc/meminfo, or None.
+
+    As psutil computes them: used % = (MemTotal - MemAvailable) / MemTotal, swap used
+    = SwapTotal - SwapFree. None without MemAvailable (kernels before 3.14, where
+    psutil estimates it): psutil is asked then.
+    """
+    try:
+        fields = {}
+        for line in file.whole().split(b"\n"):
+            name, _, rest = line.partition(b":")
+            if name in (b"MemTotal", b"MemAvailable", b"SwapTotal", b"SwapFree"):
+                fields[name] = int(rest.split()[0]) * 1024  # kB
+        total, available = fields[b"MemTotal"], fields[b"MemAvailable"]
+        swap = max(0, fields.get(b"SwapTotal", 0) - fields.get(b"SwapFree", 0))
+    except (OSError, ValueError, IndexError, KeyError):
+        return None
+    if total <= 0:
+        return None
+    return 100.0 * (total - available) / total, available, swap
+
+
+def _proc_diskstats(file: _ProcFile, disks: frozenset[str]) -> int | None:
+    """Bytes read so far by the block devices in ``disks``, from Linux's /proc/diskstats, or None.
+
+    A line is ``major minor name`` then counters; sectors read is the third counter
+    (the second on the 7-field partition lines of old kernels), as psutil reads it.
+    """
+    try:
+        sectors = 0
+        for line in file.whole().split(b"\n"):
+            fields = line.split()
+            n = len(fields)
+            if n >= 14:
+                counter = fields[5]
+            elif n == 7:
+                counter = fields[4]
+            else:
+                continue
+            if fields[2].decode(errors="replace") in disks:
+                sectors += int(counter)
+    except (OSError, ValueError):
+        return None
+    return sectors * _SECTOR
 
 
 def _linux_descendants(proc_root: Path, pid: int) -> list[int] | None:
