@@ -618,7 +618,7 @@ def test_sampler_samples_at_once_and_stops_promptly(monkeypatch: pytest.MonkeyPa
         nv.close()
 
 
-def test_start_waits_for_the_first_host_reading_but_not_for_the_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_start_takes_the_first_host_reading_but_does_not_wait_for_the_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     # NOTE [ First reading before the loop ] in thread.py: the host part of the first
     # tick is done when start() returns; a GPU stuck in the driver does not hold it up.
     release = threading.Event()

@@ -21,12 +21,15 @@ training loop, and the host part of it is Python that holds the GIL: the first
 reading builds psutil's process object and opens the /proc files, and the loop's
 first steps, already slow with cold caches, waited on it (measured on the CI VM,
 30 rounds: ~0.9 ms extra over the first two steps of benchmarks/overhead.py's
-2 ms/step loop, 0.2-0.4 ms once ``start()`` waited; its first step alone, 100
-rounds: ~1.08 ms, then ~0.48 ms). So ``start()`` waits, for at most
-``FIRST_HOST_TIMEOUT``, until the thread has taken the first host reading, which
-is stored at once; the GPU part of the tick, which blocks in the driver with the
-GIL released (~20 ms per GPU with PCIe, nvml.py), goes on after ``start()``
-returned and is added to the same tick when done.
+2 ms/step loop, 0.2-0.4 ms without it; its first step alone, 100 rounds:
+~1.08 ms, then ~0.48 ms). So ``start()`` takes the first tick's host reading
+itself, before the loop (the sources' baselines are read there already, so a
+/proc that hangs would hang it anyway), and stores it at once; the thread then
+takes that tick's GPU part, which blocks in the driver with the GIL released
+(~20 ms per GPU with PCIe, nvml.py), and adds it to the same tick. (A first
+version had ``start()`` wait on an event for the thread to take the host
+reading; 100-round runs could not tell the two apart, and this one has no
+waiting caller and no timeout.)
 """
 
 from __future__ import annotations
@@ -53,11 +56,11 @@ T = TypeVar("T")
 #: we would rather lose the final sample than hang the end of a training run.
 JOIN_TIMEOUT = 5.0
 
-#: How long ``start()`` waits for the first host reading (NOTE [ First reading
-#: before the loop ]); it takes a few ms, and a hung /proc must not hang training.
-FIRST_HOST_TIMEOUT = 1.0
-
 Source = NvmlSource | HostSource
+
+#: What ``_read_hosts`` hands ``_read_gpus``: (perf_counter at the tick's start, its
+#: time t, the process tree's pids, the tick's GPU list to fill)
+_HostPart = tuple[float, float, set[int], list[GpuSample]]
 
 
 class Sampler:
@@ -99,7 +102,6 @@ class Sampler:
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
-        self._first_host = threading.Event()  # NOTE [ First reading before the loop ]
         self._pid: int | None = None
         self._stopped = False
         # One entry per tick, so decimation drops whole ticks, never one GPU of a tick.
@@ -117,9 +119,9 @@ class Sampler:
         self._pid = os.getpid()
         for src in self.sources:
             src.start()  # both sources never raise from start()
-        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        first = self._read_hosts()  # here, not on the thread: NOTE [ First reading before the loop ]
+        self._thread = threading.Thread(target=self._run, args=(first,), name=THREAD_NAME, daemon=True)
         self._thread.start()
-        self._first_host.wait(FIRST_HOST_TIMEOUT)  # NOTE [ First reading before the loop ]
 
     def stop(self) -> None:
         """Stop the thread promptly and take a final sample. Idempotent; no-op in a fork."""
@@ -142,38 +144,42 @@ class Sampler:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _run(self) -> None:
-        # The first sample is taken on the thread too: with PCIe readings it blocks
-        # ~20 ms per GPU in the driver (nvml.py), which must not delay the caller;
-        # start() waits for its host part only (NOTE [ First reading before the loop ]).
-        spent = self._sample_once()
+    def _run(self, first: _HostPart) -> None:
+        # The first tick's GPU part is taken on the thread: with PCIe readings it
+        # blocks ~20 ms per GPU in the driver (nvml.py), which must not delay the caller.
+        spent = self._read_gpus(first)
         while not self._done.wait(max(0.0, self._effective - spent)):
             spent = self._sample_once()
 
     # -- one tick --------------------------------------------------------------
     def _sample_once(self) -> float:
+        return self._read_gpus(self._read_hosts())
+
+    def _read_hosts(self) -> _HostPart:
+        """A tick's host reading, stored at once with an empty list its GPU readings will fill."""
         begin = time.perf_counter()
         t = self._clock() - self._t0
         host_sample: HostSample | None = None
         gpu_samples: list[GpuSample] = []
-        hosts = [s for s in self.sources if isinstance(s, HostSource)]
-        gpus = [s for s in self.sources if isinstance(s, NvmlSource)]
         pids: set[int] = {os.getpid()}
         # Host first: it lists the process tree that NVML's per-process memory needs.
-        for host in hosts:
-            got = self._guarded(host, host.sample, t)
-            if got is not None:
-                host_sample = got
-                pids = host.pids() or pids
-        # The tick is stored with its host reading now and its GPU readings added
-        # when they are in (NOTE [ First reading before the loop ]). Decimation keeps
-        # the newest tick, so the list filled below is always still kept.
+        for host in self.sources:
+            if isinstance(host, HostSource):
+                got = self._guarded(host, host.sample, t)
+                if got is not None:
+                    host_sample = got
+                    pids = host.pids() or pids
+        # Decimation keeps the newest tick, so the list filled by _read_gpus is always still kept.
         with self._lock:
             self._ticks.append((host_sample, gpu_samples))
             if len(self._ticks) >= self.max_samples:
                 self._decimate()
-        if not self._first_host.is_set():
-            self._first_host.set()
+        return begin, t, pids, gpu_samples
+
+    def _read_gpus(self, host_part: _HostPart) -> float:
+        """The rest of the tick begun by ``_read_hosts``: GPUs, then ``on_tick``. Returns its seconds."""
+        begin, t, pids, gpu_samples = host_part
+        gpus = [s for s in self.sources if isinstance(s, NvmlSource)]
         got_gpus: list[GpuSample] = []
         for nv in gpus:
             got_gpus.extend(self._guarded(nv, nv.sample, t, pids) or [])
