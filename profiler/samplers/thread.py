@@ -1,8 +1,9 @@
 """The one background thread that reads every source at a fixed interval.
 
 NOTE [ Sampler lifecycle and fork ]
-``start()`` records the pid and starts one daemon thread named
-``loadprof-sampler``, which takes a sample at once and then one per interval:
+``start()`` records the pid, takes the first tick's host reading (NOTE [ First
+reading before the loop ]) and starts one daemon thread named
+``loadprof-sampler``, which completes that tick and then takes one per interval:
 ``while not done.wait(interval - spent)``, so the time spent sampling is taken off
 the sleep and the ticks do not drift. ``stop()`` sets the event (the wait returns
 at once), joins, then takes a final sample from the calling thread, so a run
