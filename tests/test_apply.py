@@ -34,9 +34,13 @@ class RandomAug(Dataset):
         return torch.full((4,), float(i)) + torch.randn(4), i % 2
 
 
-def train(epochs: int = 4) -> tuple[list[float], DataLoader]:
+def train(epochs: int = 4, evaluate: bool = False) -> tuple[list[float], DataLoader, DataLoader | None]:
+    """Losses of a seeded run, its training loader and, with ``evaluate``, the
+    validation loader read with gradients off after each epoch (its summed loss
+    joins the list)."""
     torch.manual_seed(0)
     loader = DataLoader(Slow(), batch_size=16, shuffle=True, num_workers=0)
+    val = DataLoader(Slow(), batch_size=64, num_workers=0) if evaluate else None
     model = torch.nn.Linear(16, 3)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
@@ -47,14 +51,17 @@ def train(epochs: int = 4) -> tuple[list[float], DataLoader]:
             loss.backward()
             opt.step()
             losses.append(loss.item())
-    return losses, loader
+        if val is not None:
+            with torch.no_grad():
+                losses.append(sum(torch.nn.functional.cross_entropy(model(x), y).item() for x, y in val))
+    return losses, loader, val
 
 
 def test_apply_true_retunes_a_loader_built_in_the_block_and_leaves_results_identical() -> None:
-    plain, _ = train()
+    plain, _, _ = train()
     out = io.StringIO()
     with Profile(apply=True, print_report=False, gpu=False, output=out) as prof:
-        tuned, loader = train()
+        tuned, loader, _ = train()
     assert loader.num_workers >= 1, prof.applied
     assert any("num_workers 0 ->" in line for line in prof.applied), prof.applied
     assert tuned == plain  # same items, same order, same updates
@@ -63,29 +70,11 @@ def test_apply_true_retunes_a_loader_built_in_the_block_and_leaves_results_ident
 def test_apply_true_leaves_an_evaluation_loader_as_written() -> None:
     # The steps judge the training loader only: a loader read with gradients off
     # feeds no step (NOTE [ Evaluation batches ] in timeline.py), so it is not tuned.
-    def train_and_evaluate() -> tuple[list[float], DataLoader, DataLoader]:
-        torch.manual_seed(0)
-        loader = DataLoader(Slow(), batch_size=16, shuffle=True, num_workers=0)
-        val = DataLoader(Slow(), batch_size=64, num_workers=0)
-        model = torch.nn.Linear(16, 3)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        losses = []
-        for _ in range(3):
-            for x, y in loader:
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                losses.append(loss.item())
-            with torch.no_grad():
-                losses.append(sum(torch.nn.functional.cross_entropy(model(x), y).item() for x, y in val))
-        return losses, loader, val
-
-    plain, _, _ = train_and_evaluate()
+    plain, _, _ = train(epochs=3, evaluate=True)
     with Profile(apply=True, print_report=False, gpu=False) as prof:
-        tuned, loader, val = train_and_evaluate()
+        tuned, loader, val = train(epochs=3, evaluate=True)
     assert loader.num_workers >= 1, prof.applied
-    assert val.num_workers == 0, prof.applied
+    assert val is not None and val.num_workers == 0, prof.applied
     assert tuned == plain
 
 
@@ -99,7 +88,7 @@ def test_apply_true_says_what_it_changed_when_it_prints() -> None:
 
 def test_without_apply_nothing_changes() -> None:
     with Profile(print_report=False, gpu=False) as prof:
-        _, loader = train(epochs=2)
+        _, loader, _ = train(epochs=2)
     assert loader.num_workers == 0 and prof.applied == []
 
 
