@@ -468,6 +468,29 @@ def test_host_reads_proc_stat_and_statm_itself(tmp_path: Path) -> None:
     assert host.problems() == []
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs CPU affinity")
+def test_host_reads_a_proc_stat_whose_cpu_lines_outgrow_the_first_read(tmp_path: Path) -> None:
+    # 128 CPUs' lines and a long intr line: far past the first read's size, which is
+    # sized for this machine's CPUs; the read grows until the cpu lines are whole.
+    cores = sorted(os.sched_getaffinity(0))
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self" / "statm").write_text("9000 50 10 1 0 20 0\n")
+    stat = tmp_path / "stat"
+
+    def text(busy: int, idle: int) -> str:
+        lines = _proc_stat_text({c: (1000 + busy, 5000 + idle) for c in range(128)})
+        return lines.replace("intr 1 2 3", "intr " + " 0" * 20000)
+
+    stat.write_text(text(0, 0))
+    host = HostSource(proc_root=tmp_path)
+    host.start()
+    stat.write_text(text(30, 70))  # 100 ticks on every CPU, 30 of them busy
+    s = host.sample(0.1)
+    host.close()
+    assert s.cpu_per_core == pytest.approx([30.0] * len(cores))
+    assert host.problems() == []
+
+
 _MEMINFO = """MemTotal:       16000000 kB
 MemFree:         1000000 kB
 MemAvailable:    4000000 kB

@@ -20,7 +20,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import psutil
@@ -59,7 +59,7 @@ _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 # every ``SLOW_EVERY`` (1 s each at 10 Hz, half a second apart). New loader
 # workers are therefore seen within a second; their CPU since creation is still
 # counted (NOTE [ Short-lived loader workers ]). benchmarks/overhead.py measures
-# what a tick then costs the loop: 0.35-0.56 ms, 0.4-0.6% at 10 Hz, about the
+# what a tick then costs the loop: 0.16-0.40 ms, 0.2-0.4% at 10 Hz, about the
 # sampler thread's whole CPU time per tick (benchmarks/gil_contention.py: Python
 # on a second thread costs this loop roughly its own length).
 TREE_EVERY = 10
@@ -317,8 +317,8 @@ class _ProcFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd: int | None = None
-        #: bytes the last complete reading needed (_proc_stat, whole()): the next one
-        #: reads that much at once, without working it out again
+        #: bytes the last complete reading needed (``read``): the next one reads
+        #: that much at once, without working it out again
         self.size = 0
 
     def head(self, size: int) -> bytes:
@@ -327,12 +327,13 @@ class _ProcFile:
             self._fd = os.open(self.path, os.O_RDONLY)
         return os.pread(self._fd, size, 0)
 
-    def whole(self) -> bytes:
-        """The whole file, in one read once its size is known (kept in ``size``)."""
+    def read(self, enough: Callable[[bytes], bool] | None = None) -> bytes:
+        """The file from its start: all of it, or a head that ``enough`` accepts. Read
+        larger until then, and in one read next time (the size is kept in ``size``)."""
         size = self.size or 4096
         while True:
             data = self.head(size)
-            if len(data) < size:
+            if len(data) < size or (enough is not None and enough(data)):
                 self.size = size
                 return data
             size *= 4
@@ -359,17 +360,10 @@ def _proc_stat(file: _ProcFile) -> tuple[tuple[float, float, float | None], dict
     the rest of a tick, NOTE [ Sampling cost ]), so it is asked once. Accounting as
     psutil's (``_account``).
     """
-    size = file.size or 256 * ((os.cpu_count() or 1) + 2)
+    if not file.size:
+        file.size = 256 * ((os.cpu_count() or 1) + 2)
     try:
-        while True:
-            head = file.head(size)
-            lines = head.split(b"\n")
-            # The cpu lines are whole once the line after them has begun (or the file ended).
-            if (len(head) < size or lines[-1][:3] not in (b"cpu", b"cp", b"c", b"")
-                    or not all(line.startswith(b"cpu") for line in lines[:-1])):
-                break
-            size *= 4
-        file.size = size
+        lines = file.read(_cpu_lines_whole).split(b"\n")
         total_all: tuple[float, float, float | None] | None = None
         percpu: dict[int, tuple[float, float]] = {}
         for line in lines:
@@ -390,6 +384,12 @@ def _proc_stat(file: _ProcFile) -> tuple[tuple[float, float, float | None], dict
     return total_all, percpu
 
 
+def _cpu_lines_whole(head: bytes) -> bool:
+    """Whether a head of /proc/stat holds every ``cpu`` line: the line after them has begun."""
+    lines = head.split(b"\n")
+    return lines[-1][:3] not in (b"cpu", b"cp", b"c", b"") or not all(line.startswith(b"cpu") for line in lines[:-1])
+
+
 def _proc_meminfo(file: _ProcFile) -> tuple[float, int, int] | None:
     """(memory % used, bytes available, swap bytes used) from Linux's /proc/meminfo, or None.
 
@@ -399,7 +399,7 @@ def _proc_meminfo(file: _ProcFile) -> tuple[float, int, int] | None:
     """
     try:
         fields = {}
-        for line in file.whole().split(b"\n"):
+        for line in file.read().split(b"\n"):
             name, _, rest = line.partition(b":")
             if name in (b"MemTotal", b"MemAvailable", b"SwapTotal", b"SwapFree"):
                 fields[name] = int(rest.split()[0]) * 1024  # kB
@@ -420,7 +420,7 @@ def _proc_diskstats(file: _ProcFile, disks: frozenset[str]) -> int | None:
     """
     try:
         sectors = 0
-        for line in file.whole().split(b"\n"):
+        for line in file.read().split(b"\n"):
             fields = line.split()
             n = len(fields)
             if n >= 14:
