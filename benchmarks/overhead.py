@@ -8,7 +8,7 @@ the first ``--settle``, whose extra time is printed apart, once per run); the
 median of control/plain is what the same code against itself reads on this
 machine at this moment. Not a test: timings are printed, never asserted.
 
-    python benchmarks/overhead.py [--rounds 60] [--steps 200] [--settle 20] [--width 576] [--threads 1] [--interval 0.1]
+    python benchmarks/overhead.py [--rounds 60] [--steps 200] [--settle 20] [--gap 0.05] [--width 576] [--threads 1] [--interval 0.1]
 
 On a shared VM the per-round noise (a few %) is larger than the effect, so it
 also measures the parts of the cost where each can be resolved:
@@ -21,6 +21,15 @@ also measures the parts of the cost where each can be resolved:
 
 It prints the one-time cost of entering and leaving Profile (first sample, the
 report) too, which falls outside the timed loop.
+
+Every run, of each kind, begins ``--gap`` seconds after the one before it (a
+sleep). Back to back, the plain runs would start warm from the run just before,
+and the profiled one cold: on the CI VM the first 20 steps of a plain loop take
+~1.2-1.5 ms longer when anything at all ran for a few ms before it (a 3 ms
+sleep, 3 ms of unrelated Python, or entering and leaving Profile without
+profiling the loop), as much as a loop under Profile does. A real loop starts
+after its script's set-up, never warm from an identical loop; with the gap
+every kind starts as it does.
 """
 
 from __future__ import annotations
@@ -61,7 +70,7 @@ def make_loop(steps: int, batch: int, width: int, features: int = 64):
     return run
 
 
-def hook_cost_per_step(rounds: int, steps: int = 2000) -> float:
+def hook_cost_per_step(rounds: int, gap: float, steps: int = 2000) -> float:
     """Microseconds per step the hooks add to a loop of ~0.1 ms steps (no sampling ticks)."""
     run = make_loop(steps, batch=4, width=16, features=8)
     run()
@@ -69,6 +78,7 @@ def hook_cost_per_step(rounds: int, steps: int = 2000) -> float:
     for r in range(rounds):
         t = {}
         for kind in (("plain", "profiled") if r % 2 == 0 else ("profiled", "plain")):
+            time.sleep(gap)
             if kind == "plain":
                 ends = run()
             else:
@@ -140,11 +150,15 @@ def main() -> None:
     parser.add_argument("--tiny-rounds", type=int, default=30, help="rounds of the ~0.1 ms/step loop for the hooks' cost")
     parser.add_argument("--settle", type=int, default=20,
                         help="steps counted as the run's start-up; the steady-state ratio is over the steps after them")
+    parser.add_argument("--gap", type=float, default=0.05,
+                        help="seconds between one run and the next, whatever their kinds (default 0.05: see above)")
     args = parser.parse_args()
     if args.rounds < 2 or args.tiny_rounds < 1:
         parser.error(f"--rounds must be >= 2 (quartiles) and --tiny-rounds >= 1, got {args.rounds} and {args.tiny_rounds}")
     if not 0 < args.settle < args.steps:
         parser.error(f"--settle must be between 1 and --steps - 1 ({args.steps - 1}), got {args.settle}")
+    if not args.gap >= 0:
+        parser.error(f"--gap must be >= 0 seconds, got {args.gap}")
 
     torch.set_num_threads(args.threads)
     run = make_loop(args.steps, args.batch, args.width)
@@ -158,6 +172,7 @@ def main() -> None:
     orders = list(itertools.permutations(kinds))
     for r in range(args.rounds):
         for kind in orders[r % len(orders)]:
+            time.sleep(args.gap)
             if kind == "profiled":
                 e0 = time.perf_counter()
                 with Profile(print_report=False, gpu=True, interval=args.interval) as prof:
@@ -199,9 +214,9 @@ def main() -> None:
           f"(control {statistics.median(control_shift):+.1f} us): the hooks' cost per step in this loop")
     extra = [p - q for p, q in zip(start["profiled"], start["plain"], strict=True)]
     extra_first = [p - q for p, q in zip(first["profiled"], first["plain"], strict=True)]
-    print(f"start-up inside the loop: the first {args.settle} steps took {statistics.median(extra) * 1e3:+.2f} ms "
-          f"longer profiled (median), once per run; the first step {statistics.median(extra_first) * 1e3:+.2f} ms")
-    hooks_us = hook_cost_per_step(args.tiny_rounds)
+    print(f"start-up inside the loop, profiled - plain (median), once per run: the first {args.settle} steps "
+          f"{statistics.median(extra) * 1e3:+.2f} ms, the first step {statistics.median(extra_first) * 1e3:+.2f} ms")
+    hooks_us = hook_cost_per_step(args.tiny_rounds, args.gap)
     tick_ms = tick_cost(profiled_runs) * 1e3
     parts = 1 + hooks_us / (step_ms * 1e3) + tick_ms / (args.interval * 1e3)
     print(f"from its parts: hooks {hooks_us:.1f} us/step + sampler {tick_ms:.2f} ms per tick of the loop "
