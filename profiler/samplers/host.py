@@ -59,9 +59,11 @@ _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 # every ``SLOW_EVERY`` (1 s each at 10 Hz, half a second apart). New loader
 # workers are therefore seen within a second; their CPU since creation is still
 # counted (NOTE [ Short-lived loader workers ]). benchmarks/overhead.py measures
-# what a tick then costs the loop: 0.16-0.40 ms, 0.2-0.4% at 10 Hz, about the
-# sampler thread's whole CPU time per tick (benchmarks/gil_contention.py: Python
-# on a second thread costs this loop roughly its own length).
+# what a tick then costs the loop: 0.16-0.40 ms (0.56 on a busy VM), 0.2-0.4% at
+# 10 Hz, about the sampler thread's whole CPU time per tick
+# (benchmarks/gil_contention.py: Python on a second thread costs this loop
+# roughly its own length); benchmarks/tick_parts.py splits it: ~170 us reading
+# the host (~25 us warm: the caches are cold every 100 ms), ~95 us folding.
 TREE_EVERY = 10
 SLOW_EVERY = 10
 _GONE = (psutil.NoSuchProcess, psutil.AccessDenied)  # ZombieProcess is a NoSuchProcess
