@@ -159,6 +159,17 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _time_mean(readings: list[tuple[float, float]]) -> float | None:
+    """The mean of (rate, window seconds) readings weighted by their windows; a plain
+    mean when a window is unknown (0: a run saved before windows were recorded)."""
+    if not readings:
+        return None
+    total = sum(w for _, w in readings)
+    if total <= 0 or any(w <= 0 for _, w in readings):
+        return _mean([v for v, _ in readings])
+    return sum(v * w for v, w in readings) / total
+
+
 def main_loader(run: Run) -> LoaderInfo | None:
     """The loader that fed training: the one most iterated with gradients on, first seen on ties."""
     if not run.loaders:
@@ -197,21 +208,25 @@ def compute_metrics(run: Run) -> Metrics:
 
     start, end = steps[0].start, steps[-1].end
     host: list[HostSample] = _window(run.host_samples, start, end)
-    # The first host sample has no CPU interval behind it (psutil primes at 0%): skip it.
+    # A reading's CPU figures are rates over the time since the reading before it, so
+    # they are averaged weighted by that window: the reading start() takes right after
+    # the baselines, or the one stop() takes just after a tick, counts for its
+    # milliseconds (over which /proc/stat's 10 ms clock ticks read 0% or 100%), not
+    # for an interval's worth (in a run shorter than one interval it is one of the
+    # two readings there are).
     cpu_host = [h for h in host if h.cpu_per_core] or host
     if cpu_host:
-        busy = [sum(h.cpu_per_core) / (100.0 * m.usable_cores) for h in cpu_host if h.cpu_per_core]
-        m.cpu_busy = min(1.0, _mean(busy)) if busy else None  # type: ignore[type-var]
-        m.tree_cpu_cores = _mean([(h.process_cpu + h.children_cpu) / 100.0 for h in cpu_host])
-        m.children_cpu_cores = _mean([h.children_cpu / 100.0 for h in cpu_host])
+        busy = [(sum(h.cpu_per_core) / (100.0 * m.usable_cores), h.window) for h in cpu_host if h.cpu_per_core]
+        m.cpu_busy = min(1.0, _time_mean(busy)) if busy else None  # type: ignore[type-var]
+        m.tree_cpu_cores = _time_mean([((h.process_cpu + h.children_cpu) / 100.0, h.window) for h in cpu_host])
+        m.children_cpu_cores = _time_mean([(h.children_cpu / 100.0, h.window) for h in cpu_host])
         m.workers_seen = max(h.n_children for h in cpu_host)
     if run.host_samples:
         m.swap_growth = max(0, run.host_samples[-1].swap_used - run.host_samples[0].swap_used)
         if run.environment.memory_total:
             m.memory_available_min_fraction = min(h.memory_available for h in run.host_samples) / run.environment.memory_total
         m.disk_read_bps = _mean([h.disk_read_bps for h in host])
-        io = [h.iowait_percent for h in host if h.iowait_percent is not None]
-        m.iowait = _mean(io)
+        m.iowait = _time_mean([(h.iowait_percent, h.window) for h in host if h.iowait_percent is not None])
 
     gpu: list[GpuSample] = _window(run.gpu_samples, start, end)
     m.gpu_in_use = run.environment.cuda_in_use or any((g.process_memory_used or 0) > 0 for g in gpu)

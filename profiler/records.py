@@ -69,6 +69,9 @@ class HostSample:
     swap_used: int = 0  # bytes
     disk_read_bps: float = 0.0  # bytes/s, system-wide
     iowait_percent: float | None = None  # Linux only
+    #: seconds the CPU figures (per core, process, children, iowait) cover: since the
+    #: previous reading; 0 in runs saved before it was recorded
+    window: float = 0.0
 
 
 @dataclass(slots=True)  # one per training step, made on the step's path: keep it cheap

@@ -139,6 +139,29 @@ def test_idle_workers_are_io_latency_and_get_prefetch():
     assert {"prefetch", "persistent_workers", "convert_format"} <= set(got)
 
 
+def test_cpu_readings_count_for_the_time_they_cover():
+    # A run shorter than one sampling interval has two host readings, both outside its
+    # steps (so both are used): the one start() takes a millisecond after the
+    # baselines, where one 10 ms clock tick of each worker reads 1000%, and the one at
+    # stop(). Counted alike, the first made idle workers look busy (too-few-workers);
+    # weighted by the time each covers, it counts for its millisecond.
+    run = make_run(n=40, step=0.002, wait=0.0015, workers=2, cores=16)
+    assert run.host_samples == []  # shorter than one interval
+    run.host_samples = [
+        HostSample(t=0.0, cpu_per_core=[100.0] * 2 + [0.0] * 14, process_cpu=0.0, children_cpu=2000.0,
+                   n_children=2, memory_available=32 * GiB, window=0.001),
+        HostSample(t=0.0805, cpu_per_core=[10.0] * 16, process_cpu=100.0, children_cpu=20.0,
+                   n_children=2, memory_available=32 * GiB, window=0.0795),
+    ]
+    d = diagnose(run)
+    assert (d.verdict, d.cause) == ("data-starved", "io-latency")
+    assert d.metrics.children_cpu_cores == pytest.approx((20.0 * 0.001 + 0.2 * 0.0795) / 0.0805)
+    # Readings saved before windows were recorded (window 0) are averaged as they were.
+    for h in run.host_samples:
+        h.window = 0.0
+    assert diagnose(run).metrics.children_cpu_cores == pytest.approx((20.0 + 0.2) / 2)
+
+
 def test_copies_dominating_input_time_is_host_to_device_with_pin_memory():
     run = make_run(wait=0.005, h2d=0.03, workers=4, cores=16, tree_cpu=50, children_cpu=100,
                    gpu_util=60, cuda=True)

@@ -641,6 +641,22 @@ def test_sampler_samples_at_once_and_stops_promptly(monkeypatch: pytest.MonkeyPa
         nv.close()
 
 
+def test_a_host_reading_records_the_time_its_cpu_figures_cover() -> None:
+    host = HostSource()
+    before = time.monotonic()
+    host.start()
+    started = time.monotonic()
+    time.sleep(0.05)
+    s0 = time.monotonic()
+    first = host.sample(0.0)
+    s1 = time.monotonic()
+    second = host.sample(0.1)
+    s2 = time.monotonic()
+    host.close()
+    assert s0 - started <= first.window <= s1 - before  # since the baselines
+    assert 0 < second.window <= s2 - s0  # since the first reading
+
+
 def test_start_takes_the_first_host_reading_but_does_not_wait_for_the_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     # NOTE [ First reading before the loop ] in thread.py: the host part of the first
     # tick is done when start() returns; a GPU stuck in the driver does not hold it up.

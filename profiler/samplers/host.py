@@ -138,7 +138,7 @@ class HostSource:
             self.start()
         now = time.monotonic()
         dt = max(now - self._last_wall, 1e-9)
-        s = HostSample(t=t)
+        s = HostSample(t=t, window=dt)
 
         (busy, total, iowait), percpu = self._cpu_times()
         last_percpu = self._last_percpu
