@@ -73,6 +73,9 @@ class Thresholds:
     #: but say "low" confidence under 20).
     min_steps: int = 5
     confident_steps: int = 20
+    #: Ours: the evidence line for garbage collection taken out of batch waits is shown
+    #: from this share of the judged steps' time: it moved the input share by a point.
+    gc_in_waits_shown: float = 0.01
 
 
 DEFAULT_THRESHOLDS = Thresholds()
@@ -372,11 +375,11 @@ def diagnose(run: Run, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Diagnosis
             run.probes["eval_batches"],
             f"{run.probes['eval_batches']:.0f} batches, {_secs(run.probes.get('eval_wait_seconds', 0.0))} waiting",
         ))
-    if run.probes.get("gc_in_wait_seconds"):
+    gc_in_waits = run.probes.get("gc_in_wait_seconds", 0.0)
+    if gc_in_waits and gc_in_waits >= th.gc_in_waits_shown * m.step_time_mean * m.steps_judged:
         ev.append(Evidence(
-            "gc_in_waits", "Garbage collection inside batch waits, counted as compute, not input",
-            run.probes["gc_in_wait_seconds"],
-            f"{_secs(run.probes['gc_in_wait_seconds'])} of {_secs(run.probes.get('gc_seconds', 0.0))} "
+            "gc_in_waits", "Garbage collection inside batch waits, counted as compute, not input", gc_in_waits,
+            f"{_secs(gc_in_waits)} of {_secs(run.probes.get('gc_seconds', 0.0))} "
             f"in {run.probes.get('gc_collections', 0.0):.0f} collections",
         ))
     if m.gpu_util_median is not None:

@@ -63,7 +63,7 @@ class HostSample:
     children_cpu: float = 0.0  # % of one core, summed over child processes (loader workers)
     n_children: int = 0
     process_rss: int = 0  # bytes
-    children_rss: int = 0  # bytes
+    children_rss: int = 0  # bytes, summed RSS: pages a forked worker shares with the parent count in each
     memory_percent: float = 0.0  # system memory in use, %
     memory_available: int = 0  # bytes
     swap_used: int = 0  # bytes

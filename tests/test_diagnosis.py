@@ -162,6 +162,17 @@ def test_cpu_readings_count_for_the_time_they_cover():
     assert diagnose(run).metrics.children_cpu_cores == pytest.approx((20.0 + 0.2) / 2)
 
 
+def test_garbage_collection_in_waits_is_shown_once_it_moved_the_input_share_by_a_point():
+    def gc_line(in_waits: float) -> list[str]:
+        run = make_run(n=40, step=0.1)  # 36 judged steps: 3.6 s
+        run.probes.update(gc_collections=600.0, gc_seconds=0.5, gc_in_wait_seconds=in_waits)
+        return [e.display for e in diagnose(run).evidence if e.key == "gc_in_waits"]
+
+    assert gc_line(0.0004) == []  # 0.4 ms: nothing the input share would show
+    assert gc_line(0.035) == []  # just under 1% of 3.6 s
+    assert gc_line(0.037) == ["37.0 ms of 500.0 ms in 600 collections"]
+
+
 def test_copies_dominating_input_time_is_host_to_device_with_pin_memory():
     run = make_run(wait=0.005, h2d=0.03, workers=4, cores=16, tree_cpu=50, children_cpu=100,
                    gpu_util=60, cuda=True)
