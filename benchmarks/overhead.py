@@ -46,10 +46,10 @@ from torch.utils.data import DataLoader, TensorDataset
 from profiler import Profile
 
 
-def make_loop(steps: int, batch: int, width: int, features: int = 64):
+def make_loop(steps: int, batch: int, width: int, features: int = 64, workers: int = 0):
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(steps * batch, features), torch.randint(0, 10, (steps * batch,)))
-    loader = DataLoader(data, batch_size=batch, shuffle=False)
+    loader = DataLoader(data, batch_size=batch, shuffle=False, num_workers=workers, persistent_workers=workers > 0)
     model = nn.Sequential(nn.Linear(features, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()

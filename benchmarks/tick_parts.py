@@ -1,6 +1,7 @@
 """What a sampling tick spends its CPU on: the host reading and the fold of hook events.
 
-Runs the loop of benchmarks/overhead.py (~2 ms/step, one torch thread) under
+Runs the loop of benchmarks/overhead.py (~2 ms/step, one torch thread; its
+DataLoader with ``--workers`` persistent worker processes, default none) under
 ``Profile`` ``--runs`` times, each 50 ms after the last, and times the two parts
 of every tick on the sampler thread with its CPU clock: ``HostSource.sample``
 (per-core CPU, the process tree, memory and disk) and ``Timeline.fold`` (the hook
@@ -11,7 +12,7 @@ The two calls are timed by wrapping them for this run; the profiler's code is
 otherwise as shipped. The wrapper's own clock reads (~1-3 us each) are
 included. Not a test: timings are printed, never asserted.
 
-    python benchmarks/tick_parts.py [--runs 30] [--steps 200]
+    python benchmarks/tick_parts.py [--runs 30] [--steps 200] [--workers 0]
 """
 
 from __future__ import annotations
@@ -73,12 +74,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--width", type=int, default=576)
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (persistent)")
     args = parser.parse_args()
-    if args.runs < 1 or args.steps < 1:
-        parser.error(f"--runs and --steps must be >= 1, got {args.runs} and {args.steps}")
+    if args.runs < 1 or args.steps < 1 or args.workers < 0:
+        parser.error(f"--runs and --steps must be >= 1 and --workers >= 0, got {args.runs}, {args.steps} "
+                     f"and {args.workers}")
 
     torch.set_num_threads(1)
-    run = make_loop(args.steps, 64, args.width)
+    run = make_loop(args.steps, 64, args.width, workers=args.workers)
     run()
     reads: list[float] = []
     folds: list[float] = []
@@ -94,7 +97,8 @@ def main() -> None:
         HostSource.sample, Timeline.fold = sample, fold  # type: ignore[method-assign]
     ticks = prof.run.sampling.get("samples", 0)
     warm_read, warm_fold = warm(200)
-    print(f"{args.runs} profiled runs of {args.steps} steps ({ticks} ticks in the last)")
+    print(f"{args.runs} profiled runs of {args.steps} steps, {args.workers} loader workers "
+          f"({ticks} ticks in the last)")
     print(f"host reading: median {statistics.median(reads) * 1e6:.0f} us CPU per tick in the loop "
           f"({len(reads)} readings); warm, back to back: {warm_read * 1e6:.0f} us")
     print(f"fold of hook events: median {statistics.median(folds) * 1e6:.0f} us CPU per call in the loop "

@@ -414,6 +414,94 @@ def test_children_cpu_counts_a_busy_grandchild(burner_tree: subprocess.Popen[byt
     assert os.getpid() in host.pids()
 
 
+def _pid_stat_text(pid: int, ppid: int, utime: int, stime: int, start: int, rss_pages: int) -> str:
+    """A /proc/PID/stat line (proc(5)); the command name holds spaces and parentheses."""
+    after = ["S", str(ppid), *["0"] * 9, str(utime), str(stime), *["0"] * 6, str(start), "1000000", str(rss_pages)]
+    return f"{pid} (py (worker) 1) " + " ".join(after + ["0"] * 28) + "\n"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc as on Linux")
+def test_host_reads_each_worker_from_its_proc_stat_file(tmp_path: Path) -> None:
+    # NOTE [ Sampling cost ]: a worker's CPU, start time and RSS come from its
+    # /proc/PID/stat and statm, not psutil's three calls. A real child (psutil lists
+    # it) whose files under a crafted /proc say what it used.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        me = os.getpid()
+        (tmp_path / "self").mkdir()
+        (tmp_path / "self" / "statm").write_text("9000 50 10 1 0 20 0\n")
+        task = tmp_path / str(me) / "task" / str(me)
+        task.mkdir(parents=True)
+        (task / "children").write_text(f"{child.pid} ")
+        (tmp_path / str(child.pid)).mkdir()
+        stat, statm = tmp_path / str(child.pid) / "stat", tmp_path / str(child.pid) / "statm"
+        ticks = os.sysconf("SC_CLK_TCK")
+        stat.write_text(_pid_stat_text(child.pid, me, utime=300, stime=100, start=5 * ticks, rss_pages=1000))
+        statm.write_text("9000 1000 10 1 0 20 0\n")
+        host = HostSource(proc_root=tmp_path)
+        before = time.monotonic()
+        host.start()
+        started = time.monotonic()
+        # 0.2 s more CPU (utime and stime), more memory
+        stat.write_text(_pid_stat_text(child.pid, me, utime=310 + ticks // 10, stime=110 + ticks // 10 - 20,
+                                       start=5 * ticks, rss_pages=1490))
+        statm.write_text("9000 1500 10 1 0 20 0\n")  # resident pages: statm's, as psutil's
+        time.sleep(0.05)
+        s0 = time.monotonic()
+        s = host.sample(0.1)
+        s1 = time.monotonic()
+        host.close()
+        assert (s.n_children, s.children_rss) == (1, 1500 * os.sysconf("SC_PAGE_SIZE"))
+        assert 100 * 0.2 / (s1 - before) <= s.children_cpu <= 100 * 0.2 / (s0 - started)
+        assert host.pids() == {me, child.pid}
+        assert host.problems() == []
+    finally:
+        child.kill()
+        child.wait()
+
+
+# A parent of two sleeping children, which says "ready" once both have imported
+# everything they will (their RSS no longer moves). All exit on their own.
+PARENT_OF_SLEEPERS = (
+    "import subprocess, sys\n"
+    "kids = [subprocess.Popen([sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(30)'],"
+    " stdout=subprocess.PIPE) for _ in range(2)]\n"
+    "for k in kids: k.stdout.readline()\n"
+    "print('ready', flush=True)\n"
+    "for k in kids: k.wait()\n"
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc as on Linux")
+def test_host_worker_readings_agree_with_psutil() -> None:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT_OF_SLEEPERS], stdout=subprocess.PIPE)
+    try:
+        assert parent.stdout is not None and parent.stdout.readline() == b"ready\n"
+        kids = psutil.Process(parent.pid).children()
+
+        def rss() -> int:
+            return sum(k.memory_info().rss for k in kids)
+
+        host = HostSource(pid=parent.pid)
+        host.start()
+        low = rss()
+        s = host.sample(0.1)
+        high = rss()
+        host.close()
+        assert s.n_children == 2
+        assert min(low, high) <= s.children_rss <= max(low, high)
+        assert host.pids() == {parent.pid, *(k.pid for k in kids)}
+        assert 0.0 <= s.children_cpu < 50.0  # asleep
+    finally:
+        try:
+            for k in psutil.Process(parent.pid).children():  # processes this test started
+                k.kill()
+        except psutil.NoSuchProcess:
+            pass
+        parent.kill()
+        parent.wait()
+
+
 def test_host_sample_fields_are_plausible() -> None:
     host = HostSource()
     host.start()
