@@ -10,16 +10,20 @@ tight loop: one host reading after another, and a fold of 50 steps' events
 (one batch wait and one optimizer step each, a tick's worth at this step time).
 The two calls are timed by wrapping them for this run; the profiler's code is
 otherwise as shipped. The wrapper's own clock reads (~1-3 us each) are
-included. Not a test: timings are printed, never asserted.
+included. ``--stat-cpus N`` also times, warm, the parse of a /proc/stat written
+for a machine of N CPUs, the part of a reading that grows with the machine.
+Not a test: timings are printed, never asserted.
 
-    python benchmarks/tick_parts.py [--runs 30] [--steps 200] [--workers 0]
+    python benchmarks/tick_parts.py [--runs 30] [--steps 200] [--workers 0] [--stat-cpus 2 128]
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import make_loop  # noqa: E402
 
 from profiler import Profile  # noqa: E402
-from profiler.samplers.host import HostSource  # noqa: E402
+from profiler.samplers.host import HostSource, _proc_stat, _ProcFile  # noqa: E402
 from profiler.timeline import Timeline  # noqa: E402
 
 
@@ -69,13 +73,37 @@ def warm(repeat: int) -> tuple[float, float]:
     return statistics.median(reads), statistics.median(folds)
 
 
+def stat_parse(cpus: int, repeat: int = 300) -> float:
+    """Median seconds to parse a /proc/stat of ``cpus`` CPUs (ten fields a line, counters
+    as large as a long-running server's, a 300-interrupt intr line), warm."""
+    rng = random.Random(0)
+    lines = ["cpu  " + " ".join(str(rng.randint(10**6, 10**9)) for _ in range(10))]
+    lines += [f"cpu{c} " + " ".join(str(rng.randint(10**5, 10**8)) for _ in range(10)) for c in range(cpus)]
+    lines += ["intr " + " ".join(str(rng.randint(0, 10**6)) for _ in range(300)), "ctxt 123456789", ""]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "stat"
+        path.write_text("\n".join(lines))
+        file = _ProcFile(path)
+        times = []
+        for _ in range(repeat):
+            c0 = time.perf_counter()
+            _proc_stat(file)
+            times.append(time.perf_counter() - c0)
+        file.close()
+    return statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--width", type=int, default=576)
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (persistent)")
+    parser.add_argument("--stat-cpus", type=int, nargs="*", default=[], metavar="N",
+                        help="also time parsing a /proc/stat of N CPUs")
     args = parser.parse_args()
+    if any(n < 1 for n in args.stat_cpus):
+        parser.error(f"--stat-cpus takes CPU counts >= 1, got {args.stat_cpus}")
     if args.runs < 1 or args.steps < 1 or args.workers < 0:
         parser.error(f"--runs and --steps must be >= 1 and --workers >= 0, got {args.runs}, {args.steps} "
                      f"and {args.workers}")
@@ -103,6 +131,8 @@ def main() -> None:
           f"({len(reads)} readings); warm, back to back: {warm_read * 1e6:.0f} us")
     print(f"fold of hook events: median {statistics.median(folds) * 1e6:.0f} us CPU per call in the loop "
           f"({len(folds)} calls, the ticks' and the reads at exit); warm, 50 steps: {warm_fold * 1e6:.0f} us")
+    for cpus in args.stat_cpus:
+        print(f"/proc/stat of {cpus} CPUs: parsed in {stat_parse(cpus) * 1e6:.0f} us (median, warm)")
 
 
 if __name__ == "__main__":

@@ -54,10 +54,10 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /p
 # workers a tick's host reading took 648 us of the sampler's CPU in the loop
 # through psutil, 227-242 us this way; benchmarks/tick_parts.py --workers 4).
 # Memory, swap and disk reads come from /proc/meminfo and /proc/diskstats, kept
-# open too (psutil's three calls
-# made ~40 system calls: each file opened, stat'ed, read and closed, /proc/meminfo
-# twice, and one access() per block device, counted with strace), summed over the
-# devices psutil counts (those under /sys/block, listed once at start). psutil
+# open too (psutil's three calls made ~40 system calls: each file opened,
+# stat'ed, read and closed, /proc/meminfo twice, and one access() per block
+# device, counted with strace), summed over the devices psutil counts (those
+# under /sys/block, listed once at start). psutil
 # reads the rest, and everything on other platforms; ``os.cpu_count()`` behind the
 # /proc/stat read size is asked once. The slow-changing readings are spread out: the
 # tree is relisted every ``TREE_EVERY`` samples and memory, swap and disk read
@@ -305,11 +305,13 @@ class HostSource:
 
         On Linux from its /proc/PID/stat and statm, kept open: two reads, where
         psutil's create_time, cpu_times and memory_info in a oneshot cost ~50 us of
-        Python per worker per tick (8 sleeping children: a reading took ~400 us warm,
-        ~80 us this way; NOTE [ Sampling cost ]). The figures are psutil's own: the create time
-        is the boot time plus the start time in clock ticks, the RSS statm's resident
-        pages (the rss field of stat comes from the kernel's per-CPU counters, and
-        read ~0.4% under it). Elsewhere, or when a file cannot be read, psutil.
+        Python per worker per tick (8 sleeping children: a reading took ~400 us
+        warm, ~80 us this way; NOTE [ Sampling cost ]). The figures are psutil's
+        own: the create time is the boot time plus the start time in clock ticks,
+        the RSS statm's resident pages (the rss field of stat comes from the
+        kernel's per-CPU counters, and read ~0.4% under it). An exited worker not
+        yet reaped (a zombie) still reads its final CPU time. Elsewhere, or when a
+        file cannot be read, psutil.
         """
         files = self._child_files.get(child.pid)
         if files is None:
