@@ -25,7 +25,7 @@ report) too, which falls outside the timed loop.
 Every run, of each kind, begins ``--gap`` seconds after the one before it (a
 sleep). Back to back, the plain runs would start warm from the run just before,
 and the profiled one cold: on the CI VM the first 20 steps of a plain loop take
-~1.2-1.5 ms longer when anything at all ran for a few ms before it (a 3 ms
+~1.0-1.5 ms longer when anything at all ran for a few ms before it (a 3 ms
 sleep, 3 ms of unrelated Python, or entering and leaving Profile without
 profiling the loop), as much as a loop under Profile does. A real loop starts
 after its script's set-up, never warm from an identical loop; with the gap
