@@ -240,9 +240,7 @@ class HostSource:
             # The same process as the last reading's when its (pid, create time) was read
             # then (psutil keeps the create time it read first): no system call. Otherwise
             # is_running(), False for a reused pid too (~25 us of psutil per worker).
-            if child is None or (
-                (pid, child.create_time()) not in self._last_children and not child.is_running()
-            ):
+            if child is None or not (_same_process(child, self._last_children) or child.is_running()):
                 try:
                     child = psutil.Process(pid)
                 except _GONE:
@@ -531,6 +529,14 @@ def _linux_descendants(proc_root: Path, pid: int) -> list[int] | None:
             found.extend(kids)
             stack.extend(kids)
     return found
+
+
+def _same_process(child: psutil.Process, seen: dict[tuple[int, float], float]) -> bool:
+    """Whether ``child`` is the process a reading keyed in ``seen`` by (pid, create time)."""
+    try:
+        return (child.pid, child.create_time()) in seen
+    except _GONE:  # its create time could not be read when the object was made, nor now
+        return False
 
 
 def _cpu_seconds(proc: psutil.Process) -> float:
