@@ -215,10 +215,10 @@ class HostSource:
     def _own_cpu_rss(self) -> tuple[float, int] | None:
         """This process's CPU seconds and RSS bytes without psutil (Linux), or None."""
         try:
-            resident = int(self._statm_file.head(256).split()[1])
+            rss = _statm_rss(self._statm_file)
         except (OSError, ValueError, IndexError):
             return None
-        return time.process_time(), resident * _PAGE_SIZE
+        return time.process_time(), rss
 
     def _list_descendants(self, proc: psutil.Process) -> list[psutil.Process]:
         """Every descendant of ``proc``; the Process objects of known ones are reused.
@@ -328,8 +328,7 @@ class HostSource:
             fields = data[data.rfind(b")") + 2:].split()
             start = int(fields[19]) / _CLOCK_TICKS
             cpu = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-            resident = int(files[1].head(256).split()[1])
-            return (child.pid, self._boot_time + start), cpu, resident * _PAGE_SIZE
+            return (child.pid, self._boot_time + start), cpu, _statm_rss(files[1])
         except (OSError, ValueError, IndexError):
             # Gone (its files read ESRCH once it exits: reopened by pid next time, a
             # reused pid being another process), or no /proc: psutil says which.
@@ -407,6 +406,12 @@ class _ProcFile:
             self.close()
         except OSError:
             pass
+
+
+def _statm_rss(file: _ProcFile) -> int:
+    """RSS bytes from a /proc/PID/statm: its second field, resident pages, as psutil
+    reads it. OSError, ValueError or IndexError when it cannot be read."""
+    return int(file.head(256).split()[1]) * _PAGE_SIZE
 
 
 def _proc_stat(file: _ProcFile) -> tuple[tuple[float, float, float | None], dict[int, tuple[float, float]]] | None:
