@@ -414,6 +414,12 @@ def test_children_cpu_counts_a_busy_grandchild(burner_tree: subprocess.Popen[byt
     assert os.getpid() in host.pids()
 
 
+def _own_statm(proc_root: Path) -> None:
+    """A crafted /proc's self/statm: 50 resident pages."""
+    (proc_root / "self").mkdir()
+    (proc_root / "self" / "statm").write_text("9000 50 10 1 0 20 0\n")
+
+
 def _pid_stat_text(pid: int, ppid: int, utime: int, stime: int, start: int, rss_pages: int) -> str:
     """A /proc/PID/stat line (proc(5)); the command name holds spaces and parentheses."""
     after = ["S", str(ppid), *["0"] * 9, str(utime), str(stime), *["0"] * 6, str(start), "1000000", str(rss_pages)]
@@ -428,8 +434,7 @@ def test_host_reads_each_worker_from_its_proc_stat_file(tmp_path: Path) -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         me = os.getpid()
-        (tmp_path / "self").mkdir()
-        (tmp_path / "self" / "statm").write_text("9000 50 10 1 0 20 0\n")
+        _own_statm(tmp_path)
         task = tmp_path / str(me) / "task" / str(me)
         task.mkdir(parents=True)
         (task / "children").write_text(f"{child.pid} ")
@@ -538,8 +543,7 @@ def _proc_stat_text(ticks: dict[int, tuple[int, int]]) -> str:
 def test_host_reads_proc_stat_and_statm_itself(tmp_path: Path) -> None:
     # NOTE [ Sampling cost ]: on Linux the hot readings come from /proc, read by hand.
     cores = sorted(os.sched_getaffinity(0))
-    (tmp_path / "self").mkdir()
-    (tmp_path / "self" / "statm").write_text("9000 50 10 1 0 20 0\n")
+    _own_statm(tmp_path)
     stat = tmp_path / "stat"
     stat.write_text(_proc_stat_text({c: (1000, 5000) for c in cores}))
     host = HostSource(proc_root=tmp_path)
@@ -561,8 +565,7 @@ def test_host_reads_a_proc_stat_whose_cpu_lines_outgrow_the_first_read(tmp_path:
     # 128 CPUs' lines and a long intr line: far past the first read's size, which is
     # sized for this machine's CPUs; the read grows until the cpu lines are whole.
     cores = sorted(os.sched_getaffinity(0))
-    (tmp_path / "self").mkdir()
-    (tmp_path / "self" / "statm").write_text("9000 50 10 1 0 20 0\n")
+    _own_statm(tmp_path)
     stat = tmp_path / "stat"
 
     def text(busy: int, idle: int) -> str:
