@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
+import threading
 import time
 
 import torch
@@ -44,6 +45,25 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from profiler import Profile
+from profiler.samplers import THREAD_NAME
+from profiler.timeline import Timeline
+
+#: perf_counter at the start of each sampling tick's fold of hook events (the part of
+#: a tick every configuration has), recorded by the wrapper ``record_ticks`` installs
+TICKS: list[float] = []
+
+
+def record_ticks() -> None:
+    """Wrap ``Timeline.fold`` to note when the sampler thread runs it: the ticks. The
+    host readings' own times are no tick times when a helper process takes them."""
+    fold = Timeline.fold
+
+    def timed_fold(self: Timeline) -> None:
+        if threading.current_thread().name == THREAD_NAME:
+            TICKS.append(time.perf_counter())
+        fold(self)
+
+    Timeline.fold = timed_fold  # type: ignore[method-assign]
 
 
 def make_loop(steps: int, batch: int, width: int, features: int = 64, workers: int = 0):
@@ -101,37 +121,31 @@ def touched_by_ticks(spans: list[tuple[float, float]], ticks: list[float], busy:
     return out
 
 
-def tick_cost(runs: list) -> float:
+def tick_cost(runs: list[tuple[object, list[float], list[float]]]) -> float:
     """Seconds a sampling tick adds to the loop: the mean step that overlaps a tick's
-    work minus the mean step that does not, times the overlapping steps, per tick."""
+    work minus the mean step that does not, times the overlapping steps, per tick.
+    ``runs``: (the profiled Run, its loop's step ends, its ticks), perf_counter times."""
     hit: list[float] = []
     other: list[float] = []
     n_ticks = 0
-    for run in runs:
-        steps = run.steps[1:]  # the first step holds the loop's start-up
-        if not steps:
+    for run, ends, run_ticks in runs:
+        spans = list(itertools.pairwise(ends[1:]))  # the first step holds the loop's start-up
+        if not spans:
             continue
-        ticks = [h.t for h in run.host_samples if steps[0].start <= h.t <= steps[-1].end]
+        ticks = [t for t in run_ticks if spans[0][0] <= t <= spans[-1][1]]
         n_ticks += len(ticks)
-        busy = run.sampling.get("mean_sample_seconds", 0.0)
-        for s, touched in zip(steps, touched_by_ticks([(s.start, s.end) for s in steps], ticks, busy), strict=True):
-            (hit if touched else other).append(s.duration)
+        busy = run.sampling.get("mean_sample_seconds", 0.0)  # type: ignore[attr-defined]
+        for (a, b), touched in zip(spans, touched_by_ticks(spans, ticks, busy), strict=True):
+            (hit if touched else other).append(b - a)
     if not hit or not other or not n_ticks:
         return 0.0
     return (statistics.mean(hit) - statistics.mean(other)) * len(hit) / n_ticks
 
 
-def untouched_steps(run, ends: list[float], settle: int) -> list[float]:
-    """The loop's steps after ``settle`` that no sampling tick's work overlapped.
-
-    The loop's clock (perf_counter) and the run's (seconds since Profile started)
-    differ by an offset: the loop's first step end and the profiler's are the same
-    moment, a few microseconds apart."""
+def untouched_steps(run, ends: list[float], ticks: list[float], settle: int) -> list[float]:
+    """The loop's steps after ``settle`` that no sampling tick's work overlapped
+    (``ticks``: perf_counter, the loop's clock)."""
     spans = list(itertools.pairwise(ends[settle:]))
-    if not run.steps:
-        return [b - a for a, b in spans]
-    offset = ends[1] - run.steps[0].end
-    ticks = sorted(h.t + offset for h in run.host_samples)
     busy = run.sampling.get("mean_sample_seconds", 0.0)
     return [b - a for (a, b), touched in zip(spans, touched_by_ticks(spans, ticks, busy), strict=True) if not touched]
 
@@ -152,6 +166,9 @@ def main() -> None:
                         help="steps counted as the run's start-up; the steady-state ratio is over the steps after them")
     parser.add_argument("--gap", type=float, default=0.05,
                         help="seconds between one run and the next, whatever their kinds (default 0.05: see above)")
+    parser.add_argument("--host", choices=("helper", "thread"), default="helper",
+                        help="where the profiled runs read the host: a helper process (the default) or the "
+                             "sampler thread (Profile(host_helper=False))")
     args = parser.parse_args()
     if args.rounds < 2 or args.tiny_rounds < 1:
         parser.error(f"--rounds must be >= 2 (quartiles) and --tiny-rounds >= 1, got {args.rounds} and {args.tiny_rounds}")
@@ -161,6 +178,7 @@ def main() -> None:
         parser.error(f"--gap must be >= 0 seconds, got {args.gap}")
 
     torch.set_num_threads(args.threads)
+    record_ticks()
     run = make_loop(args.steps, args.batch, args.width)
     run()  # warm-up: allocator, thread pools
     kinds = ("plain", "profiled", "control")
@@ -175,14 +193,16 @@ def main() -> None:
             time.sleep(args.gap)
             if kind == "profiled":
                 e0 = time.perf_counter()
-                with Profile(print_report=False, gpu=True, interval=args.interval) as prof:
+                TICKS.clear()
+                with Profile(print_report=False, gpu=True, interval=args.interval,
+                             host_helper=args.host == "helper") as prof:
                     ends = run()
                 edges.append(time.perf_counter() - e0 - (ends[-1] - ends[0]))
                 ticks.append(prof.run.sampling.get("mean_sample_seconds", 0.0))
-                profiled_runs.append(prof.run)
+                profiled_runs.append((prof.run, ends, list(TICKS)))
                 # A tick slows the step it lands in, and with steps spread as widely as
                 # they are here that moves the median too: leave those steps out.
-                steps_after = untouched_steps(prof.run, ends, args.settle)
+                steps_after = untouched_steps(prof.run, ends, profiled_runs[-1][2], args.settle)
             else:
                 ends = run()
                 steps_after = [b - a for a, b in itertools.pairwise(ends[args.settle:])]
@@ -199,7 +219,8 @@ def main() -> None:
         return [p / q for p, q in zip(times[kind], times["plain"], strict=True)]
 
     step_ms = statistics.median(whole["plain"]) / args.steps * 1e3
-    print(f"\nstep time (plain, median): {step_ms:.3f} ms, {args.steps} steps per run, {args.rounds} rounds")
+    print(f"\nstep time (plain, median): {step_ms:.3f} ms, {args.steps} steps per run, {args.rounds} rounds; "
+          f"host read by the {'helper process' if args.host == 'helper' else 'sampler thread'}")
     for label, times in ((f"whole run ({args.steps} steps)", whole),
                          (f"steady state (steps {args.settle + 1}-{args.steps})", steady)):
         ratios = ratio(times, "profiled")

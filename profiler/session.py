@@ -30,7 +30,7 @@ import psutil
 from . import __version__
 from .instrument import FrameworkWatch, Hooks
 from .records import Environment, Run, Step
-from .samplers import HostSource, NvmlSource, Sampler, usable_cores
+from .samplers import HostProcess, NvmlSource, Sampler, usable_cores
 from .timeline import StopRun, Timeline
 
 
@@ -45,6 +45,9 @@ class Settings:
     print_report: bool = True  # print the terminal summary at exit
     gpu: bool = True  # sample GPUs through NVML
     apply: bool = False  # change DataLoaders built in the block (NOTE [ Live loader tuning ] in apply.py)
+    #: read the host from a helper process, off the training process's GIL (NOTE [ Host
+    #: readings in a helper process ] in samplers/hostproc.py); False: on the sampler thread
+    host_helper: bool = True
 
 
 _active_lock = threading.Lock()
@@ -64,6 +67,7 @@ class Profile:
         gpu: bool = True,
         output: IO[str] | None = None,
         apply: Any = False,
+        host_helper: bool = True,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
@@ -76,6 +80,7 @@ class Profile:
             print_report=print_report,
             gpu=gpu,
             apply=bool(apply),
+            host_helper=host_helper,
         )
         self.output = output
         # apply=True: measured safe loader fixes; an apply.Applier: the fixes of a tune/compare trial.
@@ -95,7 +100,7 @@ class Profile:
         self._watch: FrameworkWatch | None = None
         self._sampler: Sampler | None = None
         self._nvml: NvmlSource | None = None
-        self._host: HostSource | None = None
+        self._host: HostProcess | None = None
         self._report: Any = None
 
     # -- lifecycle ------------------------------------------------------------
@@ -126,7 +131,7 @@ class Profile:
             self.run.environment.gpus = list(self._nvml.gpus)
         else:
             self.run.environment.gpu_status = "unavailable (GPU sampling turned off)"
-        host = self._host = HostSource(pid=self._pid)
+        host = self._host = HostProcess(pid=self._pid, helper=self.settings.host_helper)
         sources = (self._nvml, host) if self.settings.gpu else (host,)
         self._sampler = Sampler(
             interval=self.settings.interval,

@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import itertools
 import os
+import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -17,7 +20,14 @@ import psutil
 import pytest
 
 from profiler.records import GpuSample
-from profiler.samplers import THREAD_NAME, HostSource, NvmlSource, Sampler, usable_cores
+from profiler.samplers import (
+    THREAD_NAME,
+    HostProcess,
+    HostSource,
+    NvmlSource,
+    Sampler,
+    usable_cores,
+)
 from tests.fake_pynvml import (
     ERROR_CLASSES,
     ERROR_CODES,
@@ -852,7 +862,7 @@ def test_sampler_rejects_bad_settings() -> None:
         Sampler(interval=0)
     with pytest.raises(ValueError, match="max_samples"):
         Sampler(max_samples=1)
-    with pytest.raises(TypeError, match="NvmlSource or HostSource"):
+    with pytest.raises(TypeError, match="NvmlSource, HostSource or HostProcess"):
         Sampler(sources=(object(),))  # type: ignore[arg-type]
 
 
@@ -907,3 +917,141 @@ def test_on_tick_runs_on_the_sampler_thread_and_its_errors_cost_nothing_else() -
     assert THREAD_NAME in seen
     assert len(s.host_samples) >= 5
     assert s.problems() == ["Sampler: RuntimeError: fold exploded"]
+
+
+# -- HostProcess: host readings in a helper process (NOTE [ Host readings in a helper process ]) --
+
+
+def helper_pids() -> list[int]:
+    """This process's helper processes that read the host, by their command line."""
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if "profiler.samplers.hostproc" in child.cmdline():
+                found.append(child.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def burn(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_host_readings_come_from_a_helper_process_that_is_no_worker_and_ends_with_the_run() -> None:
+    host = HostProcess()
+    s = Sampler(interval=0.02, sources=(host,))
+    began = time.perf_counter()
+    s.start()
+    try:
+        assert wait_until(lambda: host.serving or host.problems() != [])
+        assert host.problems() == []
+        (helper,) = helper_pids()
+        served_from = time.perf_counter() - began
+        burn(0.4)  # this thread's CPU, read by the helper from outside
+        n = len(s.host_samples)
+        assert wait_until(lambda: len(s.host_samples) > n + 3)  # handed over every DRAIN_EVERY ticks
+        tree = host.pids()  # as the helper listed it
+        assert os.getpid() in tree and helper not in tree  # it is no loader worker
+    finally:
+        s.stop()
+    elapsed = time.perf_counter() - began
+    samples = s.host_samples
+    assert helper_pids() == []  # asked to stop, and gone
+    assert s.problems() == []
+    times = [h.t for h in samples]
+    assert times == sorted(times) and 0.0 <= times[0] and times[-1] <= elapsed  # on the sampler's clock
+    late = [h for h in samples if h.t > served_from + 0.05]
+    assert len(late) >= 10
+    assert statistics.median(h.process_cpu for h in late[:10]) > 50.0  # the burn, seen from the helper
+    assert all(h.window > 0 for h in late)
+
+
+def test_a_helper_killed_mid_run_is_reported_and_the_thread_reads_the_host_instead() -> None:
+    host = HostProcess()
+    s = Sampler(interval=0.01, sources=(host,))
+    s.start()
+    try:
+        assert wait_until(lambda: host.serving)
+        (pid,) = helper_pids()
+        os.kill(pid, signal.SIGKILL)
+        assert wait_until(lambda: not host.serving)
+        n = len(s.host_samples)
+        assert wait_until(lambda: len(s.host_samples) >= n + 5)  # one per tick again, from this process
+    finally:
+        s.stop()
+    assert s.problems() == ["host sampler process ended mid-run (exit code -9); "
+                            "host readings taken in the training process instead"]
+    assert helper_pids() == []
+
+
+@pytest.mark.parametrize(("executable", "problem"), [
+    ("/nonexistent/python3", "could not be started (FileNotFoundError: "),
+    ("/bin/false", "ended before its first reading (exit code 1)"),
+])
+def test_a_helper_that_cannot_start_costs_no_reading(
+    monkeypatch: pytest.MonkeyPatch, executable: str, problem: str
+) -> None:
+    monkeypatch.setattr(sys, "executable", executable)
+    host = HostProcess()
+    s = Sampler(interval=0.01, sources=(host,))
+    s.start()
+    try:
+        assert wait_until(lambda: len(s.host_samples) >= 10)
+    finally:
+        s.stop()
+    (line,) = s.problems()
+    assert line.startswith(f"host sampler process {problem}")
+    assert line.endswith("host readings taken in the training process instead")
+    times = [h.t for h in s.host_samples]
+    assert times == sorted(times) and len(times) >= 10
+
+
+def test_without_the_helper_every_reading_is_taken_on_the_thread() -> None:
+    host = HostProcess(helper=False)
+    s = Sampler(interval=0.01, sources=(host,))
+    s.start()
+    try:
+        assert wait_until(lambda: len(s.host_samples) >= 5)
+        assert helper_pids() == [] and not host.serving
+    finally:
+        s.stop()
+    assert s.problems() == []
+
+
+def test_the_helper_follows_a_doubled_interval_and_its_readings_stay_bounded() -> None:
+    host = HostProcess()
+    s = Sampler(interval=0.005, sources=(host,), max_samples=16)
+    s.start()
+    try:
+        assert wait_until(lambda: host.serving)
+        assert wait_until(lambda: s.stats["effective_interval"] >= 0.04)  # decimated three times
+        time.sleep(0.5)
+        recent = [h.t for h in s.host_samples if h.t > s.host_samples[-1].t - 0.3]
+    finally:
+        s.stop()
+    assert len(s.host_samples) < 2 * 16
+    gaps = [b - a for a, b in itertools.pairwise(recent)]
+    assert gaps and statistics.median(gaps) >= 0.03  # the helper slowed down with the thread
+
+
+def test_the_helper_leaves_when_the_training_process_dies_without_stopping_it(tmp_path: Path) -> None:
+    script = tmp_path / "dies.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "from profiler.samplers import HostProcess, Sampler\n"
+        "host = HostProcess()\n"
+        "s = Sampler(interval=0.01, sources=(host,))\n"
+        "s.start()\n"
+        "while not host.serving:\n"
+        "    time.sleep(0.01)\n"
+        "print(host._proc.pid, flush=True)\n"
+        "os._exit(0)  # no stop(), no atexit\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(root)}, check=True)
+    pid = int(out.stdout.split()[-1])
+    assert wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)

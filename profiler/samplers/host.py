@@ -68,7 +68,9 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /p
 # 10 Hz, about the sampler thread's whole CPU time per tick
 # (benchmarks/gil_contention.py: Python on a second thread costs this loop
 # roughly its own length); benchmarks/tick_parts.py splits it: ~170 us reading
-# the host (~25 us warm: the caches are cold every 100 ms), ~95 us folding.
+# the host (~25 us warm: the caches are cold every 100 ms), ~95 us folding. So
+# Profile takes these readings in a helper process (NOTE [ Host readings in a
+# helper process ] in hostproc.py), where their Python holds no GIL of the loop's.
 TREE_EVERY = 10
 SLOW_EVERY = 10
 _GONE = (psutil.NoSuchProcess, psutil.AccessDenied)  # ZombieProcess is a NoSuchProcess
@@ -82,8 +84,16 @@ class HostSource:
     forked mid-sample cannot inherit a held one.
     """
 
-    def __init__(self, pid: int | None = None, proc_root: Path | None = None, block_root: Path | None = None) -> None:
+    def __init__(
+        self,
+        pid: int | None = None,
+        proc_root: Path | None = None,
+        block_root: Path | None = None,
+        exclude: frozenset[int] = frozenset(),
+    ) -> None:
         self.pid = os.getpid() if pid is None else pid
+        #: descendants that are not the run's: the helper process that reads this tree (hostproc.py)
+        self.exclude = exclude
         #: where /proc is (tests point it elsewhere); unreadable -> psutil for everything
         self.proc_root = _PROC_ROOT if proc_root is None else proc_root
         #: where /sys/block is: its entries are the devices whose reads count
@@ -232,10 +242,12 @@ class HostSource:
         """
         pids = _linux_descendants(self.proc_root, proc.pid)
         if pids is None:
-            return proc.children(recursive=True)
+            return [c for c in proc.children(recursive=True) if c.pid not in self.exclude]
         known = {c.pid: c for c in self._children}
         found = []
         for pid in pids:
+            if pid in self.exclude:
+                continue
             child = known.get(pid)
             # The same process as the last reading's when its (pid, create time) was read
             # then (psutil keeps the create time it read first): no system call. Otherwise

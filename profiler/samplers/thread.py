@@ -30,7 +30,11 @@ takes that tick's GPU part, which blocks in the driver with the GIL released
 (~20 ms per GPU with PCIe, nvml.py), and adds it to the same tick. (A first
 version had ``start()`` wait on an event for the thread to take the host
 reading; 100-round runs could not tell the two apart, and this one has no
-waiting caller and no timeout.)
+waiting caller and no timeout.) With a ``HostProcess`` source that first
+reading is taken here too, and so are the next ones until its helper process
+has taken its own baseline (NOTE [ Host readings in a helper process ] in
+hostproc.py); from then on a tick's host part is a non-blocking read of the
+helper's pipe every ``DRAIN_EVERY`` ticks.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from typing import TypeVar
 
 from profiler.records import GpuSample, HostSample
 from profiler.samplers.host import HostSource
+from profiler.samplers.hostproc import HostProcess
 from profiler.samplers.nvml import NvmlSource
 
 log = logging.getLogger("loadprof.samplers")
@@ -57,7 +62,7 @@ T = TypeVar("T")
 #: we would rather lose the final sample than hang the end of a training run.
 JOIN_TIMEOUT = 5.0
 
-Source = NvmlSource | HostSource
+Source = NvmlSource | HostSource | HostProcess
 
 #: What ``_read_hosts`` hands ``_read_gpus``: (perf_counter at the tick's start, its
 #: time t, the process tree's pids, the tick's GPU list to fill)
@@ -92,8 +97,8 @@ class Sampler:
             raise ValueError(f"max_samples must be >= 2, got {max_samples!r}")
         self.sources = tuple(sources)
         for src in self.sources:
-            if not isinstance(src, NvmlSource | HostSource):
-                raise TypeError(f"sources must be NvmlSource or HostSource, got {type(src).__name__}")
+            if not isinstance(src, NvmlSource | HostSource | HostProcess):
+                raise TypeError(f"sources must be NvmlSource, HostSource or HostProcess, got {type(src).__name__}")
         self.interval = float(interval)
         self.max_samples = max_samples
         self.on_tick = on_tick
@@ -107,6 +112,9 @@ class Sampler:
         self._stopped = False
         # One entry per tick, so decimation drops whole ticks, never one GPU of a tick.
         self._ticks: list[tuple[HostSample | None, list[GpuSample]]] = []
+        # A HostProcess's readings: none, one or a batch per tick (NOTE [ Host readings
+        # in a helper process ] in hostproc.py), decimated apart.
+        self._pushed: list[HostSample] = []
         self._taken = 0
         self._dropped = 0
         self._spent_total = 0.0
@@ -119,7 +127,10 @@ class Sampler:
             return
         self._pid = os.getpid()
         for src in self.sources:
-            src.start()  # both sources never raise from start()
+            if isinstance(src, HostProcess):  # the sources never raise from start()
+                src.start(self._effective, self._clock, self._t0)
+            else:
+                src.start()
         first = self._read_hosts()  # here, not on the thread: NOTE [ First reading before the loop ]
         self._thread = threading.Thread(target=self._run, args=(first,), name=THREAD_NAME, daemon=True)
         self._thread.start()
@@ -136,7 +147,7 @@ class Sampler:
             # Sources are not safe to read from two threads at once; skip the last sample.
             self._record_error(f"sampler thread still busy after {JOIN_TIMEOUT:.0f} s; final sample skipped")
             return
-        self._sample_once()
+        self._sample_once(final=True)
 
     def __enter__(self) -> Sampler:
         self.start()
@@ -153,10 +164,10 @@ class Sampler:
             spent = self._sample_once()
 
     # -- one tick --------------------------------------------------------------
-    def _sample_once(self) -> float:
-        return self._read_gpus(self._read_hosts())
+    def _sample_once(self, final: bool = False) -> float:
+        return self._read_gpus(self._read_hosts(final))
 
-    def _read_hosts(self) -> _HostPart:
+    def _read_hosts(self, final: bool = False) -> _HostPart:
         """A tick's host reading, stored at once with an empty list its GPU readings will fill."""
         begin = time.perf_counter()
         t = self._clock() - self._t0
@@ -170,6 +181,14 @@ class Sampler:
                 if got is not None:
                     host_sample = got
                     pids = host.pids() or pids
+            elif isinstance(host, HostProcess):
+                pushed = self._guarded(host, host.finish if final else host.sample, t)
+                if pushed:
+                    with self._lock:
+                        self._pushed.extend(pushed)
+                        if len(self._pushed) >= self.max_samples:
+                            self._pushed = _halved(self._pushed)
+                pids = host.pids() or pids
         # Decimation keeps the newest tick, so the list filled by _read_gpus is always still kept.
         with self._lock:
             self._ticks.append((host_sample, gpu_samples))
@@ -217,10 +236,13 @@ class Sampler:
     def _decimate(self) -> None:
         # Keep the ticks with the same parity as the newest, so the newest stays and
         # the next tick, one doubled interval later, continues an even spacing.
-        keep = self._ticks[(len(self._ticks) - 1) % 2 :: 2]
+        keep = _halved(self._ticks)
         self._dropped += len(self._ticks) - len(keep)
         self._ticks = keep
         self._effective *= 2
+        for src in self.sources:
+            if isinstance(src, HostProcess):
+                src.set_interval(self._effective)
 
     # -- results -----------------------------------------------------------------
     def _locked(self) -> threading.Lock | _NoLock:
@@ -231,7 +253,9 @@ class Sampler:
     def host_samples(self) -> list[HostSample]:
         """A copy of the host samples kept so far, oldest first."""
         with self._locked():
-            return [h for h, _ in self._ticks if h is not None]
+            read = [h for h, _ in self._ticks if h is not None]
+            pushed = list(self._pushed)
+        return sorted(read + pushed, key=lambda h: h.t) if read and pushed else read or pushed
 
     @property
     def gpu_samples(self) -> list[GpuSample]:
@@ -265,6 +289,12 @@ class Sampler:
     def running(self) -> bool:
         """Whether the sampling thread is alive (always False in a forked child)."""
         return self._thread is not None and self._thread.is_alive() and os.getpid() == self._pid
+
+
+def _halved(items: list[T]) -> list[T]:
+    """Every other item, keeping the newest: the next one, one doubled interval
+    later, continues an even spacing."""
+    return items[(len(items) - 1) % 2 :: 2]
 
 
 class _NoLock:

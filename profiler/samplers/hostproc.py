@@ -1,0 +1,347 @@
+"""Host readings taken in a helper process, so that their Python never holds the training process's GIL.
+
+NOTE [ Host readings in a helper process ]
+A sampling tick's host reading is ~170 us of Python inside a training loop
+(benchmarks/tick_parts.py), and Python on a second thread costs the loop about
+its own length, because the loop's Python waits for the GIL meanwhile
+(benchmarks/gil_contention.py). The same work in another process costs it
+nothing measurable while a core is free: ``benchmarks/gil_contention.py
+--process`` runs it both ways beside the same loop. So ``HostProcess`` runs
+``HostSource`` in a child interpreter (``python -m profiler.samplers.hostproc
+PID INTERVAL``), which reads the training process tree at the interval and
+writes one JSON line per reading to its stdout; the sampler thread takes them
+off the pipe every ``DRAIN_EVERY`` ticks, one non-blocking read.
+
+Lifecycle. ``start()`` takes the baseline and the first reading in this process
+(NOTE [ First reading before the loop ] in thread.py) and starts the helper
+without waiting for it; until the helper's "ready" line arrives (its own
+baseline taken, ~0.1 s) the thread reads the host itself, as it does whenever
+the helper cannot be started or is gone (its pipe reads EOF): readings never
+stop, and the report says what happened. ``finish()`` (from ``Sampler.stop``)
+asks the helper for a final reading with a ``q`` line and reads the pipe to its
+end. The helper is told to stop by that line, not by its stdin closing: loader
+workers forked meanwhile hold copies of the pipe's write end. It exits by itself
+when the training process is gone, ignores SIGINT (Ctrl-C in a terminal reaches
+the whole process group; the training process decides what a Ctrl-C means), and
+never prints: its stderr is discarded. It appears in the training process tree,
+so the readings leave its pid out (``HostSource.exclude``): it is no loader
+worker. Its time base is ``time.perf_counter``, the same system-wide monotonic
+clock in both processes; readings carry the raw clock and are placed on the
+sampler's clock here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from profiler.records import HostSample
+from profiler.samplers.host import HostSource
+
+#: The sampler thread reads the helper's pipe every this many ticks (1 s at 10 Hz);
+#: the pipe holds ~200 readings, so the helper never waits on a slow reader.
+DRAIN_EVERY = 10
+
+#: How long ``finish()`` waits for the helper's final reading and exit.
+FINISH_TIMEOUT = 2.0
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(HostSample))
+
+
+class HostProcess:
+    """Host readings of one process tree, from a helper process where one can run.
+
+    Same role as ``HostSource`` for the ``Sampler``, which calls ``sample(t)`` every
+    tick (a list: none, one, or the readings drained from the helper) and
+    ``finish(t)`` once at the end. Not thread-safe: one caller at a time, as
+    ``HostSource``. NOTE [ Host readings in a helper process ].
+    """
+
+    def __init__(self, pid: int | None = None, *, helper: bool = True) -> None:
+        self.pid = os.getpid() if pid is None else pid
+        #: readings taken in this process: before the helper is ready, and without one
+        self.fallback = HostSource(pid=self.pid)
+        #: whether to start the helper at all (False: every reading is taken here)
+        self.helper = helper
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._fd: int | None = None  # the helper's stdout, non-blocking
+        self._buf = b""
+        self._ready = False
+        self._gone = False
+        self._quit_sent = False
+        self._helper_pids: set[int] | None = None
+        self._helper_problems: list[str] = []
+        self._notes: list[str] = []
+        self._ticks = 0
+        self._offset = 0.0  # a reading's t = its perf_counter + this
+
+    # -- lifecycle -----------------------------------------------------------
+    def start(self, interval: float = 0.1, clock: Callable[[], float] = time.perf_counter, t0: float = 0.0) -> None:
+        """The baseline here, and the helper started (not waited for). Never raises.
+
+        A reading's ``t`` is ``clock() - t0``, the sampler's own time."""
+        self.fallback.start()
+        self._offset = clock() - time.perf_counter() - t0
+        if self.helper and self._proc is None and not self._gone:
+            self._spawn(interval)
+
+    def _spawn(self, interval: float) -> None:
+        if not sys.executable:
+            self._lost("could not be started: sys.executable is empty")
+            return
+        # The helper must import this very package (and psutil) whatever the
+        # training script did to sys.path: both roots go first on its PYTHONPATH.
+        roots = [str(Path(__file__).resolve().parents[2]), str(Path(psutil.__file__).resolve().parents[1])]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([*dict.fromkeys(roots), *filter(None, [env.get("PYTHONPATH")])])
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "profiler.samplers.hostproc", str(self.pid), repr(interval)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                env=env, close_fds=True, start_new_session=True,
+            )
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            self._lost(f"could not be started ({type(exc).__name__}: {exc})")
+            return
+        self.fallback.exclude = frozenset({self._proc.pid})  # it is no loader worker
+        assert self._proc.stdout is not None
+        self._fd = self._proc.stdout.fileno()
+        os.set_blocking(self._fd, False)
+
+    def set_interval(self, seconds: float) -> None:
+        """The sampler doubled its interval (bounded memory): the helper follows."""
+        self._command(f"i {seconds!r}\n".encode())
+
+    def finish(self, t: float) -> list[HostSample]:
+        """The last readings: the helper's final one and what it had not yet handed over,
+        or one taken here. Stops the helper. Never raises."""
+        if self._proc is None or self._gone:
+            return [self.fallback.sample(t)]
+        if not self._ready:
+            # Still starting: its baseline would be later than ours; read here.
+            self._stop_helper()
+            return [self.fallback.sample(t)]
+        self._command(b"q\n")
+        got: list[HostSample] = []
+        deadline = time.monotonic() + FINISH_TIMEOUT
+        while (fd := self._fd) is not None:  # until its pipe reads EOF
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._note(f"host sampler process: no final reading within {FINISH_TIMEOUT:.0f} s")
+                break
+            select.select([fd], [], [], left)
+            got.extend(self._drain())
+        self._stop_helper()
+        if not got:  # it timed out or died before answering: the last reading is taken here
+            got.append(self.fallback.sample(t))
+        return got
+
+    def close(self) -> None:
+        """Stop the helper if it still runs and close what was kept open. Idempotent."""
+        self._stop_helper()
+        self.fallback.close()
+
+    def _stop_helper(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        self._gone = True
+        try:
+            proc.wait(timeout=FINISH_TIMEOUT if self._ready else 0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        self._fd = None
+
+    # -- readings ------------------------------------------------------------
+    def sample(self, t: float) -> list[HostSample]:
+        """This tick's readings: taken here until the helper serves, then the helper's,
+        handed over every ``DRAIN_EVERY`` ticks (none in between). Never raises."""
+        self._ticks += 1
+        if self._proc is None or self._gone:
+            return [self.fallback.sample(t)]
+        if self._ready:
+            return self._drain() if self._ticks % DRAIN_EVERY == 0 else []
+        got = self._drain()  # the "ready" line, or EOF if it could not start
+        if self._ready or got:
+            return got
+        return [self.fallback.sample(t)]
+
+    def pids(self) -> set[int]:
+        """The process tree as of the last reading (the helper's once it serves)."""
+        if self._ready and self._helper_pids is not None:
+            return set(self._helper_pids)
+        return self.fallback.pids()
+
+    def problems(self) -> list[str]:
+        return [*self._notes, *self._helper_problems, *self.fallback.problems()]
+
+    @property
+    def serving(self) -> bool:
+        """Whether the readings come from the helper process now."""
+        return self._ready and not self._gone
+
+    # -- the pipe ------------------------------------------------------------
+    def _drain(self) -> list[HostSample]:
+        if self._fd is None:
+            return []
+        eof = False
+        try:
+            while True:
+                chunk = os.read(self._fd, 65536)
+                if not chunk:
+                    eof = True
+                    break
+                self._buf += chunk
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            self._note(f"host sampler process: pipe: {exc}")
+            eof = True
+        *lines, self._buf = self._buf.split(b"\n")
+        got = [s for s in map(self._parse, lines) if s is not None]
+        if eof:
+            self._ended()
+        return got
+
+    def _parse(self, line: bytes) -> HostSample | None:
+        try:
+            msg = json.loads(line)
+            if "ready" in msg:
+                self._ready = True
+                return None
+            if "problems" in msg:
+                self._helper_problems = [str(p) for p in msg["problems"]]
+                return None
+            self._helper_pids = set(msg.pop("pids", ()))
+            sample = HostSample(**{k: v for k, v in msg.items() if k in _FIELDS})
+        except (ValueError, TypeError, AttributeError) as exc:
+            self._note(f"host sampler process: unreadable line ({type(exc).__name__})")
+            return None
+        sample.t += self._offset  # its perf_counter onto the sampler's clock
+        return sample
+
+    def _ended(self) -> None:
+        proc = self._proc
+        code = None
+        if proc is not None:
+            try:
+                code = proc.wait(timeout=1.0)  # its pipe closed: it is exiting
+            except subprocess.TimeoutExpired:
+                pass
+        how = "" if code is None else f" (exit code {code})"
+        if not self._ready:
+            self._lost(f"ended before its first reading{how}")
+        elif not self._quit_sent:
+            self._lost(f"ended mid-run{how}")
+        self._gone = True
+        self._fd = None
+
+    def _command(self, line: bytes) -> None:
+        proc = self._proc
+        if proc is None or proc.stdin is None or self._gone:
+            return
+        self._quit_sent = self._quit_sent or line == b"q\n"
+        try:
+            proc.stdin.write(line)
+            proc.stdin.flush()
+        except OSError:
+            pass  # gone: its pipe reads EOF and says so
+
+    def _lost(self, what: str) -> None:
+        self._note(f"host sampler process {what}; host readings taken in the training process instead")
+
+    def _note(self, what: str) -> None:
+        if what not in self._notes:
+            self._notes.append(what)
+
+
+# -- the helper ------------------------------------------------------------------
+
+def _serve(pid: int, interval: float) -> int:
+    """The helper's loop: NOTE [ Host readings in a helper process ]."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    out = sys.stdout.buffer
+    try:
+        target = psutil.Process(pid)
+    except psutil.Error:
+        return 1
+    host = HostSource(pid=pid, exclude=frozenset({os.getpid()}))
+    host.start()
+
+    def send(msg: dict[str, object]) -> bool:
+        try:
+            out.write(json.dumps(msg, separators=(",", ":")).encode() + b"\n")
+            out.flush()
+            return True
+        except OSError:  # BrokenPipeError: the training process is gone or stopped listening
+            return False
+
+    if not send({"ready": os.getpid()}):
+        return 0
+    pending = b""
+    next_at = time.perf_counter() + interval
+    while True:
+        ready, _, _ = select.select([0], [], [], max(0.0, next_at - time.perf_counter()))
+        last = False
+        if ready:
+            chunk = os.read(0, 4096)
+            last = not chunk  # nobody can ask for more: stop as if asked
+            *commands, pending = (pending + chunk).split(b"\n")
+            for command in commands:
+                if command == b"q":
+                    last = True
+                elif command.startswith(b"i "):
+                    try:
+                        interval = max(float(command[2:]), 0.001)
+                    except ValueError:
+                        pass
+            if not last:
+                continue  # a command is no tick: wait out the interval
+        now = time.perf_counter()
+        next_at += interval
+        if next_at < now:  # fell behind (a stopped process, a busy machine): no burst of readings
+            next_at = now + interval
+        if not target.is_running():
+            last = True
+        else:
+            msg = dataclasses.asdict(host.sample(now))
+            msg["pids"] = sorted(host.pids())
+            last = not send(msg) or last
+        if last:
+            send({"problems": host.problems()})
+            return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        pid, interval = int(args[0]), float(args[1])
+    except (IndexError, ValueError):
+        print("usage: python -m profiler.samplers.hostproc PID INTERVAL", file=sys.stderr)
+        return 2
+    return _serve(pid, interval)
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    # Nothing to tidy: the kernel closes what it holds. Skipping the interpreter's
+    # teardown (~10 ms) keeps it off the end of the training process's Profile block.
+    os._exit(code)
