@@ -96,6 +96,8 @@ class HostProcess:
             self._spawn(interval)
 
     def _spawn(self, interval: float) -> None:
+        if os.name != "posix":
+            return  # non-blocking pipes and select() on them: POSIX only; the thread reads the host
         if not sys.executable:
             self._lost("could not be started: sys.executable is empty")
             return
@@ -155,9 +157,10 @@ class HostProcess:
         proc, self._proc = self._proc, None
         if proc is None:
             return
+        exiting = self._fd is None  # its pipe read EOF: on its way out (else it waits for a command: killed)
         self._gone = True
         try:
-            proc.wait(timeout=FINISH_TIMEOUT if self._ready else 0)
+            proc.wait(timeout=FINISH_TIMEOUT if exiting else 0)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
