@@ -28,6 +28,7 @@ from profiler.samplers import (
     Sampler,
     usable_cores,
 )
+from profiler.samplers.hostproc import DRAIN_EVERY
 from tests.fake_pynvml import (
     ERROR_CLASSES,
     ERROR_CODES,
@@ -952,7 +953,7 @@ def test_host_readings_come_from_a_helper_process_that_is_no_worker_and_ends_wit
         served_from = time.perf_counter() - began
         burn(0.4)  # this thread's CPU, read by the helper from outside
         n = len(s.host_samples)
-        assert wait_until(lambda: len(s.host_samples) > n + 3)  # handed over every DRAIN_EVERY ticks
+        assert wait_until(lambda: len(s.host_samples) > n + 3)  # handed over every DRAIN_EVERY intervals
         tree = host.pids()  # as the helper listed it
         assert os.getpid() in tree and helper not in tree  # it is no loader worker
     finally:
@@ -1055,3 +1056,50 @@ def test_the_helper_leaves_when_the_training_process_dies_without_stopping_it(tm
                          env={**os.environ, "PYTHONPATH": str(root)}, check=True)
     pid = int(out.stdout.split()[-1])
     assert wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+
+
+def test_with_the_helper_serving_and_no_gpu_read_the_thread_wakes_once_per_drain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # NOTE [ A tick a second ] in samplers/thread.py: the helper reads at every interval,
+    # the thread wakes every DRAIN_EVERY intervals, and at every one again once the
+    # helper is gone or a GPU is read.
+    wakes: list[float] = []
+    host = HostProcess()
+    s = Sampler(interval=0.01, sources=(host,), on_tick=lambda: wakes.append(time.perf_counter()))
+    s.start()
+    try:
+        assert wait_until(lambda: host.serving)
+        time.sleep(0.15)  # past the wait begun before it served
+        n, readings = len(wakes), len(s.host_samples)
+        time.sleep(1.0)
+        slow_wakes, slow_readings = len(wakes) - n, len(s.host_samples) - readings
+        (pid,) = helper_pids()
+        os.kill(pid, signal.SIGKILL)
+        assert wait_until(lambda: not host.serving)
+        time.sleep(0.05)
+        n = len(wakes)
+        time.sleep(0.5)
+        fast_wakes = len(wakes) - n
+    finally:
+        s.stop()
+    assert 5 <= slow_wakes <= 3 * DRAIN_EVERY // 2  # ~10 in a second, not ~100
+    assert slow_readings >= 30  # the helper's, at every interval (100 in a second, on an idle machine)
+    assert fast_wakes >= 20  # ~50 in half a second: this thread reads the host again
+
+    fake = FakeNvml(gpus=two_gpus())
+    fake.install(monkeypatch)
+    nv = NvmlSource()
+    wakes.clear()
+    host = HostProcess()
+    s = Sampler(interval=0.01, sources=(nv, host), on_tick=lambda: wakes.append(time.perf_counter()))
+    s.start()
+    try:
+        assert wait_until(lambda: host.serving)
+        n = len(wakes)
+        time.sleep(0.5)
+        gpu_wakes = len(wakes) - n
+    finally:
+        s.stop()
+        nv.close()
+    assert gpu_wakes >= 20  # a GPU is read at every interval

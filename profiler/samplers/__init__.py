@@ -3,14 +3,32 @@
 One thread (``Sampler``) reads several sources (``NvmlSource``, ``HostSource``) at a
 fixed interval into bounded buffers of ``profiler.records`` samples; ``HostProcess``
 takes the host readings in a helper process and hands them to that thread.
+
+The names below are imported on first use (PEP 562), as in ``profiler/__init__.py``:
+the helper process (``python -m profiler.samplers.hostproc``) then loads only what
+it reads the host with, not the thread and NVML modules, and its module is not
+imported twice (once by this package, once as ``__main__``).
 """
 
 from __future__ import annotations
 
-from profiler.samplers.host import HostSource, cgroup_cpu_limit, usable_cores
-from profiler.samplers.hostproc import HostProcess
-from profiler.samplers.nvml import PCIE_EVERY, NvmlSource
-from profiler.samplers.thread import THREAD_NAME, Sampler
+from typing import TYPE_CHECKING
+
+from profiler.lazy import lazy_names
+
+if TYPE_CHECKING:
+    from profiler.samplers.host import HostSource, cgroup_cpu_limit, usable_cores
+    from profiler.samplers.hostproc import HostProcess
+    from profiler.samplers.nvml import PCIE_EVERY, NvmlSource
+    from profiler.samplers.thread import THREAD_NAME, Sampler
+
+#: public name -> the submodule that defines it
+_WHERE = {
+    "HostSource": "host", "cgroup_cpu_limit": "host", "usable_cores": "host",
+    "HostProcess": "hostproc",
+    "PCIE_EVERY": "nvml", "NvmlSource": "nvml",
+    "THREAD_NAME": "thread", "Sampler": "thread",
+}
 
 __all__ = [
     "PCIE_EVERY",
@@ -22,3 +40,6 @@ __all__ = [
     "cgroup_cpu_limit",
     "usable_cores",
 ]
+
+
+__getattr__, __dir__ = lazy_names(__name__, _WHERE, __all__)

@@ -10,7 +10,9 @@ nothing measurable while a core is free: ``benchmarks/gil_contention.py
 ``HostSource`` in a child interpreter (``python -m profiler.samplers.hostproc
 PID INTERVAL``), which reads the training process tree at the interval and
 writes one JSON line per reading to its stdout; the sampler thread takes them
-off the pipe every ``DRAIN_EVERY`` ticks, one non-blocking read.
+off the pipe every ``DRAIN_EVERY`` intervals, one non-blocking read (and, with no
+GPU to read at every interval, wakes only then: NOTE [ A tick a second ] in
+thread.py).
 
 Lifecycle. ``start()`` takes the baseline and the first reading in this process
 (NOTE [ First reading before the loop ] in thread.py) and starts the helper
@@ -48,8 +50,8 @@ import psutil
 from profiler.records import HostSample
 from profiler.samplers.host import HostSource
 
-#: The sampler thread reads the helper's pipe every this many ticks (1 s at 10 Hz);
-#: the pipe holds ~200 readings, so the helper never waits on a slow reader.
+#: The sampler thread reads the helper's pipe every this many intervals (1 s at
+#: 10 Hz); the pipe holds ~200 readings, so the helper never waits on a slow reader.
 DRAIN_EVERY = 10
 
 #: How long ``finish()`` waits for the helper's final reading and exit.
@@ -82,7 +84,8 @@ class HostProcess:
         self._helper_pids: set[int] | None = None
         self._helper_problems: list[str] = []
         self._notes: list[str] = []
-        self._ticks = 0
+        self._interval = 0.1  # the helper's, followed by set_interval()
+        self._drain_at = 0.0  # the sampler's t of the next drain
         self._offset = 0.0  # a reading's t = its perf_counter + this
 
     # -- lifecycle -----------------------------------------------------------
@@ -91,6 +94,7 @@ class HostProcess:
 
         A reading's ``t`` is ``clock() - t0``, the sampler's own time."""
         self.fallback.start()
+        self._interval = interval
         self._offset = clock() - time.perf_counter() - t0
         if self.helper and self._proc is None and not self._gone:
             self._spawn(interval)
@@ -122,6 +126,7 @@ class HostProcess:
 
     def set_interval(self, seconds: float) -> None:
         """The sampler doubled its interval (bounded memory): the helper follows."""
+        self._interval = seconds
         self._command(f"i {seconds!r}\n".encode())
 
     def finish(self, t: float) -> list[HostSample]:
@@ -175,12 +180,15 @@ class HostProcess:
     # -- readings ------------------------------------------------------------
     def sample(self, t: float) -> list[HostSample]:
         """This tick's readings: taken here until the helper serves, then the helper's,
-        handed over every ``DRAIN_EVERY`` ticks (none in between). Never raises."""
-        self._ticks += 1
+        handed over every ``DRAIN_EVERY`` intervals (none in between). Never raises."""
         if self._proc is None or self._gone:
             return [self.fallback.sample(t)]
         if self._ready:
-            return self._drain() if self._ticks % DRAIN_EVERY == 0 else []
+            if t < self._drain_at:
+                return []
+            # Half an interval early: a tick a little ahead of its time still drains.
+            self._drain_at = t + (DRAIN_EVERY - 0.5) * self._interval
+            return self._drain()
         got = self._drain()  # the "ready" line, or EOF if it could not start
         if self._ready or got:
             return got

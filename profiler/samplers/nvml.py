@@ -169,6 +169,11 @@ class NvmlSource:
         return self._status
 
     @property
+    def reading(self) -> bool:
+        """Whether a ``sample()`` now would read any GPU (NVML up, a GPU still present)."""
+        return self._nv is not None and not self._closed and bool(self._handles) and os.getpid() == self._pid
+
+    @property
     def gpus(self) -> list[GpuInfo]:
         """Static facts of each GPU opened at ``start()``."""
         return list(self._gpus)

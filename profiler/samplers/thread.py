@@ -34,7 +34,22 @@ waiting caller and no timeout.) With a ``HostProcess`` source that first
 reading is taken here too, and so are the next ones until its helper process
 has taken its own baseline (NOTE [ Host readings in a helper process ] in
 hostproc.py); from then on a tick's host part is a non-blocking read of the
-helper's pipe every ``DRAIN_EVERY`` ticks.
+helper's pipe every ``DRAIN_EVERY`` intervals.
+
+NOTE [ A tick a second ]
+Once a helper process serves the host readings and no GPU is read through NVML
+(none, NVML unavailable, or ``gpu=False``), nothing in this process needs
+reading at every interval: the thread's work is the fold of hook events and the
+helper's pipe, which it reads every ``DRAIN_EVERY`` intervals anyway. Each wake
+costs the loop more than its work (the GIL handed over and back, cold caches:
+inside benchmarks/overhead.py's loop a tick took ~175 us of the thread's CPU,
+~114 us of it the fold, and ~0.3 ms of the loop's time). So the thread then
+waits ``DRAIN_EVERY`` intervals between ticks, folding ten intervals' events at
+a time; the helper still reads the host at every interval. It goes back to
+every interval as soon as anything needs it: the helper not yet serving or gone
+(its readings are then taken here), or a GPU being read. Memory stays bounded
+the same way: when either buffer (this thread's ticks, the helper's readings)
+is full, both are halved and the interval doubles, the helper's too.
 """
 
 from __future__ import annotations
@@ -48,7 +63,7 @@ from typing import TypeVar
 
 from profiler.records import GpuSample, HostSample
 from profiler.samplers.host import HostSource
-from profiler.samplers.hostproc import HostProcess
+from profiler.samplers.hostproc import DRAIN_EVERY, HostProcess
 from profiler.samplers.nvml import NvmlSource
 
 log = logging.getLogger("loadprof.samplers")
@@ -160,8 +175,20 @@ class Sampler:
         # The first tick's GPU part is taken on the thread: with PCIe readings it
         # blocks ~20 ms per GPU in the driver (nvml.py), which must not delay the caller.
         spent = self._read_gpus(first)
-        while not self._done.wait(max(0.0, self._effective - spent)):
+        while not self._done.wait(max(0.0, self._pause() - spent)):
             spent = self._sample_once()
+
+    def _pause(self) -> float:
+        """Seconds from one tick's start to the next: NOTE [ A tick a second ]."""
+        helper = False
+        for src in self.sources:
+            if isinstance(src, HostProcess):
+                if not src.serving:
+                    return self._effective
+                helper = True
+            elif isinstance(src, HostSource) or src.reading:
+                return self._effective
+        return self._effective * DRAIN_EVERY if helper else self._effective
 
     # -- one tick --------------------------------------------------------------
     def _sample_once(self, final: bool = False) -> float:
@@ -187,7 +214,7 @@ class Sampler:
                     with self._lock:
                         self._pushed.extend(pushed)
                         if len(self._pushed) >= self.max_samples:
-                            self._pushed = _halved(self._pushed)
+                            self._decimate()
                 pids = host.pids() or pids
         # Decimation keeps the newest tick, so the list filled by _read_gpus is always still kept.
         with self._lock:
@@ -234,11 +261,13 @@ class Sampler:
             log.warning("loadprof: sampler error (reported once): %s", what)
 
     def _decimate(self) -> None:
-        # Keep the ticks with the same parity as the newest, so the newest stays and
-        # the next tick, one doubled interval later, continues an even spacing.
+        # Keep the ticks (and the helper's readings) with the same parity as the newest,
+        # so the newest stays and the next, one doubled interval later, continues an
+        # even spacing. Both at once: NOTE [ A tick a second ].
         keep = _halved(self._ticks)
-        self._dropped += len(self._ticks) - len(keep)
-        self._ticks = keep
+        pushed = _halved(self._pushed)
+        self._dropped += len(self._ticks) - len(keep) + len(self._pushed) - len(pushed)
+        self._ticks, self._pushed = keep, pushed
         self._effective *= 2
         for src in self.sources:
             if isinstance(src, HostProcess):
