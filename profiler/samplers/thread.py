@@ -46,8 +46,9 @@ inside benchmarks/overhead.py's loop a tick took ~175 us of the thread's CPU,
 ~114 us of it the fold, and ~0.3 ms of the loop's time). So the thread then
 waits ``DRAIN_EVERY`` intervals between ticks, folding ten intervals' events at
 a time; the helper still reads the host at every interval. It goes back to
-every interval as soon as anything needs it: the helper not yet serving or gone
-(its readings are then taken here), or a GPU being read. Memory stays bounded
+every interval from the wake at which anything needs it: the helper not yet
+serving, or gone (seen at the drain after it died, up to ``DRAIN_EVERY``
+intervals later; its readings are then taken here), or a GPU being read. Memory stays bounded
 the same way: when either buffer (this thread's ticks, the helper's readings)
 is full, both are halved and the interval doubles, the helper's too.
 """
