@@ -1,37 +1,54 @@
 # Two commands on a fresh machine with only Python 3.11 and the package registries:
-#   make demo   set up .venv and diagnose the shipped data-starved example
-#   make test   set up .venv and run lint, type checks and the whole test suite
+#   make demo   set up .venv with what the demo needs and diagnose the shipped data-starved example
+#   make test   set up .venv with everything and run lint, type checks and the whole test suite
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+PIP    := $(BIN)/python -m pip install -q -c constraints-dev.txt
+# the demo needs the package and torch; the tests add TensorFlow and the dev tools
+DEMO_STAMP := $(VENV)/.installed-demo
+TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest test-fast bench clean
 
-$(STAMP): pyproject.toml constraints-dev.txt
+$(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints-dev.txt -e '.[torch,dev]' tensorflow-cpu
-	touch $(STAMP)
 
-demo: $(STAMP)
+$(DEMO_STAMP): pyproject.toml constraints-dev.txt | $(VENV)/bin/python
+	$(PIP) -e '.[torch]'
+	touch $@
+
+$(TEST_STAMP): pyproject.toml constraints-dev.txt | $(VENV)/bin/python
+	$(PIP) -e '.[torch,dev]' tensorflow-cpu
+	touch $@ $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/loadprof diagnose --json demo-run.json examples/torch_starved.py
 	@echo
 	@echo "Now the fixed version:"
 	$(BIN)/loadprof diagnose examples/torch_fixed.py
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check profiler converters tests examples benchmarks
 
-typecheck: $(STAMP)
+# mypy cannot map a folder to another package name: check a tree of links named as installed.
+typecheck: $(TEST_STAMP)
+	rm -rf build/typecheck && mkdir -p build/typecheck/loadprof
+	for f in profiler/*; do ln -s "$(CURDIR)/$$f" build/typecheck/loadprof/; done
+	ln -s "$(CURDIR)/converters" build/typecheck/loadprof/converters
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+pytest: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -ra
+
+# for iteration: everything but the scenarios marked slow (CI runs the whole suite)
+test-fast: $(TEST_STAMP)
+	$(BIN)/python -m pytest -q -ra -m "not slow"
 
 test: lint typecheck pytest
 
-bench: $(STAMP)
+bench: $(DEMO_STAMP)
 	$(BIN)/python benchmarks/overhead.py
 
 clean:

@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import make_loop  # noqa: E402
 
-from profiler import Profile  # noqa: E402
+from loadprof import Profile  # noqa: E402
 
 
 def main() -> None:

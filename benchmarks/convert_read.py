@@ -1,13 +1,13 @@
 """Read throughput: 10,000 small images as files vs our HDF5 and TFRecord conversions.
 
 Makes 10,000 PNGs of about 3 KB (32x32 RGB, one folder per class), converts them
-with ``converters.convert`` to one HDF5 file and to TFRecord shards of 8 MiB, then
+with ``loadprof.converters.convert`` to one HDF5 file and to TFRecord shards of 8 MiB, then
 reads every image's bytes (no decoding, one process) five ways:
 
 * the image folder, file by file (open + read, as ImageFolder's loader does
   before decoding), in random order as a shuffling DataLoader asks, and sorted;
-* the HDF5 file through ``converters.torch.HDF5Dataset``, in random order;
-* the shards through ``converters.torch.TFRecordDataset``, in order and shuffled
+* the HDF5 file through ``loadprof.converters.torch.HDF5Dataset``, in random order;
+* the shards through ``loadprof.converters.torch.TFRecordDataset``, in order and shuffled
   (CRCs checked, Examples decoded to ``{"image": bytes, "label": array}``).
 
 Each is timed cold, then warm, in --rounds rounds over all five; medians printed. "Cold" drops each file's pages from the page cache
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from converters import ConvertOptions, convert
-from converters.torch import HDF5Dataset, TFRecordDataset
+from loadprof.converters import ConvertOptions, convert
+from loadprof.converters.torch import HDF5Dataset, TFRecordDataset
 
 
 def drop_cache(paths: Iterable[Path]) -> None:

@@ -29,8 +29,8 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from converters.example_proto import encode_example  # noqa: E402
-from converters.tfrecord import TFRecordFileWriter  # noqa: E402
+from loadprof.converters.example_proto import encode_example  # noqa: E402
+from loadprof.converters.tfrecord import TFRecordFileWriter  # noqa: E402
 
 
 def best_of(n: int, ours: Callable[[], None], theirs: Callable[[], None]) -> tuple[float, float]:

@@ -48,9 +48,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from profiler import Profile
-from profiler.samplers import THREAD_NAME
-from profiler.timeline import Timeline
+from loadprof import Profile
+from loadprof.samplers import THREAD_NAME
+from loadprof.timeline import Timeline
 
 #: perf_counter at the start of each sampling tick's fold of hook events (the part of
 #: a tick every configuration has), recorded by the wrapper ``record_ticks`` installs

@@ -32,8 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import make_loop  # noqa: E402
 
-from profiler import Profile  # noqa: E402
-from profiler.samplers import THREAD_NAME  # noqa: E402
+from loadprof import Profile  # noqa: E402
+from loadprof.samplers import THREAD_NAME  # noqa: E402
 
 
 def thread_cpu_ns(tid: int) -> int:

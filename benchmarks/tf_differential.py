@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from profiler import Profile  # noqa: E402
+from loadprof import Profile  # noqa: E402
 
 BATCH = 64
 FEATURES = 256

@@ -34,9 +34,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import make_loop  # noqa: E402
 
-from profiler import Profile  # noqa: E402
-from profiler.samplers.host import HostSource, _proc_stat, _ProcFile  # noqa: E402
-from profiler.timeline import Timeline  # noqa: E402
+from loadprof import Profile  # noqa: E402
+from loadprof.samplers.host import HostSource, _proc_stat, _ProcFile  # noqa: E402
+from loadprof.timeline import Timeline  # noqa: E402
 
 
 def cpu_timed(into: list[float], call: Callable[..., Any]) -> Callable[..., Any]:

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from profiler.cli import main as loadprof
+from loadprof.cli import main as loadprof
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "torch_starved.py"

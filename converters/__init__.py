@@ -1,9 +1,9 @@
 """Dataset converters for loadprof: image folders, NumPy, IDX, CSV and PyTorch datasets
-to HDF5 or sharded TFRecord, with readers for PyTorch (``converters.torch``) and
-tf.data (``converters.tf``), imported on their own so neither framework is required here.
+to HDF5 or sharded TFRecord, with readers for PyTorch (``loadprof.converters.torch``) and
+tf.data (``loadprof.converters.tf``), imported on their own so neither framework is required here.
 
-Names are imported on first use (PEP 562): ``profiler.cli`` imports
-``converters.commands`` for every loadprof command, and numpy/h5py would add
+Names are imported on first use (PEP 562): ``loadprof.cli`` imports
+``loadprof.converters.commands`` for every loadprof command, and numpy/h5py would add
 ~0.1 s to each start-up.
 """
 

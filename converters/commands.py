@@ -1,9 +1,9 @@
-"""The ``convert`` and ``inspect`` subcommands, as objects ``profiler.cli`` registers.
+"""The ``convert`` and ``inspect`` subcommands, as objects ``loadprof.cli`` registers.
 
 Each command has ``name``, ``help``, ``prepare_parser(parser)`` and ``run(args) -> int``.
-For bad input ``run`` raises ``converters.errors.ConvertError`` (one line, naming the
+For bad input ``run`` raises ``loadprof.converters.errors.ConvertError`` (one line, naming the
 file and record); the CLI prints ``loadprof: error: <message>`` and exits 2.
-``python -m converters.commands`` runs the two commands on their own, the same way.
+``python -m loadprof.converters.commands`` runs the two commands on their own, the same way.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from .errors import ConvertError
 from .sizes import format_size, parse_size
 
 # The conversion machinery (numpy, h5py, rich) is imported in run(), not here:
-# profiler.cli imports this module for every loadprof command, and those imports
+# loadprof.cli imports this module for every loadprof command, and those imports
 # cost ~0.1 s of start-up that `loadprof diagnose` should not pay.
 
 __all__ = ["ConvertCommand", "InspectCommand", "main"]
@@ -114,7 +114,7 @@ class InspectCommand:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Stand-alone entry point (``python -m converters.commands``), same conventions as loadprof."""
+    """Stand-alone entry point (``python -m loadprof.converters.commands``), same conventions as loadprof."""
     parser = argparse.ArgumentParser(prog="loadprof")
     sub = parser.add_subparsers(dest="command", required=True)
     commands = {}

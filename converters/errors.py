@@ -1,7 +1,7 @@
 """Errors for known bad input.
 
 Every error here carries a one-line message that names the file (and the record
-or byte offset where there is one). ``profiler.cli.main`` prints it as
+or byte offset where there is one). ``loadprof.cli.main`` prints it as
 ``loadprof: error: <message>`` and exits 2; nothing else about it is shown, so
 the message must stand on its own.
 """

@@ -1,13 +1,13 @@
 """loadprof: is the training loop waiting for data, compute or memory, and what to change.
 
-    from profiler import Profile
+    from loadprof import Profile
     with Profile() as prof:
         train()
     print(prof.report.verdict)
 
 The names below are imported on first use (PEP 562), so that importing one
 submodule does not load them all: the host sampler's helper process
-(``samplers/hostproc.py``) imports ``profiler.samplers.host`` alone, in ~0.05 s
+(``samplers/hostproc.py``) imports ``loadprof.samplers.host`` alone, in ~0.05 s
 instead of the ~0.2 s the whole API (rich, the report, tune) takes.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from profiler.lazy import lazy_names
+from loadprof.lazy import lazy_names
 
 __version__ = "0.1.0"
 

@@ -139,7 +139,7 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
                  f"{cores} are usable. ")
                 + "Decode/resize once, store the result, and keep only random augmentation online.",
                 "loadprof convert data/ data.h5 --to hdf5 --decode --resize 224 224\n"
-                "dataset = converters.torch.HDF5Dataset('data.h5')",
+                "dataset = loadprof.converters.torch.HDF5Dataset('data.h5')",
             ))
         if cause == "host-to-device" or (run.environment.cuda_in_use and loader.pin_memory is False and starved):
             out.append(Recommendation(
@@ -233,7 +233,7 @@ def _convert_advice(loader: LoaderInfo) -> Recommendation:
         "convert_format", "Pack many small files into one HDF5 or TFRecord file",
         "The loop waits while the loaders barely use the CPU: per-file open/read latency dominates. "
         "Reading one packed file is measured several times faster (see README, converters).",
-        "loadprof convert data/ data.h5 --to hdf5\ndataset = converters.torch.HDF5Dataset('data.h5')",
+        "loadprof convert data/ data.h5 --to hdf5\ndataset = loadprof.converters.torch.HDF5Dataset('data.h5')",
         framework="tf" if _is_tf(loader) else "torch",
     )
 

@@ -1326,4 +1326,4 @@ def make_applier(apply: Any, output: IO[str] | None = None, announce: bool = Tru
         return apply
     if apply is True:
         return Applier(live=True, announce=announce, output=output)
-    raise TypeError(f"apply: expected True or a profiler.apply.Applier, got {type(apply).__name__}")
+    raise TypeError(f"apply: expected True or a loadprof.apply.Applier, got {type(apply).__name__}")

@@ -131,7 +131,7 @@ def commands() -> list[Command]:
 
     cmds: list[Command] = [DiagnoseCommand(), ReportCommand(), TuneCommand(), CompareCommand()]
     try:
-        from converters.commands import ConvertCommand, InspectCommand
+        from loadprof.converters.commands import ConvertCommand, InspectCommand
     except ImportError:  # converters not built yet in this checkout
         pass
     else:
@@ -177,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _known_errors() -> tuple[type[BaseException], ...]:
     errors: list[type[BaseException]] = []
     try:
-        from converters.errors import ConvertError
+        from loadprof.converters.errors import ConvertError
     except ImportError:
         pass
     else:

@@ -1,9 +1,9 @@
 """A package's public names, imported on first use (PEP 562).
 
-``profiler`` and ``profiler.samplers`` name their API in ``__init__`` but import
+``profiler`` and ``loadprof.samplers`` name their API in ``__init__`` but import
 a submodule only when one of its names is first read, so that importing one
 submodule does not load them all (the host sampler's helper process imports
-``profiler.samplers.hostproc`` and what it needs, nothing else).
+``loadprof.samplers.hostproc`` and what it needs, nothing else).
 """
 
 from __future__ import annotations

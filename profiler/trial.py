@@ -46,7 +46,7 @@ TAIL_LINES = 12
 
 _ROOT = str(Path(__file__).resolve().parent.parent)
 _CHILD = (
-    "import sys; sys.path.insert(0, {root!r}); import profiler.trial as t; "
+    "import sys; sys.path.insert(0, {root!r}); import loadprof.trial as t; "
     "sys.path.remove({root!r}); sys.exit(t.child_main(sys.argv[1]))"
 )
 

@@ -47,10 +47,10 @@ def write_idx(path: Path, array: np.ndarray, compress: bool = False) -> None:
 
 
 def loadprof(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m profiler ARGS`` as a user would."""
+    """Run ``python -m loadprof ARGS`` as a user would."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "profiler", *args],
+        [sys.executable, "-m", "loadprof", *args],
         capture_output=True, text=True, cwd=cwd, env=env, timeout=120,
     )
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from profiler.advice import IDS, recommend
-from profiler.diagnosis import diagnose
-from profiler.records import Environment, GpuInfo, GpuSample, HostSample, LoaderInfo, Run, Step
+from loadprof.advice import IDS, recommend
+from loadprof.diagnosis import diagnose
+from loadprof.records import Environment, GpuInfo, GpuSample, HostSample, LoaderInfo, Run, Step
 
 GiB = 2**30
 INPUT_IDS = {"prefetch", "cache", "parallel_map", "interleave", "offline_preprocessing", "convert_format",

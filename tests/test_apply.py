@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from profiler import Profile
-from profiler.apply import CachedDataset, check_cacheable
+from loadprof import Profile
+from loadprof.apply import CachedDataset, check_cacheable
 
 
 class Slow(Dataset):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.cli import main
+from loadprof.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ def script(tmp_path: Path, workers: int = 0, after_step: str = "pass", name: str
 
 def loadprof(*args: str, cwd: Path | None = None, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "profiler", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "loadprof", *args], capture_output=True, text=True,
                           cwd=cwd, timeout=timeout, env=env, **kw)
 
 
@@ -95,7 +95,7 @@ def test_signals_still_write_the_report(tmp_path, sig, code):
     path = script(tmp_path, workers=2, after_step="time.sleep(0.01)")
     out = tmp_path / "run.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "profiler", "diagnose", "--json", str(out), str(path)],
+    proc = subprocess.Popen([sys.executable, "-m", "loadprof", "diagnose", "--json", str(out), str(path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
     proc.stdout.readline()  # the script printed its argv: training is starting

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from profiler.cli import main
-from profiler.compare import VariantError, parse_variants
+from loadprof.cli import main
+from loadprof.compare import VariantError, parse_variants
 
 TRAIN = """
 import os, time

@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from converters import ConvertError, ConvertOptions, convert
+from loadprof.converters import ConvertError, ConvertOptions, convert
 from tests.convert_helpers import ROOT, leftovers, make_image_folder
 
 
@@ -69,7 +69,7 @@ def test_disk_full_midway_is_one_line_and_leaves_nothing(tmp_path, to):
     np.save(tmp_path / "big.npy", np.random.default_rng(0).integers(0, 256, (3000, 1024), dtype=np.uint8))
     code = textwrap.dedent(f"""
         import resource, signal, sys
-        from profiler.cli import main
+        from loadprof.cli import main
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG instead of being killed
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
         sys.exit(main(["convert", "big.npy", "out", "--to", "{to}"]))
@@ -127,8 +127,8 @@ def test_unreadable_image_is_named(tmp_path):
 def _written_output(tmp_path, to: str):
     """A finished temporary output of ten samples and the digest taken while writing,
     as ``convert`` holds them just before ``--verify`` reads the output back."""
-    from converters.conversion import _Output
-    from converters.schema import SampleDigest, Schema
+    from loadprof.converters.conversion import _Output
+    from loadprof.converters.schema import SampleDigest, Schema
 
     samples = [{"x": np.arange(4, dtype=np.float32) + i, "label": np.int64(i)} for i in range(10)]
     schema = Schema.infer(samples[0], "sample 0")
@@ -148,7 +148,7 @@ def test_verify_reports_a_field_that_reads_back_different_from_what_was_written(
     # writer): here one value is rewritten in place.
     import h5py
 
-    from converters.conversion import _verify
+    from loadprof.converters.conversion import _verify
 
     output, digest = _written_output(tmp_path, "hdf5")
     _verify(output, digest)  # untouched: passes
@@ -162,7 +162,7 @@ def test_verify_reports_a_field_that_reads_back_different_from_what_was_written(
 
 
 def test_verify_reports_a_corrupt_tfrecord_shard_by_name_and_offset(tmp_path):
-    from converters.conversion import _verify
+    from loadprof.converters.conversion import _verify
 
     output, digest = _written_output(tmp_path, "tfrecord")
     _verify(output, digest)

@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from converters import (
+from loadprof.converters import (
     ConvertError,
     ConvertOptions,
     HDF5Reader,
@@ -16,7 +16,7 @@ from converters import (
     convert,
     inspect_path,
 )
-from converters.hdf5 import chunk_rows
+from loadprof.converters.hdf5 import chunk_rows
 from tests.convert_helpers import make_image_folder
 
 

@@ -8,8 +8,15 @@ import textwrap
 import numpy as np
 import pytest
 
-from converters import ConvertError, ConvertOptions, HDF5Reader, SourceOptions, convert, read_idx
-from converters.sources import open_source
+from loadprof.converters import (
+    ConvertError,
+    ConvertOptions,
+    HDF5Reader,
+    SourceOptions,
+    convert,
+    read_idx,
+)
+from loadprof.converters.sources import open_source
 from tests.convert_helpers import leftovers, make_image_folder, write_idx
 
 

@@ -8,9 +8,9 @@ import google_crc32c
 import numpy as np
 import pytest
 
-from converters import tfrecord
-from converters.errors import CorruptFileError
-from converters.example_proto import ExampleDecodeError, decode_example, encode_example
+from loadprof.converters import tfrecord
+from loadprof.converters.errors import CorruptFileError
+from loadprof.converters.example_proto import ExampleDecodeError, decode_example, encode_example
 
 
 def test_crc32c_check_value_and_masking():
@@ -227,7 +227,7 @@ def test_fast_and_generic_decoders_agree(tmp_path):
         "u64": rng.integers(0, 2**63, n, dtype=np.uint64),
     }
     np.savez(tmp_path / "d.npz", **arrays)
-    from converters import ConvertOptions, convert
+    from loadprof.converters import ConvertOptions, convert
 
     convert(tmp_path / "d.npz", tmp_path / "tf", ConvertOptions(to="tfrecord"))
     shard = next((tmp_path / "tf").glob("*.tfrecord"))

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from profiler.advice import recommend
-from profiler.diagnosis import DEFAULT_THRESHOLDS, diagnose, warmup_count
-from profiler.records import Environment, GpuInfo, GpuSample, HostSample, LoaderInfo, Run, Step
-from profiler.report import build_report, load_report, write_json
+from loadprof.advice import recommend
+from loadprof.diagnosis import DEFAULT_THRESHOLDS, diagnose, warmup_count
+from loadprof.records import Environment, GpuInfo, GpuSample, HostSample, LoaderInfo, Run, Step
+from loadprof.report import build_report, load_report, write_json
 
 GiB = 2**30
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from profiler import Profile
+from loadprof import Profile
 from tests import torch_loops as loops
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +73,7 @@ def test_pageable_host_to_device_copies_are_timed():
 def test_the_starved_example_on_the_gpu(tmp_path):
     out = tmp_path / "run.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "profiler", "diagnose", "--json", str(out),
+    proc = subprocess.run([sys.executable, "-m", "loadprof", "diagnose", "--json", str(out),
                            str(ROOT / "examples" / "torch_starved.py")], capture_output=True, text=True,
                           env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr

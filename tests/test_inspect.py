@@ -8,8 +8,8 @@ import h5py
 import numpy as np
 import pytest
 
-from converters import ConvertOptions, convert, tfrecord
-from profiler.cli import main
+from loadprof.cli import main
+from loadprof.converters import ConvertOptions, convert, tfrecord
 from tests.convert_helpers import loadprof, make_image_folder
 
 
@@ -131,7 +131,7 @@ def test_inspect_as_a_subprocess(shards):
 
 
 def test_tf_written_file_is_summarised_from_its_first_record(capsys, tmp_path):
-    from converters.example_proto import encode_example
+    from loadprof.converters.example_proto import encode_example
 
     path = tmp_path / "other.tfrecord"
     with tfrecord.TFRecordFileWriter(path, tmp_path / "elsewhere.idx") as w:

@@ -1,16 +1,16 @@
-"""converters.tf: tf.data pipelines over our TFRecord shards and HDF5 files, in real TensorFlow."""
+"""loadprof.converters.tf: tf.data pipelines over our TFRecord shards and HDF5 files, in real TensorFlow."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from converters import ConvertError, ConvertOptions, SourceOptions, convert
+from loadprof.converters import ConvertError, ConvertOptions, SourceOptions, convert
 from tests.convert_helpers import make_image_folder
 
 pytestmark = pytest.mark.tensorflow
 tf = pytest.importorskip("tensorflow")
-from converters.tf import hdf5_dataset, tfrecord_dataset  # noqa: E402
+from loadprof.converters.tf import hdf5_dataset, tfrecord_dataset  # noqa: E402
 
 N = 23
 

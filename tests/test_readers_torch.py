@@ -1,4 +1,4 @@
-"""converters.torch datasets under real DataLoaders: fork and spawn, workers and ranks."""
+"""loadprof.converters.torch datasets under real DataLoaders: fork and spawn, workers and ranks."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
-from converters import ConvertOptions, CorruptFileError, convert, tfrecord  # noqa: E402
-from converters.torch import HDF5Dataset, TFRecordDataset  # noqa: E402
+from loadprof.converters import ConvertOptions, CorruptFileError, convert, tfrecord  # noqa: E402
+from loadprof.converters.torch import HDF5Dataset, TFRecordDataset  # noqa: E402
 from tests.convert_helpers import make_image_folder  # noqa: E402
 
 N = 53  # prime, so no split comes out even by accident

@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from profiler.records import GpuSample
-from profiler.samplers import (
+from loadprof.records import GpuSample
+from loadprof.samplers import (
     THREAD_NAME,
     HostProcess,
     HostSource,
@@ -28,7 +28,7 @@ from profiler.samplers import (
     Sampler,
     usable_cores,
 )
-from profiler.samplers.hostproc import DRAIN_EVERY
+from loadprof.samplers.hostproc import DRAIN_EVERY
 from tests.fake_pynvml import (
     ERROR_CLASSES,
     ERROR_CODES,
@@ -928,7 +928,7 @@ def helper_pids() -> list[int]:
     found = []
     for child in psutil.Process().children():
         try:
-            if "profiler.samplers.hostproc" in child.cmdline():
+            if any("loadprof.samplers.hostproc" in part for part in child.cmdline()):
                 found.append(child.pid)
         except psutil.Error:
             continue
@@ -1042,7 +1042,7 @@ def test_the_helper_leaves_when_the_training_process_dies_without_stopping_it(tm
     script = tmp_path / "dies.py"
     script.write_text(
         "import os, sys, time\n"
-        "from profiler.samplers import HostProcess, Sampler\n"
+        "from loadprof.samplers import HostProcess, Sampler\n"
         "host = HostProcess()\n"
         "s = Sampler(interval=0.01, sources=(host,))\n"
         "s.start()\n"

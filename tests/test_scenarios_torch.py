@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from profiler import Profile, StopRun
+from loadprof import Profile, StopRun
 from tests import torch_loops as loops
 from tests.fake_pynvml import FakeGpu, FakeNvml, NVMLError_GpuIsLost
 

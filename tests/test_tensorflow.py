@@ -21,8 +21,8 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from profiler import Profile  # noqa: E402
-from profiler.instrument import ImportWatch  # noqa: E402
+from loadprof import Profile  # noqa: E402
+from loadprof.instrument import ImportWatch  # noqa: E402
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 
@@ -372,7 +372,7 @@ for x, y in loader:
 
 def loadprof(*args: str, cwd: Path | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    return subprocess.run([sys.executable, "-m", "profiler", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "loadprof", *args], capture_output=True, text=True,
                           cwd=cwd, timeout=timeout, env=env)
 
 
@@ -424,7 +424,7 @@ if sys.argv[1] == "plain":
     sys.argv = sys.argv[2:]
     runpy.run_path(sys.argv[0], run_name="__main__")
 else:
-    from profiler.cli import main
+    from loadprof.cli import main
     sys.exit(main(["diagnose", "-q", *sys.argv[2:]]))
 """
 

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from profiler.diagnosis import compute_metrics
-from profiler.instrument import ThisProcess
-from profiler.records import Run
-from profiler.timeline import CPU_READ_ALL, CPU_READ_EVERY, StopRun, Timeline
+from loadprof.diagnosis import compute_metrics
+from loadprof.instrument import ThisProcess
+from loadprof.records import Run
+from loadprof.timeline import CPU_READ_ALL, CPU_READ_EVERY, StopRun, Timeline
 
 
 def test_batch_waits_belong_to_the_step_they_precede():

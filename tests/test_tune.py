@@ -1,4 +1,4 @@
-"""`loadprof tune` and `profiler.tune_loader` on real small CPU training loops."""
+"""`loadprof tune` and `loadprof.tune_loader` on real small CPU training loops."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-import profiler
-from profiler.cli import main
+import loadprof
+from loadprof.cli import main
 
 # A data-starved loop: each item costs ~4 ms of "decoding", the model almost nothing.
 # MARKER (a path or "") lets one worker trial crash or hang: the first DataLoader
@@ -162,7 +162,7 @@ class Slow(Dataset):
 
 def test_tune_loader_returns_an_equivalent_loader() -> None:
     loader = DataLoader(Slow(), batch_size=8, shuffle=False, drop_last=True)
-    tuned = profiler.tune_loader(loader, batches=6, budget=15)
+    tuned = loadprof.tune_loader(loader, batches=6, budget=15)
     assert isinstance(tuned, DataLoader) and tuned is not loader
     assert tuned.dataset is loader.dataset and tuned.batch_size == 8 and tuned.drop_last
     assert tuned.num_workers >= 1  # 3 ms per item with no workers is the bottleneck here
@@ -173,7 +173,7 @@ def test_tune_loader_returns_an_equivalent_loader() -> None:
 
 def test_tune_loader_keeps_the_shuffle_order_of_a_seeded_generator() -> None:
     loader = DataLoader(Slow(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(3))
-    tuned = profiler.tune_loader(loader, batches=4, budget=10)
+    tuned = loadprof.tune_loader(loader, batches=4, budget=10)
     loader.generator.manual_seed(5)
     first = [y.tolist() for _, y in loader]
     loader.generator.manual_seed(5)
@@ -183,7 +183,7 @@ def test_tune_loader_keeps_the_shuffle_order_of_a_seeded_generator() -> None:
 
 def test_tune_loader_rejects_what_is_not_a_dataloader() -> None:
     with pytest.raises(TypeError, match="DataLoader"):
-        profiler.tune_loader([1, 2, 3])
+        loadprof.tune_loader([1, 2, 3])
 
 
 def test_tune_loader_leaves_the_random_state_as_it_was() -> None:
@@ -191,5 +191,5 @@ def test_tune_loader_leaves_the_random_state_as_it_was() -> None:
     torch.manual_seed(2)
     expected = torch.rand(3)
     torch.manual_seed(2)
-    profiler.tune_loader(loader, batches=3, budget=6)
+    loadprof.tune_loader(loader, batches=3, budget=6)
     assert torch.equal(torch.rand(3), expected)

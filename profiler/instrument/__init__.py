@@ -46,8 +46,8 @@ class Hooks(Protocol):
 
 #: top-level module name -> (our hooks module, factory attribute in it)
 FRAMEWORKS: dict[str, str] = {
-    "torch": "profiler.instrument.torch:TorchHooks",
-    "tensorflow": "profiler.instrument.tensorflow:TensorFlowHooks",
+    "torch": "loadprof.instrument.torch:TorchHooks",
+    "tensorflow": "loadprof.instrument.tensorflow:TensorFlowHooks",
 }
 
 

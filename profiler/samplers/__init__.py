@@ -1,11 +1,11 @@
 """Background sampling of GPUs (NVML) and of the host (psutil) during a profiled run.
 
 One thread (``Sampler``) reads several sources (``NvmlSource``, ``HostSource``) at a
-fixed interval into bounded buffers of ``profiler.records`` samples; ``HostProcess``
+fixed interval into bounded buffers of ``loadprof.records`` samples; ``HostProcess``
 takes the host readings in a helper process and hands them to that thread.
 
 The names below are imported on first use (PEP 562), as in ``profiler/__init__.py``:
-the helper process (``python -m profiler.samplers.hostproc``) then loads only what
+the helper process (``python -m loadprof.samplers.hostproc``) then loads only what
 it reads the host with, not the thread and NVML modules, and its module is not
 imported twice (once by this package, once as ``__main__``).
 """
@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from profiler.lazy import lazy_names
+from loadprof.lazy import lazy_names
 
 if TYPE_CHECKING:
-    from profiler.samplers.host import HostSource, cgroup_cpu_limit, usable_cores
-    from profiler.samplers.hostproc import HostProcess
-    from profiler.samplers.nvml import PCIE_EVERY, NvmlSource
-    from profiler.samplers.thread import THREAD_NAME, Sampler
+    from loadprof.samplers.host import HostSource, cgroup_cpu_limit, usable_cores
+    from loadprof.samplers.hostproc import HostProcess
+    from loadprof.samplers.nvml import PCIE_EVERY, NvmlSource
+    from loadprof.samplers.thread import THREAD_NAME, Sampler
 
 #: public name -> the submodule that defines it
 _WHERE = {

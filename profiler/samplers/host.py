@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from profiler.records import HostSample
+from loadprof.records import HostSample
 
 log = logging.getLogger("loadprof.samplers")
 

@@ -7,7 +7,7 @@ its own length, because the loop's Python waits for the GIL meanwhile
 (benchmarks/gil_contention.py). The same work in another process costs it
 nothing measurable while a core is free: ``benchmarks/gil_contention.py
 --process`` runs it both ways beside the same loop. So ``HostProcess`` runs
-``HostSource`` in a child interpreter (``python -m profiler.samplers.hostproc
+``HostSource`` in a child interpreter (``python -m loadprof.samplers.hostproc
 PID INTERVAL``), which reads the training process tree at the interval and
 writes one JSON line per reading to its stdout; the sampler thread takes them
 off the pipe every ``DRAIN_EVERY`` intervals, one non-blocking read (and, with no
@@ -47,8 +47,8 @@ from pathlib import Path
 
 import psutil
 
-from profiler.records import HostSample
-from profiler.samplers.host import HostSource
+from loadprof.records import HostSample
+from loadprof.samplers.host import HostSource
 
 #: The sampler thread reads the helper's pipe every this many intervals (1 s at
 #: 10 Hz); the pipe holds ~200 readings, so the helper never waits on a slow reader.
@@ -106,13 +106,17 @@ class HostProcess:
             self._lost("could not be started: sys.executable is empty")
             return
         # The helper must import this very package (and psutil) whatever the
-        # training script did to sys.path: both roots go first on its PYTHONPATH.
-        roots = [str(Path(__file__).resolve().parents[2]), str(Path(psutil.__file__).resolve().parents[1])]
+        # training script did to sys.path: their roots go first on its PYTHONPATH
+        # (an editable install's root is no folder named loadprof: its finder serves).
+        package = Path(__file__).resolve().parents[1]
+        roots = [str(Path(psutil.__file__).resolve().parents[1])]
+        if package.name == "loadprof":
+            roots.insert(0, str(package.parent))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([*dict.fromkeys(roots), *filter(None, [env.get("PYTHONPATH")])])
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "profiler.samplers.hostproc", str(self.pid), repr(interval)],
+                [sys.executable, "-c", _HELPER_MAIN, str(self.pid), repr(interval)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                 env=env, close_fds=True, start_new_session=True,
             )
@@ -340,12 +344,17 @@ def _serve(pid: int, interval: float) -> int:
             return 0
 
 
+# Started with -c rather than -m, dropping sys.path[0] (the working directory),
+# so that no user's module of the same name can stand in for ours.
+_HELPER_MAIN = "import sys; del sys.path[0]; from loadprof.samplers.hostproc import main; sys.exit(main())"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     try:
         pid, interval = int(args[0]), float(args[1])
     except (IndexError, ValueError):
-        print("usage: python -m profiler.samplers.hostproc PID INTERVAL", file=sys.stderr)
+        print("usage: python -m loadprof.samplers.hostproc PID INTERVAL", file=sys.stderr)
         return 2
     return _serve(pid, interval)
 

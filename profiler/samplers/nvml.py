@@ -32,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
-from profiler.records import GpuInfo, GpuSample
+from loadprof.records import GpuInfo, GpuSample
 
 log = logging.getLogger("loadprof.samplers")
 

@@ -62,10 +62,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from profiler.records import GpuSample, HostSample
-from profiler.samplers.host import HostSource
-from profiler.samplers.hostproc import DRAIN_EVERY, HostProcess
-from profiler.samplers.nvml import NvmlSource
+from loadprof.records import GpuSample, HostSample
+from loadprof.samplers.host import HostSource
+from loadprof.samplers.hostproc import DRAIN_EVERY, HostProcess
+from loadprof.samplers.nvml import NvmlSource
 
 log = logging.getLogger("loadprof.samplers")
 
