@@ -10,6 +10,7 @@ only at the end. Any failure, Ctrl-C included, removes the temporary output, so
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
+import h5py
 import numpy as np
 
 from . import hdf5, tfrecord
@@ -98,12 +100,140 @@ def _check(options: ConvertOptions, out: Path) -> None:
         raise ConvertError(f"--split {options.split!r} is not a usable file name prefix")
     if not out.parent.is_dir():
         raise ConvertError(f"{out}: parent directory {out.parent} does not exist")
-    if out.exists() or out.is_symlink():
-        empty_dir = options.to == "tfrecord" and out.is_dir() and not any(out.iterdir())
-        if not options.overwrite and not empty_dir:
-            raise ConvertError(f"{out}: already exists (pass --overwrite to replace it)")
-        if options.to == "hdf5" and out.is_dir():
+
+
+def _target(out: str | os.PathLike[str]) -> Path:
+    """OUT as a path with a real name in a real parent: ``.`` and ``..`` are resolved, so the
+    temporary output lands beside OUT, not inside it."""
+    path = Path(out)
+    if path.name in ("", ".", ".."):
+        path = path.resolve()
+    return path
+
+
+def _same(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _replaceable(out: Path, options: ConvertOptions, inputs: list[Path]) -> frozenset[str] | None:
+    """What of an existing OUT may be replaced: None when OUT does not exist, else the names
+    inside a TFRecord output directory that are ours (empty for a file or an empty directory).
+
+    NOTE [ What --overwrite replaces ]
+    --overwrite replaces only a previous output of loadprof, recognised by what loadprof
+    writes: an HDF5 file that starts with the HDF5 signature and carries the root attribute
+    loadprof_format = "loadprof-hdf5"; or a directory holding exactly one
+    ``SPLIT.info.json`` with "format": "loadprof-tfrecord" and regular files it lists as
+    shards (and their ``.idx``), nothing else. An empty directory is fine for TFRecord.
+    Never a symbolic link, the source, a directory containing the source, or anything
+    inside a source directory, compared by device and inode so that other spellings
+    (relative paths, ``.``, links, hard links) are caught too. Anything else is refused
+    with one line: loadprof deletes nothing it did not write.
+    """
+    if not os.path.lexists(out):
+        return None
+    if options.to == "tfrecord" and out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
+        return frozenset()
+    if not options.overwrite:
+        raise ConvertError(f"{out}: already exists (pass --overwrite to replace it)")
+    refuse = f"{out}: not replaced: --overwrite replaces only a previous loadprof output"
+    if out.is_symlink():
+        raise ConvertError(f"{refuse}, and this is a symbolic link")
+    out_stat = out.stat()
+    for src in inputs:
+        try:
+            src_stat = src.stat()
+            real = src.resolve()
+        except OSError:
+            continue
+        if _same(src_stat, out_stat):
+            raise ConvertError(f"{out}: is the source {src}; choose another OUT")
+        if any(_same(parent.stat(), out_stat) for parent in real.parents):
+            raise ConvertError(f"{out}: contains the source {src}; choose another OUT")
+        if src.is_dir() and any(_same(parent.stat(), src_stat) for parent in out.resolve().parents):
+            raise ConvertError(f"{out}: is inside the source {src}; choose another OUT")
+    if options.to == "hdf5":
+        if out.is_dir():
             raise ConvertError(f"{out}: is a directory; HDF5 output is a file")
+        why = _not_our_hdf5(out)
+        if why:
+            raise ConvertError(f"{refuse}, and this is {why}")
+        return frozenset()
+    if not out.is_dir():
+        raise ConvertError(f"{refuse}, and this is a file, not a TFRecord output directory")
+    ours, why = _our_tfrecord_entries(out)
+    if ours is None:
+        raise ConvertError(f"{refuse}, and this directory {why}")
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ConvertError(f"{out}: cannot replace its files: {os.strerror(errno.EACCES)}")
+    return ours
+
+
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+_INFO_MAX_BYTES = 64 << 20  # an info file of ours lists shards: far smaller than this
+
+
+def _not_our_hdf5(path: Path) -> str | None:
+    """Why ``path`` is not an HDF5 file loadprof wrote, or None if it is one."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(_HDF5_SIGNATURE))
+    except OSError as exc:
+        return f"a file that cannot be read ({exc.strerror})"
+    if head != _HDF5_SIGNATURE:
+        return "not an HDF5 file"
+    try:
+        with h5py.File(path, "r") as f:
+            found = f.attrs.get("loadprof_format")
+    except (OSError, RuntimeError, ValueError, TypeError, KeyError):
+        return "an HDF5 file h5py cannot open"
+    if isinstance(found, bytes):
+        found = found.decode("utf-8", "replace")
+    if found != hdf5.FORMAT:
+        return "an HDF5 file not written by loadprof (no loadprof_format attribute)"
+    return None
+
+
+def _our_tfrecord_entries(path: Path) -> tuple[frozenset[str] | None, str]:
+    """The names in a TFRecord output directory of ours, or None and why it is not one."""
+    try:
+        with os.scandir(path) as it:
+            entries = {e.name: (e.is_file(follow_symlinks=False), e.is_dir(follow_symlinks=False)) for e in it}
+    except OSError as exc:
+        return None, f"cannot be listed ({exc.strerror})"
+    shown = {name: name + "/" if is_dir else name for name, (_, is_dir) in entries.items()}
+    infos = [name for name in entries if name.endswith(".info.json")]
+    if len(infos) != 1:
+        return None, (
+            f"holds {_names(sorted(shown.values()))}, not one loadprof output (no SPLIT.info.json)"
+            if not infos
+            else f"holds {len(infos)} info files ({_names(infos)}), not one loadprof output"
+        )
+    info_path = path / infos[0]
+    listed: set[str] = set()
+    info: Any = None
+    try:
+        if entries[infos[0]][0] and info_path.stat().st_size <= _INFO_MAX_BYTES:
+            info = json.loads(info_path.read_bytes())
+    except (OSError, ValueError):
+        info = None
+    if not isinstance(info, dict) or info.get("format") != TFRECORD_FORMAT:
+        return None, f"holds {infos[0]}, which is not a loadprof info file"
+    for shard in info.get("shards") or []:
+        name = shard.get("file") if isinstance(shard, dict) else None
+        if isinstance(name, str):
+            listed |= {name, name + ".idx"}
+    foreign = sorted(
+        shown[name] for name, (is_file, _) in entries.items() if name != infos[0] and (not is_file or name not in listed)
+    )
+    if foreign:
+        return None, f"holds {_names(foreign)}, not written by loadprof"
+    return frozenset(entries), ""
+
+
+def _names(names: list[str], most: int = 3) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 @contextlib.contextmanager
@@ -136,9 +266,12 @@ def _progress(enabled: bool | None, total: int, label: str) -> Iterator[Callable
 class _Output:
     """The temporary output and its writer; see NOTE [ No partial output ]."""
 
-    def __init__(self, out: Path, options: ConvertOptions) -> None:
+    def __init__(self, out: Path, options: ConvertOptions, replaces: frozenset[str] | None = None) -> None:
         self.out = out
         self.options = options
+        # None: OUT did not exist; else the names in an existing OUT directory to move aside.
+        self.replaces = replaces
+        self.published = False
         prefix = f".{out.name}.tmp-"
         try:
             if options.to == "hdf5":
@@ -197,6 +330,8 @@ class _Output:
         return [self.out / n for n in names] + [self.out / (n + ".idx") for n in names] + [self.out / info_path.name]
 
     def abort(self) -> None:
+        if self.published:
+            return
         for writer in (self.h5, self.tf):
             if writer is not None:
                 writer.abort()
@@ -208,16 +343,43 @@ class _Output:
 
     def publish(self) -> None:
         out = self.out
-        if not (out.exists() or out.is_symlink()):
-            os.rename(self.tmp, out)
-            return
-        if self.options.to == "hdf5":
-            os.replace(self.tmp, out)  # atomic for a file
-            return
-        # A directory cannot be replaced atomically: move the old one aside first.
+        if self.options.to == "hdf5" or self.replaces is None:
+            os.replace(self.tmp, out)  # atomic; for a directory, OUT did not exist
+        else:
+            self._publish_into(out, self.replaces)
+        self.published = True
+
+    def _publish_into(self, out: Path, replaces: frozenset[str]) -> None:
+        """Swap the files of an existing OUT directory for ours, keeping the directory itself
+        (it may be the current directory or a mount point, which cannot be renamed). Old files
+        go to a hidden directory beside OUT first, the info file first of all and back last,
+        so a directory without its info file is visibly incomplete; any failure puts back
+        what was moved."""
         old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        os.rename(out, old / "x")
-        os.rename(self.tmp, out)
+        new = sorted(os.listdir(self.tmp), key=lambda n: n.endswith(".info.json"))
+        moved_old: list[str] = []
+        moved_new: list[str] = []
+        try:
+            for name in sorted(replaces, key=lambda n: not n.endswith(".info.json")):
+                try:
+                    os.rename(out / name, old / name)
+                except FileNotFoundError:
+                    continue
+                moved_old.append(name)
+            for name in new:
+                os.rename(self.tmp / name, out / name)
+                moved_new.append(name)
+        except OSError:
+            for name in reversed(moved_new):
+                with contextlib.suppress(OSError):
+                    os.rename(out / name, self.tmp / name)
+            for name in reversed(moved_old):
+                with contextlib.suppress(OSError):
+                    os.rename(old / name, out / name)
+            with contextlib.suppress(OSError):
+                old.rmdir()
+            raise
+        os.rmdir(self.tmp)
         shutil.rmtree(old, ignore_errors=True)
 
 
@@ -277,13 +439,15 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], options: C
     that was not there before.
     """
     started = time.perf_counter()
-    out_path = Path(out)
+    out_path = _target(out)
     _check(options, out_path)
+    inputs = [Path(p) for p in (src, options.source.labels) if p is not None and os.path.exists(p)]
+    replaces = _replaceable(out_path, options, inputs)
     source = open_source(src, options.source)
     total = len(source)
     if total == 0:
         raise ConvertError(f"{src}: holds no samples")
-    output = _Output(out_path, options)
+    output = _Output(out_path, options, replaces)
     digest: SampleDigest | None = None
     count = 0
     try:

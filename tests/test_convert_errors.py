@@ -19,14 +19,15 @@ from tests.convert_helpers import ROOT, leftovers, make_image_folder
 @pytest.mark.parametrize("to", ["hdf5", "tfrecord"])
 def test_existing_output_is_refused_then_replaced_with_overwrite(tmp_path, to):
     np.save(tmp_path / "x.npy", np.arange(10))
+    np.save(tmp_path / "y.npy", np.arange(20))
     out = tmp_path / "out"
-    out.mkdir() if to == "tfrecord" else out.write_bytes(b"precious")
-    (out / "keep.txt").write_text("mine") if to == "tfrecord" else None
+    convert(tmp_path / "y.npy", out, ConvertOptions(to=to))
+    before = sorted(p.name for p in out.iterdir()) if to == "tfrecord" else out.read_bytes()
     with pytest.raises(ConvertError, match=r"out: already exists \(pass --overwrite to replace it\)"):
         convert(tmp_path / "x.npy", out, ConvertOptions(to=to))
-    assert (out / "keep.txt").exists() if to == "tfrecord" else out.read_bytes() == b"precious"
-    convert(tmp_path / "x.npy", out, ConvertOptions(to=to, overwrite=True, verify=True))
-    assert not (out / "keep.txt").exists() if to == "tfrecord" else out.read_bytes()[:4] == b"\x89HDF"
+    assert (sorted(p.name for p in out.iterdir()) if to == "tfrecord" else out.read_bytes()) == before
+    result = convert(tmp_path / "x.npy", out, ConvertOptions(to=to, overwrite=True, verify=True))
+    assert result.records == 10
     assert leftovers(tmp_path) == []
 
 

@@ -1,0 +1,128 @@
+"""`convert --overwrite` replaces only a previous output of loadprof: never a source, a
+directory holding the source, or anything a user put there (NOTE [ What --overwrite replaces ])."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import h5py
+import numpy as np
+import pytest
+
+from loadprof.converters import ConvertError, ConvertOptions, convert
+from tests.convert_helpers import leftovers, loadprof, make_image_folder
+
+
+def tree(root):
+    """Every path under ``root`` with the bytes of each file: what must survive a refusal."""
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def refused(proc, message):
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines() == [f"loadprof: error: {message}"], proc.stderr
+
+
+def test_a_user_directory_is_never_emptied(tmp_path):
+    make_image_folder(tmp_path / "good", {"a": 2, "b": 2})
+    (tmp_path / "userdir" / "sub").mkdir(parents=True)
+    (tmp_path / "userdir" / "notes.txt").write_text("precious\n")
+    before = tree(tmp_path)
+    proc = loadprof("convert", "good", "userdir", "--to", "tfrecord", "--overwrite", cwd=tmp_path)
+    refused(proc, "userdir: not replaced: --overwrite replaces only a previous loadprof output, and this "
+                  "directory holds notes.txt, sub/, not one loadprof output (no SPLIT.info.json)")
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("src", "out", "to", "message"),
+    [
+        ("good", "good", "tfrecord", "good: is the source good; choose another OUT"),
+        ("parent/imgs", "parent", "tfrecord", "parent: contains the source parent/imgs; choose another OUT"),
+        ("parent/imgs", ".", "tfrecord", "{cwd}: contains the source parent/imgs; choose another OUT"),
+        ("good", "good/a", "tfrecord", "good/a: is inside the source good; choose another OUT"),
+        ("s2.npy", "s2.npy", "hdf5", "s2.npy: is the source s2.npy; choose another OUT"),
+        ("s2.npy", "./sub/../s2.npy", "hdf5", "sub/../s2.npy: is the source s2.npy; choose another OUT"),
+        ("s2.npy", "hard.h5", "hdf5", "hard.h5: is the source s2.npy; choose another OUT"),
+        ("s2.npy", "link.h5", "hdf5", "link.h5: not replaced: --overwrite replaces only a previous loadprof "
+                                      "output, and this is a symbolic link"),
+    ],
+)
+def test_the_source_and_what_holds_it_are_never_replaced(tmp_path, src, out, to, message):
+    make_image_folder(tmp_path / "good", {"a": 2, "b": 2})
+    make_image_folder(tmp_path / "parent" / "imgs", {"a": 2})
+    (tmp_path / "sub").mkdir()
+    np.save(tmp_path / "s2.npy", np.arange(6))
+    os.link(tmp_path / "s2.npy", tmp_path / "hard.h5")
+    (tmp_path / "link.h5").symlink_to("s2.npy")
+    before = tree(tmp_path)
+    proc = loadprof("convert", src, out, "--to", to, "--overwrite", cwd=tmp_path)
+    refused(proc, message.format(cwd=tmp_path))
+    assert tree(tmp_path) == before
+
+
+def test_a_file_that_is_not_our_hdf5_is_not_replaced(tmp_path):
+    np.save(tmp_path / "x.npy", np.arange(4))
+    (tmp_path / "notes.h5").write_bytes(b"precious")
+    with h5py.File(tmp_path / "theirs.h5", "w") as f:
+        f["data"] = np.arange(3)
+    for name, why in [("notes.h5", "not an HDF5 file"),
+                      ("theirs.h5", "an HDF5 file not written by loadprof (no loadprof_format attribute)")]:
+        before = (tmp_path / name).read_bytes()
+        with pytest.raises(ConvertError, match=f"{name}: not replaced: .*, and this is {re.escape(why)}$"):
+            convert(tmp_path / "x.npy", tmp_path / name, ConvertOptions(to="hdf5", overwrite=True))
+        assert (tmp_path / name).read_bytes() == before
+    assert leftovers(tmp_path) == []
+
+
+def test_our_tfrecord_output_with_a_users_file_added_is_not_replaced(tmp_path):
+    np.save(tmp_path / "x.npy", np.arange(4))
+    convert(tmp_path / "x.npy", tmp_path / "out", ConvertOptions(to="tfrecord"))
+    (tmp_path / "out" / "README").write_text("mine")
+    before = tree(tmp_path / "out")
+    with pytest.raises(ConvertError, match=r"out: not replaced: .* this directory holds README, not written by loadprof$"):
+        convert(tmp_path / "x.npy", tmp_path / "out", ConvertOptions(to="tfrecord", overwrite=True))
+    assert tree(tmp_path / "out") == before
+    # A file for a directory output, and an info file that is not ours, are refused too.
+    (tmp_path / "out" / "README").unlink()
+    (tmp_path / "out" / "train.info.json").write_text('{"format": "something-else"}')
+    with pytest.raises(ConvertError, match=r"holds train.info.json, which is not a loadprof info file$"):
+        convert(tmp_path / "x.npy", tmp_path / "out", ConvertOptions(to="tfrecord", overwrite=True))
+    (tmp_path / "plain").write_text("x")
+    with pytest.raises(ConvertError, match=r"plain: not replaced: .*, and this is a file, not a TFRecord output directory$"):
+        convert(tmp_path / "x.npy", tmp_path / "plain", ConvertOptions(to="tfrecord", overwrite=True))
+    assert (tmp_path / "plain").read_text() == "x"
+
+
+def test_a_previous_output_is_replaced_even_as_dot(tmp_path):
+    """The current directory cannot be renamed: its files are swapped, and nothing is left beside it."""
+    np.save(tmp_path / "x.npy", np.arange(40))
+    make_image_folder(tmp_path / "imgs", {"a": 3})
+    out = tmp_path / "out"
+    proc = loadprof("convert", "../imgs", ".", "--to", "tfrecord", cwd=_mkdir(out))  # empty: no --overwrite needed
+    assert proc.returncode == 0, proc.stderr
+    inode = out.stat().st_ino
+    proc = loadprof("convert", "../x.npy", ".", "--to", "tfrecord", "--split", "val", "--overwrite", "--verify",
+                    cwd=out)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"wrote 40 records to {out} (1 shard)")
+    assert sorted(p.name for p in out.iterdir()) == [
+        "val-00000-of-00001.tfrecord", "val-00000-of-00001.tfrecord.idx", "val.info.json"]
+    assert out.stat().st_ino == inode
+    assert leftovers(tmp_path) == [] and leftovers(out) == []
+
+
+def test_a_previous_hdf5_output_is_replaced(tmp_path):
+    np.save(tmp_path / "x.npy", np.arange(40))
+    np.save(tmp_path / "y.npy", np.arange(4))
+    convert(tmp_path / "x.npy", tmp_path / "o.h5", ConvertOptions(to="hdf5"))
+    assert convert(tmp_path / "y.npy", tmp_path / "o.h5", ConvertOptions(to="hdf5", overwrite=True)).records == 4
+    with h5py.File(tmp_path / "o.h5") as f:
+        assert int(f.attrs["num_records"]) == 4
+
+
+def _mkdir(path):
+    path.mkdir()
+    return path
