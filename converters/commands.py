@@ -87,6 +87,8 @@ class ConvertCommand:
             **{k: given[k] for k in ("shard_size", "split") if k in given},
         )
         result = convert(args.src, args.out, options)
+        for note in result.notes:
+            print(f"loadprof: note: {note}", file=sys.stderr)
         shards = sum(1 for f in result.files if f.suffix == ".tfrecord")
         where = f"{result.output} ({shards} shard{'s' if shards != 1 else ''})" if shards else str(result.output)
         fields = ", ".join(f"{f.name}: {f.describe()}" for f in result.schema.fields)

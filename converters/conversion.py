@@ -76,6 +76,8 @@ class ConvertResult:
     checksums: dict[str, str]
     verified: bool
     seconds: float
+    # One-line notes for the user (not errors): what was skipped or cleaned up.
+    notes: tuple[str, ...] = ()
 
 
 def _version() -> str:
@@ -513,4 +515,5 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], options: C
         checksums=digest.result(),
         verified=options.verify,
         seconds=time.perf_counter() - started,
+        notes=tuple(source.notes),
     )

@@ -70,6 +70,8 @@ class Source:
     class_names: list[str] | None = None
     # Field name -> content marker for the schema ("image" for encoded image files).
     contents: dict[str, str] = {}
+    # One-line notes on what was read differently from what was listed (not errors).
+    notes: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -118,15 +120,25 @@ class ImageFolderSource(Source):
         self.class_names = classes
         self.files: list[tuple[Path, int]] = []
         empty = []
+        # Links are followed, as torchvision does, but no directory twice: a link back up
+        # the tree (a loop) or into another class would repeat images under wrong labels.
+        visited = {_dir_key(self.root)} | {_dir_key(self.root / name) for name in classes}
+        skipped: list[Path] = []
         for label, name in enumerate(classes):
             before = len(self.files)
             # torchvision make_dataset: sorted os.walk, following links, sorted names.
-            for dirpath, _, names in sorted(os.walk(self.root / name, followlinks=True)):
+            for dirpath, names in sorted(_walk_once(self.root / name, visited, skipped)):
                 for fname in sorted(names):
                     if fname.lower().endswith(IMG_EXTENSIONS):
                         self.files.append((Path(dirpath) / fname, label))
             if len(self.files) == before:
                 empty.append(name)
+        if skipped:
+            n = len(skipped)
+            self.notes = (
+                f"{self.root}: skipped {n} director{'y' if n == 1 else 'ies'} reached again through a "
+                f"symbolic link ({_shown(skipped)}); each directory is read once",
+            )
         if empty:
             raise ConvertError(
                 f"{self.root}: no images ({', '.join(IMG_EXTENSIONS)}) in class folder(s) {', '.join(empty)}"
@@ -169,6 +181,43 @@ class ImageFolderSource(Source):
                     f"{list(first[0])}; --decode needs one shape: pass --resize H W"
                 )
             yield where, {"image": array, "label": np.int64(label)}
+
+
+def _dir_key(path: Path) -> tuple[int, int]:
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ConvertError(f"{path}: cannot read: {exc.strerror}") from exc
+    return st.st_dev, st.st_ino
+
+
+def _walk_once(
+    top: Path, visited: set[tuple[int, int]], skipped: list[Path]
+) -> Iterator[tuple[str, list[str]]]:
+    """``os.walk(top, followlinks=True)`` entering no directory already in ``visited`` (by
+    device and inode); those are added to ``skipped``. Sorted, so which path of a directory
+    reached twice is read does not depend on listing order."""
+
+    def fail(exc: OSError) -> None:
+        raise ConvertError(f"{exc.filename}: cannot list: {exc.strerror}") from exc
+
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=True, onerror=fail):
+        dirnames.sort()
+        keep = []
+        for d in dirnames:
+            key = _dir_key(Path(dirpath) / d)
+            if key in visited:
+                skipped.append(Path(dirpath) / d)
+            else:
+                visited.add(key)
+                keep.append(d)
+        dirnames[:] = keep
+        yield dirpath, filenames
+
+
+def _shown(paths: Sequence[Path], most: int = 3) -> str:
+    text = ", ".join(str(p) for p in paths[:most])
+    return text + (f" and {len(paths) - most} more" if len(paths) > most else "")
 
 
 # ---------------------------------------------------------------- NumPy

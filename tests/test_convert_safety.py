@@ -126,3 +126,46 @@ def test_a_previous_hdf5_output_is_replaced(tmp_path):
 def _mkdir(path):
     path.mkdir()
     return path
+
+
+# ---------------------------------------------------------------- symbolic link loops in image folders
+
+
+def test_a_symlink_loop_is_followed_once_and_said(tmp_path):
+    make_image_folder(tmp_path / "loop", {"cat": 10, "dog": 10})
+    (tmp_path / "loop" / "cat" / "up").symlink_to("..")              # a loop back to the root
+    (tmp_path / "loop" / "cat" / "deep").mkdir()
+    (tmp_path / "loop" / "cat" / "deep" / "again").symlink_to("../..")  # a loop to the class itself
+    (tmp_path / "loop" / "dog" / "cats").symlink_to("../cat")        # into another class
+    proc = loadprof("convert", "loop", "o.h5", "--to", "hdf5", "--verify", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("wrote 20 records to o.h5")
+    assert proc.stderr.splitlines() == [
+        "loadprof: note: loop: skipped 3 directories reached again through a symbolic link "
+        "(loop/cat/up, loop/cat/deep/again, loop/dog/cats); each directory is read once"]
+    with h5py.File(tmp_path / "o.h5") as f:
+        assert list(f["label"][:]) == [0] * 10 + [1] * 10
+
+
+def test_a_directory_linked_twice_is_read_once(tmp_path):
+    """Two links to one folder of images outside the tree: its images are listed once, by the first path."""
+    make_image_folder(tmp_path / "shared", {"x": 3})
+    make_image_folder(tmp_path / "imgs", {"a": 1, "b": 1})
+    (tmp_path / "imgs" / "a" / "s1").symlink_to(tmp_path / "shared" / "x")
+    (tmp_path / "imgs" / "b" / "s2").symlink_to(tmp_path / "shared" / "x")
+    result = convert(tmp_path / "imgs", tmp_path / "o.h5", ConvertOptions(to="hdf5"))
+    assert result.records == 5
+    assert result.notes == (f"{tmp_path / 'imgs'}: skipped 1 directory reached again through a symbolic link "
+                            f"({tmp_path / 'imgs' / 'b' / 's2'}); each directory is read once",)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any directory")
+def test_an_unreadable_subfolder_is_an_error_not_a_silent_skip(tmp_path):
+    make_image_folder(tmp_path / "imgs", {"a": 2, "b": 2})
+    make_image_folder(tmp_path / "imgs" / "a", {"more": 2})
+    (tmp_path / "imgs" / "a" / "more").chmod(0)
+    try:
+        with pytest.raises(ConvertError, match=r"imgs/a/more: cannot list: Permission denied$"):
+            convert(tmp_path / "imgs", tmp_path / "o.h5", ConvertOptions(to="hdf5"))
+    finally:
+        (tmp_path / "imgs" / "a" / "more").chmod(0o755)
