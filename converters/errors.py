@@ -9,16 +9,27 @@ the message must stand on its own.
 from __future__ import annotations
 
 import os
+import re
 
-__all__ = ["ConvertError", "CorruptFileError"]
+__all__ = ["ConvertError", "CorruptFileError", "clean_message"]
+
+# How Python shows an object without a useful str(): "<_io.BytesIO object at 0x7f...>".
+_OBJECT_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
+
+
+def clean_message(exc: BaseException | str, name: str) -> str:
+    """A library's error message with in-memory objects it names (a BytesIO holding a
+    file's bytes, say) replaced by ``name``, the file or member they stand for."""
+    return _OBJECT_REPR.sub(name, str(exc))
 
 
 class ConvertError(Exception):
     """Bad input or an environment failure the user can fix: one line, no traceback."""
 
     def __init__(self, message: str) -> None:
-        # One line is the contract with the CLI: fold anything a library put in.
-        super().__init__(" ".join(str(message).split()))
+        # One line is the contract with the CLI: fold anything a library put in. An object's
+        # address means nothing to the user; callers name the file (clean_message).
+        super().__init__(" ".join(_OBJECT_REPR.sub("(in memory)", str(message)).split()))
 
 
 class CorruptFileError(ConvertError):
