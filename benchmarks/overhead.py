@@ -12,7 +12,7 @@ run resolves the target: met when the whole interval is at or below 1.01, missed
 when it is all above, not resolved otherwise (run more ``--rounds``). Not a
 test: timings are printed, never asserted.
 
-    python benchmarks/overhead.py [--rounds 60] [--steps 200] [--settle 20] [--gap 0.05] [--width 576] [--threads 1] [--interval 0.1]
+    python benchmarks/overhead.py [--rounds 60] [--steps 200] [--settle 20] [--gap 0.05] [--width 576] [--threads 1] [--interval 0.1] [--device cpu|cuda]
 
 On a shared VM the per-round noise (a few %) is larger than the effect, so it
 also measures the parts of the cost where each can be resolved:
@@ -70,15 +70,36 @@ def record_ticks() -> None:
     Timeline.fold = timed_fold  # type: ignore[method-assign]
 
 
-def make_loop(steps: int, batch: int, width: int, features: int = 64, workers: int = 0):
+def make_loop(steps: int, batch: int, width: int, features: int = 64, workers: int = 0, device: str = "cpu"):
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(steps * batch, features), torch.randint(0, 10, (steps * batch,)))
     loader = DataLoader(data, batch_size=batch, shuffle=False, num_workers=workers, persistent_workers=workers > 0)
     model = nn.Sequential(nn.Linear(features, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
+    model = model.to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
 
     clock = time.perf_counter
+    if device != "cpu":
+        # Batches made ahead (no per-sample collation on the loop's CPU), copied to
+        # the device each step as a real loop does; a step ends when the device has
+        # finished it, or the step times would only time launches.
+        loader = DataLoader([(x, y) for x, y in loader], batch_size=None)
+
+        def run_device() -> list[float]:
+            ends = [clock()]
+            mark = ends.append
+            sync = torch.cuda.synchronize
+            for x, y in loader:
+                x, y = x.to(device), y.to(device)
+                opt.zero_grad()
+                loss_fn(model(x), y).backward()
+                opt.step()
+                sync()
+                mark(clock())
+            return ends
+
+        return run_device
 
     def run() -> list[float]:
         """The loop's start and the end of each step (perf_counter)."""
@@ -198,6 +219,8 @@ def main() -> None:
     parser.add_argument("--host", choices=("helper", "thread"), default="helper",
                         help="where the profiled runs read the host: a helper process (the default) or the "
                              "sampler thread (Profile(host_helper=False))")
+    parser.add_argument("--device", default="cpu",
+                        help="where the loop trains: cpu (the default) or cuda (batches copied to it each step)")
     args = parser.parse_args()
     if args.rounds < 2 or args.tiny_rounds < 1:
         parser.error(f"--rounds must be >= 2 (quartiles) and --tiny-rounds >= 1, got {args.rounds} and {args.tiny_rounds}")
@@ -208,7 +231,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     record_ticks()
-    run = make_loop(args.steps, args.batch, args.width)
+    run = make_loop(args.steps, args.batch, args.width, device=args.device)
     run()  # warm-up: allocator, thread pools
     kinds = ("plain", "profiled", "control")
     whole: dict[str, list[float]] = {k: [] for k in kinds}  # the run, from the loop's start to its last step end

@@ -108,7 +108,7 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
             # Waiting on I/O does not use a core: more workers than cores can hide latency.
             cap = max(cap, 2 * cores)
         need = workers_needed(m, loader)
-        if not saturated and need is not None and cause != "host-to-device":
+        if not saturated and need is not None and cause not in ("host-to-device", "workers-unmeasured"):
             target, load = need
             if cause == "io-latency":
                 target = max(target, math.ceil(m.wait_per_step / max(m.compute_per_step, 1e-6)) + 1)

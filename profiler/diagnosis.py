@@ -37,6 +37,8 @@ CAUSES = {
     "too-few-workers": "too few loader workers: loading is CPU work and cores are idle",
     "io-latency": "I/O or latency bound: the loop waits while the loaders are mostly idle",
     "host-to-device": "host-to-device copies: the loop is blocked copying batches to the GPU",
+    "workers-unmeasured": "not known: the loader workers ran too briefly for the host sampler to see them "
+                          "(profile more steps, or measure with loadprof tune)",
 }
 #: The same sub-causes worded for tf.data, which has threads, not loader workers.
 TF_CAUSES = {
@@ -117,6 +119,8 @@ class Metrics:
     tree_cpu_cores: float | None = None  # process + children, in cores
     children_cpu_cores: float | None = None
     workers_seen: int = 0  # max child processes seen
+    host_readings: int = 0  # host readings inside the judged steps
+    judged_seconds: float = 0.0  # from the first judged step's start to the last one's end
     swap_growth: int = 0
     memory_available_min_fraction: float | None = None
     disk_read_bps: float | None = None
@@ -210,7 +214,9 @@ def compute_metrics(run: Run) -> Metrics:
         m.batches_per_step = statistics.mean(sizes) / m.loader.batch_size
 
     start, end = steps[0].start, steps[-1].end
+    m.judged_seconds = end - start
     host: list[HostSample] = _window(run.host_samples, start, end)
+    m.host_readings = len(host)
     # A reading's CPU figures are rates over the time since the reading before it, so
     # they are averaged weighted by that window: the reading start() takes right after
     # the baselines, or the one stop() takes just after a tick, counts for its
@@ -294,6 +300,14 @@ def _data_cause(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
         if m.usable_cores >= 2:
             return "too-few-workers"
         return "cpu-bound-preprocessing"
+    if not m.workers_seen:
+        # The tree is relisted once a second: workers that lived through fewer readings
+        # than that read as no CPU at all, which is no evidence of idle loaders.
+        ev.append(Evidence(
+            "workers_unseen", "Loader workers seen by the host sampler during the judged steps", 0.0,
+            f"0 of {workers} in {m.host_readings} reading(s) over {_secs(m.judged_seconds)}",
+        ))
+        return "workers-unmeasured"
     tree = (m.tree_cpu_cores or 0.0) / m.usable_cores
     per_worker = (m.children_cpu_cores or 0.0) / workers
     ev.append(Evidence(
@@ -414,6 +428,8 @@ def diagnose(run: Run, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Diagnosis
             ev.append(Evidence("disk_read", "Disk reads", m.disk_read_bps, f"{m.disk_read_bps / 2**20:.1f} MiB/s"))
         if m.data_wait_fraction < th.input_high + 0.05 and confidence == "high":
             confidence = "medium"
+        if cause == "workers-unmeasured":
+            confidence = "low"
         words = TF_CAUSES.get(cause, CAUSES[cause]) if is_tf(m.loader) else CAUSES[cause]
         summary = f"{_pct(m.data_wait_fraction)} of step time waits for input; cause: {words}"
         return Diagnosis("data-starved", cause, summary, confidence, ev, m)

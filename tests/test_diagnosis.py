@@ -76,6 +76,20 @@ def test_too_few_steps_is_inconclusive_with_reason():
     assert recommend(make_run(n=4), d) == []
 
 
+def test_loader_workers_never_seen_by_the_host_sampler_leave_the_cause_unknown():
+    # A loop of a fraction of a second (a fast GPU): its worker lived between two tree
+    # listings, so its CPU reads 0, which is no evidence that the loaders were idle.
+    run = make_run(n=48, step=0.005, wait=0.0025, workers=1, tree_cpu=100.0)
+    for h in run.host_samples:
+        h.n_children, h.children_cpu = 0, 0.0
+    d = diagnose(run)
+    assert (d.verdict, d.cause, d.confidence) == ("data-starved", "workers-unmeasured", "low")
+    assert any(e.key == "workers_unseen" for e in d.evidence)
+    assert not {"num_workers", "prefetch", "convert_format"} & set(ids(run))
+    seen = make_run(n=48, step=0.005, wait=0.0025, workers=1, tree_cpu=100.0)
+    assert diagnose(seen).cause == "io-latency"  # the same run with its worker seen, idle
+
+
 def test_no_steps_says_none_were_seen():
     d = diagnose(Run())
     assert d.verdict == "inconclusive" and "no training steps" in d.summary

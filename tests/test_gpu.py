@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -72,10 +71,9 @@ def test_pageable_host_to_device_copies_are_timed():
 
 def test_the_starved_example_on_the_gpu(tmp_path):
     out = tmp_path / "run.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "loadprof", "diagnose", "--json", str(out),
                            str(ROOT / "examples" / "torch_starved.py")], capture_output=True, text=True,
-                          env=env, timeout=600)
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out.read_text())
     assert data["verdict"] == "data-starved"
