@@ -28,15 +28,12 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from .session import Profile
+from .signals import Terminated
 from .timeline import StopRun
 
 
 class TargetError(Exception):
     """The script or module to run is unusable; the message is one line naming it."""
-
-
-class Terminated(BaseException):
-    """SIGTERM arrived: unwind the script like Ctrl-C, so the report is written."""
 
 
 @dataclass

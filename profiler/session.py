@@ -31,6 +31,7 @@ from . import __version__
 from .instrument import FrameworkWatch, Hooks
 from .records import Environment, Run, Step
 from .samplers import HostProcess, NvmlSource, Sampler, usable_cores
+from .signals import SafePoint, Terminated
 from .timeline import StopRun, Timeline
 
 
@@ -101,6 +102,7 @@ class Profile:
         self._sampler: Sampler | None = None
         self._nvml: NvmlSource | None = None
         self._host: HostProcess | None = None
+        self._safepoint: SafePoint | None = None
         self._report: Any = None
 
     # -- lifecycle ------------------------------------------------------------
@@ -145,7 +147,9 @@ class Profile:
         self._watch.start()
         if self._applier is not None:  # after the watch: NOTE [ Import watch order ] in apply.py
             self._applier.start(self._timeline, self.run, lambda: self._sampler.host_samples if self._sampler else [])
-        gc.callbacks.append(self._timeline.on_gc)  # NOTE [ Garbage collection in a wait ] in timeline.py
+        # NOTE [ Garbage collection in a wait ] in timeline.py; NOTE [ Signals during a collection ] in signals.py
+        self._safepoint = SafePoint(self._timeline.on_gc).install()
+        gc.callbacks.append(self._timeline.on_gc)
 
     def _make_hooks(self, name: str, factory: type) -> Hooks:
         assert self._timeline is not None
@@ -166,6 +170,8 @@ class Profile:
             end = time.perf_counter()
             if self._timeline is not None and self._timeline.on_gc in gc.callbacks:
                 gc.callbacks.remove(self._timeline.on_gc)
+            if self._safepoint is not None:
+                self._safepoint.remove()
             if self._applier is not None:
                 try:
                     self._applier.stop()
@@ -242,6 +248,8 @@ def _exit_status(exc: BaseException | None) -> str:
         return str(exc)
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted"
+    if isinstance(exc, Terminated):
+        return "terminated by SIGTERM"
     if isinstance(exc, SystemExit):
         return f"exit {exc.code}" if exc.code not in (None, 0) else "ok"
     return f"exception: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
