@@ -66,6 +66,21 @@ class ConvertCommand:
                          help="shard name prefix: NAME-00000-of-00008.tfrecord (default: train)")
 
     def run(self, args: argparse.Namespace) -> int:
+        from .conversion import ConversionStopped, stop_on_signals
+
+        # NOTE [ Signals during a conversion ] (conversion.py): the temporary output is
+        # removed on the way out; the exit code is the shell's for that signal.
+        try:
+            with stop_on_signals(replace=True):
+                return self._run(args)
+        except KeyboardInterrupt:
+            print("loadprof: interrupted; no partial output left", file=sys.stderr)
+            return 128 + 2
+        except ConversionStopped as exc:
+            print(f"loadprof: stopped by {exc.signame}; no partial output left", file=sys.stderr)
+            return 128 + exc.signum
+
+    def _run(self, args: argparse.Namespace) -> int:
         from .conversion import ConvertOptions, convert
         from .sources import SourceOptions
 

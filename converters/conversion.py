@@ -5,17 +5,34 @@ Output is written under a hidden temporary name beside ``out`` (a file for HDF5,
 a directory of shards for TFRecord), verified if asked, and renamed into place
 only at the end. Any failure, Ctrl-C included, removes the temporary output, so
 ``out`` is either absent, untouched (the old one), or complete.
+
+NOTE [ Signals during a conversion ]
+SIGTERM and SIGHUP would end the process without running any cleanup, leaving the
+temporary output behind. So while ``convert`` runs in the main thread, a stop signal
+whose handler is the default raises ConversionStopped instead: the temporary output is
+removed on the way out, then the default handler is put back and the signal sent again,
+so the process ends as it would have (killed by that signal). The CLI installs its own
+handler first and exits 128 + signal number with one line (130 for Ctrl-C). Creating
+the temporaries, removing them and putting the output in place run with these signals
+blocked, so none of them is cut in half. A SIGKILL cannot be caught: each temporary is
+named ``.OUT.tmp-PID-HOST-XXXXXXXX`` and the next conversion into the same directory
+removes those of processes on this host that no longer exist.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
+import re
 import shutil
+import signal
+import socket
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -31,7 +48,15 @@ from .errors import ConvertError
 from .schema import Field, Sample, SampleDigest, Schema
 from .sources import Source, SourceOptions, open_source
 
-__all__ = ["ConvertOptions", "ConvertResult", "convert", "DEFAULT_SHARD_SIZE", "TFRECORD_FORMAT"]
+__all__ = [
+    "ConvertOptions",
+    "ConvertResult",
+    "ConversionStopped",
+    "convert",
+    "DEFAULT_SHARD_SIZE",
+    "TFRECORD_FORMAT",
+    "stop_on_signals",
+]
 
 Format = Literal["hdf5", "tfrecord"]
 
@@ -265,6 +290,131 @@ def _progress(enabled: bool | None, total: int, label: str) -> Iterator[Callable
         yield lambda: bar.advance(task)
 
 
+# ---------------------------------------------------------------- signals and leftovers
+
+_STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+# Stop signals that end a process by default; SIGINT already raises KeyboardInterrupt.
+_ENDING_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+class ConversionStopped(BaseException):
+    """A stop signal arrived during a conversion (NOTE [ Signals during a conversion ]).
+
+    A BaseException, like KeyboardInterrupt, so ``except Exception`` does not swallow it.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.signame = signal.Signals(signum).name
+        super().__init__(f"stopped by {self.signame}")
+
+
+@contextlib.contextmanager
+def stop_on_signals(*, replace: bool = False) -> Iterator[None]:
+    """Turn SIGTERM/SIGHUP into ConversionStopped inside the block (main thread only).
+
+    replace=False (``convert``): only signals whose handler is the default, and after the
+    block the signal is sent again, so the process still ends by it. replace=True (the CLI):
+    every such signal, and ConversionStopped is left to the caller.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise ConversionStopped(signum)
+
+    previous = {}
+    for sig in _ENDING_SIGNALS:
+        if replace or signal.getsignal(sig) == signal.SIG_DFL:
+            previous[sig] = signal.signal(sig, stop)
+    try:
+        yield
+    except ConversionStopped as exc:
+        if not replace and exc.signum in previous:
+            for sig in previous:
+                signal.signal(sig, signal.SIG_DFL)
+            previous = {}
+            os.kill(os.getpid(), exc.signum)
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Block stop signals (delivered at the end of the block): for steps that must not be cut in half."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _host_tag() -> str:
+    return hashlib.blake2s(socket.gethostname().encode(), digest_size=4).hexdigest()
+
+
+def _temp_prefix(out: Path, kind: str) -> str:
+    return f".{out.name}.{kind}-{os.getpid()}-{_host_tag()}-"
+
+
+# mkstemp/mkdtemp add 8 characters from [a-z0-9_].
+_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d{1,10})-(?P<host>[0-9a-f]{8})-[a-z0-9_]{8}(?:\.h5)?$")
+
+
+def _process_gone(pid: int) -> bool:
+    if os.name != "posix" or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):  # EPERM: it exists, as another user's
+        return False
+    return False
+
+
+def _remove_stale_temporaries(directory: Path) -> list[str]:
+    """Remove temporary outputs of loadprof in ``directory`` left by processes of this host that
+    no longer exist (NOTE [ Signals during a conversion ]); return their names."""
+    try:
+        with os.scandir(directory) as it:
+            candidates = [e for e in it if e.name.startswith(".") and _TEMP_NAME.match(e.name)]
+    except OSError:
+        return []
+    host = _host_tag()
+    removed = []
+    for entry in sorted(candidates, key=lambda e: e.name):
+        m = _TEMP_NAME.match(entry.name)
+        assert m is not None
+        if m.group("host") != host or not _process_gone(int(m.group("pid"))):
+            continue
+        path = Path(entry.path)
+        try:
+            if entry.is_file(follow_symlinks=False):
+                path.unlink()
+            elif entry.is_dir(follow_symlinks=False):
+                # Only what loadprof puts there: plain files, no subdirectories or links.
+                with os.scandir(path) as inner:
+                    files = list(inner)
+                if not all(f.is_file(follow_symlinks=False) for f in files):
+                    continue
+                for f in files:
+                    os.unlink(f.path)
+                path.rmdir()
+            else:
+                continue
+        except OSError:
+            continue
+        removed.append(entry.name)
+    return removed
+
+
 class _Output:
     """The temporary output and its writer; see NOTE [ No partial output ]."""
 
@@ -274,21 +424,22 @@ class _Output:
         # None: OUT did not exist; else the names in an existing OUT directory to move aside.
         self.replaces = replaces
         self.published = False
-        prefix = f".{out.name}.tmp-"
-        try:
-            if options.to == "hdf5":
-                fd, name = tempfile.mkstemp(prefix=prefix, suffix=".h5", dir=out.parent)
-                os.close(fd)
-            else:
-                name = tempfile.mkdtemp(prefix=prefix, dir=out.parent)
-        except OSError as exc:
-            raise ConvertError(f"{out}: cannot create output in {out.parent}: {exc.strerror}") from exc
+        prefix = _temp_prefix(out, "tmp")
+        with _signals_held():  # not stopped between creating the temporary and knowing its name
+            try:
+                if options.to == "hdf5":
+                    fd, name = tempfile.mkstemp(prefix=prefix, suffix=".h5", dir=out.parent)
+                    os.close(fd)
+                else:
+                    name = tempfile.mkdtemp(prefix=prefix, dir=out.parent)
+            except OSError as exc:
+                raise ConvertError(f"{out}: cannot create output in {out.parent}: {exc.strerror}") from exc
+            self.tmp = Path(name)
         # mkstemp/mkdtemp create 0600/0700; the published output should get the usual
         # permissions, as if created with open()/mkdir() under the current umask.
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(name, (0o666 if options.to == "hdf5" else 0o777) & ~umask)
-        self.tmp = Path(name)
         self.h5: hdf5.HDF5Writer | None = None
         self.tf: tfrecord.ShardedTFRecordWriter | None = None
         self.schema: Schema | None = None
@@ -334,22 +485,24 @@ class _Output:
     def abort(self) -> None:
         if self.published:
             return
-        for writer in (self.h5, self.tf):
-            if writer is not None:
-                writer.abort()
-        if self.tmp.is_dir():
-            shutil.rmtree(self.tmp, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                self.tmp.unlink()
+        with _signals_held():
+            for writer in (self.h5, self.tf):
+                if writer is not None:
+                    writer.abort()
+            if self.tmp.is_dir():
+                shutil.rmtree(self.tmp, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    self.tmp.unlink()
 
     def publish(self) -> None:
         out = self.out
-        if self.options.to == "hdf5" or self.replaces is None:
-            os.replace(self.tmp, out)  # atomic; for a directory, OUT did not exist
-        else:
-            self._publish_into(out, self.replaces)
-        self.published = True
+        with _signals_held():
+            if self.options.to == "hdf5" or self.replaces is None:
+                os.replace(self.tmp, out)  # atomic; for a directory, OUT did not exist
+            else:
+                self._publish_into(out, self.replaces)
+            self.published = True
 
     def _publish_into(self, out: Path, replaces: frozenset[str]) -> None:
         """Swap the files of an existing OUT directory for ours, keeping the directory itself
@@ -357,7 +510,7 @@ class _Output:
         go to a hidden directory beside OUT first, the info file first of all and back last,
         so a directory without its info file is visibly incomplete; any failure puts back
         what was moved."""
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        old = Path(tempfile.mkdtemp(prefix=_temp_prefix(out, "old"), dir=out.parent))
         new = sorted(os.listdir(self.tmp), key=lambda n: n.endswith(".info.json"))
         moved_old: list[str] = []
         moved_new: list[str] = []
@@ -438,8 +591,14 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], options: C
 
     Raises ConvertError, with a one-line message naming the file and record, for
     bad input and for disk or permission errors; then nothing is left at ``out``
-    that was not there before.
+    that was not there before. A SIGTERM or SIGHUP removes the temporary output
+    before it ends the process (NOTE [ Signals during a conversion ]).
     """
+    with stop_on_signals():
+        return _convert(src, out, options)
+
+
+def _convert(src: str | os.PathLike[str], out: str | os.PathLike[str], options: ConvertOptions) -> ConvertResult:
     started = time.perf_counter()
     out_path = _target(out)
     _check(options, out_path)
@@ -449,6 +608,11 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], options: C
     total = len(source)
     if total == 0:
         raise ConvertError(f"{src}: holds no samples")
+    notes = list(source.notes)
+    stale = _remove_stale_temporaries(out_path.parent)
+    if stale:
+        shown = _names([str(out_path.parent / name) for name in stale])
+        notes.append(f"removed {shown}: temporary output left by a conversion that did not finish")
     output = _Output(out_path, options, replaces)
     digest: SampleDigest | None = None
     count = 0
@@ -515,5 +679,5 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], options: C
         checksums=digest.result(),
         verified=options.verify,
         seconds=time.perf_counter() - started,
-        notes=tuple(source.notes),
+        notes=tuple(notes),
     )
