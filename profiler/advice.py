@@ -108,7 +108,7 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
             # Waiting on I/O does not use a core: more workers than cores can hide latency.
             cap = max(cap, 2 * cores)
         need = workers_needed(m, loader)
-        if not saturated and need is not None and cause not in ("host-to-device", "workers-unmeasured"):
+        if not saturated and need is not None and cause not in ("host-to-device", "workers-unmeasured", "host-contended"):
             target, load = need
             if cause == "io-latency":
                 target = max(target, math.ceil(m.wait_per_step / max(m.compute_per_step, 1e-6)) + 1)
@@ -193,7 +193,27 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
         mp = _mixed_precision(run, tf)
         if mp is not None:
             out.append(mp)
+    if cause == "host-contended" or any(wid == "host-contended" for wid, _ in diagnosis.warnings):
+        out.insert(0, _contention_advice(m, cause == "host-contended"))
     return out
+
+
+def _contention_advice(m: Metrics, cause: bool) -> Recommendation:
+    others = m.others_cpu_cores or 0.0
+    free = max(1, round(m.usable_cores - others))
+    why = (f"Other processes keep {others:.1f} of the {m.usable_cores} usable cores busy"
+           + (f", and the training thread waits for a CPU {m.run_delay:.0%} of the time" if m.run_delay else "")
+           + ". ")
+    why += ("The input pipeline is waiting for cores, not for I/O: more workers would queue for the same cores."
+            if cause else "Every figure here, and each estimate below, holds only while they keep running.")
+    return Recommendation(
+        "contention", "Give the job cores of its own",
+        why,
+        "# measure again on a quiet host, or give the other jobs fewer cores or a lower priority:\n"
+        "renice -n 10 -p <PID of the other job>\n"
+        f"taskset -c 0-{free - 1} python train.py  # the job alone on cores no other job is pinned to",
+        {"others_cpu_cores": round(others, 2), "free_cores": free},
+    )
 
 
 def _cache_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, tf: bool) -> list[Recommendation]:

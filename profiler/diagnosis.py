@@ -37,6 +37,8 @@ CAUSES = {
     "too-few-workers": "too few loader workers: loading is CPU work and cores are idle",
     "io-latency": "I/O or latency bound: the loop waits while the loaders are mostly idle",
     "host-to-device": "host-to-device copies: the loop is blocked copying batches to the GPU",
+    "host-contended": "CPU contention: other processes hold the cores that the loop and its loaders "
+                      "wait for (waiting for a CPU, not for I/O)",
     "workers-unmeasured": "not known: the loader workers ran too briefly for the host sampler to see them "
                           "(profile more steps, or measure with loadprof tune)",
 }
@@ -78,6 +80,13 @@ class Thresholds:
     #: Ours: the evidence line for garbage collection taken out of batch waits is shown
     #: from this share of the judged steps' time: it moved the input share by a point.
     gc_in_waits_shown: float = 0.01
+    #: Ours: the host is contended when processes outside the job keep >= 25% of the
+    #: usable cores busy (a quarter: half a core on the 2-core CI VM, 4 of 16) ...
+    contended_others: float = 0.25
+    #: ... or the training thread or the loader workers spend >= 10% of the time
+    #: runnable but waiting for a CPU (Linux schedstat run-queue time): then a
+    #: loader that looks idle is waiting for a core, not for I/O.
+    contended_run_delay: float = 0.10
 
 
 DEFAULT_THRESHOLDS = Thresholds()
@@ -120,6 +129,9 @@ class Metrics:
     children_cpu_cores: float | None = None
     workers_seen: int = 0  # max child processes seen
     host_readings: int = 0  # host readings inside the judged steps
+    others_cpu_cores: float | None = None  # cores busy outside the job's process tree
+    run_delay: float | None = None  # share of time the training thread waited for a CPU
+    workers_run_delay: float | None = None  # the same, mean per loader worker
     judged_seconds: float = 0.0  # from the first judged step's start to the last one's end
     swap_growth: int = 0
     memory_available_min_fraction: float | None = None
@@ -142,6 +154,8 @@ class Diagnosis:
     evidence: list[Evidence] = field(default_factory=list)
     metrics: Metrics = field(default_factory=Metrics)
     moderate_input: bool = False  # input 5-20%: worth fixing though not the main limit
+    #: (id, detail) of conditions that make the measurement itself less telling
+    warnings: list[tuple[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -230,6 +244,16 @@ def compute_metrics(run: Run) -> Metrics:
         m.tree_cpu_cores = _time_mean([((h.process_cpu + h.children_cpu) / 100.0, h.window) for h in cpu_host])
         m.children_cpu_cores = _time_mean([(h.children_cpu / 100.0, h.window) for h in cpu_host])
         m.workers_seen = max(h.n_children for h in cpu_host)
+        # Busy cores minus the tree's own CPU: what other processes took of the usable
+        # cores (never negative: the tree may run on cores outside the affinity list).
+        others = [(max(0.0, (sum(h.cpu_per_core) - h.process_cpu - h.children_cpu) / 100.0), h.window)
+                  for h in cpu_host if h.cpu_per_core]
+        m.others_cpu_cores = _time_mean(others) if others else None
+        delays = [(h.process_run_delay, h.window) for h in cpu_host if h.process_run_delay is not None]
+        m.run_delay = _time_mean(delays) if delays else None
+        worker_delays = [(h.children_run_delay / h.n_children, h.window) for h in cpu_host
+                         if h.n_children and h.process_run_delay is not None]
+        m.workers_run_delay = _time_mean(worker_delays) if worker_delays else None
     if run.host_samples:
         m.swap_growth = max(0, run.host_samples[-1].swap_used - run.host_samples[0].swap_used)
         if run.environment.memory_total:
@@ -296,7 +320,7 @@ def _data_cause(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
                 _pct(ratio), f">= {_pct(th.wait_cpu_bound)} = loading is CPU work", "loadprof",
             ))
         if ratio is not None and ratio < th.wait_cpu_bound:
-            return "io-latency"
+            return _idle_or_contended(m, th, ev)
         if m.usable_cores >= 2:
             return "too-few-workers"
         return "cpu-bound-preprocessing"
@@ -322,6 +346,26 @@ def _data_cause(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
         return "cpu-bound-preprocessing"
     if per_worker >= th.worker_busy:
         return "too-few-workers"
+    return _idle_or_contended(m, th, ev)
+
+
+def _contended(m: Metrics, th: Thresholds) -> bool:
+    """Whether processes outside the job take a material share of the usable cores."""
+    return m.others_cpu_cores is not None and m.others_cpu_cores / m.usable_cores >= th.contended_others
+
+
+def _idle_or_contended(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
+    """The cause when the input pipeline looks idle: waiting for I/O, unless its threads
+    were waiting for a CPU (schedstat) while other processes held the cores."""
+    delays = [d for d in (m.run_delay, m.workers_run_delay) if d is not None]
+    if delays:
+        ev.append(Evidence(
+            "run_delay", "Time the training thread (and each worker) waited for a CPU", max(delays),
+            " / ".join(_pct(d) for d in delays), f">= {_pct(th.contended_run_delay)} = waiting for CPU",
+            "Linux schedstat",
+        ))
+    if _contended(m, th) or (delays and max(delays) >= th.contended_run_delay):
+        return "host-contended"
     return "io-latency"
 
 
@@ -351,10 +395,36 @@ def _tf_data_cause(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
         return "cpu-bound-preprocessing"
     if cores >= th.wait_cpu_bound:
         return "too-few-workers"
-    return "io-latency"
+    return _idle_or_contended(m, th, ev)
 
 
 def diagnose(run: Run, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Diagnosis:
+    """The verdict on a run, with its evidence, and the warnings that qualify it."""
+    d = _decide(run, thresholds)
+    m = d.metrics
+    if d.verdict != "inconclusive" and m.others_cpu_cores is not None:
+        d.evidence.append(Evidence(
+            "others_cpu", "CPU used by processes outside the job", m.others_cpu_cores,
+            f"{m.others_cpu_cores:.1f} of {m.usable_cores} usable cores",
+            f">= {_pct(thresholds.contended_others)} of them = contended", "loadprof",
+        ))
+        if _contended(m, thresholds):
+            waits = "; ".join(
+                f"{who} waited for a CPU {_pct(delay)} of the time"
+                for who, delay in (("the training thread", m.run_delay), ("each loader worker", m.workers_run_delay))
+                if delay is not None
+            )
+            d.warnings.append((
+                "host-contended",
+                f"other processes kept {m.others_cpu_cores:.1f} of the {m.usable_cores} usable cores busy"
+                + (f"; {waits}" if waits else "")
+                + ": timings and the advice's estimates depend on them",
+            ))
+            d.confidence = "medium" if d.confidence == "high" else "low"
+    return d
+
+
+def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:
     th = thresholds
     m = compute_metrics(run)
     ev: list[Evidence] = []

@@ -72,6 +72,11 @@ class HostSample:
     #: seconds the CPU figures (per core, process, children, iowait) cover: since the
     #: previous reading; 0 in runs saved before it was recorded
     window: float = 0.0
+    #: share of the window the training process's main thread was runnable but waiting
+    #: for a CPU (Linux schedstat); None where it could not be read
+    process_run_delay: float | None = None
+    #: the same summed over loader workers' main threads (in threads: 2.0 = two waiting throughout)
+    children_run_delay: float = 0.0
 
 
 @dataclass(slots=True)  # one per training step, made on the step's path: keep it cheap

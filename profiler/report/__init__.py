@@ -56,6 +56,7 @@ class Report:
             "cause": self.cause,
             "confidence": self.diagnosis.confidence,
             "summary": self.diagnosis.summary,
+            "warnings": [{"id": wid, "detail": detail} for wid, detail in self.diagnosis.warnings],
             "evidence": [asdict(e) for e in self.diagnosis.evidence],
             "recommendations": [r.to_dict() for r in self.recommendations],
             "steps": {
@@ -81,6 +82,9 @@ class Report:
                     "cpu_busy": m.cpu_busy,
                     "process_tree_cpu_cores": m.tree_cpu_cores,
                     "loader_workers_seen": m.workers_seen,
+                    "others_cpu_cores": m.others_cpu_cores,
+                    "run_delay": m.run_delay,
+                    "workers_run_delay": m.workers_run_delay,
                     "disk_read_bps": m.disk_read_bps,
                     "iowait_percent": m.iowait,
                 },

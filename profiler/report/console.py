@@ -47,16 +47,22 @@ class ConsoleRenderer:
             f"{run.environment.usable_cores} usable cores",
             style="dim",
         )
+        for wid, detail in d.warnings:
+            head.append(f"\nwarning [{wid}]: ", style="bold yellow")
+            head.append(detail, style="yellow")
         c.print(Panel(head, expand=False))
 
         if d.evidence:
-            table = Table(title="Evidence", show_lines=False, title_justify="left")
-            table.add_column("measured")
-            table.add_column("value", justify="right")
-            table.add_column("rule")
-            table.add_column("source", style="dim")
+            # Two columns fit 80: the rule and its source go on a dim line under the label.
+            table = Table(title="Evidence", title_justify="left", expand=False)
+            table.add_column("measured", ratio=3)
+            table.add_column("value", justify="right", ratio=1)
             for e in d.evidence:
-                table.add_row(e.label, e.display, e.threshold, e.source)
+                label = Text(e.label)
+                rule = "; ".join(part for part in (e.threshold, e.source) if part)
+                if rule:
+                    label.append(f"\n{rule}", style="dim")
+                table.add_row(label, e.display)
             c.print(table)
 
         if report.recommendations:

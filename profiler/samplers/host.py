@@ -117,7 +117,10 @@ class HostSource:
         self._pids: set[int] | None = None
         self._errors: dict[str, int] = {}
         self._children: list[psutil.Process] = []
-        self._child_files: dict[int, tuple[_ProcFile, _ProcFile]] = {}  # pid -> its /proc/PID/stat and statm, kept open
+        self._child_files: dict[int, tuple[_ProcFile, _ProcFile, _ProcFile]] = {}  # pid -> its stat, statm, schedstat
+        self._schedstat_file = _ProcFile(self.proc_root / str(self.pid) / "schedstat")
+        self._last_delay: dict[tuple[int, float], float] = {}  # (pid, create time) -> run-queue wait, s
+        self._last_own_delay: float | None = None
         self._boot_time = 0.0  # seconds since the epoch: a /proc/PID/stat start time is counted from it
         self._n = 0  # readings taken, for the slower cadences (NOTE [ Sampling cost ])
         self._slow: tuple[float, int, int, float] = (0.0, 0, 0, 0.0)  # mem %, available, swap, disk B/s
@@ -149,7 +152,7 @@ class HostSource:
 
     def close(self) -> None:
         """Close the /proc files kept open. Idempotent; a later sample opens them again."""
-        for file in (self._stat_file, self._statm_file, self._meminfo_file, self._diskstats_file):
+        for file in (self._stat_file, self._statm_file, self._meminfo_file, self._diskstats_file, self._schedstat_file):
             file.close()
         for pid in list(self._child_files):
             self._close_child(pid)
@@ -175,9 +178,9 @@ class HostSource:
         self._last_all = (busy, total, iowait)
 
         self._n += 1
-        s.process_cpu, s.process_rss, s.children_cpu, s.n_children, s.children_rss = (
-            self._read_tree(now, dt, relist=self._n % TREE_EVERY == 0 or self._n == 1)
-        )
+        (s.process_cpu, s.process_rss, s.children_cpu, s.n_children, s.children_rss,
+         s.process_run_delay, s.children_run_delay) = self._read_tree(
+            now, dt, relist=self._n % TREE_EVERY == 0 or self._n == 1)
 
         if self._n % SLOW_EVERY == SLOW_EVERY // 2 or self._n == 1:
             mem_percent, available, swap, disk_bps = self._slow
@@ -260,17 +263,17 @@ class HostSource:
             found.append(child)
         return found
 
-    def _read_tree(self, now: float, dt: float, relist: bool) -> tuple[float, int, float, int, int]:
+    def _read_tree(self, now: float, dt: float, relist: bool) -> tuple[float, int, float, int, int, float | None, float]:
         """CPU % and RSS of the process and its descendants; updates the baselines.
 
         ``dt == 0`` only sets baselines. ``relist`` scans for new descendants
         (NOTE [ Sampling cost ]); otherwise the last list is read again. Returns (process_cpu, process_rss,
-        children_cpu, n_children, children_rss).
+        children_cpu, n_children, children_rss, process_run_delay, children_run_delay).
         """
         proc = self._proc
         if proc is None:
             self._pids = set()
-            return 0.0, 0, 0.0, 0, 0
+            return 0.0, 0, 0.0, 0, 0, None, 0.0
         try:
             own = self._own_cpu_rss() if self._own else None
             if own is not None:
@@ -288,20 +291,32 @@ class HostSource:
         except _GONE as exc:
             self._note(f"process {self.pid}: {type(exc).__name__}")
             self._pids = set()
-            return 0.0, 0, 0.0, 0, 0
+            return 0.0, 0, 0.0, 0, 0, None, 0.0
         process_cpu = _clamp_cpu(100.0 * (cpu - self._last_proc_cpu) / dt) if dt else 0.0
         self._last_proc_cpu = cpu
+        own_delay = _run_delay(self._schedstat_file)
+        process_delay = None
+        if own_delay is not None and self._last_own_delay is not None and dt:
+            process_delay = min(1.0, max(0.0, (own_delay - self._last_own_delay) / dt))
+        self._last_own_delay = own_delay
 
         wall_now = time.time()
         seen: dict[tuple[int, float], float] = {}
+        delays: dict[tuple[int, float], float] = {}
         used = 0.0
+        waited = 0.0
         children_rss = 0
         for child in children:
             got = self._child_reading(child)
             if got is None:
                 continue  # exited between listing and reading
-            key, c_cpu, c_rss = got  # key: (pid, create time), which guards pid reuse
+            key, c_cpu, c_rss, c_delay = got  # key: (pid, create time), which guards pid reuse
             seen[key] = c_cpu
+            if c_delay is not None:
+                delays[key] = c_delay
+                last_delay = self._last_delay.get(key)
+                if last_delay is not None:
+                    waited += max(0.0, c_delay - last_delay)
             children_rss += c_rss  # RSS counts pages shared with the parent in each worker
             last = self._last_children.get(key)
             if last is not None:
@@ -311,12 +326,15 @@ class HostSource:
                 lifetime = max(wall_now - key[1], 1e-9)
                 used += c_cpu if lifetime <= dt else c_cpu * dt / lifetime
         self._last_children = seen
+        self._last_delay = delays
         self._pids = {proc.pid, *(pid for pid, _ in seen)}
         children_cpu = max(0.0, 100.0 * used / dt) if dt else 0.0
-        return process_cpu, rss, children_cpu, len(seen), children_rss
+        children_delay = waited / dt if dt else 0.0
+        return process_cpu, rss, children_cpu, len(seen), children_rss, process_delay, children_delay
 
-    def _child_reading(self, child: psutil.Process) -> tuple[tuple[int, float], float, int] | None:
-        """((pid, create time), CPU seconds, RSS bytes) of a descendant, or None once it is gone.
+    def _child_reading(self, child: psutil.Process) -> tuple[tuple[int, float], float, int, float | None] | None:
+        """((pid, create time), CPU seconds, RSS bytes, run-queue wait seconds or None) of a
+        descendant, or None once it is gone.
 
         On Linux from its /proc/PID/stat and statm, kept open: two reads, where
         psutil's create_time, cpu_times and memory_info in a oneshot cost ~50 us of
@@ -331,7 +349,8 @@ class HostSource:
         files = self._child_files.get(child.pid)
         if files is None:
             where = self.proc_root / str(child.pid)
-            files = self._child_files[child.pid] = (_ProcFile(where / "stat"), _ProcFile(where / "statm"))
+            files = self._child_files[child.pid] = (
+                _ProcFile(where / "stat"), _ProcFile(where / "statm"), _ProcFile(where / "schedstat"))
         try:
             # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so the
             # fields are counted from the last ")": utime, stime are 14 and 15 and
@@ -340,14 +359,14 @@ class HostSource:
             fields = data[data.rfind(b")") + 2:].split()
             start = int(fields[19]) / _CLOCK_TICKS
             cpu = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-            return (child.pid, self._boot_time + start), cpu, _statm_rss(files[1])
+            return (child.pid, self._boot_time + start), cpu, _statm_rss(files[1]), _run_delay(files[2])
         except (OSError, ValueError, IndexError):
             # Gone (its files read ESRCH once it exits: reopened by pid next time, a
             # reused pid being another process), or no /proc: psutil says which.
             self._close_child(child.pid)
         try:
             with child.oneshot():
-                return (child.pid, child.create_time()), _cpu_seconds(child), int(child.memory_info().rss)
+                return (child.pid, child.create_time()), _cpu_seconds(child), int(child.memory_info().rss), None
         except _GONE:
             return None
 
@@ -546,6 +565,16 @@ def _linux_descendants(proc_root: Path, pid: int) -> list[int] | None:
             found.extend(kids)
             stack.extend(kids)
     return found
+
+
+def _run_delay(file: _ProcFile) -> float | None:
+    """Seconds a task has spent runnable but waiting for a CPU, from its schedstat
+    (proc(5): time on CPU, time on a run queue, timeslices, in ns): the CPU contention
+    it met, whoever caused it. None where the kernel has no schedstat."""
+    try:
+        return int(file.head(128).split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _same_process(child: psutil.Process, seen: dict[tuple[int, float], float]) -> bool:

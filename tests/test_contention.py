@@ -1,0 +1,77 @@
+"""Other processes on the host: contention is measured, reported as a warning, and
+never read as waiting for I/O."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from torch.utils.data import DataLoader
+
+from loadprof import Profile
+from loadprof.advice import recommend
+from loadprof.diagnosis import diagnose
+from tests import torch_loops as loops
+from tests.test_diagnosis import make_run
+
+
+def contended(run, others_per_core: float = 80.0, run_delay: float = 0.3, workers_delay: float = 0.8):
+    """The same run with other processes keeping the cores busy and its threads queued."""
+    for h in run.host_samples:
+        h.cpu_per_core = [min(100.0, c + others_per_core) for c in h.cpu_per_core]
+        h.process_run_delay, h.children_run_delay = run_delay, workers_delay
+    return run
+
+
+def test_idle_looking_loaders_on_a_contended_host_wait_for_cpu_not_io() -> None:
+    quiet = make_run(n=40, wait=0.06, workers=2, tree_cpu=50.0, children_cpu=10.0)
+    d = diagnose(quiet)
+    assert (d.cause, d.warnings) == ("io-latency", [])
+    busy = contended(make_run(n=40, wait=0.06, workers=2, tree_cpu=50.0, children_cpu=10.0))
+    d = diagnose(busy)
+    assert d.verdict == "data-starved" and d.cause == "host-contended"
+    assert [w for w, _ in d.warnings] == ["host-contended"]
+    assert d.confidence == "medium"  # high on the quiet run
+    advice = [r.id for r in recommend(busy, d)]
+    assert advice[0] == "contention"
+    assert not {"num_workers", "convert_format", "prefetch"} & set(advice)
+
+
+def test_in_process_loading_that_waits_for_a_core_is_not_io_latency() -> None:
+    # num_workers=0: the training thread's CPU during its waits is low because it is
+    # queued for a core, which schedstat shows even with no other process busy.
+    run = make_run(n=40, wait=0.06, wait_cpu=0.01, workers=0)
+    assert diagnose(run).cause == "io-latency"
+    run = contended(make_run(n=40, wait=0.06, wait_cpu=0.01, workers=0), others_per_core=0.0, run_delay=0.5)
+    d = diagnose(run)
+    assert d.cause == "host-contended"
+    assert d.warnings == []  # no other process took the cores: no host warning
+
+
+def test_a_compute_bound_run_on_a_busy_host_keeps_its_verdict_with_a_warning() -> None:
+    d = diagnose(contended(make_run(n=40, wait=0.0, workers=0, tree_cpu=100.0)))
+    assert d.verdict == "compute-bound"
+    assert [w for w, _ in d.warnings] == ["host-contended"]
+    assert "usable cores busy" in d.warnings[0][1]
+    assert d.confidence == "medium"
+
+
+@pytest.mark.slow
+def test_a_real_loop_beside_processes_that_hold_every_core_is_reported_contended() -> None:
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        loader = DataLoader(loops.Sleepy(n=640, delay=0.001), batch_size=16, num_workers=1,
+                            persistent_workers=True)
+        with Profile(print_report=False, interval=0.05) as prof:
+            loops.train(loader, loops.small_model(), epochs=2)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    report = prof.report
+    data = report.to_dict()
+    assert "host-contended" in [w["id"] for w in data["warnings"]], data["samples"]["host"]
+    assert data["samples"]["host"]["others_cpu_cores"] >= 0.5
+    # schedstat read: the training thread queued for a core part of the time
+    assert data["samples"]["host"]["run_delay"] is not None and data["samples"]["host"]["run_delay"] > 0
