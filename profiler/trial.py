@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .jsonio import write_json
 from .records import Run
 
 #: Seconds between SIGTERM and SIGKILL for a trial past its time limit.
@@ -164,9 +165,7 @@ def child_main(spec_path: str) -> int:
         "sites": [asdict(s) for s in applier.sites],
         "loss_site": list(applier.loss_site) if applier.loss_site else None,
     }
-    tmp = folder / "result.json.tmp"
-    tmp.write_text(json.dumps(result, default=repr), encoding="utf-8")
-    os.replace(tmp, folder / "result.json")
+    write_json(folder / "result.json", result, indent=None, default=repr)  # atomic: the parent reads it
     return code
 
 
@@ -186,7 +185,7 @@ def _run_in(folder: Path, name: str, spec: TrialSpec, timeout: float, warmup: in
     data = asdict(spec)
     env_extra = data.pop("env")
     spec_path = folder / "spec.json"
-    spec_path.write_text(json.dumps(data), encoding="utf-8")
+    write_json(spec_path, data, indent=None)
     env = {**os.environ, **env_extra, "LOADPROF_TRIAL": "1"}
     out = (folder / "stdout.txt").open("wb")
     err = (folder / "stderr.txt").open("wb")

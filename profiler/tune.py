@@ -25,7 +25,6 @@ noise). Correctness guard: a trial whose loss trajectory moves more than
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -518,7 +517,13 @@ class TuneCommand:
             return 1
         render(result)
         if args.json:
-            _write_json(args.json, result.to_dict())
+            from .jsonio import JsonWriteError
+
+            try:
+                _write_json(args.json, result.to_dict())
+            except JsonWriteError as exc:
+                print(f"loadprof: error: --json: {exc}", file=sys.stderr)
+                return 1
         return 0
 
 
@@ -551,10 +556,9 @@ def _check_writable(path: str, option: str = "--json") -> None:
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, default=repr)
-    os.replace(tmp, path)
+    from .jsonio import write_json  # atomic, strict JSON: NaN as null
+
+    write_json(path, data, default=repr)
 
 
 # -- in code: tune_loader ---------------------------------------------------------

@@ -93,14 +93,15 @@ def test_max_steps_stops_the_script_with_exit_zero(tmp_path):
 @pytest.mark.parametrize("sig, code, status", [(signal.SIGTERM, 143, "terminated by SIGTERM"),
                                                (signal.SIGINT, 130, "interrupted")])
 def test_signals_still_write_the_report(tmp_path, sig, code, status):
-    path = script(tmp_path, workers=2, after_step="time.sleep(0.01)")
+    path = script(tmp_path, workers=2, after_step="time.sleep(0.01); i == 5 and print('step 5', flush=True)")
     out = tmp_path / "run.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "loadprof", "diagnose", "--json", str(out), str(path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
     proc.stdout.readline()  # the script printed its argv: training is starting
-    time.sleep(2.0)
+    assert proc.stdout.readline().strip() == "step 5"  # steps are being taken (a loaded machine starts slowly)
+    time.sleep(0.5)
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == code, stderr
