@@ -84,6 +84,32 @@ def workers_needed(m: Metrics, loader: LoaderInfo | None) -> tuple[int, float] |
     return max(1, math.ceil(load / compute - 1e-9) + 1), load
 
 
+def compute_cpu_per_step(m: Metrics, loader: LoaderInfo | None) -> float:
+    """CPU seconds the training process itself spends per step on the model (intra-op
+    threads included), measured: its CPU less the loading it did in its waits. Where
+    the host was not read, one core for the whole compute time."""
+    if m.tree_cpu_cores is None:
+        return m.compute_per_step
+    own = max(0.0, m.tree_cpu_cores - (m.children_cpu_cores or 0.0)) * m.step_time_mean
+    if not (loader.num_workers if loader else 0) and m.wait_cpu_ratio is not None:
+        own -= m.wait_per_step * m.wait_cpu_ratio
+    return max(0.0, own)
+
+
+def step_with_workers(m: Metrics, loader: LoaderInfo | None, load: float, workers: int) -> tuple[float, bool]:
+    """(estimated step seconds with ``workers`` loader workers, whether the cores bind).
+
+    Three lower bounds: compute's own wall time; loading spread over the workers; and
+    all the CPU a step needs (compute's threads and the loading) over the cores the
+    job has, the usable ones less those other processes keep busy. Workers do not
+    get a core each when the model's intra-op threads already use them.
+    """
+    cores = max(1.0, m.usable_cores - (m.others_cpu_cores or 0.0))
+    cpu_bound = (compute_cpu_per_step(m, loader) + load) / cores
+    step = max(m.compute_per_step, load / max(1, workers), cpu_bound)
+    return step, cpu_bound >= 0.8 * step
+
+
 def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> list[Recommendation]:
     th = thresholds
     m = diagnosis.metrics
@@ -114,32 +140,37 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
                 target = max(target, math.ceil(m.wait_per_step / max(m.compute_per_step, 1e-6)) + 1)
             target = min(target, cap)
             if target > workers:
-                new_step = max(m.compute_per_step, load / target) + m.h2d_fraction * step
+                est, cores_bind = step_with_workers(m, loader, load, target)
+                new_step = est + m.h2d_fraction * step
                 speedup = step / new_step if new_step > 0 else None
                 limited = " (capped by the usable cores; loading alone would need more)" if need[0] > cap else ""
+                shared = (f" The model's own threads use {compute_cpu_per_step(m, loader) * 1000:.1f} ms of CPU per "
+                          "step on the same cores, so the gain is bounded by the cores, not the workers: "
+                          "uncertain, `loadprof tune` measures it." if cores_bind else "")
                 out.append(Recommendation(
                     "num_workers", f"Load batches in {target} worker process{'es' if target > 1 else ''}",
                     f"The loop waits {diagnosis.metrics.data_wait_fraction:.0%} of each step for data. "
                     f"Loading costs {load * 1000:.1f} ms of CPU per step against {m.compute_per_step * 1000:.1f} ms "
-                    f"of compute, with {workers} worker(s) on {cores} usable core(s){limited}.",
+                    f"of compute, with {workers} worker(s) on {cores} usable core(s){limited}.{shared}",
                     f"DataLoader(dataset, batch_size={loader.batch_size}, num_workers={target}"
                     + (", persistent_workers=True" if (loader.iterations or 0) > 1 else "") + ")",
                     {"num_workers": target, "current": workers, "usable_cores": cores},
                     round(speedup, 2) if speedup else None,
-                    "estimate: step = max(compute, loading CPU / workers)",
+                    "estimate: step = max(compute, loading CPU / workers, all CPU / free cores)",
                 ))
-        beyond_cores = need is not None and need[0] > cap and cause != "io-latency"
+        # Cores loading alone needs to keep pace with compute (no safety worker here).
+        load_cores = need[1] / max(m.compute_per_step, 1e-6) if need is not None else None
+        beyond_cores = load_cores is not None and load_cores > cap and cause != "io-latency"
         if starved and (saturated or cause == "cpu-bound-preprocessing" or beyond_cores):
             out.append(Recommendation(
                 "offline_preprocessing", "Move deterministic preprocessing offline",
                 (f"The training process and its loader workers already use {tree:.0%} of the {cores} "
                  "usable cores: more workers cannot help. "
                  if saturated or cause == "cpu-bound-preprocessing" else
-                 f"Loading needs about {need[0] if need else '?'} busy cores to keep pace with compute, and "
+                 f"Loading needs {load_cores or 0:.1f} busy cores to keep pace with compute, and "
                  f"{cores} are usable. ")
                 + "Decode/resize once, store the result, and keep only random augmentation online.",
-                "loadprof convert data/ data.h5 --to hdf5 --decode --resize 224 224\n"
-                "dataset = loadprof.converters.torch.HDF5Dataset('data.h5')",
+                _offline_snippet(loader),
             ))
         if cause == "host-to-device" or (run.environment.cuda_in_use and loader.pin_memory is False and starved):
             out.append(Recommendation(
@@ -170,6 +201,8 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
             out.append(_convert_advice(loader))
     elif input_matters and tf and loader is not None:
         out.extend(_tf_input_advice(run, m, loader, starved, diagnosis))
+    elif starved and loader is None and cause in ("io-latency", "cpu-bound-preprocessing"):
+        out.append(_loop_prefetch_advice(m, cause))
 
     if diagnosis.verdict == "memory-bound":
         out.extend(_memory_advice(run, m, tf))
@@ -216,6 +249,55 @@ def _contention_advice(m: Metrics, cause: bool) -> Recommendation:
     )
 
 
+def _loop_prefetch_advice(m: Metrics, cause: str) -> Recommendation:
+    """Input read by the loop's own code (a generator): overlap it with compute. Waiting
+    (I/O, sleeps) overlaps in a thread; CPU work needs processes (the GIL)."""
+    wait, compute = m.wait_per_step, m.compute_per_step
+    step = m.step_time_mean
+    if cause == "io-latency":
+        new_step = max(compute, wait)
+        code = ("import queue, threading\n"
+                "def prefetch(batches, depth=4):  # read ahead on a thread while the model computes\n"
+                "    q = queue.Queue(depth)\n"
+                "    done = object()\n"
+                "    def fill():\n"
+                "        for b in batches:\n"
+                "            q.put(b)\n"
+                "        q.put(done)\n"
+                "    threading.Thread(target=fill, daemon=True).start()\n"
+                "    while (b := q.get()) is not done:\n"
+                "        yield b\n"
+                "for x, y in prefetch(my_batches()):  # my_batches: the loop's own generator\n"
+                "    ...")
+        how = "a background thread overlaps the waits with compute"
+    else:
+        workers = max(1, math.ceil(wait / max(compute, 1e-6)))
+        new_step = max(compute, wait / (workers + 1))
+        code = ("class Batches(torch.utils.data.IterableDataset):  # the loop's generator, moved here\n"
+                "    def __iter__(self):\n"
+                "        info = torch.utils.data.get_worker_info()  # shard the work by info.id\n"
+                "        yield from my_batches()\n"
+                f"loader = DataLoader(Batches(), batch_size=None, num_workers={workers})")
+        how = "worker processes prepare batches beside the training thread (a thread would hold the GIL)"
+    return Recommendation(
+        "prefetch", "Prepare the next batches while the model computes",
+        f"The loop reads its own batches (no DataLoader) and waits {wait * 1000:.1f} ms per step for them "
+        f"against {compute * 1000:.1f} ms of compute, one after the other: {how}.",
+        code, {"depth": 4} if cause == "io-latency" else {},
+        round(step / new_step, 2) if new_step > 0 else None,
+        "estimate: step = max(compute, input), input overlapped",
+    )
+
+
+def _offline_snippet(loader: LoaderInfo) -> str:
+    """Store the preprocessed dataset once: the names in <> are the user's to fill in."""
+    cls = (loader.dataset_type or "").rsplit(".", 1)[-1] or "your dataset"
+    source = ("<your data folder>" if loader.file_based else "<your_module>:<dataset>")
+    return (f"# once, with the deterministic transforms of {cls} applied (no random augmentation):\n"
+            f"loadprof convert {source} preprocessed.h5 --to hdf5\n"
+            "dataset = loadprof.converters.torch.HDF5Dataset('preprocessed.h5')  # then augment per sample")
+
+
 def _cache_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, tf: bool) -> list[Recommendation]:
     if not starved or loader.dataset_length is None or loader.sample_nbytes is None:
         return []
@@ -253,7 +335,7 @@ def _convert_advice(loader: LoaderInfo) -> Recommendation:
         "convert_format", "Pack many small files into one HDF5 or TFRecord file",
         "The loop waits while the loaders barely use the CPU: per-file open/read latency dominates. "
         "Reading one packed file is measured several times faster (see README, converters).",
-        "loadprof convert data/ data.h5 --to hdf5\ndataset = loadprof.converters.torch.HDF5Dataset('data.h5')",
+        "loadprof convert <your data folder> data.h5 --to hdf5\ndataset = loadprof.converters.torch.HDF5Dataset('data.h5')",
         framework="tf" if _is_tf(loader) else "torch",
     )
 
@@ -365,7 +447,7 @@ def _tf_input_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, d:
                       "parallelism cannot help. Do deterministic decoding/resizing once and store the result.")
         out.append(Recommendation(
             "offline_preprocessing", "Move deterministic preprocessing offline", detail,
-            "loadprof convert data/ data.tfrecord --to tfrecord --decode\n"
+            "loadprof convert <your data folder> data.tfrecord --to tfrecord --decode\n"
             "ds = tf.data.TFRecordDataset(['data.tfrecord']).map(parse, num_parallel_calls=tf.data.AUTOTUNE)",
             framework="tf",
         ))
@@ -374,7 +456,7 @@ def _tf_input_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, d:
         rec = _convert_advice(loader)
         rec.detail = ("The pipeline opens one small file per sample; per-file open/read latency dominates. "
                       "One packed TFRecord file is read sequentially in large blocks.")
-        rec.code = ("loadprof convert data/ data.tfrecord --to tfrecord\n"
+        rec.code = ("loadprof convert <your data folder> data.tfrecord --to tfrecord\n"
                     "ds = tf.data.TFRecordDataset(['data.tfrecord'], num_parallel_reads=tf.data.AUTOTUNE)")
         out.append(rec)
     return out

@@ -42,6 +42,12 @@ CAUSES = {
     "workers-unmeasured": "not known: the loader workers ran too briefly for the host sampler to see them "
                           "(profile more steps, or measure with loadprof tune)",
 }
+#: The same sub-causes for a loop that reads its batches with no loader of a framework
+#: (a generator, its own code): there are no workers to name.
+LOOP_CAUSES = {
+    "cpu-bound-preprocessing": "CPU-bound input: the loop's own code prepares each batch on the training thread",
+    "io-latency": "I/O or latency bound: the loop's own input code waits without using the CPU",
+}
 #: The same sub-causes worded for tf.data, which has threads, not loader workers.
 TF_CAUSES = {
     "cpu-bound-preprocessing": "CPU-bound preprocessing: the tf.data pipeline saturates the usable cores",
@@ -321,7 +327,7 @@ def _data_cause(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
             ))
         if ratio is not None and ratio < th.wait_cpu_bound:
             return _idle_or_contended(m, th, ev)
-        if m.usable_cores >= 2:
+        if m.usable_cores >= 2 and m.loader is not None:
             return "too-few-workers"
         return "cpu-bound-preprocessing"
     if not m.workers_seen:
@@ -356,7 +362,8 @@ def _contended(m: Metrics, th: Thresholds) -> bool:
 
 def _idle_or_contended(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
     """The cause when the input pipeline looks idle: waiting for I/O, unless its threads
-    were waiting for a CPU (schedstat) while other processes held the cores."""
+    were waiting for a CPU (schedstat): for cores that other processes held, or that
+    the job's own threads fill."""
     delays = [d for d in (m.run_delay, m.workers_run_delay) if d is not None]
     if delays:
         ev.append(Evidence(
@@ -364,8 +371,10 @@ def _idle_or_contended(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
             " / ".join(_pct(d) for d in delays), f">= {_pct(th.contended_run_delay)} = waiting for CPU",
             "Linux schedstat",
         ))
-    if _contended(m, th) or (delays and max(delays) >= th.contended_run_delay):
+    if _contended(m, th):
         return "host-contended"
+    if delays and max(delays) >= th.contended_run_delay:
+        return "cpu-bound-preprocessing"  # the job's own threads queue for the cores
     return "io-latency"
 
 
@@ -500,7 +509,12 @@ def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:
             confidence = "medium"
         if cause == "workers-unmeasured":
             confidence = "low"
-        words = TF_CAUSES.get(cause, CAUSES[cause]) if is_tf(m.loader) else CAUSES[cause]
+        if is_tf(m.loader):
+            words = TF_CAUSES.get(cause, CAUSES[cause])
+        elif m.loader is None:
+            words = LOOP_CAUSES.get(cause, CAUSES[cause])
+        else:
+            words = CAUSES[cause]
         summary = f"{_pct(m.data_wait_fraction)} of step time waits for input; cause: {words}"
         return Diagnosis("data-starved", cause, summary, confidence, ev, m)
 

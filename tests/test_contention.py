@@ -40,13 +40,14 @@ def test_idle_looking_loaders_on_a_contended_host_wait_for_cpu_not_io() -> None:
 
 def test_in_process_loading_that_waits_for_a_core_is_not_io_latency() -> None:
     # num_workers=0: the training thread's CPU during its waits is low because it is
-    # queued for a core, which schedstat shows even with no other process busy.
+    # queued for a core, which schedstat shows.
     run = make_run(n=40, wait=0.06, wait_cpu=0.01, workers=0)
     assert diagnose(run).cause == "io-latency"
-    run = contended(make_run(n=40, wait=0.06, wait_cpu=0.01, workers=0), others_per_core=0.0, run_delay=0.5)
-    d = diagnose(run)
+    # the job's own threads fill the cores: no other process to blame
+    d = diagnose(contended(make_run(n=40, wait=0.06, wait_cpu=0.01, workers=0), others_per_core=0.0, run_delay=0.5))
+    assert (d.cause, d.warnings) == ("cpu-bound-preprocessing", [])
+    d = diagnose(contended(make_run(n=40, wait=0.06, wait_cpu=0.01, workers=0), run_delay=0.5))
     assert d.cause == "host-contended"
-    assert d.warnings == []  # no other process took the cores: no host warning
 
 
 def test_a_compute_bound_run_on_a_busy_host_keeps_its_verdict_with_a_warning() -> None:

@@ -46,7 +46,7 @@ def make_run(
     hosts = [
         HostSample(t=i * 0.1, cpu_per_core=[min(100.0, (tree_cpu + children_cpu) / cores)] * cores,
                    process_cpu=tree_cpu, children_cpu=children_cpu, n_children=workers or 0,
-                   memory_available=32 * GiB, swap_used=swap_growth * i // max(1, n * step * 10 - 1))
+                   memory_available=32 * GiB, swap_used=int(swap_growth * i // max(1, n * step * 10 - 1)))
         for i in range(int(n * step * 10))
     ]
     gpus = []
@@ -280,3 +280,50 @@ def test_report_json_has_the_documented_keys_and_round_trips(tmp_path):
     assert again.verdict == report.verdict == "data-starved"
     assert again.recommendation_ids() == report.recommendation_ids()
     assert again.run.environment.gpus[0].compute_capability == (9, 0)
+
+
+def _num_workers(run: Run):
+    return next(r for r in recommend(run, diagnose(run)) if r.id == "num_workers")
+
+
+def test_the_worker_estimate_counts_the_cores_the_model_already_uses():
+    # 20.6 ms of in-process loading, 48.3 ms of compute. With the model on one core a
+    # worker hides the loading (~1.43x); with torch's threads on both cores there is no
+    # core left for it, which measured runs show (no gain), so the estimate says ~1.0x.
+    one_core = make_run(n=40, step=0.0689, wait=0.0206, workers=0, cores=2, tree_cpu=100.0)
+    both = make_run(n=40, step=0.0689, wait=0.0206, workers=0, cores=2, tree_cpu=200.0)
+    assert _num_workers(one_core).estimated_speedup == pytest.approx(1.43, abs=0.02)
+    rec = _num_workers(both)
+    assert rec.estimated_speedup == pytest.approx(1.0, abs=0.02)
+    assert "uncertain" in rec.detail and "loadprof tune" in rec.detail
+    assert "uncertain" not in _num_workers(one_core).detail
+
+
+def test_offline_preprocessing_states_the_cores_loading_needs_and_names_no_canned_sizes():
+    # 300 ms of CPU per step in 2 busy workers against 10 ms of compute on 8 cores:
+    # loading alone needs 30 cores.
+    run = make_run(n=40, step=0.15, wait=0.14, workers=2, cores=8, tree_cpu=10.0, children_cpu=200.0)
+    recs = {r.id: r for r in recommend(run, diagnose(run))}
+    offline = recs["offline_preprocessing"]
+    assert "Loading needs 30.0 busy cores" in offline.detail
+    for r in recs.values():
+        assert "224" not in r.code and "data/" not in r.code
+
+
+def test_a_generator_loop_waiting_on_io_gets_prefetch_advice_that_names_no_workers():
+    run = make_run(n=40, step=0.1, wait=0.087, wait_cpu=0.002, workers=None)
+    d = diagnose(run)
+    assert (d.verdict, d.cause) == ("data-starved", "io-latency")
+    assert "worker" not in d.summary and "loader" not in d.summary
+    rec = next(r for r in recommend(run, d) if r.id == "prefetch")
+    assert "threading.Thread" in rec.code
+    assert rec.estimated_speedup == pytest.approx(0.1 / 0.087, abs=0.02)
+
+
+def test_a_generator_loop_doing_cpu_work_is_cpu_bound_input_not_too_few_workers():
+    run = make_run(n=40, step=0.1, wait=0.06, workers=None, cores=8)
+    d = diagnose(run)
+    assert (d.verdict, d.cause) == ("data-starved", "cpu-bound-preprocessing")
+    assert "worker" not in d.summary
+    rec = next(r for r in recommend(run, d) if r.id == "prefetch")
+    assert "IterableDataset" in rec.code and "num_workers=2" in rec.code
