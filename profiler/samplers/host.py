@@ -38,39 +38,19 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /p
 
 # NOTE [ Sampling cost ]
 # The sampler thread holds the GIL while it parses what it reads, and every file
-# read gives the GIL away and takes it back, a hand-off the training loop waits
-# on when it is itself running Python; so what a tick costs the loop is mostly the
-# number of system calls in it. Measured on the 2-core CI VM, mean CPU per call
-# between sleeps (caches cold, as they are every 100 ms): psutil.cpu_times(percpu=True)
-# 118 us and cpu_times() 148 us (each opens, reads and closes /proc/stat),
-# Process.oneshot() cpu_times + memory_info 192 us, children(recursive=True)
-# 1.35 ms (it reads the stat file of every process on the machine),
-# virtual_memory + swap_memory + disk_io_counters 525 us together. So on Linux a
-# sample reads /proc/stat once, through a descriptor kept open (``_ProcFile``: one
-# pread), takes this process's CPU from its CPU clock and its RSS from
-# /proc/self/statm (kept open too), lists the process tree through the
-# per-thread children files (``_linux_descendants``) and reads each loader worker
-# from its /proc/PID/stat and statm, kept open (``_child_reading``: with 4
-# workers a tick's host reading took 648 us of the sampler's CPU in the loop
-# through psutil, 227-242 us this way; benchmarks/tick_parts.py --workers 4).
-# Memory, swap and disk reads come from /proc/meminfo and /proc/diskstats, kept
-# open too (psutil's three calls made ~40 system calls: each file opened,
-# stat'ed, read and closed, /proc/meminfo twice, and one access() per block
-# device, counted with strace), summed over the devices psutil counts (those
-# under /sys/block, listed once at start). psutil
-# reads the rest, and everything on other platforms; ``os.cpu_count()`` behind the
-# /proc/stat read size is asked once. The slow-changing readings are spread out: the
-# tree is relisted every ``TREE_EVERY`` samples and memory, swap and disk read
-# every ``SLOW_EVERY`` (1 s each at 10 Hz, half a second apart). New loader
-# workers are therefore seen within a second; their CPU since creation is still
-# counted (NOTE [ Short-lived loader workers ]). benchmarks/overhead.py measures
-# what a tick then costs the loop: 0.16-0.40 ms (0.56 on a busy VM), 0.2-0.4% at
-# 10 Hz, about the sampler thread's whole CPU time per tick
-# (benchmarks/gil_contention.py: Python on a second thread costs this loop
-# roughly its own length); benchmarks/tick_parts.py splits it: ~170 us reading
-# the host (~25 us warm: the caches are cold every 100 ms), ~95 us folding. So
-# Profile takes these readings in a helper process (NOTE [ Host readings in a
-# helper process ] in hostproc.py), where their Python holds no GIL of the loop's.
+# read hands the GIL away and back, which a training loop running Python waits on:
+# what a tick costs the loop is mostly its system calls. So on Linux a reading
+# takes /proc/stat, /proc/meminfo, /proc/diskstats and each worker's stat, statm
+# and schedstat through descriptors kept open (``_ProcFile``: one pread each),
+# this process's CPU from its CPU clock, and lists the tree through the
+# per-thread children files rather than psutil's scan of every process; psutil
+# reads the rest, and everything elsewhere. The slow-changing readings are spread
+# out: the tree is relisted every ``TREE_EVERY`` readings, memory, swap and disk
+# every ``SLOW_EVERY`` (1 s each at 10 Hz, half a second apart), so a new loader
+# worker is seen within a second, its CPU since creation still counted (NOTE
+# [ Short-lived loader workers ]). Profile takes these readings in a helper
+# process (NOTE [ Host readings in a helper process ] in hostproc.py). The
+# measured costs behind each choice are in docs/overhead.md.
 TREE_EVERY = 10
 SLOW_EVERY = 10
 _GONE = (psutil.NoSuchProcess, psutil.AccessDenied)  # ZombieProcess is a NoSuchProcess

@@ -1,14 +1,13 @@
 """Host readings taken in a helper process, so that their Python never holds the training process's GIL.
 
 NOTE [ Host readings in a helper process ]
-A sampling tick's host reading is ~170 us of Python inside a training loop
-(benchmarks/tick_parts.py), and Python on a second thread costs the loop about
-its own length, because the loop's Python waits for the GIL meanwhile
-(benchmarks/gil_contention.py). The same work in another process costs it
-nothing measurable while a core is free: ``benchmarks/gil_contention.py
---process`` runs it both ways beside the same loop. So ``HostProcess`` runs
-``HostSource`` in a child interpreter (``python -m loadprof.samplers.hostproc
-PID INTERVAL``), which reads the training process tree at the interval and
+A host reading is Python, and Python on a second thread costs a training loop
+about its own length, because the loop's Python waits for the GIL meanwhile
+(benchmarks/gil_contention.py, benchmarks/tick_parts.py). The same work in
+another process costs it nothing measurable while a core is free. So
+``HostProcess`` runs ``HostSource`` in a child interpreter (started with
+``-c``, the working directory left off its path, so that no user's module can
+stand in for ours), which reads the training process tree at the interval and
 writes one JSON line per reading to its stdout; the sampler thread takes them
 off the pipe every ``DRAIN_EVERY`` intervals, one non-blocking read (and, with no
 GPU to read at every interval, wakes only then: NOTE [ A tick a second ] in

@@ -20,17 +20,12 @@ NOTE [ First reading before the loop ]
 The thread's first tick would otherwise run beside the first steps of the
 training loop, and the host part of it is Python that holds the GIL: the first
 reading builds psutil's process object and opens the /proc files, and the loop's
-first steps, already slow with cold caches, waited on it (measured on the CI VM,
-30 rounds: ~0.9 ms extra over the first two steps of benchmarks/overhead.py's
-2 ms/step loop, 0.2-0.4 ms without it; its first step alone, 100 rounds:
-~1.08 ms, then ~0.48 ms). So ``start()`` takes the first tick's host reading
-itself, before the loop (the sources' baselines are read there already, so a
-/proc that hangs would hang it anyway), and stores it at once; the thread then
-takes that tick's GPU part, which blocks in the driver with the GIL released
-(~20 ms per GPU with PCIe, nvml.py), and adds it to the same tick. (A first
-version had ``start()`` wait on an event for the thread to take the host
-reading; 100-round runs could not tell the two apart, and this one has no
-waiting caller and no timeout.) With a ``HostProcess`` source that first
+first steps, already slow with cold caches, would wait on it (docs/overhead.md
+has the figures). So ``start()`` takes the first tick's host reading itself,
+before the loop (the sources' baselines are read there already, so a /proc that
+hangs would hang it anyway), and stores it at once; the thread then takes that
+tick's GPU part, which blocks in the driver with the GIL released (PCIe
+readings, nvml.py), and adds it to the same tick. With a ``HostProcess`` source that first
 reading is taken here too, and so are the next ones until its helper process
 has taken its own baseline (NOTE [ Host readings in a helper process ] in
 hostproc.py); from then on a tick's host part is a non-blocking read of the
@@ -41,9 +36,8 @@ Once a helper process serves the host readings and no GPU is read through NVML
 (none, NVML unavailable, or ``gpu=False``), nothing in this process needs
 reading at every interval: the thread's work is the fold of hook events and the
 helper's pipe, which it reads every ``DRAIN_EVERY`` intervals anyway. Each wake
-costs the loop more than its work (the GIL handed over and back, cold caches:
-inside benchmarks/overhead.py's loop a tick took ~175 us of the thread's CPU,
-~114 us of it the fold, and ~0.3 ms of the loop's time). So the thread then
+costs the loop more than its work (the GIL handed over and back, cold caches).
+So the thread then
 waits ``DRAIN_EVERY`` intervals between ticks, folding ten intervals' events at
 a time; the helper still reads the host at every interval. It goes back to
 every interval from the wake at which anything needs it: the helper not yet
