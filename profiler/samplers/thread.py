@@ -170,11 +170,12 @@ class Sampler:
         # The first tick's GPU part is taken on the thread: with PCIe readings it
         # blocks ~20 ms per GPU in the driver (nvml.py), which must not delay the caller.
         spent = self._read_gpus(first)
-        while not self._done.wait(max(0.0, self._pause() - spent)):
+        while not self._done.wait(max(0.0, self.period - spent)):
             spent = self._sample_once()
 
-    def _pause(self) -> float:
-        """Seconds from one tick's start to the next: NOTE [ A tick a second ]."""
+    @property
+    def period(self) -> float:
+        """Seconds from one tick's start to the next, as things stand now: NOTE [ A tick a second ]."""
         helper = False
         for src in self.sources:
             if isinstance(src, HostProcess):
