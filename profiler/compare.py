@@ -34,9 +34,17 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from .apply import Changes
+from .jsonio import JsonWriteError, write_json
 from .trial import TrialResult, TrialSpec, run_trial
 
 DEFAULT_VARIANTS = ("baseline", "cache", "amp", "accum")
+
+#: A variant whose training diverged is marked so, not "ok": its last loss is not
+#: finite (NaN, inf), or its final loss is more than this many times the baseline's
+#: and above its own first losses (it rose where the baseline fell).
+DIVERGED_FACTOR = 10.0
+#: Losses averaged for a run's "first" and "final" loss.
+LOSS_WINDOW = 20
 
 
 @dataclass
@@ -186,12 +194,26 @@ class VariantResult:
             f"{len(bad)} of {len(self.runs)} runs {bad[0].status}"
 
     def final_loss(self) -> float | None:
-        losses = [r.losses for r in self.ok_runs if r.losses]
-        if not losses:
-            return None
-        tails = [statistics.fmean(v for v in ls[-20:] if math.isfinite(v)) for ls in losses
-                 if any(math.isfinite(v) for v in ls[-20:])]
-        return statistics.median(tails) if tails else float("nan")
+        """The median over runs of the mean finite loss of the last steps; None when there is none."""
+        return _median_window([ls[-LOSS_WINDOW:] for ls in self._losses()])
+
+    def first_loss(self) -> float | None:
+        return _median_window([ls[:LOSS_WINDOW] for ls in self._losses()])
+
+    def nonfinite_loss(self) -> str | None:
+        """"nan" or "inf" when a run's last loss is not finite: its training diverged."""
+        for losses in self._losses():
+            if not math.isfinite(losses[-1]):
+                return "nan" if math.isnan(losses[-1]) else "inf"
+        return None
+
+    def _losses(self) -> list[list[float]]:
+        return [r.losses for r in self.ok_runs if r.losses]
+
+
+def _median_window(windows: list[list[float]]) -> float | None:
+    means = [statistics.fmean(finite) for w in windows if (finite := [v for v in w if math.isfinite(v)])]
+    return statistics.median(means) if means else None
 
 
 @dataclass
@@ -211,6 +233,27 @@ class Comparison:
         if ref is None or not ref.time_s or not r.time_s:
             return None
         return r.time_s / ref.time_s
+
+    def diverged(self, r: VariantResult) -> str | None:
+        """Why ``r``'s training diverged (see DIVERGED_FACTOR), or None."""
+        bad = r.nonfinite_loss()
+        if bad:
+            return f"loss became {bad}"
+        ref = self.reference()
+        final, first = r.final_loss(), r.first_loss()
+        base = ref.final_loss() if ref is not None and ref is not r and not ref.nonfinite_loss() else None
+        if final is None or first is None or base is None:
+            return None
+        if final > DIVERGED_FACTOR * max(base, 1e-12) and final > first:
+            return f"final loss {final:.4g} vs baseline {base:.4g}"
+        return None
+
+    def status(self, r: VariantResult) -> str:
+        """The variant's runs' status, or "diverged (why)" when they ran but training diverged."""
+        if r.status != "ok":
+            return r.status
+        why = self.diverged(r)
+        return f"diverged ({why})" if why else "ok"
 
     def machine(self) -> dict[str, Any]:
         for r in self.results:
@@ -238,7 +281,8 @@ class Comparison:
                 "train_s": r.train_s,
                 "steps": r.ok_runs[0].steps_total if r.ok_runs else None,
                 "final_loss": r.final_loss(),
-                "status": r.status,
+                "diverged": self.diverged(r) is not None,
+                "status": self.status(r),
                 "applied": r.runs[0].applied if r.runs else [],
                 "not_applied": r.runs[0].not_applied if r.runs else [],
             } for r in self.results],
@@ -287,7 +331,7 @@ def render(cmp: Comparison, file: IO[str] | None = None, width: int | None = Non
     for r in cmp.results:
         ratio = cmp.ratio(r)
         loss = r.final_loss()
-        notes = r.status
+        notes = cmp.status(r)
         if r.runs and r.runs[0].ok and r.runs[0].not_applied:
             notes += "; not applied: " + "; ".join(r.runs[0].not_applied)
         elif r.runs and r.runs[0].ok and not r.runs[0].applied and not r.variant.changes.empty:
@@ -297,7 +341,7 @@ def render(cmp: Comparison, file: IO[str] | None = None, width: int | None = Non
             f"{r.time_s:.2f}" if r.time_s else "-",
             ("baseline" if r is ref else f"{ratio:.2f}x ({ratio - 1:+.0%})") if ratio else "-",
             f"{r.train_s:.2f}" if r.train_s else "-",
-            f"{loss:.4f}" if loss is not None and math.isfinite(loss) else "-",
+            (r.nonfinite_loss() or "-") if loss is None or r.nonfinite_loss() else f"{loss:.4f}",
             notes,
         )
     console.print(table)
@@ -365,7 +409,7 @@ class CompareCommand:
     def run(self, args: argparse.Namespace) -> int:
         from .cli import UsageError, target_from
         from .runner import TargetError
-        from .tune import _check_writable, _write_json
+        from .tune import _check_writable
 
         _take_own_options(args)
         if args.list:
@@ -393,11 +437,20 @@ class CompareCommand:
         cmp = compare(target.script, target.module, target.args, variants, repeat=args.repeat,
                       timeout=args.timeout, gpu=not args.no_gpu, progress=progress)
         render(cmp)
+        code = 0 if all(cmp.status(r) == "ok" for r in cmp.results) else 1
         if args.json:
-            _write_json(args.json, cmp.to_dict())
+            try:
+                write_json(args.json, cmp.to_dict())  # a NaN loss is null there, and its status says why
+            except JsonWriteError as exc:
+                print(f"loadprof: error: --json: {exc}", file=sys.stderr)
+                code = 1
         if args.png:
-            write_png(cmp, args.png)
-        return 0 if all(r.status == "ok" for r in cmp.results) else 1
+            try:
+                write_png(cmp, args.png)
+            except OSError as exc:
+                print(f"loadprof: error: --png {args.png}: cannot write ({exc.strerror or exc})", file=sys.stderr)
+                code = 1
+        return code
 
 
 #: compare's options that may also follow the script (``loadprof compare train.py --variants ...``).

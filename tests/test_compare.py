@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -10,7 +12,16 @@ from pathlib import Path
 import pytest
 
 from loadprof.cli import main
-from loadprof.compare import VariantError, parse_variants
+from loadprof.compare import (
+    Comparison,
+    Variant,
+    VariantError,
+    VariantResult,
+    parse_variants,
+    render,
+)
+from loadprof.jsonio import dumps
+from loadprof.trial import TrialResult
 
 TRAIN = """
 import os, time
@@ -75,9 +86,13 @@ def test_compare_writes_table_json_and_png(tmp_path: Path, capsys: pytest.Captur
     assert by["hooked"]["hook"] == str(hook)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = capsys.readouterr().out
+    rows = {line.split("│")[1].strip(): line for line in table.splitlines()
+            if line.startswith("│") and line.split("│")[1].strip()}
     for name in names:
-        assert name in table
-    assert "vs baseline" in table or "baseline" in table
+        assert name in rows, table
+    assert rows["baseline"].split("│")[4].strip() == "baseline"  # the "vs baseline" column
+    for name in names[1:]:
+        assert re.search(r"\d+\.\d\dx \([+-]\d+%\)", rows[name].split("│")[4]), rows[name]
 
 
 @pytest.mark.parametrize("argv, word", [
@@ -133,3 +148,76 @@ def test_compare_options_may_follow_the_script(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     assert [v["name"] for v in data["variants"]] == ["baseline", "accum"]
     assert data["command"][-1] == "--ignored-by-the-script"
+
+
+def _result(name: str, *losses_per_run: list[float], seconds: float = 1.0) -> VariantResult:
+    return VariantResult(Variant(name, name), [TrialResult(name, script_s=seconds, losses=list(ls))
+                                               for ls in losses_per_run])
+
+
+def _falling(start: float, end: float, n: int = 60) -> list[float]:
+    return [start + (end - start) * i / (n - 1) for i in range(n)]
+
+
+def test_a_nan_loss_is_diverged_and_written_as_null() -> None:
+    cmp = Comparison(["train.py"], [_result("baseline", _falling(2.0, 0.3)),
+                                    _result("amp", _falling(2.0, 0.5)[:40] + [float("nan")] * 20),
+                                    _result("accum", _falling(2.0, 0.35))])
+    by = {v["name"]: v for v in json.loads(dumps(cmp.to_dict()))["variants"]}
+    assert by["amp"]["status"] == "diverged (loss became nan)" and by["amp"]["diverged"] is True
+    assert by["amp"]["final_loss"] is None
+    assert by["baseline"]["status"] == "ok" and by["accum"]["status"] == "ok"
+    assert by["accum"]["diverged"] is False
+    assert math.isclose(by["accum"]["final_loss"], sum(_falling(2.0, 0.35)[-20:]) / 20)
+
+
+def test_a_loss_far_above_the_baselines_and_rising_is_diverged() -> None:
+    blown = _falling(2.0, 1.5, 30) + _falling(3.0, 80.0, 30)  # up from where it started
+    slow = _falling(2.0, 1.2)  # 4x the baseline's final loss, still falling: not diverged
+    cmp = Comparison(["train.py"], [_result("baseline", _falling(2.0, 0.3)), _result("big_lr", blown),
+                                    _result("slow", slow)])
+    assert cmp.status(cmp.results[1]).startswith("diverged (final loss ")
+    assert cmp.status(cmp.results[2]) == "ok"
+    assert cmp.status(cmp.results[0]) == "ok"
+
+
+def test_the_table_marks_a_diverged_variant() -> None:
+    import io
+
+    cmp = Comparison(["train.py"], [_result("baseline", _falling(2.0, 0.3)),
+                                    _result("amp", _falling(2.0, 0.3)[:50] + [float("inf")] * 10)])
+    out = io.StringIO()
+    render(cmp, file=out, width=200)
+    row = next(line for line in out.getvalue().splitlines() if line.startswith("│ amp"))
+    cells = [c.strip() for c in row.split("│")]
+    assert cells[6] == "inf" and cells[7] == "diverged (loss became inf)"  # final loss, status
+
+
+DIVERGING = """
+import os
+import torch
+torch.manual_seed(0)
+x, y = torch.randn(256, 8), torch.randint(0, 2, (256,))
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=float(os.environ.get("LR", "0.1")))
+for step in range(40):
+    loss = torch.nn.functional.cross_entropy(model(x) * 1e30 if os.environ.get("BLOW") else model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_compare_of_a_real_diverging_variant(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(DIVERGING))
+    out = tmp_path / "cmp.json"
+    rc = main(["compare", "--no-gpu", "-q", "--variants", "baseline,wild", "--variant", "wild:LR=1e30,BLOW=1",
+               "--json", str(out), str(script)])
+    assert rc == 1  # a variant that diverged is no "ok"
+    text = out.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    by = {v["name"]: v for v in json.loads(text)["variants"]}
+    assert by["baseline"]["status"] == "ok" and by["baseline"]["final_loss"] > 0
+    assert by["wild"]["status"].startswith("diverged (") and by["wild"]["diverged"] is True
+    assert "diverged" in capsys.readouterr().out
