@@ -12,9 +12,12 @@ import csv
 import gzip
 import importlib
 import io
+import math
 import os
 import re
 import sys
+import tokenize
+import warnings
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -339,14 +342,19 @@ def _read_npy_header(fh: Any, where: str) -> tuple[np.dtype, tuple[int, ...], bo
     """dtype, shape and Fortran order from a .npy header, ``fh`` left at the data."""
     fmt = np.lib.format
     try:
-        version = fmt.read_magic(fh)
-        if version == (1, 0):
-            shape, fortran, dtype = fmt.read_array_header_1_0(fh)
-        elif version in ((2, 0), (3, 0)):
-            shape, fortran, dtype = fmt.read_array_header_2_0(fh)
-        else:
-            raise ValueError(f"unsupported .npy format version {version[0]}.{version[1]}")
-    except (ValueError, TypeError, SyntaxError, EOFError, RecursionError, MemoryError) as exc:
+        # A mangled header can make Python warn while numpy parses it ("invalid escape
+        # sequence"): that would be a second line on stderr beside our error.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            version = fmt.read_magic(fh)
+            if version == (1, 0):
+                shape, fortran, dtype = fmt.read_array_header_1_0(fh)
+            elif version in ((2, 0), (3, 0)):
+                shape, fortran, dtype = fmt.read_array_header_2_0(fh)
+            else:
+                raise ValueError(f"unsupported .npy format version {version[0]}.{version[1]}")
+    except (ValueError, TypeError, SyntaxError, tokenize.TokenError, EOFError, RecursionError, MemoryError) as exc:
+        # numpy parses the header's Python literal with tokenize and ast: any of these.
         if "pickle" in str(exc) or "Python objects" in str(exc):
             raise ConvertError(
                 f"{where}: holds Python objects (dtype=object); loading them would mean "
@@ -618,6 +626,9 @@ class IDXSource(Source):
 # ---------------------------------------------------------------- CSV
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 class CSVSource(Source):
     """A header row, numeric feature columns and one label column.
 
@@ -676,11 +687,16 @@ class CSVSource(Source):
                 if i == label_at:
                     continue
                 try:
-                    values.append(float(cell))
+                    value = float(cell)
                 except ValueError:
                     raise ConvertError(
                         f"{self.path}: line {line}, column {header[i]!r}: {cell!r} is not a number"
                     ) from None
+                if abs(value) > _FLOAT32_MAX and math.isfinite(value):  # would become inf, silently
+                    raise ConvertError(
+                        f"{self.path}: line {line}, column {header[i]!r}: {cell.strip()} does not fit in float32"
+                    )
+                values.append(value)
             features.append(values)
             labels.append(row[label_at].strip())
             lines.append(line)
@@ -688,11 +704,19 @@ class CSVSource(Source):
 
     def _labels(self, raw: list[str]) -> np.ndarray:
         if all(re.fullmatch(r"[+-]?\d+", v) for v in raw):
+            for line, v in zip(self.lines, raw, strict=True):
+                if len(v) > 20 or not -(2**63) <= int(v) < 2**63:
+                    raise ConvertError(f"{self.path}: line {line}: label {v} does not fit in int64")
             return np.array([int(v) for v in raw], dtype=np.int64)
         try:
-            return np.array([float(v) for v in raw], dtype=np.float32)
+            floats = [float(v) for v in raw]
         except ValueError:
             pass
+        else:
+            for line, v, f in zip(self.lines, raw, floats, strict=True):
+                if abs(f) > _FLOAT32_MAX and math.isfinite(f):
+                    raise ConvertError(f"{self.path}: line {line}: label {v} does not fit in float32")
+            return np.array(floats, dtype=np.float32)
         if any(not v for v in raw):
             line = self.lines[raw.index("")]
             raise ConvertError(f"{self.path}: line {line}: empty label")

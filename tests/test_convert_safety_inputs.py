@@ -184,3 +184,20 @@ def test_an_image_pil_cannot_identify_is_named_not_a_bytesio(tmp_path):
 def test_an_object_address_never_reaches_a_message():
     assert str(ConvertError("x: cannot identify image file <_io.BytesIO object at 0x7f3a2b>")) == \
         "x: cannot identify image file (in memory)"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("x,label\n1e39,0\n", "line 2, column 'x': 1e39 does not fit in float32"),
+        ("x,label\n1,99999999999999999999\n", "line 2: label 99999999999999999999 does not fit in int64"),
+        ("x,label\n1," + "9" * 5000 + "\n", "line 2: label " + "9" * 5000 + " does not fit in int64"),
+        ("x,label\n1,0.5\n2,1e39\n", "line 3: label 1e39 does not fit in float32"),
+    ],
+)
+def test_csv_values_that_would_change_silently_are_refused(tmp_path, text, message):
+    """float32 would turn 1e39 into inf, and int64 cannot hold 2^64: errors, not other numbers."""
+    (tmp_path / "d.csv").write_text(text)
+    with pytest.raises(ConvertError) as err:
+        open_source(tmp_path / "d.csv")
+    assert str(err.value) == f"{tmp_path / 'd.csv'}: {message}"
