@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Metrics, Thresholds, is_tf
+from .oom import OutOfMemory, classify
 from .records import LoaderInfo, Run
 
 IDS = (
@@ -34,6 +35,8 @@ IDS = (
     "gradient_checkpointing", "larger_batch", "compile",
     # tf.data only: map(num_parallel_calls=AUTOTUNE); parallel file reads (interleave).
     "parallel_map", "interleave",
+    # the host: other processes hold the cores; memory: the loader side holds it
+    "contention", "loader_memory",
 )
 
 
@@ -205,7 +208,7 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
         out.append(_loop_prefetch_advice(m, cause))
 
     if diagnosis.verdict == "memory-bound":
-        out.extend(_memory_advice(run, m, tf))
+        out.extend(_memory_advice(run, m, tf, diagnosis.cause))
     if diagnosis.verdict == "host-bound":
         if m.gpu_memory_peak_fraction is None or m.gpu_memory_peak_fraction < 0.6:
             out.append(Recommendation(
@@ -462,29 +465,94 @@ def _tf_input_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, d:
     return out
 
 
-def _memory_advice(run: Run, m: Metrics, tf: bool) -> list[Recommendation]:
+def _batch_size(run: Run, m: Metrics) -> int | None:
+    """The largest batch the loop was fed, when the loader says."""
+    sizes = [st.batch_size for st in run.steps if st.batch_size]
+    if sizes:
+        return max(sizes)
+    return m.loader.batch_size if m.loader and m.loader.batch_size else None
+
+
+def _free_bytes(run: Run, oom: OutOfMemory) -> int | None:
+    """Memory free where the allocation failed, at the last reading before it."""
+    if oom.device == "gpu":
+        gpus = [g for g in run.gpu_samples if g.memory_used is not None and g.memory_total]
+        if not gpus:
+            return None
+        g = max(gpus, key=lambda g: g.t)
+        return max(0, (g.memory_total or 0) - (g.memory_used or 0))
+    hosts = [h.memory_available for h in run.host_samples if h.memory_available]
+    return hosts[-1] if hosts else None
+
+
+def micro_batch(batch: int | None, requested: int | None, free: int | None) -> tuple[int | None, int, str]:
+    """(micro-batch, accumulation steps, basis). The failing allocation is taken to grow
+    with the batch: the micro-batch is the largest halving of the batch whose share of
+    it fits in 90% of what was free. Without those figures: halve, and say so."""
+    if batch and requested and free is not None and requested > 0:
+        micro = batch
+        while micro > 1 and requested * micro / batch > 0.9 * free:
+            micro //= 2
+        steps = math.ceil(batch / micro)
+        if steps > 1:
+            return micro, steps, (f"the failed allocation ({_size(requested)}) scaled to the micro-batch fits in "
+                                  f"90% of the {_size(free)} free at the last reading")
+    if batch and batch > 1:
+        return batch // 2, 2, "halved: what the batch needs could not be estimated; loadprof tune searches it"
+    return None, 2, "halved: the batch size was not seen; loadprof tune searches it"
+
+
+def _memory_advice(run: Run, m: Metrics, tf: bool, cause: str | None) -> list[Recommendation]:
     out = []
+    oom = next((o for o in (classify(line) for line in run.oom_errors) if o is not None), None)
+    loader = m.loader
+    workers = (loader.num_workers or 0) if loader else 0
+    tree = (m.process_memory_peak or 0) + (m.workers_memory_peak or 0)
+    loader_holds = workers > 0 and tree > 0 and (m.workers_memory_peak or 0) >= 0.5 * tree
+    if cause == "loader-out-of-memory" or loader_holds:
+        fewer = max(1, workers // 2) if workers else 0
+        out.append(Recommendation(
+            "loader_memory", "Hold fewer batches in the loader",
+            (f"The loader workers held {_size(m.workers_memory_peak or 0)} at their peak against "
+             f"{_size(m.process_memory_peak or 0)} for the training process. " if m.workers_memory_peak else "")
+            + f"Each of the {workers} worker(s) keeps prefetch_factor={(loader.prefetch_factor or 2) if loader else 2} "
+            "batches and its own copy of whatever the dataset loads into memory: fewer workers, a smaller "
+            "prefetch, and a dataset that opens its files lazily in each worker hold less.",
+            f"DataLoader(..., num_workers={fewer}, prefetch_factor=1)" if workers else
+            "DataLoader(..., num_workers=0)",
+            {"num_workers": fewer, "prefetch_factor": 1},
+        ))
+        if cause == "loader-out-of-memory":
+            return out
+    batch = _batch_size(run, m)
+    micro, steps, basis = micro_batch(batch, oom.requested_bytes if oom else None,
+                                      _free_bytes(run, oom) if oom else None)
+    size = str(micro) if micro else "batch_size // 2"
     if tf:
         out.append(Recommendation(
-            "gradient_accumulation", "Halve the batch and accumulate gradients",
-            "Memory is the limit: smaller micro-batches with accumulation keep the effective batch.",
-            "optimizer = keras.optimizers.Adam(gradient_accumulation_steps=2)\nmodel.fit(ds.rebatch(batch_size // 2), ...)",
-            {"accumulation_steps": 2}, framework="tf",
+            "gradient_accumulation", f"Train on micro-batches of {size} and accumulate {steps} of them",
+            f"Memory is the limit: {steps} micro-batches per optimizer step keep the effective batch "
+            f"({batch or 'as it is'}); {basis}.",
+            f"optimizer = keras.optimizers.Adam(gradient_accumulation_steps={steps})\n"
+            f"model.fit(ds.rebatch({size}), ...)",
+            {"micro_batch": micro, "accumulation_steps": steps}, framework="tf",
         ))
     else:
         out.append(Recommendation(
-            "gradient_accumulation", "Halve the batch and accumulate gradients",
-            "Memory is the limit: two half-size micro-batches per optimizer step keep the effective batch.",
-            "for i, (x, y) in enumerate(loader):  # loader with batch_size // 2\n"
-            "    loss = loss_fn(model(x), y) / 2\n    loss.backward()\n"
-            "    if i % 2 == 1:\n        optimizer.step(); optimizer.zero_grad()",
-            {"accumulation_steps": 2},
+            "gradient_accumulation", f"Train on micro-batches of {size} and accumulate {steps} of them",
+            f"Memory is the limit: {steps} micro-batches per optimizer step keep the effective batch "
+            f"({batch or 'as it is'}); {basis}.",
+            f"for i, (x, y) in enumerate(loader):  # a loader with batch_size={size}\n"
+            f"    loss = loss_fn(model(x), y) / {steps}\n    loss.backward()\n"
+            f"    if i % {steps} == {steps - 1}:\n        optimizer.step(); optimizer.zero_grad()",
+            {"micro_batch": micro, "accumulation_steps": steps},
         ))
         out.append(Recommendation(
             "gradient_checkpointing", "Recompute activations instead of storing them",
-            "Activations dominate training memory; checkpointing trades about a third more compute for much less.",
+            "Activations, which grow with the batch, usually dominate training memory; checkpointing a "
+            "block stores only its input and recomputes the rest in backward (about a third more compute).",
             "from torch.utils.checkpoint import checkpoint\n"
-            "h = checkpoint(block, h, use_reentrant=False)",
+            "h = checkpoint(block, h, use_reentrant=False)  # for each large block of the model",
         ))
     mp = _mixed_precision(run, tf)
     if mp is not None:

@@ -24,6 +24,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .oom import OutOfMemory, classify, describe
 from .records import GpuSample, HostSample, LoaderInfo, Run, Step
 
 VERDICTS = ("data-starved", "compute-bound", "memory-bound", "host-bound", "inconclusive")
@@ -136,6 +137,10 @@ class Metrics:
     workers_seen: int = 0  # max child processes seen
     host_readings: int = 0  # host readings inside the judged steps
     others_cpu_cores: float | None = None  # cores busy outside the job's process tree
+    memory_available_min: int | None = None  # bytes of host memory available at the lowest
+    process_memory_peak: int | None = None  # bytes, the training process (PSS where read, else RSS)
+    workers_memory_peak: int | None = None  # bytes, its loader workers together (PSS where read)
+    oom_kills: int | None = None  # the kernel's OOM kills during the run, None where unreadable
     run_delay: float | None = None  # share of time the training thread waited for a CPU
     workers_run_delay: float | None = None  # the same, mean per loader worker
     judged_seconds: float = 0.0  # from the first judged step's start to the last one's end
@@ -260,6 +265,7 @@ def compute_metrics(run: Run) -> Metrics:
         worker_delays = [(h.children_run_delay / h.n_children, h.window) for h in cpu_host
                          if h.n_children and h.process_run_delay is not None]
         m.workers_run_delay = _time_mean(worker_delays) if worker_delays else None
+    _memory_metrics(run, m)
     if run.host_samples:
         m.swap_growth = max(0, run.host_samples[-1].swap_used - run.host_samples[0].swap_used)
         if run.environment.memory_total:
@@ -298,6 +304,70 @@ def compute_metrics(run: Run) -> Metrics:
                 frac = value / run.probes[total_key]
                 m.gpu_memory_peak_fraction = max(m.gpu_memory_peak_fraction or 0.0, frac)
     return m
+
+
+def _memory_metrics(run: Run, m: Metrics) -> None:
+    """Memory over the whole run (an out-of-memory error ends it, often before the
+    judged steps): the lowest available, the peaks of the process and its workers."""
+    hosts = run.host_samples
+    if not hosts:
+        return
+    available = [h.memory_available for h in hosts if h.memory_available]
+    m.memory_available_min = min(available) if available else None
+    m.process_memory_peak = max((h.process_pss or h.process_rss) for h in hosts) or None
+    m.workers_memory_peak = max((h.children_pss if h.children_pss is not None else h.children_rss)
+                                for h in hosts) or None
+    kills = [h.oom_kills for h in hosts if h.oom_kills is not None]
+    m.oom_kills = kills[-1] - kills[0] if len(kills) >= 2 else None
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def memory_in_use(run: Run, m: Metrics) -> str:
+    """What the job held at the last readings, for the report's memory lines."""
+    parts = []
+    last = run.host_samples[-1] if run.host_samples else None
+    if last is not None:
+        own = last.process_pss or last.process_rss
+        kind = "PSS" if last.process_pss else "RSS"
+        parts.append(f"training process {_size(own)} ({kind})")
+        workers = last.children_pss if last.children_pss is not None else last.children_rss
+        if last.n_children:
+            parts.append(f"{last.n_children} loader worker(s) {_size(workers)}")
+        if last.memory_available:
+            parts.append(f"host memory available {_size(last.memory_available)}")
+    gpus = [g for g in run.gpu_samples if g.memory_used is not None and g.memory_total]
+    if gpus:
+        g = max(gpus, key=lambda g: g.t)
+        parts.append(f"GPU {g.index} memory {_size(g.memory_used or 0)} of {_size(g.memory_total or 0)}")
+    return ", ".join(parts) or "not read"
+
+
+def _out_of_memory(run: Run, m: Metrics, oom: OutOfMemory, ev: list[Evidence]) -> Diagnosis:
+    """The verdict of a run that ran out of memory: what failed, and what was held then."""
+    ev.insert(0, Evidence("oom", "Out-of-memory error during the run", 1.0, describe(oom)))
+    held = memory_in_use(run, m)
+    ev.insert(1, Evidence("memory_at_oom", "Memory in use at the last reading before it", None, held))
+    confidence = "high"
+    if oom.kind == "worker-died":
+        if m.oom_kills:
+            ev.insert(1, Evidence("oom_kills", "Processes the kernel's OOM killer killed during the run",
+                                  float(m.oom_kills), f"{m.oom_kills}", source="Linux /proc/vmstat oom_kill"))
+            summary = f"the kernel's OOM killer ended loader worker {oom.worker} (SIGKILL)"
+        else:
+            summary = (f"loader worker {oom.worker} died without an error; the kernel's count of OOM kills "
+                       "could not be read, so out of memory is likely, not shown")
+            confidence = "low"
+        return Diagnosis("memory-bound", "loader-out-of-memory", f"{summary}; {held}", confidence, ev, m)
+    cause = "loader-out-of-memory" if oom.kind == "worker" else "out-of-memory"
+    where = {"gpu": "on the GPU", "host": "in host memory"}[oom.device]
+    return Diagnosis("memory-bound", cause, f"ran out of memory {where}: {describe(oom)}; {held}", confidence, ev, m)
 
 
 # -- decision --------------------------------------------------------------
@@ -438,6 +508,17 @@ def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:
     m = compute_metrics(run)
     ev: list[Evidence] = []
 
+    # An out-of-memory error decides, however few steps ran before it.
+    for oom in (classify(line) for line in run.oom_errors):
+        if oom is None:
+            continue
+        if oom.kind == "worker-died" and m.oom_kills == 0:
+            # The kernel's OOM killer did not run: the worker crashed some other way.
+            ev.append(Evidence("worker_died", "A loader worker died without an error", None,
+                               f"{oom.message}; the kernel's OOM killer did not run (/proc/vmstat)"))
+            continue
+        return _out_of_memory(run, m, oom, ev)
+
     if m.steps_judged < th.min_steps:
         reason = (
             f"only {m.steps_judged} step(s) measured after {m.warmup_steps} warm-up; "
@@ -494,10 +575,6 @@ def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:
     confidence = "high" if m.steps_judged >= th.confident_steps else "medium"
     if not m.gpu_available and m.gpu_in_use:
         confidence = "low" if confidence == "medium" else "medium"
-
-    if run.oom_errors:
-        ev.insert(0, Evidence("oom", "Out-of-memory error during the run", 1.0, run.oom_errors[0][:120]))
-        return Diagnosis("memory-bound", "out-of-memory", "the run hit an out-of-memory error", "high", ev, m)
 
     if m.data_wait_fraction >= th.input_high:
         cause = _data_cause(m, th, ev)

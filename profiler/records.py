@@ -77,6 +77,12 @@ class HostSample:
     process_run_delay: float | None = None
     #: the same summed over loader workers' main threads (in threads: 2.0 = two waiting throughout)
     children_run_delay: float = 0.0
+    #: proportional set size (bytes): shared pages split among the processes that map
+    #: them, read once a second; None where /proc/PID/smaps_rollup cannot be read
+    process_pss: int | None = None
+    children_pss: int | None = None  # summed over loader workers
+    #: processes the kernel's OOM killer had killed since boot (Linux /proc/vmstat), or None
+    oom_kills: int | None = None
 
 
 @dataclass(slots=True)  # one per training step, made on the step's path: keep it cheap

@@ -44,7 +44,8 @@ def tf_run(
                           memory_total=80 * GiB) for i in range(int(n * step * 10))]
     steps = [Step(i, i * step, (i + 1) * step, data_wait=wait, data_wait_cpu=wait * cpu_cores, batch_size=32)
              for i in range(n)]
-    hosts = [HostSample(t=i * 0.1, cpu_per_core=[50.0] * cores, process_cpu=100.0, memory_available=32 * GiB)
+    # the process alone on the host: its one busy core spread over the usable ones
+    hosts = [HostSample(t=i * 0.1, cpu_per_core=[100.0 / cores] * cores, process_cpu=100.0, memory_available=32 * GiB)
              for i in range(int(n * step * 10))]
     return Run(environment=env, steps=steps, host_samples=hosts, gpu_samples=gpus,
                loaders=[loader if loader is not None else tf_loader()], amp_in_use=amp,

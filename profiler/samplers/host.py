@@ -104,6 +104,10 @@ class HostSource:
         self._boot_time = 0.0  # seconds since the epoch: a /proc/PID/stat start time is counted from it
         self._n = 0  # readings taken, for the slower cadences (NOTE [ Sampling cost ])
         self._slow: tuple[float, int, int, float] = (0.0, 0, 0, 0.0)  # mem %, available, swap, disk B/s
+        self._vmstat_file = _ProcFile(self.proc_root / "vmstat")
+        self._pss_files: dict[int, _ProcFile] = {}  # pid -> its smaps_rollup, kept open
+        #: process PSS, workers' PSS summed, the kernel's OOM kills so far (None: unreadable)
+        self._memory: tuple[int | None, int | None, int | None] = (None, None, None)
 
     # -- lifecycle -----------------------------------------------------------
     def start(self) -> None:
@@ -132,7 +136,8 @@ class HostSource:
 
     def close(self) -> None:
         """Close the /proc files kept open. Idempotent; a later sample opens them again."""
-        for file in (self._stat_file, self._statm_file, self._meminfo_file, self._diskstats_file, self._schedstat_file):
+        for file in (self._stat_file, self._statm_file, self._meminfo_file, self._diskstats_file, self._schedstat_file,
+                     self._vmstat_file, *self._pss_files.values()):
             file.close()
         for pid in list(self._child_files):
             self._close_child(pid)
@@ -182,7 +187,9 @@ class HostSource:
             self._last_disk_read = read
             self._last_slow_wall = now
             self._slow = (mem_percent, available, swap, disk_bps)
+            self._memory = self._read_memory()
         s.memory_percent, s.memory_available, s.swap_used, s.disk_read_bps = self._slow
+        s.process_pss, s.children_pss, s.oom_kills = self._memory
         self._last_wall = now
         return s
 
@@ -349,6 +356,25 @@ class HostSource:
                 return (child.pid, child.create_time()), _cpu_seconds(child), int(child.memory_info().rss), None
         except _GONE:
             return None
+
+    def _read_memory(self) -> tuple[int | None, int | None, int | None]:
+        """PSS of the process and of its workers together, and the kernel's count of OOM
+        kills so far (Linux). PSS shares each page among the processes that map it, so
+        a forked worker's pages shared with its parent are not counted once per worker,
+        as RSS counts them. The kernel walks the page tables for it: once a second."""
+        pids = sorted(self._pids or ())
+        pss: dict[int, int | None] = {}
+        for pid in pids:
+            file = self._pss_files.get(pid)
+            if file is None:
+                file = self._pss_files[pid] = _ProcFile(self.proc_root / str(pid) / "smaps_rollup")
+            pss[pid] = _pss(file)
+        for pid in [p for p in self._pss_files if p not in pss]:
+            self._pss_files.pop(pid).close()  # a worker gone
+        own = pss.get(self.pid)
+        workers = [v for p, v in pss.items() if p != self.pid]
+        children = None if any(v is None for v in workers) else sum(v for v in workers if v is not None)
+        return own, children, _vmstat_oom_kills(self._vmstat_file)
 
     def _close_child(self, pid: int) -> None:
         for file in self._child_files.pop(pid):
@@ -545,6 +571,27 @@ def _linux_descendants(proc_root: Path, pid: int) -> list[int] | None:
             found.extend(kids)
             stack.extend(kids)
     return found
+
+
+def _pss(file: _ProcFile) -> int | None:
+    """Proportional set size in bytes from /proc/PID/smaps_rollup (Linux 4.14+), or None."""
+    try:
+        data = file.read()
+        at = data.index(b"\nPss:")
+        return int(data[at + 5:].split(None, 1)[0]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        file.close()
+        return None
+
+
+def _vmstat_oom_kills(file: _ProcFile) -> int | None:
+    """Processes the kernel's OOM killer has killed since boot (/proc/vmstat, Linux 4.13+)."""
+    try:
+        data = file.read()
+        at = data.index(b"\noom_kill ")
+        return int(data[at + 10:].split(None, 1)[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _run_delay(file: _ProcFile) -> float | None:

@@ -1,0 +1,128 @@
+"""Out-of-memory errors recognised from what a training job dies of: pure, no I/O.
+
+Each framework words its own: PyTorch's CUDA and MPS allocators and its CPU
+allocator, TensorFlow's ResourceExhaustedError, NumPy's MemoryError, and a
+DataLoader worker that died (re-raised in the training process, or gone without
+a word when the kernel's OOM killer sent it SIGKILL). ``classify`` reads the
+exception's type name and message, as the session records them ("Type: first
+line"), so a saved run is classified the same way later.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+__all__ = ["OutOfMemory", "classify", "describe", "parse_size", "record_line"]
+
+
+@dataclass(frozen=True)
+class OutOfMemory:
+    #: "cuda", "mps", "cpu-allocator", "tensorflow-gpu", "tensorflow-cpu", "numpy",
+    #: "memory" (a bare MemoryError), "worker" (an error re-raised from a loader worker),
+    #: "worker-died" (a loader worker that exited without a word)
+    kind: str
+    device: str  # "gpu" or "host"
+    requested_bytes: int | None  # the allocation that failed, when the message says
+    message: str
+    worker: str | None = None  # the worker's index or pid, for the worker kinds
+
+
+_UNITS = {"": 1, "B": 1, "BYTES": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50, "EIB": 2**60}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGTPE]i?B|B|bytes)\b", re.IGNORECASE)
+#: bytes per element of TensorFlow's dtype names, as its OOM message writes them
+_TF_DTYPES = {"float": 4, "double": 8, "half": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "int16": 2,
+              "uint16": 2, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8, "bool": 1, "complex64": 8,
+              "complex128": 16}
+
+
+def parse_size(text: str) -> int | None:
+    """Bytes of the first size written in ``text`` ("20.00 GiB", "4096 bytes"), or None.
+    MB and GB count as powers of two, as PyTorch's MPS message means them."""
+    found = _SIZE.search(text)
+    if not found:
+        return None
+    unit = found.group(2).upper()
+    scale = _UNITS.get(unit if unit.endswith("IB") or unit in ("B", "BYTES") else unit[0] + "IB")
+    return int(float(found.group(1)) * scale) if scale else None
+
+
+def record_line(exc: BaseException) -> str:
+    """How a run records the error it ended with: "Type: first line of its message",
+    and its last line after " ... " when it has more (a loader worker's error re-raised
+    in the training process ends with the original error's own line)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    text = lines[0][:300] + (f" ... {lines[-1][:300]}" if len(lines) > 1 else "")
+    return f"{type(exc).__name__}: {text}"
+
+
+def classify(line: str) -> OutOfMemory | None:
+    """The out-of-memory error in a recorded line ("Type: message", ``record_line``), or
+    None when it is not one."""
+    name, sep, message = line.partition(": ")
+    if not sep or not name.isidentifier():  # a bare message (runs saved before the type was kept)
+        name, message = "", line
+    text = message
+    low = text.lower()
+    if name in ("OutOfMemoryError",) or low.startswith("cuda out of memory"):
+        return OutOfMemory("cuda", "gpu", _tried(text), text)
+    if "mps backend out of memory" in low:
+        return OutOfMemory("mps", "gpu", _tried(text), text)
+    if "defaultcpuallocator: can't allocate memory" in low:
+        got = re.search(r"allocate (\d+) bytes", text)
+        return OutOfMemory("cpu-allocator", "host", int(got.group(1)) if got else None, text)
+    if name == "ResourceExhaustedError" or "oom when allocating tensor" in low:
+        device = "gpu" if re.search(r"device:GPU", text) else "host"
+        return OutOfMemory(f"tensorflow-{'gpu' if device == 'gpu' else 'cpu'}", device, _tf_bytes(text), text)
+    caught = re.match(r"Caught (\w+) in DataLoader worker process (\d+)", text)
+    if caught and caught.group(1) in ("MemoryError", "_ArrayMemoryError", "OutOfMemoryError"):
+        at = text.find("Unable to allocate")
+        return OutOfMemory("worker", "host", parse_size(text[at:]) if at >= 0 else None, text, worker=caught.group(2))
+    died = re.match(r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]+)\) (exited unexpectedly|is killed by signal: (\w+))", text)
+    if died:
+        return OutOfMemory("worker-died", "host", None, text, worker=died.group(1).strip())
+    if name in ("MemoryError", "_ArrayMemoryError"):
+        kind = "numpy" if "Unable to allocate" in text else "memory"
+        return OutOfMemory(kind, "host", parse_size(text) if kind == "numpy" else None, text)
+    return None
+
+
+def describe(oom: OutOfMemory) -> str:
+    """One line for the report: what ran out, and the allocation that failed."""
+    what = {
+        "cuda": "CUDA out of memory", "mps": "MPS out of memory",
+        "cpu-allocator": "PyTorch's CPU allocator could not allocate",
+        "tensorflow-gpu": "TensorFlow ran out of GPU memory", "tensorflow-cpu": "TensorFlow ran out of host memory",
+        "numpy": "NumPy could not allocate", "memory": "Python ran out of memory",
+        "worker": f"loader worker {oom.worker} ran out of memory",
+        "worker-died": f"loader worker (pid {oom.worker}) died without an error",
+    }[oom.kind]
+    if oom.requested_bytes:
+        what += f": {_human(oom.requested_bytes)} requested"
+    return what
+
+
+def _tried(text: str) -> int | None:
+    got = re.search(r"[Tt]ried to allocate ([\d.]+\s*\w+)", text)
+    return parse_size(got.group(1)) if got else None
+
+
+def _tf_bytes(text: str) -> int | None:
+    got = re.search(r"shape\[([\d,\s]*)\] and type (\w+)", text)
+    if not got:
+        return None
+    dims = [int(d) for d in got.group(1).replace(" ", "").split(",") if d]
+    size = _TF_DTYPES.get(got.group(2))
+    return math.prod(dims) * size if size else None
+
+
+def _human(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if n < 1024 or unit == "EiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} EiB"
