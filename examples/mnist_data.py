@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from loadprof.converters import read_idx  # validated: sizes checked before reading
+
 N_TRAIN = 20_000
 N_TEST = 5_000
 SIDE = 28
@@ -106,27 +108,6 @@ def _find(folder: Path, stem: str) -> Path:
             if candidate.is_file():
                 return candidate
     raise FileNotFoundError(f"{folder}: no {stem} or {stem}.gz (expected the four MNIST IDX files)")
-
-
-def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
-    """An IDX file (optionally gzipped) as a numpy array of its own shape and type."""
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        data = f.read()
-    if len(data) < 4 or data[0] != 0 or data[1] != 0:
-        raise ValueError(f"{path}: not an IDX file (expected magic 0x0000TTNN, got {data[:4].hex()})")
-    dtypes = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
-    code, ndim = data[2], data[3]
-    if code not in dtypes:
-        raise ValueError(f"{path}: unknown IDX element type 0x{code:02x}")
-    header = 4 + 4 * ndim
-    shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
-    dtype = np.dtype(dtypes[code])
-    expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if len(data) != expected:
-        raise ValueError(f"{path}: expected {expected} bytes for shape {shape}, got {len(data)}")
-    return np.frombuffer(data, dtype=dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
 
 
 def _load_idx_dir(
