@@ -23,16 +23,18 @@ from __future__ import annotations
 import array
 import contextlib
 import json
+import math
 import mmap
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import h5py
 import numpy as np
 
 from .errors import ConvertError
+from .files import check_regular, open_regular
 from .schema import Field, Sample, SampleDigest, Schema
 
 __all__ = ["HDF5Writer", "HDF5Reader", "FORMAT", "FORMAT_VERSION", "chunk_rows", "check_file"]
@@ -49,6 +51,9 @@ _FLUSH_BYTES = 4 << 20  # write to h5py in blocks: one call per sample costs ~20
 # Fields up to this size are read into memory when a reader opens (labels, offsets):
 # one h5py call per sample per field is the main cost of a small random read.
 _CACHE_BYTES = 8 << 20
+# What iter_samples reads per h5py call at most (one record more when a record is larger):
+# inspect and --verify stream a file of any size in bounded memory.
+_BLOCK_BYTES = 16 << 20
 
 
 def chunk_rows(sample_nbytes: int) -> int:
@@ -241,44 +246,205 @@ def _os_error(exc: BaseException) -> OSError:
 # ---------------------------------------------------------------- reading
 
 
-def _json_attr(attrs: Any, key: str) -> Any:
-    if key not in attrs:
-        return None
-    value = attrs[key]
-    if isinstance(value, bytes):
-        value = value.decode("utf-8")
+# NOTE [ Checking an HDF5 file before reading it ]
+# A file we did not write, or one changed since, may claim anything: a schema that
+# names groups as arrays, num_records past the data, offsets that decrease or point
+# past the end, a (2**40, 2**20) dataset in a 1.4 KB file. The reader relies on
+# those claims for every item, so HDF5Reader checks them once, when it opens the
+# file, in vectorised NumPy (a million offsets in a few ms): after that an item is
+# either right or not read. Declared sizes are checked against the file's size
+# before anything is read whole, so memory follows what the file holds, not what it
+# says. What no check here can bound is libhdf5 itself: a corrupt object header can
+# make it loop or crash while parsing metadata. ``loadprof inspect`` runs its parse
+# in a child process it can stop (converters/watchdog.py); the readers, inside a
+# training process, cannot (docs/bad-input.md).
+
+# h5py's exceptions for a file it cannot parse (corrupt metadata, broken links).
+_H5_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError)
+# No HDF5 filter in h5py's set expands data more than deflate, whose maximum is
+# 1032:1 (zlib technical details); a compressed dataset claiming more is not real.
+_MAX_EXPANSION = 1032
+
+
+@contextlib.contextmanager
+def _h5errors(path: str, what: str) -> Iterator[None]:
+    """Turn h5py's errors about a corrupt file into one ConvertError naming it."""
     try:
-        return json.loads(value)
-    except (TypeError, ValueError):
-        return value
+        yield
+    except ConvertError:
+        raise
+    except MemoryError:
+        raise ConvertError(f"{path}: {what}: libhdf5 ran out of memory (the file claims absurd sizes?)") from None
+    except _H5_ERRORS as exc:
+        message = str(exc).replace("Unable to synchronously ", "").replace("Can't synchronously ", "")
+        raise ConvertError(f"{path}: {what}: {message or type(exc).__name__}") from None
 
 
-def _layout(path: str, f: h5py.File) -> tuple[Schema, int]:
-    """Schema and record count of an open file: ours from attributes, others inferred."""
-    if "schema" in f.attrs:
-        raw = f.attrs["schema"]
+def _decoded_attr(path: str, attrs: Any, key: str) -> Any:
+    """A root attribute: text as str, JSON text parsed; None when absent."""
+    with _h5errors(path, f"cannot read attribute {key!r}"):
+        if key not in attrs:
+            return None
+        value = attrs[key]
+    if isinstance(value, bytes):
         try:
-            schema = Schema.from_json(raw.decode("utf-8") if isinstance(raw, bytes) else str(raw))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ConvertError(f"{path}: unreadable schema attribute: {exc}") from exc
-        n = int(f.attrs.get("num_records", -1))
-        for field in schema.fields:
-            if field.name not in f:
-                raise ConvertError(f"{path}: field {field.name!r} named in the schema is missing")
-        if n < 0:
-            first = schema.fields[0]
-            obj = f[first.name]
-            n = obj["offsets"].shape[0] - 1 if first.kind == "bytes" else obj.shape[0]
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ConvertError(f"{path}: attribute {key!r} is not UTF-8 text") from None
+    return value
+
+
+def _json_attr(path: str, attrs: Any, key: str, kind: type, words: str) -> Any:
+    """A JSON attribute of ours, which must parse to ``kind``; None when absent."""
+    value = _decoded_attr(path, attrs, key)
+    if value is None:
+        return None
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else value
+    except (ValueError, RecursionError):
+        raise ConvertError(f"{path}: attribute {key!r} is not valid JSON") from None
+    if not isinstance(parsed, kind):
+        raise ConvertError(f"{path}: attribute {key!r} is {type(parsed).__name__}, expected {words}")
+    return parsed
+
+
+def _count_attr(path: str, attrs: Any) -> int | None:
+    value = _decoded_attr(path, attrs, "num_records")
+    if value is None:
+        return None
+    if isinstance(value, np.ndarray) and value.shape in ((), (1,)):
+        value = value.reshape(())[()]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise ConvertError(f"{path}: attribute 'num_records' is {shown}, expected a whole number >= 0")
+    return int(value)
+
+
+def _get(path: str, f: h5py.File, name: str) -> Any:
+    with _h5errors(path, f"cannot open {name!r}"):
+        if name not in f:
+            return None
+        return f[name]
+
+
+def _check_stored(path: str, name: str, ds: h5py.Dataset, file_size: int) -> None:
+    """Refuse a dataset whose declared size the file cannot hold, or whose data lies elsewhere.
+
+    See NOTE [ Checking an HDF5 file before reading it ].
+    """
+    with _h5errors(path, f"cannot read the layout of {name!r}"):
+        dcpl = ds.id.get_create_plist()
+        layout, external, filters = dcpl.get_layout(), dcpl.get_external_count(), dcpl.get_nfilters()
+        shape, itemsize = tuple(ds.shape or ()), ds.dtype.itemsize
+    if layout not in (h5py.h5d.COMPACT, h5py.h5d.CONTIGUOUS, h5py.h5d.CHUNKED) or external:
+        raise ConvertError(
+            f"{path}: {name!r} keeps its data in other files (a virtual or external dataset), "
+            "which loadprof does not read"
+        )
+    declared = math.prod(shape) * itemsize  # Python integers: no overflow
+    limit = file_size * (_MAX_EXPANSION if filters else 1)
+    if declared > limit:
+        how = f"{_MAX_EXPANSION}x the file's" if filters else "the file's"
+        raise ConvertError(
+            f"{path}: {name!r} declares shape {list(shape)} ({declared} bytes), more than {how} "
+            f"{file_size} bytes: unwritten or truncated data"
+        )
+
+
+def _dataset(path: str, obj: Any, name: str, expected: str) -> h5py.Dataset:
+    if not isinstance(obj, h5py.Dataset):
+        what = "missing" if obj is None else "a group" if isinstance(obj, h5py.Group) else f"a {type(obj).__name__}"
+        raise ConvertError(f"{path}: {name!r} is {what}, expected {expected}")
+    return obj
+
+
+def _field_records(path: str, f: h5py.File, field: Field, file_size: int) -> int:
+    """How many records ``field`` holds, after checking that its objects match the schema."""
+    obj = _get(path, f, field.name)
+    if field.kind == "bytes":
+        if not isinstance(obj, h5py.Group):
+            what = "missing" if obj is None else "a dataset" if isinstance(obj, h5py.Dataset) else "not a group"
+            raise ConvertError(f"{path}: {field.name!r} is {what}; the schema says bytes (a group of data and offsets)")
+        data = _dataset(path, _get(path, f, f"{field.name}/data"), f"{field.name}/data", "a uint8 dataset")
+        offsets = _dataset(path, _get(path, f, f"{field.name}/offsets"), f"{field.name}/offsets", "an int64 dataset")
+        if data.ndim != 1 or data.dtype.itemsize != 1 or data.dtype.kind not in "iu":
+            raise ConvertError(f"{path}: {field.name}/data is {data.dtype}{list(data.shape)}, expected uint8[n]")
+        if offsets.ndim != 1 or offsets.dtype.kind not in "iu" or offsets.shape[0] < 1:
+            raise ConvertError(
+                f"{path}: {field.name}/offsets is {offsets.dtype}{list(offsets.shape)}, expected int64[records + 1]"
+            )
+        _check_stored(path, f"{field.name}/data", data, file_size)
+        _check_stored(path, f"{field.name}/offsets", offsets, file_size)
+        return int(offsets.shape[0]) - 1
+    ds = _dataset(path, obj, field.name, f"a dataset ({field.describe()} per record)")
+    stored = ds.dtype
+    if ds.ndim < 1 or stored.kind not in "biuf" or stored.newbyteorder("=") != np.dtype(field.dtype).newbyteorder("="):
+        raise ConvertError(
+            f"{path}: {field.name!r} is {stored}{list(ds.shape)}; the schema says {field.describe()} per record"
+        )
+    if tuple(ds.shape[1:]) != field.shape:
+        raise ConvertError(
+            f"{path}: {field.name!r} has records of shape {list(ds.shape[1:])}; the schema says {list(field.shape)}"
+        )
+    _check_stored(path, field.name, ds, file_size)
+    return int(ds.shape[0])
+
+
+def _check_offsets(path: str, name: str, offsets: np.ndarray, data_bytes: int) -> None:
+    """Offsets must rise (or stay) from record to record and stay within the data.
+
+    See NOTE [ Checking an HDF5 file before reading it ]: with them checked, every item
+    is a slice of the data of the length its offsets say.
+    """
+    outside = (offsets < 0) | (offsets > data_bytes)
+    if outside.any():
+        i = int(np.flatnonzero(outside)[0])
+        where = f"record {i}" if i < len(offsets) - 1 else f"the end of record {i - 1}"
+        raise ConvertError(
+            f"{path}: {name}/offsets gives {int(offsets[i])} for {where}, outside the data (0 to {data_bytes} bytes)"
+        )
+    falls = np.flatnonzero(offsets[1:] < offsets[:-1])
+    if len(falls):
+        i = int(falls[0])
+        raise ConvertError(
+            f"{path}: {name}/offsets decrease at record {i} ({int(offsets[i])} then {int(offsets[i + 1])})"
+        )
+
+
+def _layout(path: str, f: h5py.File, file_size: int) -> tuple[Schema, int]:
+    """Schema and record count of an open file: ours from attributes, others inferred; all checked."""
+    raw = _decoded_attr(path, f.attrs, "schema")
+    if raw is not None:
+        if not isinstance(raw, str):
+            raise ConvertError(f"{path}: attribute 'schema' is {type(raw).__name__}, expected JSON text")
+        try:
+            schema = Schema.from_json(raw)
+        except ValueError as exc:
+            raise ConvertError(f"{path}: attribute 'schema': {exc}") from None
+        declared = _count_attr(path, f.attrs)
+        counts = {field.name: _field_records(path, f, field, file_size) for field in schema.fields}
+        n = declared if declared is not None else counts[schema.fields[0].name]
+        for name, count in counts.items():
+            if count != n:
+                said = "attribute 'num_records' says" if declared is not None else f"{schema.fields[0].name!r} holds"
+                raise ConvertError(f"{path}: {said} {n} records, {name!r} holds {count}")
         return schema, n
     fields = []
     lengths: dict[str, int] = {}
-    for name, obj in f.items():
+    with _h5errors(path, "cannot list the top level"):
+        names = list(f.keys())
+    for name in names:
+        obj = _get(path, f, name)
         if isinstance(obj, h5py.Dataset) and obj.ndim >= 1 and obj.dtype.kind in "biuf":
-            fields.append(Field(name, "array", obj.dtype.name, tuple(obj.shape[1:])))
-            lengths[name] = obj.shape[0]
+            field = Field(name, "array", obj.dtype.newbyteorder("=").name, tuple(obj.shape[1:]))
         elif isinstance(obj, h5py.Group) and "data" in obj and "offsets" in obj:
-            fields.append(Field(name, "bytes", "bytes"))
-            lengths[name] = obj["offsets"].shape[0] - 1
+            field = Field(name, "bytes", "bytes")
+        else:
+            continue
+        fields.append(field)
+        lengths[name] = _field_records(path, f, field, file_size)
     if not fields:
         raise ConvertError(f"{path}: no numeric datasets at the top level to read as samples")
     if len(set(lengths.values())) != 1:
@@ -286,12 +452,14 @@ def _layout(path: str, f: h5py.File) -> tuple[Schema, int]:
     return Schema(tuple(fields)), next(iter(lengths.values()))
 
 
-def _open(path: str) -> h5py.File:
+def _open(path: str) -> tuple[h5py.File, int]:
+    """The file open for reading, and its size; ConvertError for anything but a readable HDF5 file."""
+    size = check_regular(path, "an HDF5 file").st_size
     try:
-        return h5py.File(path, "r")
+        return h5py.File(path, "r"), size
     except FileNotFoundError as exc:
         raise ConvertError(f"{path}: no such file") from exc
-    except OSError as exc:
+    except _H5_ERRORS as exc:
         raise ConvertError(f"{path}: cannot open as HDF5: {exc}") from exc
 
 
@@ -398,16 +566,31 @@ class HDF5Reader:
 
     def __init__(self, path: str | os.PathLike[str], fields: Sequence[str] | None = None) -> None:
         self.path = os.fspath(path)
-        with _open(self.path) as f:
-            schema, n = _layout(self.path, f)
-            self.class_names: list[str] | None = _json_attr(f.attrs, "class_names")
-            self.provenance: dict[str, Any] | None = _json_attr(f.attrs, "provenance")
-            self.checksums: dict[str, str] | None = _json_attr(f.attrs, "checksums")
-        if fields is not None:
-            unknown = [name for name in fields if name not in schema.names]
-            if unknown:
-                raise ConvertError(f"{self.path}: no field(s) {unknown}; fields are {list(schema.names)}")
-            schema = Schema(tuple(schema.field(name) for name in fields))
+        f, size = _open(self.path)
+        with f:
+            schema, n = _layout(self.path, f, size)
+            class_names = _json_attr(self.path, f.attrs, "class_names", list, "a list of names")
+            if class_names is not None and not all(isinstance(c, str) for c in class_names):
+                raise ConvertError(f"{self.path}: attribute 'class_names' is not a list of strings")
+            self.class_names: list[str] | None = class_names
+            self.provenance: dict[str, Any] | None = _json_attr(self.path, f.attrs, "provenance", dict, "an object")
+            checksums = _json_attr(self.path, f.attrs, "checksums", dict, "an object")
+            if checksums is not None:
+                bad = [k for k, v in checksums.items() if k not in schema.names or not isinstance(v, str)]
+                if bad:
+                    raise ConvertError(
+                        f"{self.path}: attribute 'checksums' has {bad[0]!r}, expected a checksum "
+                        f"(text) for each of the fields {list(schema.names)}"
+                    )
+            self.checksums: dict[str, str] | None = checksums
+            if fields is not None:
+                unknown = [name for name in fields if name not in schema.names]
+                if unknown:
+                    raise ConvertError(f"{self.path}: no field(s) {unknown}; fields are {list(schema.names)}")
+                schema = Schema(tuple(schema.field(name) for name in fields))
+            for field in schema.fields:
+                if field.kind == "bytes":
+                    self._read_offsets(f, field.name)
         self.schema = schema
         self._n = n
         self._pid: int | None = None
@@ -416,6 +599,14 @@ class HDF5Reader:
         self._fast: list[tuple[str, str, Any, Any]] = []  # for [i]; see _ensure_open
         self._mm: mmap.mmap | None = None
         self.direct = False  # whether [i] reads any field past h5py (set on first access)
+
+    def _read_offsets(self, f: h5py.File, name: str) -> np.ndarray:
+        """A bytes field's offsets, checked: NOTE [ Checking an HDF5 file before reading it ]."""
+        with _h5errors(self.path, f"cannot read {name}/offsets"):
+            offsets = np.asarray(f[name]["offsets"][()], dtype=np.int64)
+            data_bytes = int(f[name]["data"].shape[0])
+        _check_offsets(self.path, name, offsets, data_bytes)
+        return offsets
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -430,39 +621,45 @@ class HDF5Reader:
             return
         if self._file is not None:
             _INHERITED.append(self._file)  # see NOTE [ HDF5 handles and worker processes ]
-        f = _open(self.path)
+        f, size = _open(self.path)
         try:
+            # The file as this process sees it must still be the one checked at open:
+            # see NOTE [ Checking an HDF5 file before reading it ].
+            schema, n = _layout(self.path, f, size)
+            current = {fld.name: fld for fld in schema.fields}
+            if n != self._n or any(current.get(fld.name) != fld for fld in self.schema.fields):
+                raise ConvertError(f"{self.path}: changed since it was opened (layout or record count differs)")
             readers: list[tuple[str, Any, Any]] = []
             fast: list[tuple[str, str, Any, Any]] = []
-            with open(self.path, "rb") as raw:
+            with open_regular(self.path, "an HDF5 file") as raw:
                 size = os.fstat(raw.fileno()).st_size
                 mm = mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ) if size else None
             for field in self.schema.fields:
-                obj = f[field.name]
-                if field.kind == "bytes":
-                    data, offsets = obj["data"], obj["offsets"][()]
-                    readers.append((field.name, data, offsets))
-                    direct = _Direct.probe(f, data, size) if mm is not None else None
-                    if direct is not None and len(offsets) and offsets[0] >= 0 and offsets[-1] <= data.shape[0] \
-                            and not (np.diff(offsets) < 0).any():
-                        fast.append((field.name, "bytes", direct, array.array("q", offsets.tobytes())))
+                with _h5errors(self.path, f"cannot read {field.name!r}"):
+                    obj = f[field.name]
+                    if field.kind == "bytes":
+                        data, offsets = obj["data"], self._read_offsets(f, field.name)
+                        readers.append((field.name, data, offsets))
+                        direct = _Direct.probe(f, data, size) if mm is not None else None
+                        if direct is not None:
+                            fast.append((field.name, "bytes", direct, array.array("q", offsets.tobytes())))
+                        else:
+                            fast.append((field.name, "h5bytes", data, offsets))
+                    elif obj.size * obj.dtype.itemsize <= _CACHE_BYTES:
+                        cached = obj[()]
+                        readers.append((field.name, None, cached))
+                        fast.append((field.name, "memory", cached, None))
                     else:
-                        fast.append((field.name, "h5bytes", data, offsets))
-                elif obj.size * obj.dtype.itemsize <= _CACHE_BYTES:
-                    cached = obj[()]
-                    readers.append((field.name, None, cached))
-                    fast.append((field.name, "memory", cached, None))
-                else:
-                    readers.append((field.name, obj, None))
-                    direct = _Direct.probe(f, obj, size) if mm is not None else None
-                    if direct is not None:
-                        item = obj.dtype.itemsize * int(np.prod(obj.shape[1:], dtype=np.int64))
-                        fast.append((field.name, "array", direct, (obj.dtype, obj.shape[1:], item)))
-                    else:
-                        fast.append((field.name, "h5array", obj, None))
-        except (OSError, RuntimeError, ValueError) as exc:
+                        readers.append((field.name, obj, None))
+                        direct = _Direct.probe(f, obj, size) if mm is not None else None
+                        if direct is not None:
+                            item = obj.dtype.itemsize * int(np.prod(obj.shape[1:], dtype=np.int64))
+                            fast.append((field.name, "array", direct, (obj.dtype, obj.shape[1:], item)))
+                        else:
+                            fast.append((field.name, "h5array", obj, None))
+        except BaseException:
             f.close()
-            raise ConvertError(f"{self.path}: cannot read: {exc}") from exc
+            raise
         self._file, self._pid, self._readers, self._fast, self._mm = f, os.getpid(), readers, fast, mm
         self.direct = any(how in ("bytes", "array") for _, how, _, _ in fast)
 
@@ -475,41 +672,60 @@ class HDF5Reader:
         self._ensure_open()
         out: Sample = {}
         mm = self._mm
-        for name, how, src, extra in self._fast:
-            if how == "memory":
-                out[name] = np.array(src[i])
-            elif how == "bytes":  # see NOTE [ Direct reads of uncompressed HDF5 data ]
-                out[name] = src.read(mm, extra[i], extra[i + 1])
-            elif how == "array":
-                dtype, shape, n = extra
-                item = np.frombuffer(src.read(mm, i * n, (i + 1) * n), dtype=dtype).reshape(shape)
-                out[name] = item.copy()  # writable, as h5py's would be
-            elif how == "h5bytes":
-                out[name] = src[extra[i] : extra[i + 1]].tobytes()
-            else:
-                out[name] = np.asarray(src[i])
+        try:
+            for name, how, src, extra in self._fast:
+                if how == "memory":
+                    out[name] = np.array(src[i])
+                elif how == "bytes":  # see NOTE [ Direct reads of uncompressed HDF5 data ]
+                    out[name] = src.read(mm, extra[i], extra[i + 1])
+                elif how == "array":
+                    dtype, shape, n = extra
+                    item = np.frombuffer(src.read(mm, i * n, (i + 1) * n), dtype=dtype).reshape(shape)
+                    out[name] = item.copy()  # writable, as h5py's would be
+                elif how == "h5bytes":
+                    out[name] = src[extra[i] : extra[i + 1]].tobytes()
+                else:
+                    out[name] = np.asarray(src[i])
+        except (OSError, RuntimeError) as exc:  # h5py: a chunk that does not decompress, say
+            raise ConvertError(f"{self.path}: cannot read record {i} of {name!r}: {exc}") from None
         return out
 
-    def iter_samples(self, block: int = 1024) -> Iterator[Sample]:
-        """Every sample in order, read ``block`` samples per h5py call."""
+    def iter_samples(self, block: int = 1024, progress: Callable[[int], None] | None = None) -> Iterator[Sample]:
+        """Every sample in order, read up to ``block`` samples and about 16 MiB per h5py call.
+
+        ``progress(records)`` is called after each block is read.
+        """
         self._ensure_open()
-        for start in range(0, self._n, block):
-            stop = min(start + block, self._n)
+        item_bytes = sum(f.item_nbytes for f in self.schema.fields if f.kind == "array")
+        rows = max(1, min(block, _BLOCK_BYTES // max(item_bytes, 1)))
+        start = 0
+        while start < self._n:
+            stop = min(start + rows, self._n)
+            for _, ds, cached in self._readers:
+                if ds is not None and cached is not None:  # bytes: stop before a block's data passes the budget
+                    last = int(np.searchsorted(cached, int(cached[start]) + _BLOCK_BYTES, side="right")) - 1
+                    stop = max(start + 1, min(stop, last))
             cols: dict[str, Any] = {}
-            for name, ds, cached in self._readers:
-                if ds is None:
-                    cols[name] = cached[start:stop]
-                elif cached is None:
-                    cols[name] = ds[start:stop]
-                else:
-                    base = int(cached[start])
-                    raw = ds[base : int(cached[stop])].tobytes()
-                    bounds = cached[start : stop + 1].tolist()
-                    cols[name] = [
-                        raw[a - base : b - base] for a, b in zip(bounds[:-1], bounds[1:], strict=True)
-                    ]
+            try:
+                for name, ds, cached in self._readers:
+                    if ds is None:
+                        cols[name] = cached[start:stop]
+                    elif cached is None:
+                        cols[name] = ds[start:stop]
+                    else:
+                        base = int(cached[start])
+                        raw = ds[base : int(cached[stop])].tobytes()
+                        bounds = cached[start : stop + 1].tolist()
+                        cols[name] = [
+                            raw[a - base : b - base] for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+                        ]
+            except (OSError, RuntimeError) as exc:
+                raise ConvertError(f"{self.path}: cannot read records {start} to {stop - 1}: {exc}") from None
+            if progress is not None:
+                progress(stop)
             for j in range(stop - start):
                 yield {name: (np.array(col[j]) if isinstance(col, np.ndarray) else col[j]) for name, col in cols.items()}
+            start = stop
 
     def close(self) -> None:
         if self._file is not None and self._pid == os.getpid():
@@ -522,44 +738,44 @@ class HDF5Reader:
 _INHERITED: list[h5py.File] = []
 
 
-def check_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+def check_file(path: str | os.PathLike[str], progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Read every sample of an HDF5 file, check its layout and stored checksums.
 
-    Returns a summary dict; raises ConvertError for anything inconsistent.
+    Returns a summary dict; raises ConvertError for anything inconsistent. Memory stays
+    bounded whatever the file declares (NOTE [ Checking an HDF5 file before reading it ]);
+    ``progress(records)`` is called as blocks are read. ``loadprof inspect`` runs this
+    in a child process it can stop (converters/watchdog.py).
     """
     spath = os.fspath(path)
     reader = HDF5Reader(spath)
+    n = len(reader)
     summary: dict[str, Any] = {
-        "records": len(reader),
+        "records": n,
         "fields": [],
         "class_names": reader.class_names,
         "provenance": reader.provenance,
     }
-    with _open(spath) as f:
-        summary["format"] = f.attrs.get("loadprof_format", "plain HDF5")
+    f, _ = _open(spath)
+    with f, _h5errors(spath, "cannot read the layout"):
+        found = f.attrs.get("loadprof_format", "plain HDF5")
+        summary["format"] = found.decode("utf-8", "replace") if isinstance(found, bytes) else str(found)[:40]
         for field in reader.schema.fields:
             obj = f[field.name]
             if field.kind == "bytes":
-                data, offsets = obj["data"], obj["offsets"][()]
-                if len(offsets) != len(reader) + 1 or offsets[0] != 0:
-                    raise ConvertError(f"{spath}: {field.name}/offsets has {len(offsets)} entries, expected {len(reader) + 1} starting at 0")
-                steps = np.diff(offsets)
-                if (steps < 0).any():
-                    bad = int(np.flatnonzero(steps < 0)[0])
-                    raise ConvertError(f"{spath}: {field.name}/offsets decrease at record {bad}")
-                if offsets[-1] != data.shape[0]:
-                    raise ConvertError(f"{spath}: {field.name}/offsets end at {offsets[-1]} but data holds {data.shape[0]} bytes")
+                # The reader needs offsets within the data; a file of ours uses all of it, from 0.
+                data, offsets = obj["data"], reader._read_offsets(f, field.name)
+                if offsets[0] != 0 or offsets[-1] != data.shape[0]:
+                    raise ConvertError(
+                        f"{spath}: {field.name}/offsets run from {offsets[0]} to {offsets[-1]}, "
+                        f"expected 0 to {data.shape[0]} (the size of {field.name}/data)"
+                    )
                 summary["fields"].append((field, data.compression, int(data.shape[0])))
             else:
-                if obj.shape[0] != len(reader):
-                    raise ConvertError(f"{spath}: {field.name} holds {obj.shape[0]} records, expected {len(reader)}")
                 summary["fields"].append((field, obj.compression, int(obj.size * obj.dtype.itemsize)))
     digest = SampleDigest(reader.schema)
     try:
-        for sample in reader.iter_samples():
+        for sample in reader.iter_samples(progress=progress):
             digest.update(sample)
-    except OSError as exc:
-        raise ConvertError(f"{spath}: unreadable data near record {digest.count}: {exc}") from exc
     finally:
         reader.close()
     summary["checksums"] = "not stored"

@@ -9,6 +9,7 @@ fixes the schema; every later sample must match it exactly, because both HDF5
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -66,17 +67,63 @@ class Field:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Field:
-        kind = data["kind"]
+    def from_dict(cls, data: Any) -> Field:
+        """A field from its JSON form, checked: ValueError saying what is wrong otherwise."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a field is {_json_type(data)}, expected an object")
+        name = data.get("name")
+        if not isinstance(name, str):
+            raise ValueError(f"a field's 'name' is {_shown(name)}, expected a string")
+        where = f"field {name!r}"
+        kind = data.get("kind")
         if kind not in ("array", "bytes"):
-            raise ValueError(f"unknown field kind {kind!r}")
-        return cls(
-            name=str(data["name"]),
-            kind=kind,
-            dtype=str(data["dtype"]),
-            shape=tuple(int(n) for n in data.get("shape", ())),
-            content=data.get("content"),
-        )
+            raise ValueError(f"{where}: 'kind' is {_shown(kind)}, expected \"array\" or \"bytes\"")
+        dtype = data.get("dtype", "bytes" if kind == "bytes" else None)
+        shape = data.get("shape", [])
+        if not isinstance(shape, list) or not all(type(n) is int and 0 <= n < 1 << 62 for n in shape):
+            raise ValueError(f"{where}: 'shape' is {_shown(shape)}, expected a list of sizes")
+        if len(shape) > 32:
+            raise ValueError(f"{where}: 'shape' has {len(shape)} dimensions, at most 32 are allowed")
+        if kind == "bytes":
+            if dtype != "bytes" or shape:
+                raise ValueError(f"{where}: a bytes field has dtype \"bytes\" and no shape")
+        else:
+            if not isinstance(dtype, str) or _numeric_dtype(dtype) is None:
+                raise ValueError(f"{where}: 'dtype' is {_shown(dtype)}, expected a numeric NumPy dtype name")
+            item = math.prod(shape) * np.dtype(dtype).itemsize
+            if item > _MAX_ITEM_BYTES:
+                raise ValueError(f"{where}: shape {shape} makes one sample {item} bytes")
+        content = data.get("content")
+        if content is not None and not isinstance(content, str):
+            raise ValueError(f"{where}: 'content' is {_shown(content)}, expected a string")
+        return cls(name=name, kind=kind, dtype=dtype, shape=tuple(shape), content=content)
+
+
+# One sample above 1 PiB cannot be real; the bound keeps size arithmetic in int64.
+_MAX_ITEM_BYTES = 1 << 50
+
+
+def _numeric_dtype(name: str) -> np.dtype[Any] | None:
+    """The dtype a canonical name ("float32", "uint8") stands for, if numeric; None otherwise."""
+    try:
+        dtype = np.dtype(name)
+    except (TypeError, ValueError):
+        return None
+    return dtype if dtype.kind in _ALLOWED_KINDS and dtype.name == name else None
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    for kind, words in names.items():
+        if isinstance(value, kind):
+            return words
+    return "a number" if isinstance(value, (int, float)) else type(value).__name__
+
+
+def _shown(value: Any) -> str:
+    """A value as an error message quotes it: short, one line."""
+    text = json.dumps(value) if isinstance(value, (str, int, float, bool, list, dict, type(None))) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def to_value(value: Any, where: str, name: str) -> np.ndarray | bytes:
@@ -168,7 +215,25 @@ class Schema:
 
     @classmethod
     def from_json(cls, text: str) -> Schema:
-        return cls(tuple(Field.from_dict(d) for d in json.loads(text)))
+        """A schema from the JSON we store (a list of fields); ValueError saying what is wrong."""
+        try:
+            data = json.loads(text)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ValueError(f"not valid JSON: {exc}") from None
+        return cls.from_obj(data)
+
+    @classmethod
+    def from_obj(cls, data: Any) -> Schema:
+        """A schema from parsed JSON, every part checked; ValueError saying what is wrong."""
+        if not isinstance(data, list):
+            raise ValueError(f"the schema is {_json_type(data)}, expected a list of fields")
+        if not data:
+            raise ValueError("the schema lists no fields")
+        fields = tuple(Field.from_dict(d) for d in data)
+        try:
+            return cls(fields)
+        except ConvertError as exc:
+            raise ValueError(str(exc)) from None
 
 
 class SampleDigest:

@@ -155,3 +155,161 @@ def test_empty_blobs_and_empty_datasets_read_back(tmp_path):
         f.create_dataset("wide", shape=(3, 0), dtype=np.float32)
     reader = HDF5Reader(tmp_path / "e.h5")
     assert reader[2]["blob"] == b"" and reader[2]["wide"].shape == (0,)
+
+
+# ---------------------------------------------------------------- files we did not write as written
+
+
+@pytest.fixture
+def images_h5(tmp_path):
+    """Ten encoded images (a bytes field: data + offsets) and their labels, in our layout."""
+    make_image_folder(tmp_path / "imgs", {"a": 5, "b": 5})
+    convert(tmp_path / "imgs", tmp_path / "i.h5", ConvertOptions(to="hdf5"))
+    with h5py.File(tmp_path / "i.h5") as f:
+        offsets = f["image/offsets"][()]
+    return tmp_path / "i.h5", offsets
+
+
+def _set_offset(path, i, value):
+    with h5py.File(path, "r+") as f:
+        f["image/offsets"][i] = value
+
+
+@pytest.mark.parametrize(
+    "entry, value, says",
+    [
+        (5, "end + 100", "gives {value} for record 5, outside the data (0 to {end} bytes)"),
+        (3, "-7", "gives -7 for record 3, outside the data (0 to {end} bytes)"),
+        (5, "offsets[4] - 1", "decrease at record 4 ({o4} then {value})"),
+        (10, "2**62", "gives 4611686018427387904 for the end of record 9, outside the data (0 to {end} bytes)"),
+    ],
+)
+def test_corrupt_offsets_are_refused_when_the_reader_opens(images_h5, entry, value, says):
+    """NOTE [ Checking an HDF5 file before reading it ]: never an item of the wrong length."""
+    path, offsets = images_h5
+    end = int(offsets[-1])
+    number = eval(value, {"end": end, "offsets": offsets})
+    _set_offset(path, entry, number)
+    message = f"{path}: image/offsets " + says.format(value=number, end=end, o4=int(offsets[4]))
+    with pytest.raises(ConvertError) as err:
+        HDF5Reader(path)
+    assert str(err.value) == message
+    with pytest.raises(ConvertError, match="image/offsets"):
+        inspect_path(path)
+
+
+def test_offsets_within_the_data_are_read_as_given_and_inspect_wants_all_of_it(images_h5):
+    path, offsets = images_h5
+    end = int(offsets[-1])
+    _set_offset(path, 0, 1)  # still rising and inside the data: the reader gives what it says
+    assert len(HDF5Reader(path)[0]["image"]) == int(offsets[1]) - 1
+    with pytest.raises(ConvertError, match=rf"image/offsets run from 1 to {end}, expected 0 to {end}"):
+        inspect_path(path)
+
+
+def _edit(path, edit):
+    with h5py.File(path, "r+") as f:
+        edit(f)
+
+
+def _relink_label(f):
+    del f["label"]
+    f["label"] = h5py.SoftLink("/loop")
+    f["loop"] = h5py.SoftLink("/label")
+
+
+def _schema_with(f, **changes):
+    fields = json.loads(f.attrs["schema"])
+    for field in fields:
+        field.update(changes.get(field["name"], {}))
+    f.attrs["schema"] = json.dumps(fields)
+
+
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (lambda f: f.attrs.__setitem__("num_records", "abc"),
+         "attribute 'num_records' is 'abc', expected a whole number >= 0"),
+        (lambda f: f.attrs.__setitem__("num_records", 11), "attribute 'num_records' says 11 records, 'image' holds 10"),
+        (lambda f: f.attrs.__setitem__("num_records", 2**62),
+         f"attribute 'num_records' says {2**62} records, 'image' holds 10"),
+        (lambda f: f.attrs.__setitem__("num_records", -1), "attribute 'num_records' is -1, expected a whole number >= 0"),
+        (lambda f: f.attrs.__setitem__("checksums", "[1, 2]"), "attribute 'checksums' is list, expected an object"),
+        (lambda f: f.attrs.__setitem__("checksums", '{"zz": "00"}'), "attribute 'checksums' has 'zz'"),
+        (lambda f: f.attrs.__setitem__("class_names", '"a"'), "attribute 'class_names' is str, expected a list of names"),
+        (lambda f: f.attrs.__setitem__("schema", "abc"), "attribute 'schema': not valid JSON"),
+        (lambda f: f.attrs.__setitem__("schema", '"abc"'),
+         "attribute 'schema': the schema is a string, expected a list of fields"),
+        (lambda f: f.attrs.__setitem__("schema", '[{"name": "image"}]'),
+         "attribute 'schema': field 'image': 'kind' is null, expected \"array\" or \"bytes\""),
+        (lambda f: _schema_with(f, image={"kind": "array", "dtype": "uint8", "shape": [8, 8, 3]}),
+         "'image' is a group, expected a dataset (uint8[8, 8, 3] per record)"),
+        (lambda f: _schema_with(f, label={"kind": "bytes", "dtype": "bytes", "shape": []}),
+         "'label' is a dataset; the schema says bytes (a group of data and offsets)"),
+        (lambda f: _schema_with(f, label={"dtype": "float32"}), "'label' is int64[10]; the schema says float32[] per record"),
+        (lambda f: _schema_with(f, label={"shape": [2]}), "'label' has records of shape []; the schema says [2]"),
+        (_relink_label, "cannot open 'label': Special link traversal failed (too many links)"),
+    ],
+)
+def test_bad_attributes_and_layouts_are_one_line_errors(images_h5, edit, says):
+    path, _ = images_h5
+    _edit(path, edit)
+    with pytest.raises(ConvertError) as err:
+        HDF5Reader(path)
+    assert str(err.value).startswith(f"{path}: {says}"), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_declared_sizes_beyond_the_file_are_refused_before_reading(tmp_path):
+    """A 1.4 KB file declaring 2**60 bytes: refused at open, nothing allocated."""
+    path = tmp_path / "claims.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", shape=(2**40, 2**20), dtype="u1", chunks=(1, 2**16))  # never written
+    assert path.stat().st_size < 4096
+    with pytest.raises(ConvertError, match=r"'x' declares shape \[1099511627776, 1048576\] \(1152921504606846976 "
+                                           r"bytes\), more than the file's \d+ bytes: unwritten or truncated data"):
+        HDF5Reader(path)
+    # Compressed data may expand, but not past deflate's 1032:1.
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", shape=(2**30, 16), dtype="u1", chunks=(4096, 16), compression="gzip")
+    with pytest.raises(ConvertError, match="more than 1032x the file's"):
+        HDF5Reader(path)
+
+
+def test_data_kept_in_other_files_is_refused(tmp_path):
+    raw = tmp_path / "outside.bin"
+    raw.write_bytes(bytes(80))
+    with h5py.File(tmp_path / "ext.h5", "w") as f:
+        f.create_dataset("x", shape=(10, 8), dtype="u1", external=[(str(raw), 0, 80)])
+    with pytest.raises(ConvertError, match="'x' keeps its data in other files"):
+        HDF5Reader(tmp_path / "ext.h5")
+
+
+def test_non_regular_files_are_refused_before_libhdf5_sees_them(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "fifo.h5")
+    with pytest.raises(ConvertError, match=r"fifo\.h5: is a FIFO, not an HDF5 file"):
+        HDF5Reader(tmp_path / "fifo.h5")
+    with pytest.raises(ConvertError, match="/dev/zero: is a character device, not an HDF5 file"):
+        HDF5Reader("/dev/zero")
+
+
+def test_iter_samples_reads_in_bounded_blocks(tmp_path, monkeypatch):
+    """Blocks are cut by bytes, not only by record count, so --verify and inspect stream."""
+    from loadprof.converters import hdf5
+
+    blobs = [bytes([i]) * (3000 + 17 * i) for i in range(40)]
+    offsets = np.concatenate(([0], np.cumsum([len(b) for b in blobs])))
+    with h5py.File(tmp_path / "b.h5", "w") as f:
+        f.create_group("blob").create_dataset("data", data=np.frombuffer(b"".join(blobs), np.uint8))
+        f["blob/offsets"] = offsets
+        f["x"] = np.arange(40 * 100, dtype=np.float64).reshape(40, 100)
+    monkeypatch.setattr(hdf5, "_BLOCK_BYTES", 10_000)  # the limit, not the reader, is scaled down
+    seen = []
+    got = list(HDF5Reader(tmp_path / "b.h5").iter_samples(progress=seen.append))
+    assert [s["blob"] for s in got] == blobs
+    np.testing.assert_array_equal(np.stack([s["x"] for s in got]), np.arange(4000.0).reshape(40, 100))
+    assert seen[-1] == 40
+    for a, b in zip([0, *seen[:-1]], seen, strict=True):
+        assert offsets[b] - offsets[a] <= 10_000 and b - a <= 12  # x: 800 bytes a record
