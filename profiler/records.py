@@ -9,8 +9,14 @@ and the reports only read one. A saved run can be diagnosed again later
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 #: Version of the saved-run / report JSON layout. Bump when a field changes meaning.
 SCHEMA_VERSION = 1
@@ -177,30 +183,152 @@ class Run:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Run:
+    def from_dict(cls, data: Any) -> Run:
+        """A run from its JSON form, validated: RecordError names the first bad field."""
+        if not isinstance(data, dict):
+            raise RecordError(f"run: expected an object, got {_got(data)}")
         schema = data.get("schema")
         if schema != SCHEMA_VERSION:
-            raise ValueError(f"saved run has schema {schema!r}, this loadprof reads {SCHEMA_VERSION}")
-        env = dict(data.get("environment") or {})
-        env["gpus"] = [
-            GpuInfo(**{**g, "compute_capability": tuple(g["compute_capability"]) if g.get("compute_capability") else None})
-            for g in env.get("gpus", [])
-        ]
-        return cls(
-            schema=schema,
-            started_at=data.get("started_at", 0.0),
-            duration=data.get("duration", 0.0),
-            command=list(data.get("command", [])),
-            environment=Environment(**env),
-            steps=[Step(**s) for s in data.get("steps", [])],
-            gpu_samples=[GpuSample(**s) for s in data.get("gpu_samples", [])],
-            host_samples=[HostSample(**s) for s in data.get("host_samples", [])],
-            loaders=[LoaderInfo(**li) for li in data.get("loaders", [])],
-            data_wait_method=data.get("data_wait_method", ""),
-            amp_in_use=bool(data.get("amp_in_use", False)),
-            oom_errors=list(data.get("oom_errors", [])),
-            limitations=list(data.get("limitations", [])),
-            probes=dict(data.get("probes", {})),
-            sampling=dict(data.get("sampling", {})),
-            exit_status=data.get("exit_status", "ok"),
-        )
+            raise RecordError(f"saved run has schema {schema!r:.40}, this loadprof reads {SCHEMA_VERSION}")
+        run = _from_json(cls, data, "run")
+        _check_run(run)
+        return run
+
+
+class RecordError(ValueError):
+    """A saved run that is not what loadprof writes; the message names the field (one line)."""
+
+
+# -- validation of saved runs ----------------------------------------------------------
+# NOTE [ Reading a saved run ]
+# A saved run is a file someone hands us: every field is checked against the type its
+# dataclass declares (a number where a number belongs, finite, integers within 64 bits,
+# lists and objects where they belong), then against the few facts diagnosis relies on
+# (a step ends after it starts, counts are positive). Unknown keys are ignored (a newer
+# loadprof's additions); a missing key or a null takes the field's default, unless the
+# field has none. One error type, RecordError, whose message names the field path.
+
+_INT_LIMIT = 2**63
+
+
+def _got(value: Any) -> str:
+    """What came instead, as JSON would name it: 'a string "abc"', 'null', 'a list'."""
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    kind = "a string" if isinstance(value, str) else "a boolean" if isinstance(value, bool) else "a number"
+    try:
+        text = json.dumps(value)
+    except ValueError:
+        text = repr(value)
+    return f"{kind} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _from_json(cls: type[T], data: Any, where: str) -> T:
+    if not isinstance(data, dict):
+        raise RecordError(f"{where}: expected an object, got {_got(data)}")
+    hints = _hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        value = data.get(f.name)
+        if value is None and has_default and not _optional(hints[f.name]):
+            continue  # missing, or null where a NaN was written: the default
+        if f.name not in data and has_default:
+            continue
+        if f.name not in data:
+            raise RecordError(f"{where}.{f.name}: missing")
+        values[f.name] = _value(value, hints[f.name], f"{where}.{f.name}")
+    return cls(**values)
+
+
+def _optional(tp: Any) -> bool:
+    return type(None) in typing.get_args(tp)
+
+
+def _value(value: Any, tp: Any, where: str) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (types.UnionType, typing.Union):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _value(value, inner, where)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise RecordError(f"{where}: expected a number, got {_got(value)}")
+        if isinstance(value, int) and abs(value) >= _INT_LIMIT or not math.isfinite(value):
+            raise RecordError(f"{where}: expected a finite number, got {_got(value)}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RecordError(f"{where}: expected a whole number, got {_got(value)}")
+        if abs(value) >= _INT_LIMIT:
+            raise RecordError(f"{where}: expected a whole number below 2**63, got {_got(value)}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise RecordError(f"{where}: expected a string, got {_got(value)}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise RecordError(f"{where}: expected true or false, got {_got(value)}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise RecordError(f"{where}: expected a list, got {_got(value)}")
+        return [_value(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is tuple:
+        if not isinstance(value, list) or len(value) != len(args):
+            raise RecordError(f"{where}: expected a list of {len(args)}, got {_got(value)}")
+        return tuple(_value(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise RecordError(f"{where}: expected an object, got {_got(value)}")
+        out = {}
+        for k, v in value.items():
+            if v is None and args[1] is float:
+                continue  # a probe written as null (it was not finite): not measured
+            out[k] = _value(v, args[1], f"{where}.{k}")
+        return out
+    if dataclasses.is_dataclass(tp):
+        return _from_json(tp, value, where)  # type: ignore[arg-type]
+    raise TypeError(f"no JSON reader for {tp!r}")  # a field type this module does not know: our bug
+
+
+def _check_run(run: Run) -> None:
+    """What diagnosis relies on, beyond types (NOTE [ Reading a saved run ])."""
+    def bad(where: str, what: str) -> RecordError:
+        return RecordError(f"{where}: {what}")
+
+    if run.duration < 0:
+        raise bad("run.duration", f"negative ({run.duration})")
+    env = run.environment
+    for name in ("usable_cores", "logical_cores"):
+        if getattr(env, name) < 1:
+            raise bad(f"run.environment.{name}", f"expected >= 1, got {getattr(env, name)}")
+    if env.memory_total < 0:
+        raise bad("run.environment.memory_total", "negative")
+    for i, step in enumerate(run.steps):
+        where = f"run.steps[{i}]"
+        if step.end < step.start:
+            raise bad(where, f"ends ({step.end}) before it starts ({step.start})")
+        if step.merged < 1:
+            raise bad(f"{where}.merged", f"expected >= 1, got {step.merged}")
+        for name in ("data_wait", "data_wait_cpu", "h2d"):
+            if getattr(step, name) < 0:
+                raise bad(f"{where}.{name}", "negative")
+        if step.batch_size is not None and step.batch_size < 0:
+            raise bad(f"{where}.batch_size", "negative")

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from ..advice import Recommendation, recommend
 from ..diagnosis import Diagnosis, diagnose
-from ..records import SCHEMA_VERSION, Run
+from ..jsonio import JsonWriteError, write_text_atomic
+from ..records import SCHEMA_VERSION, RecordError, Run
 from .console import ConsoleRenderer
 from .jsonfile import JsonRenderer
 
-__all__ = ["Report", "build_report", "load_report", "render_console", "write_json", "ConsoleRenderer", "JsonRenderer"]
+__all__ = ["Report", "build_report", "failed_report", "load_report", "render_console", "write_json",
+           "ConsoleRenderer", "JsonRenderer", "JsonWriteError", "ReportError"]
 
 
 class ReportError(Exception):
@@ -103,33 +106,53 @@ def build_report(run: Run) -> Report:
     return Report(run, diagnosis, recommend(run, diagnosis))
 
 
+def failed_report(run: Run, reason: str) -> Report:
+    """The report of a run whose diagnosis failed: inconclusive, saying why, the run kept whole."""
+    line = f"loadprof could not diagnose this run ({reason})"
+    if line not in run.limitations:
+        run.limitations.append(line)
+    return Report(run, Diagnosis(verdict="inconclusive", cause=None, summary=line, confidence="low"))
+
+
 def render_console(report: Report, file: IO[str] | None = None, width: int | None = None) -> None:
     ConsoleRenderer(file=file, width=width).render(report)
 
 
 def write_json(report: Report, path: str | os.PathLike[str]) -> None:
-    """Write atomically: a reader never sees half a report."""
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(JsonRenderer().render(report), encoding="utf-8")
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    """Write atomically (jsonio): a reader never sees half a report. Raises JsonWriteError."""
+    write_text_atomic(path, JsonRenderer().render(report))
+
+
+#: Larger than any run loadprof writes (its buffers are bounded: a few tens of MiB at
+#: most), so a bigger file is refused before it is read (bounded memory).
+MAX_SAVED_BYTES = 256 * 2**20
 
 
 def load_report(path: str | os.PathLike[str]) -> Report:
-    """Read a saved report (or bare run) and diagnose it again with this loadprof."""
+    """Read a saved report (or bare run) and diagnose it again with this loadprof.
+
+    Every way the file can be wrong is one ReportError naming it (NOTE [ Reading a
+    saved run ] in records.py)."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        if not stat.S_ISREG(p.stat().st_mode):  # a FIFO would block, /dev/zero never end
+            raise ReportError(f"{p}: not a regular file")
+        with p.open("rb") as f:
+            raw_bytes = f.read(MAX_SAVED_BYTES + 1)
     except FileNotFoundError:
         raise ReportError(f"{p}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{p}: cannot read: {exc}") from None
+    except OSError as exc:
+        raise ReportError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    if len(raw_bytes) > MAX_SAVED_BYTES:
+        raise ReportError(f"{p}: larger than {MAX_SAVED_BYTES // 2**20} MiB: not a run loadprof wrote")
+    try:
+        data = json.loads(raw_bytes.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ReportError(f"{p}: not JSON (not UTF-8 text at byte {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise ReportError(f"{p}: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except RecursionError:
+        raise ReportError(f"{p}: not a loadprof report (JSON nested too deeply)") from None
     if not isinstance(data, dict):
         raise ReportError(f"{p}: expected a loadprof report object, got {type(data).__name__}")
     raw = data.get("run", data)
@@ -137,6 +160,6 @@ def load_report(path: str | os.PathLike[str]) -> Report:
         raise ReportError(f"{p}: not a loadprof report (no 'run' with 'steps' and 'environment')")
     try:
         run = Run.from_dict(raw)
-    except (TypeError, ValueError, KeyError) as exc:
-        raise ReportError(f"{p}: malformed run record: {exc}") from None
+    except RecordError as exc:
+        raise ReportError(f"{p}: {exc}") from None
     return build_report(run)
