@@ -129,6 +129,8 @@ def _read_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
         pos += 1
         result |= (b & 0x7F) << shift
         if b < 0x80:
+            if shift == 63 and b > 1:  # a 10th byte holds one bit of a 64-bit value
+                raise ExampleDecodeError("varint larger than 64 bits")
             return result, pos
         shift += 7
         if shift >= 70:
@@ -180,6 +182,8 @@ def _decode_varints(buf: bytes, start: int, stop: int) -> np.ndarray:
     lengths = ends - starts + 1
     if lengths.max() > 10:
         raise ExampleDecodeError("varint longer than 10 bytes")
+    if (b[ends[lengths == 10]] > 1).any():
+        raise ExampleDecodeError("varint larger than 64 bits")
     out = np.zeros(len(ends), dtype=np.uint64)
     for k in range(int(lengths.max())):
         live = lengths > k
@@ -297,4 +301,6 @@ def decode_example(data: bytes) -> dict[str, list[bytes] | np.ndarray]:
                 pos = _skip(data, pos, end)
     except IndexError as exc:  # a read past a sub-message end that the checks missed
         raise ExampleDecodeError("truncated message") from exc
+    except OverflowError as exc:  # a value no Example holds: still the one error type
+        raise ExampleDecodeError(f"value out of range ({exc})") from exc
     return out

@@ -37,6 +37,7 @@ import numpy as np
 
 from .errors import ConvertError, CorruptFileError
 from .example_proto import ExampleDecodeError, decode_example, encode_example
+from .files import check_regular, open_regular
 from .schema import Field, Sample, Schema
 
 __all__ = [
@@ -51,9 +52,13 @@ __all__ = [
     "read_index",
     "index_path_for",
     "load_index",
+    "index_problem",
+    "index_size_limit",
     "shard_name",
     "info_path_for",
     "read_info",
+    "check_info",
+    "expected_counts",
     "expand_paths",
     "feature_encoding",
     "encode_sample",
@@ -314,7 +319,7 @@ def iter_records(
     length is read or allocated.
     """
     path = Path(path)
-    with open(path, "rb", buffering=1 << 20) as f:
+    with open_regular(path, "a TFRecord file", buffering=1 << 20) as f:
         size = os.fstat(f.fileno()).st_size
         end = size if stop is None else min(stop, size)
         offset = start
@@ -397,11 +402,71 @@ def scan_records(path: str | os.PathLike[str], *, verify: bool = True) -> np.nda
     return np.array(entries, dtype=np.int64).reshape(-1, 2)
 
 
-def read_index(index_path: str | os.PathLike[str]) -> np.ndarray:
-    """Parse an "offset length" index file into an (N, 2) int64 array."""
+# Index values have at most 18 digits (< 10**18 < 2**60): offset + length stays in int64.
+_MAX_DIGITS = 18
+_POW10 = 10 ** np.arange(_MAX_DIGITS, dtype=np.int64)
+
+
+def _parse_index_block(b: np.ndarray) -> np.ndarray | None:
+    """Lines "offset length\n" (digits, one space) to an (N, 2) array; None if any line is not."""
+    seps = np.flatnonzero((b < 0x30) | (b > 0x39))
+    if len(seps) == 0 or len(seps) % 2:
+        return None
+    chars = b[seps]
+    if not ((chars[0::2] == 0x20).all() and (chars[1::2] == 0x0A).all()):
+        return None
+    starts = np.empty(len(seps), dtype=np.int64)
+    starts[0] = 0
+    starts[1:] = seps[:-1] + 1
+    lengths = seps - starts
+    if lengths.min() < 1 or lengths.max() > _MAX_DIGITS:
+        return None
+    digits = np.flatnonzero((b >= 0x30) & (b <= 0x39))
+    place = np.repeat(seps, lengths) - digits - 1
+    values = (b[digits] - 0x30).astype(np.int64) * _POW10[place]
+    return np.add.reduceat(values, np.cumsum(lengths) - lengths).reshape(-1, 2)
+
+
+def _parse_index_fast(raw: bytes) -> np.ndarray | None:
+    """The index of a strictly formatted file, vectorised a block of lines at a time.
+
+    ~8x faster than line by line for a million records; None sends the caller to the
+    line-by-line parser, which accepts other whitespace and says which line is wrong.
+    """
+    if not raw:
+        return np.zeros((0, 2), dtype=np.int64)
+    if not raw.endswith(b"\n"):
+        raw += b"\n"
+    b = np.frombuffer(raw, dtype=np.uint8)
+    parts = []
+    start = 0
+    while start < len(raw):
+        stop = raw.rfind(b"\n", start, start + (1 << 20)) + 1 or raw.find(b"\n", start) + 1
+        part = _parse_index_block(b[start:stop])
+        if part is None:
+            return None
+        parts.append(part)
+        start = stop
+    return np.concatenate(parts)
+
+
+def read_index(index_path: str | os.PathLike[str], max_bytes: int | None = None) -> np.ndarray:
+    """Parse an "offset length" index file into an (N, 2) int64 array.
+
+    ConvertError naming the file and line for anything else. ``max_bytes``: refuse a
+    file larger than that before reading it.
+    """
     index_path = Path(index_path)
+    with open_regular(index_path, "an index file") as f:
+        size = os.fstat(f.fileno()).st_size
+        if max_bytes is not None and size > max_bytes:
+            raise ConvertError(f"{index_path}: {size} bytes, more than an index of its shard can be ({max_bytes})")
+        raw = f.read()
+    fast = _parse_index_fast(raw)
+    if fast is not None:
+        return fast
     try:
-        text = index_path.read_text(encoding="ascii")
+        text = raw.decode("ascii")
     except UnicodeDecodeError as exc:
         raise ConvertError(f"{index_path}: not an index file (not ASCII)") from exc
     rows = []
@@ -411,16 +476,74 @@ def read_index(index_path: str | os.PathLike[str]) -> np.ndarray:
             continue
         if len(parts) != 2 or not (parts[0].isdigit() and parts[1].isdigit()):
             raise ConvertError(f"{index_path}: line {lineno}: expected 'offset length', got {line[:60]!r}")
-        rows.append((int(parts[0]), int(parts[1])))
+        offset, length = int(parts[0]), int(parts[1])
+        if max(offset, length) >= 10**_MAX_DIGITS:
+            raise ConvertError(f"{index_path}: line {lineno}: {max(offset, length)} is past any file's size")
+        rows.append((offset, length))
     return np.array(rows, dtype=np.int64).reshape(-1, 2)
 
 
-def load_index(shard: str | os.PathLike[str], *, verify: bool = True) -> np.ndarray:
-    """The shard's index from its ``.idx`` file, or by scanning the shard when there is none."""
+def index_size_limit(shard_size: int) -> int:
+    """The most bytes an index of a shard this size can hold: a line of two 18-digit
+    numbers for each record of at least 16 bytes."""
+    return (shard_size // FRAMING_BYTES) * (2 * _MAX_DIGITS + 2) + 64
+
+
+def index_problem(index: np.ndarray, file_size: int) -> str | None:
+    """Why ``index`` cannot be the index of a shard of ``file_size`` bytes; None if it can.
+
+    Its records must follow one another from byte 0 to the end of the file, each at
+    least its framing long: a truncated, stale or foreign index fails one of these.
+    Vectorised; a million entries take a few ms.
+    """
+    if len(index) == 0:
+        return None if file_size == 0 else f"lists no records for a shard of {file_size} bytes"
+    offsets, lengths = index[:, 0], index[:, 1]
+    short = np.flatnonzero(lengths < FRAMING_BYTES)
+    if len(short):
+        return f"line {short[0] + 1} gives a record of {lengths[short[0]]} bytes, less than its framing"
+    if offsets[0] != 0:
+        return f"line 1 puts the first record at byte {offsets[0]}, not 0"
+    ends = offsets + lengths
+    gaps = np.flatnonzero(offsets[1:] != ends[:-1])
+    if len(gaps):
+        k = int(gaps[0]) + 1
+        return f"line {k + 1} puts a record at byte {offsets[k]}, the one before ends at {ends[k - 1]}"
+    if ends[-1] != file_size:
+        return f"its records end at byte {ends[-1]}, the shard holds {file_size} bytes"
+    return None
+
+
+def load_index(
+    shard: str | os.PathLike[str], *, verify: bool = True, expected: int | None = None
+) -> np.ndarray:
+    """The shard's index: its ``.idx`` file when that agrees with the shard, else by scanning.
+
+    An ``.idx`` that does not describe the shard's bytes (``index_problem``), or lists
+    another count than ``expected`` (from ``<split>.info.json``), is set aside with a
+    RuntimeWarning and the shard scanned instead. A scan that finds another count than
+    ``expected`` is a ConvertError: the shard itself changed.
+    """
+    shard = Path(shard)
+    size = check_regular(shard, "a TFRecord file").st_size
     idx = index_path_for(shard)
-    if idx.exists():
-        return read_index(idx)
-    return scan_records(shard, verify=verify)
+    problem = None
+    if os.path.lexists(idx):
+        try:
+            index = read_index(idx, max_bytes=index_size_limit(size))
+        except ConvertError as exc:
+            problem = str(exc).removeprefix(f"{idx}: ")
+        else:
+            problem = index_problem(index, size)
+            if problem is None and expected is not None and len(index) != expected:
+                problem = f"lists {len(index)} records, {expected} when converted"
+            if problem is None:
+                return index
+        warnings.warn(f"{idx}: {problem}; reading {shard.name} to index it instead", RuntimeWarning, stacklevel=2)
+    scanned = scan_records(shard, verify=verify)
+    if expected is not None and len(scanned) != expected:
+        raise ConvertError(f"{shard}: holds {len(scanned)} records, {expected} when converted")
+    return scanned
 
 
 def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
@@ -434,28 +557,94 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
             if not found:
                 raise ConvertError(f"{p}: no *.tfrecord files in this directory")
             out.extend(found)
-        elif p.exists():
-            out.append(p)
         else:
-            raise ConvertError(f"{p}: no such file or directory")
+            out.append(p)
+    for p in out:
+        check_regular(p, "a TFRecord file")  # a FIFO would block the reader, a directory fail mid-read
     if not out:
         raise ConvertError("no TFRecord files given")
     return out
 
 
+# Far above what a conversion writes (a few KB, plus class names); parsing more JSON
+# than this would take memory out of proportion to any real dataset description.
+_MAX_INFO_BYTES = 16 << 20
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def check_info(data: Any) -> str | None:
+    """What is wrong with the parsed contents of an info file, or None.
+
+    Checks every part a reader uses, so that a hand-edited or damaged file is one
+    line naming the part, never a KeyError or TypeError later.
+    """
+    if not isinstance(data, dict):
+        return f"is {type(data).__name__ if data is not None else 'null'}, expected a JSON object"
+    schema = None
+    if "schema" in data:
+        try:
+            schema = Schema.from_obj(data["schema"])
+        except ValueError as exc:
+            return f"'schema': {exc}"
+    shards = data.get("shards", [])
+    if not isinstance(shards, list):
+        return "'shards' is not a list"
+    for i, shard in enumerate(shards):
+        if not isinstance(shard, dict):
+            return f"'shards' entry {i} is not an object"
+        name = shard.get("file")
+        if not isinstance(name, str) or not name or "/" in name or "\\" in name:
+            return f"'shards' entry {i} has no 'file' (a file name beside the info file)"
+        if not _count(shard.get("records")):
+            return f"'shards' entry {i} ({name}) has no 'records' count"
+        if "bytes" in shard and not _count(shard["bytes"]):
+            return f"'shards' entry {i} ({name}): 'bytes' is not a size"
+    if "num_records" in data and not _count(data["num_records"]):
+        return "'num_records' is not a count of records"
+    checksums = data.get("checksums", {})
+    if not isinstance(checksums, dict) or not all(isinstance(v, str) for v in checksums.values()):
+        return "'checksums' is not an object of field name to checksum text"
+    if schema is not None and not set(checksums) <= set(schema.names):
+        return f"'checksums' names fields not in the schema: {sorted(set(checksums) - set(schema.names))[:3]}"
+    for key, kind, words in (("encoding", dict, "an object"), ("provenance", dict, "an object"),
+                             ("class_names", list, "a list"), ("format", str, "text")):
+        if key in data and not isinstance(data[key], kind):
+            return f"'{key}' is not {words}"
+    names = data.get("class_names", [])
+    if not all(isinstance(c, str) for c in names):
+        return "'class_names' is not a list of strings"
+    return None
+
+
 def read_info(shard: Path) -> dict[str, Any] | None:
-    """The ``<split>.info.json`` written beside our shards, if there is one."""
+    """The ``<split>.info.json`` written beside our shards, if there is one; checked (``check_info``)."""
     m = _SHARD_RE.match(shard.name)
     if not m:
         return None
     info = info_path_for(shard.parent, m.group("split"))
-    if not info.exists():
+    if not os.path.lexists(info):
         return None
+    with open_regular(info, "an info file") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > _MAX_INFO_BYTES:
+            raise ConvertError(f"{info}: {size} bytes, too large for an info file (at most {_MAX_INFO_BYTES})")
+        raw = f.read()
     try:
-        data: dict[str, Any] = json.loads(info.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ConvertError(f"{info}: not valid JSON: {exc}") from exc
-    return data
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ConvertError(f"{info}: not valid JSON: {exc}") from None
+    problem = check_info(data)
+    if problem is not None:
+        raise ConvertError(f"{info}: {problem}")
+    return data  # type: ignore[no-any-return]
+
+
+def expected_counts(info: Mapping[str, Any] | None) -> dict[str, int]:
+    """Records per shard file name, as the info file lists them at conversion."""
+    return {s["file"]: s["records"] for s in info.get("shards", [])} if info else {}
 
 
 # ---------------------------------------------------------------- schema <-> Example
@@ -497,9 +686,22 @@ def encode_sample(schema: Schema, sample: Mapping[str, np.ndarray | bytes]) -> b
     return encode_example(features)
 
 
-# (name, name as UTF-8, encoding, list tag, dtype, stored dtype, shape, values, bytes)
-_Plan = tuple[tuple[str, bytes, str, int, np.dtype[Any], np.dtype[Any], tuple[int, ...], int, int], ...]
+# (name, name as UTF-8, encoding, list tag, dtype, stored dtype, shape, values, bytes, (lo, hi))
+_Plan = tuple[
+    tuple[str, bytes, str, int, np.dtype[Any], np.dtype[Any], tuple[int, ...], int, int, tuple[int, int]], ...
+]
+
+
+def _int_range(dtype: np.dtype[Any]) -> tuple[int, int]:
+    """The values an Int64List entry may hold for a field of ``dtype``: others are not ours."""
+    if dtype.kind == "b":
+        return 0, 1
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return int(info.min), int(info.max)
+    return -(1 << 63), (1 << 63) - 1
 _LIST_TAG = {"bytes": 0x0A, "raw": 0x0A, "float": 0x12, "int64": 0x1A}
+_LIST_DTYPE = {"float": np.dtype(np.float32), "int64": np.dtype(np.int64)}
 
 
 @functools.lru_cache(maxsize=32)
@@ -511,7 +713,7 @@ def _plan(schema: Schema) -> _Plan:
         dtype = np.dtype("bytes") if f.kind == "bytes" else np.dtype(f.dtype)
         stored = f.numpy_dtype if enc == "raw" else dtype
         plan.append((f.name, f.name.encode("utf-8"), enc, _LIST_TAG[enc], dtype, stored, f.shape, count,
-                     f.item_nbytes if enc == "raw" else 0))
+                     f.item_nbytes if enc == "raw" else 0, _int_range(dtype)))
     return tuple(plan)
 
 
@@ -549,7 +751,7 @@ def _decode_ours(plan: _Plan, data: bytes) -> dict[str, Any] | None:
         if pos + n != end:
             return None
         out: dict[str, Any] = {}
-        for name, key, enc, tag, dtype, stored, shape, count, nbytes in plan:
+        for name, key, enc, tag, dtype, stored, shape, count, nbytes, (lo, hi) in plan:
             if data[pos] != 0x0A:  # map entry
                 return None
             n = data[pos + 1]
@@ -595,6 +797,8 @@ def _decode_ours(plan: _Plan, data: bytes) -> dict[str, Any] | None:
                         return None
                     if v >= 1 << 63:
                         v -= 1 << 64
+                if not lo <= v <= hi:
+                    return None
                 out[name] = np.array(v, dtype=dtype)
             elif enc == "float":
                 if n != 4 * count:
@@ -667,15 +871,23 @@ def _decode_generic(schema: Schema | None, data: bytes) -> dict[str, Any]:
             sample[field.name] = arr.astype(field.dtype)  # native order, writable copy
         else:
             expected = int(np.prod(field.shape, dtype=np.int64))
-            if isinstance(value, list) or value.size != expected:
+            if isinstance(value, list) or value.size != expected or value.dtype != _LIST_DTYPE[enc]:
                 raise ExampleDecodeError(
                     f"feature {field.name!r}: expected {expected} {enc} values"
                 )
+            if enc == "int64" and value.size:
+                lo, hi = _int_range(np.dtype(field.dtype))
+                if not (lo <= int(value.min()) and int(value.max()) <= hi):
+                    raise ExampleDecodeError(f"feature {field.name!r}: {value.tolist()[:4]} out of range for {field.dtype}")
             sample[field.name] = value.reshape(field.shape).astype(field.dtype)
     return sample
 
 
 def schema_from_info(info: Mapping[str, Any] | None) -> Schema | None:
+    """The schema an info file gives (None without one); ConvertError if it is not one."""
     if info is None or "schema" not in info:
         return None
-    return Schema.from_json(json.dumps(info["schema"]))
+    try:
+        return Schema.from_obj(info["schema"])
+    except ValueError as exc:
+        raise ConvertError(f"info file: 'schema': {exc}") from None

@@ -20,6 +20,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from . import tfrecord
 from .errors import ConvertError
 from .example_proto import ExampleDecodeError
+from .files import open_regular
 from .hdf5 import HDF5Reader
 from .schema import Schema
 
@@ -74,7 +75,10 @@ class TFRecordDataset(IterableDataset[Any]):
     (call ``set_epoch`` before each epoch; with persistent workers it has no effect
     after the first). Ranks' shares differ by at most one record.
 
-    CRCs are checked by default (``verify=False`` skips them). The schema comes from
+    Each shard's ``.idx`` is used only when it covers the shard's bytes exactly and lists
+    the count ``<split>.info.json`` gives; otherwise the shard is scanned, with a
+    RuntimeWarning (``tfrecord.load_index``). CRCs are checked by default
+    (``verify=False`` skips them). The schema comes from
     ``<split>.info.json`` beside our shards; for other files, items hold the raw
     Feature values (bytes, or 1-D int64/float32 arrays).
     """
@@ -98,9 +102,15 @@ class TFRecordDataset(IterableDataset[Any]):
         self.world_size = world_size
         self.transform = transform
         self.epoch = 0
-        self.indexes = [tfrecord.load_index(p, verify=verify) for p in self.paths]
-        self._starts = np.concatenate(([0], np.cumsum([len(i) for i in self.indexes]))).astype(np.int64)
         info = tfrecord.read_info(self.paths[0])
+        # Each .idx is checked against its shard and the counts taken at conversion:
+        # a stale one is set aside and the shard scanned (tfrecord.load_index).
+        counts = tfrecord.expected_counts(info)
+        self.indexes = [
+            tfrecord.load_index(p, verify=verify, expected=counts.get(p.name) if p.parent == self.paths[0].parent else None)
+            for p in self.paths
+        ]
+        self._starts = np.concatenate(([0], np.cumsum([len(i) for i in self.indexes]))).astype(np.int64)
         self.schema: Schema | None = tfrecord.schema_from_info(info)
         self.class_names: list[str] | None = info.get("class_names") if info else None
         if rank is not None or world_size is not None:
@@ -171,10 +181,11 @@ class TFRecordDataset(IterableDataset[Any]):
             shard_of = np.searchsorted(self._starts, order, side="right") - 1
             for g, s in zip(order.tolist(), shard_of.tolist(), strict=True):
                 if s not in files:
-                    with open(self.paths[s], "rb") as handle:
+                    with open_regular(self.paths[s], "a TFRecord file") as handle:
                         size = os.fstat(handle.fileno()).st_size
                         source: BinaryIO | mmap.mmap = (
-                            mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size else open(self.paths[s], "rb")
+                            mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size
+                            else open_regular(self.paths[s], "a TFRecord file")
                         )
                     files[s] = (source, size)
                 f, size = files[s]

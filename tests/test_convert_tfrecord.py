@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from loadprof.converters import tfrecord
-from loadprof.converters.errors import CorruptFileError
+from loadprof.converters.errors import ConvertError, CorruptFileError
 from loadprof.converters.example_proto import ExampleDecodeError, decode_example, encode_example
 
 
@@ -249,3 +249,172 @@ def test_fast_and_generic_decoders_agree(tmp_path):
         for name, arr in arrays.items():
             np.testing.assert_array_equal(fast[name], arr[i])
             assert fast[name].dtype == arr.dtype and fast[name].flags.writeable
+
+
+# ---------------------------------------------------------------- indexes, info files and values we did not write
+
+
+def test_index_numbers_too_large_for_any_file_are_one_line_errors(tmp_path):
+    idx = tmp_path / "a.idx"
+    idx.write_text(f"0 16\n{10**30} 16\n")
+    with pytest.raises(ConvertError, match=rf"a\.idx: line 2: {10**30} is past any file's size"):
+        tfrecord.read_index(idx)
+    idx.write_text("0 16\n-5 16\n")
+    with pytest.raises(ConvertError, match=r"a\.idx: line 2: expected 'offset length', got '-5 16'"):
+        tfrecord.read_index(idx)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "0 16\n", "0 16", "0 16\n16 20\n", "0  16\n\n16\t20\r\n", "007 16\n", "1 2 3\n", "1\n2 3\n", "0 16\n\n",
+     "x 1\n", "1 x\n", " 1 2\n", "1 2 \n", "99999999999999999 1\n", "999999999999999999 1\n",
+     "1000000000000000000 1\n", "00000000000000000001 1\n", "١ 2\n"],
+)
+def test_vectorised_index_parser_agrees_with_the_line_parser(tmp_path, text):
+    """Strict files go the vectorised way, the rest line by line: the same answers both ways."""
+    idx = tmp_path / "a.idx"
+    idx.write_bytes(text.encode("utf-8"))
+    fast = tfrecord._parse_index_fast(text.encode("utf-8"))
+    try:
+        result = tfrecord.read_index(idx)
+    except ConvertError:
+        assert fast is None
+        return
+    if fast is not None:
+        np.testing.assert_array_equal(fast, result)
+    lines = [line.split() for line in text.splitlines() if line.split()]
+    assert result.tolist() == [[int(a), int(b)] for a, b in lines]
+
+
+def test_index_problem_names_the_first_line_that_cannot_be(tmp_path):
+    good = np.array([[0, 20], [20, 16], [36, 30]])
+    assert tfrecord.index_problem(good, 66) is None
+    assert tfrecord.index_problem(good, 70) == "its records end at byte 66, the shard holds 70 bytes"
+    assert tfrecord.index_problem(good[:2], 66) == "its records end at byte 36, the shard holds 66 bytes"
+    assert tfrecord.index_problem(np.array([[0, 20], [21, 16]]), 37) == (
+        "line 2 puts a record at byte 21, the one before ends at 20")
+    assert tfrecord.index_problem(np.array([[0, 20], [20, 15]]), 35) == (
+        "line 2 gives a record of 15 bytes, less than its framing")
+    assert tfrecord.index_problem(np.array([[4, 20]]), 24) == "line 1 puts the first record at byte 4, not 0"
+    assert tfrecord.index_problem(np.zeros((0, 2), np.int64), 0) is None
+    assert tfrecord.index_problem(np.zeros((0, 2), np.int64), 16) == "lists no records for a shard of 16 bytes"
+
+
+@pytest.fixture
+def converted(tmp_path):
+    """Twenty records in one shard, with its .idx and train.info.json."""
+    from loadprof.converters import ConvertOptions, convert
+
+    np.savez(tmp_path / "d.npz", id=np.arange(20), x=np.arange(60, dtype=np.float32).reshape(20, 3))
+    convert(tmp_path / "d.npz", tmp_path / "tf", ConvertOptions(to="tfrecord"))
+    shard = next((tmp_path / "tf").glob("*.tfrecord"))
+    return shard, tfrecord.index_path_for(shard), tmp_path / "tf" / "train.info.json"
+
+
+def test_load_index_sets_a_stale_index_aside_and_scans(converted):
+    shard, idx, _ = converted
+    good = tfrecord.read_index(idx)
+    lines = idx.read_text().splitlines(keepends=True)
+    for text, says in [
+        ("".join(lines[:7]), f"its records end at byte {good[6].sum()}, the shard holds {shard.stat().st_size} bytes"),
+        ("".join(lines[:7]) + lines[7][:3], "line 8: expected 'offset length'"),  # cut inside a line
+        (f"0 {10**30}\n", f"line 1: {10**30} is past any file's size"),
+        ("garbage\n", "line 1: expected 'offset length'"),
+    ]:
+        idx.write_text(text)
+        with pytest.warns(RuntimeWarning, match=f"{idx}: {says}.*; reading {shard.name} to index it instead"):
+            np.testing.assert_array_equal(tfrecord.load_index(shard), good)
+    # Self-consistent, but not the count taken at conversion: scanned too.
+    idx.write_text("".join(lines))
+    with pytest.warns(RuntimeWarning, match="lists 20 records, 21 when converted"):
+        with pytest.raises(ConvertError, match=f"{shard}: holds 20 records, 21 when converted"):
+            tfrecord.load_index(shard, expected=21)
+    np.testing.assert_array_equal(tfrecord.load_index(shard, expected=20), good)
+
+
+def test_shard_cut_at_a_record_boundary_is_caught_by_the_count_in_the_info_file(converted):
+    from loadprof.converters.torch import TFRecordDataset
+
+    shard, idx, _ = converted
+    good = tfrecord.read_index(idx)
+    shard.write_bytes(shard.read_bytes()[: int(good[12][0])])  # 12 whole records left
+    idx.write_text("".join(f"{o} {n}\n" for o, n in good[:12].tolist()))  # and an index that matches them
+    with pytest.raises(ConvertError, match=f"{shard}: holds 12 records, 20 when converted"):
+        with pytest.warns(RuntimeWarning, match="lists 12 records, 20 when converted"):
+            TFRecordDataset(shard.parent)
+
+
+@pytest.mark.parametrize("cut", [1, 5, 40, 100, -2])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_dataset_with_a_truncated_index_yields_every_record(converted, cut, shuffle):
+    """Cut .idx files yielded 1 to 19 of 20 records without a word; now the shard is scanned."""
+    from loadprof.converters.torch import TFRecordDataset
+
+    shard, idx, _ = converted
+    text = idx.read_bytes()
+    idx.write_bytes(text[:cut])  # -2: the last length loses its last digit
+    with pytest.warns(RuntimeWarning, match=f"{idx.name}: .*reading {shard.name} to index it instead"):
+        ds = TFRecordDataset(shard.parent, shuffle=shuffle)
+    ids = sorted(int(item["id"]) for item in ds)
+    assert ids == list(range(20))
+
+
+def _long_varint(last: int) -> bytes:
+    return b"\xff" * 9 + bytes([last])
+
+
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("count", [1, 40])  # the loop and the vectorised varint decoders
+def test_int64_varints_past_64_bits_are_decode_errors(packed, count):
+    from loadprof.converters.example_proto import ExampleDecodeError
+
+    def ld(tag: int, payload: bytes) -> bytes:
+        return bytes([tag]) + encode_varint(len(payload)) + payload
+
+    values = b"\x05" * (count - 1) + _long_varint(2)  # 2**64 + ...: no int64 holds it
+    ints = ld(0x1A, ld(0x0A, values) if packed else b"".join(b"\x08" + values[i:i + 1] for i in range(count - 1))
+              + b"\x08" + _long_varint(2))
+    data = ld(0x0A, ld(0x0A, ld(0x0A, b"i") + ld(0x12, ints)))
+    with pytest.raises(ExampleDecodeError, match="varint larger than 64 bits"):
+        decode_example(data)
+    # The largest 10-byte varint that fits (last byte 1) reads as -1, as TF reads it.
+    ok = data.replace(_long_varint(2), _long_varint(1))
+    assert decode_example(ok)["i"][-1] == -1
+
+
+def encode_varint(n: int) -> bytes:
+    from loadprof.converters.example_proto import _varint
+
+    return _varint(n)
+
+
+def _write_shard_with_varint(directory, info: bool):
+    """A converted-looking shard whose third record's label is a varint of 2**64 or more."""
+    from loadprof.converters import ConvertOptions, convert
+
+    np.save(directory / "y.npy", np.arange(5))
+    convert(directory / "y.npy", directory / "tf", ConvertOptions(to="tfrecord"))
+    shard = next((directory / "tf").glob("*.tfrecord"))
+    records = [data for _, data in tfrecord.iter_records(shard)]
+
+    def ld(tag: int, payload: bytes) -> bytes:
+        return bytes([tag, len(payload)]) + payload
+
+    records[2] = ld(0x0A, ld(0x0A, ld(0x0A, b"data") + ld(0x12, ld(0x1A, ld(0x0A, _long_varint(3))))))
+    shard.unlink()
+    tfrecord.index_path_for(shard).unlink()
+    with tfrecord.TFRecordFileWriter(shard) as w:
+        for r in records:
+            w.write(r)
+    if not info:
+        (directory / "tf" / "train.info.json").unlink()
+    return shard
+
+
+def test_varint_past_64_bits_in_a_dataset_is_a_convert_error(tmp_path):
+    from loadprof.converters.torch import TFRecordDataset
+
+    shard = _write_shard_with_varint(tmp_path, info=True)
+    offset = int(tfrecord.read_index(tfrecord.index_path_for(shard))[2][0])
+    with pytest.raises(ConvertError, match=f"{shard}: record at byte offset {offset} does not decode: .*64 bits"):
+        list(TFRecordDataset(shard.parent))

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pickle
 from collections import Counter
 
+import h5py
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
-from loadprof.converters import ConvertOptions, CorruptFileError, convert, tfrecord  # noqa: E402
+from loadprof.converters import ConvertError, ConvertOptions, CorruptFileError, convert, tfrecord  # noqa: E402
 from loadprof.converters.torch import HDF5Dataset, TFRecordDataset  # noqa: E402
 from tests.convert_helpers import make_image_folder  # noqa: E402
 
@@ -207,11 +208,36 @@ def test_truncated_shard_with_a_stale_index_is_an_error_not_a_crash(tmp_path, sh
     convert(tmp_path / "x.npy", tmp_path / "tf", ConvertOptions(to="tfrecord"))
     shard = next((tmp_path / "tf").glob("*.tfrecord"))
     index = tfrecord.read_index(tfrecord.index_path_for(shard))
-    shard.write_bytes(shard.read_bytes()[: int(index[20][0]) + 5])  # cut inside record 20
-    # In order, record 20 is found cut short; shuffled, whichever record past the end
-    # comes first is refused by its index entry before the mapped file is touched.
     size = int(index[20][0]) + 5
-    expected = (rf"corrupt at byte offset \d+: index entry \(\d+ 33\) lies outside the file \({size} bytes\)"
-                if shuffle else rf"corrupt at byte offset {index[20][0]}: truncated record header \(5 of 12 bytes\)")
-    with pytest.raises(CorruptFileError, match=f"{shard.name}: {expected}"):
-        list(TFRecordDataset(tmp_path / "tf", shuffle=shuffle))
+    shard.write_bytes(shard.read_bytes()[:size])  # cut inside record 20
+    # The index no longer ends where the shard does: it is set aside, and the scan
+    # that replaces it finds record 20 cut short, before any item is yielded.
+    with pytest.warns(RuntimeWarning, match=f"the shard holds {size} bytes; reading {shard.name}"):
+        with pytest.raises(CorruptFileError, match=rf"{shard.name}: corrupt at byte offset {index[20][0]}: "
+                                                   r"truncated record header \(5 of 12 bytes\)"):
+            TFRecordDataset(tmp_path / "tf", shuffle=shuffle)
+
+
+def _corrupt_offsets(path, i, value):
+    with h5py.File(path, "r+") as f:
+        f["image/offsets"][i] = value
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("value", [-5, 10**6, 2**62, "decrease"])
+def test_hdf5_dataset_never_yields_items_from_corrupt_offsets(tmp_path, workers, value):
+    """Checked when the dataset is made and again when each process opens the file."""
+    make_image_folder(tmp_path / "imgs", {"a": 4, "b": 4})
+    convert(tmp_path / "imgs", tmp_path / "i.h5", ConvertOptions(to="hdf5"))
+    path = tmp_path / "i.h5"
+    ds = HDF5Dataset(path)  # a good file when the dataset is made...
+    with h5py.File(path) as f:
+        before = f["image/offsets"][()]
+    number = int(before[4]) - 1 if value == "decrease" else value
+    _corrupt_offsets(path, 5, number)  # ...changed before the loader runs
+    where = "decrease at record 4" if value == "decrease" else f"gives {number} for record 5, outside the data"
+    loader = DataLoader(ds, batch_size=2, num_workers=workers, multiprocessing_context="fork" if workers else None)
+    with pytest.raises(ConvertError, match=f"{path}: image/offsets {where}"):
+        list(loader)
+    with pytest.raises(ConvertError, match=f"{path}: image/offsets {where}"):
+        HDF5Dataset(path)
