@@ -3,7 +3,9 @@
 TFRecord: every record's two CRC-32Cs are checked, the ``.idx`` files compared with
 the records, and where our ``<split>.info.json`` is present, record counts and
 per-field checksums compared with those taken at conversion. HDF5: the layout is
-checked and every sample read; stored checksums are compared where present.
+checked and every sample read, in a child process that is stopped if libhdf5 hangs
+(NOTE [ Parsing HDF5 in a child process ]); stored checksums are compared where
+present. Anything but a regular file or a directory is refused before it is opened.
 The first problem raises ConvertError (CorruptFileError with a byte offset for
 TFRecord framing), one line, naming the file.
 """
@@ -11,16 +13,17 @@ TFRecord framing), one line, naming the file.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import h5py
 import numpy as np
 
-from . import hdf5, tfrecord
+from . import hdf5, tfrecord, watchdog
 from .errors import ConvertError
 from .example_proto import ExampleDecodeError, decode_example
+from .files import describe_mode, open_regular
 from .schema import SampleDigest
 from .sizes import format_size
 
@@ -59,19 +62,53 @@ class Summary:
         return out
 
 
-def inspect_path(path: str | os.PathLike[str]) -> Summary:
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def _is_hdf5(path: Path, size: int) -> bool:
+    """Whether the HDF5 signature is where the format puts it: at 0, 512, 1024, 2048, ...
+
+    Checked here rather than with h5py.is_hdf5, which has libhdf5 parse the file in
+    this process (NOTE [ Parsing HDF5 in a child process ]).
+    """
+    with open_regular(path) as f:
+        at = 0
+        while at + len(_HDF5_SIGNATURE) <= size:
+            if os.pread(f.fileno(), len(_HDF5_SIGNATURE), at) == _HDF5_SIGNATURE:
+                return True
+            at = 512 if at == 0 else 2 * at
+    return False
+
+
+def inspect_path(path: str | os.PathLike[str], *, stall: float = watchdog.DEFAULT_STALL) -> Summary:
+    """Summarise and check an HDF5 file, a TFRecord shard or a directory of shards.
+
+    ConvertError (one line) for anything wrong. An HDF5 file is parsed in a child
+    process, stopped after ``stall`` seconds without progress (NOTE [ Parsing HDF5 in
+    a child process ]).
+    """
     p = Path(path)
-    if not p.exists():
-        raise ConvertError(f"{p}: no such file or directory")
-    if p.is_file() and h5py.is_hdf5(p):
-        return _inspect_hdf5(p)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise ConvertError(f"{p}: no such file or directory") from None
+    except OSError as exc:
+        raise ConvertError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
+        return _inspect_tfrecord(p)
+    if not stat.S_ISREG(st.st_mode):
+        raise ConvertError(f"{p}: is {describe_mode(st.st_mode)}, not an HDF5 or TFRecord file")
+    if _is_hdf5(p, st.st_size):
+        return _inspect_hdf5(p, st.st_size, stall)
     return _inspect_tfrecord(p)
 
 
-def _inspect_hdf5(p: Path) -> Summary:
-    info = hdf5.check_file(p)
+def _inspect_hdf5(p: Path, size: int, stall: float) -> Summary:
+    info = watchdog.run_watched(
+        hdf5.check_file, (str(p),), path=p, stall=stall, memory=watchdog.memory_budget(size)
+    )
     summary = Summary(p, "HDF5" if info["format"] == "plain HDF5" else f"HDF5 ({info['format']})",
-                      info["records"], p.stat().st_size, 1, class_names=info["class_names"])
+                      info["records"], size, 1, class_names=info["class_names"])
     for fld, compression, nbytes in info["fields"]:
         notes = [format_size(nbytes)]
         if compression:
@@ -101,7 +138,7 @@ def _inspect_tfrecord(p: Path) -> Summary:
     shards = tfrecord.expand_paths(p)
     info = tfrecord.read_info(shards[0])
     schema = tfrecord.schema_from_info(info)
-    expected_counts = {s["file"]: s["records"] for s in info.get("shards", [])} if info else {}
+    expected_counts = tfrecord.expected_counts(info)
     # Totals and checksums describe the whole dataset: compare them only when given all of it.
     complete = bool(expected_counts) and set(expected_counts) == {s.name for s in shards}
     digest = SampleDigest(schema) if schema is not None and complete and info and "checksums" in info else None
@@ -111,7 +148,8 @@ def _inspect_tfrecord(p: Path) -> Summary:
     first: dict[str, Any] | None = None
     indexed = 0
     for shard in shards:
-        size += shard.stat().st_size
+        shard_size = shard.stat().st_size
+        size += shard_size
         count = 0
         entries = []
         for offset, data in tfrecord.iter_records(shard, verify=True):
@@ -132,8 +170,8 @@ def _inspect_tfrecord(p: Path) -> Summary:
                     ) from exc
             count += 1
         idx = tfrecord.index_path_for(shard)
-        if idx.exists():
-            index = tfrecord.read_index(idx)
+        if os.path.lexists(idx):
+            index = tfrecord.read_index(idx, max_bytes=tfrecord.index_size_limit(shard_size))
             scanned = np.array(entries, dtype=np.int64).reshape(-1, 2)
             if len(index) != len(scanned):
                 raise ConvertError(f"{idx}: lists {len(index)} records, {shard.name} holds {len(scanned)}")

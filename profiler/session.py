@@ -11,6 +11,21 @@ moved) is started inside its own guard; a failure becomes a line in
 ``Run.limitations`` and the run goes on without that measurement. The only
 exceptions loadprof raises into a training loop are ``StopRun`` (the user asked
 for ``max_steps``) and the user's own.
+
+The seams, each in its own guard (``_guard``): the environment facts, NVML, the
+sampler (thread and host helper: a failed start closes what did start), the
+framework hooks (installed inside the user's ``import torch``: instrument's
+``FrameworkWatch`` guards each install and each removal, where the TensorFlow
+probes run), and at the end each stop, the diagnosis (a failed one gives an
+inconclusive report saying why), the JSON file (one warning line on stderr, the
+report still printed) and the terminal report. Whatever fails, the session ends
+inactive with its thread, its helper process, its hooks and its gc callback gone,
+and ``__exit__`` raises nothing of ours.
+
+Test seam: ``LOADPROF_TEST_FAULTS=hooks,sampler_start,report,render`` (a comma list)
+makes the named seam fail with an injected RuntimeError, after it did its work
+where it has any (the sampler's thread and helper are running): how
+tests/test_never_break.py proves each guard. Nothing else reads it.
 """
 
 from __future__ import annotations
@@ -22,13 +37,15 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import psutil
 
 from . import __version__
 from .instrument import FrameworkWatch, Hooks
+from .jsonio import JsonWriteError
 from .records import Environment, Run, Step
 from .samplers import HostProcess, NvmlSource, Sampler, usable_cores
 from .signals import SafePoint, Terminated
@@ -50,6 +67,8 @@ class Settings:
     #: readings in a helper process ] in samplers/hostproc.py); False: on the sampler thread
     host_helper: bool = True
 
+
+T = TypeVar("T")
 
 _active_lock = threading.Lock()
 _active: Profile | None = None
@@ -94,6 +113,7 @@ class Profile:
         self.applied: list[str] = []
         self.run = Run(command=list(sys.argv))
         self._pid = os.getpid()
+        self._faults = set(os.environ.get("LOADPROF_TEST_FAULTS", "").split(","))  # NOTE [ Never break the run ]
         self._t0 = 0.0
         self._started = False
         self._stopped = False
@@ -124,15 +144,27 @@ class Profile:
         self._started = True
         self._t0 = time.perf_counter()
         self.run.started_at = time.time()
-        self.run.environment = _environment()
+        self.run.environment = self._guard("could not read the machine's facts", _environment) or Environment()
         self._timeline = Timeline(self._t0, max_steps=self.settings.max_steps)
         self._nvml = NvmlSource()
         if self.settings.gpu:
-            self._nvml.start()
+            self._guard("NVML could not start: no GPU samples", self._nvml.start)
             self.run.environment.gpu_status = self._nvml.status
             self.run.environment.gpus = list(self._nvml.gpus)
         else:
             self.run.environment.gpu_status = "unavailable (GPU sampling turned off)"
+        self._guard("the sampler could not start: no host or GPU samples", self._start_sampler,
+                    undo=self._close_sampler)
+        self._watch = FrameworkWatch(self._make_hooks, on_error=self.run.limitations.append)
+        self._guard("framework hooks could not be installed: no steps seen", self._watch.start)
+        if self._applier is not None:  # after the watch: NOTE [ Import watch order ] in apply.py
+            self._applier.start(self._timeline, self.run, lambda: self._sampler.host_samples if self._sampler else [])
+        # NOTE [ Garbage collection in a wait ] in timeline.py; NOTE [ Signals during a collection ] in signals.py
+        self._safepoint = SafePoint(self._timeline.on_gc).install()
+        gc.callbacks.append(self._timeline.on_gc)
+
+    def _start_sampler(self) -> None:
+        assert self._timeline is not None and self._nvml is not None
         host = self._host = HostProcess(pid=self._pid, helper=self.settings.host_helper)
         sources = (self._nvml, host) if self.settings.gpu else (host,)
         self._sampler = Sampler(
@@ -143,16 +175,38 @@ class Profile:
             on_tick=self._timeline.fold,
         )
         self._sampler.start()
-        self._watch = FrameworkWatch(self._make_hooks, on_error=self.run.limitations.append)
-        self._watch.start()
-        if self._applier is not None:  # after the watch: NOTE [ Import watch order ] in apply.py
-            self._applier.start(self._timeline, self.run, lambda: self._sampler.host_samples if self._sampler else [])
-        # NOTE [ Garbage collection in a wait ] in timeline.py; NOTE [ Signals during a collection ] in signals.py
-        self._safepoint = SafePoint(self._timeline.on_gc).install()
-        gc.callbacks.append(self._timeline.on_gc)
+        self._fault("sampler_start")
+
+    def _close_sampler(self) -> None:
+        """Undo a sampler start that failed part way: nothing of it left running."""
+        sampler, self._sampler = self._sampler, None
+        if sampler is not None and sampler.running:
+            sampler.stop()
+        for source in (self._host, self._nvml):
+            if source is not None:
+                source.close()
+
+    def _guard(self, what: str, fn: Callable[[], T], undo: Callable[[], object] | None = None) -> T | None:
+        """Run one seam: NOTE [ Never break the run ]. A failure is a line in the report."""
+        try:
+            return fn()
+        except Exception as err:
+            self.run.limitations.append(f"{what} ({type(err).__name__}: {_first_line(err)})")
+            if undo is not None:
+                try:
+                    undo()
+                except Exception as again:
+                    self.run.limitations.append(f"... and could not undo it ({type(again).__name__}: {again})")
+            return None
+
+    def _fault(self, seam: str) -> None:
+        """The test seam of NOTE [ Never break the run ]."""
+        if seam in self._faults:
+            raise RuntimeError(f"injected fault: {seam}")
 
     def _make_hooks(self, name: str, factory: type) -> Hooks:
         assert self._timeline is not None
+        self._fault("hooks")
         hooks: Hooks = factory(self._timeline, self.run)
         return hooks
 
@@ -179,21 +233,16 @@ class Profile:
                     self.run.limitations.append(f"apply: could not undo every fix ({type(err).__name__}: {err})")
                 self.applied = list(self._applier.messages)
             if self._watch is not None:
-                self._watch.stop()
+                self._guard("framework hooks could not be removed", self._watch.stop)
             if self._sampler is not None:
-                self._sampler.stop()
-                self.run.gpu_samples = self._sampler.gpu_samples
-                self.run.host_samples = self._sampler.host_samples
-                self.run.sampling = dict(self._sampler.stats)
-                # NVML's, the host sampler's and the thread's own problems, counted.
-                self.run.limitations.extend(self._sampler.problems())
+                self._guard("the sampler could not stop", self._stop_sampler)
             if self._nvml is not None:
-                self._nvml.close()
+                self._guard("NVML could not shut down", self._nvml.close)
             if self._host is not None:
-                self._host.close()
+                self._guard("the host helper could not be stopped", self._host.close)
             assert self._timeline is not None
-            self.run.steps = list(self._timeline.steps)
-            self.run.data_wait_method = self._timeline.method()
+            self.run.steps = self._guard("the steps could not be read", lambda: list(self._timeline.steps)) or []
+            self.run.data_wait_method = self._guard("", self._timeline.method) or ""
             if self._timeline.eval_batches:  # NOTE [ Evaluation batches ] in timeline.py
                 self.run.probes["eval_batches"] = float(self._timeline.eval_batches)
                 self.run.probes["eval_wait_seconds"] = self._timeline.eval_seconds
@@ -215,14 +264,35 @@ class Profile:
                 _active = None
         self._finish()
 
-    def _finish(self) -> None:
-        from .report import build_report, render_console, write_json
+    def _stop_sampler(self) -> None:
+        assert self._sampler is not None
+        self._sampler.stop()
+        self.run.gpu_samples = self._sampler.gpu_samples
+        self.run.host_samples = self._sampler.host_samples
+        self.run.sampling = dict(self._sampler.stats)
+        # NVML's, the host sampler's and the thread's own problems, counted.
+        self.run.limitations.extend(self._sampler.problems())
 
-        self._report = build_report(self.run)
+    def _finish(self) -> None:
+        from .report import build_report, failed_report, render_console, write_json
+
+        try:
+            self._fault("report")
+            self._report = build_report(self.run)
+        except Exception as err:  # NOTE [ Never break the run ]
+            self._report = failed_report(self.run, f"{type(err).__name__}: {_first_line(err)}")
         if self.settings.json:
-            write_json(self._report, self.settings.json)
+            try:
+                write_json(self._report, self.settings.json)
+            except JsonWriteError as err:
+                self.run.limitations.append(f"report not written: {err}")
+                _warn(f"report not written: {err}")
         if self.settings.print_report:
-            render_console(self._report, file=self.output or sys.stderr)
+            try:
+                self._fault("render")
+                render_console(self._report, file=self.output or sys.stderr)
+            except Exception as err:
+                _warn(f"the terminal report could not be printed ({type(err).__name__}: {_first_line(err)})")
 
     # -- results --------------------------------------------------------------
     @property
@@ -234,6 +304,19 @@ class Profile:
     @property
     def steps(self) -> list[Step]:
         return list(self._timeline.steps) if self._timeline else []
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err)
+    return text.splitlines()[0][:300] if text else ""
+
+
+def _warn(line: str) -> None:
+    """One line on stderr, which may itself be gone (a closed pipe): never raises."""
+    try:
+        print(f"loadprof: warning: {line}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def _is_oom(exc: BaseException) -> bool:
