@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from .apply import Changes
+from .fixes.spec import Changes
 from .jsonio import JsonWriteError, write_json
 from .trial import TrialResult, TrialSpec, run_trial
 

@@ -30,6 +30,7 @@ tests/test_never_break.py proves each guard. Nothing else reads it.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import platform
@@ -62,7 +63,7 @@ class Settings:
     json: str | None = None  # write the report (with the raw run) here at exit
     print_report: bool = True  # print the terminal summary at exit
     gpu: bool = True  # sample GPUs through NVML
-    apply: bool = False  # change DataLoaders built in the block (NOTE [ Live loader tuning ] in apply.py)
+    apply: bool = False  # change DataLoaders built in the block (NOTE [ Live loader tuning ] in fixes/live.py)
     #: read the host from a helper process, off the training process's GIL (NOTE [ Host
     #: readings in a helper process ] in samplers/hostproc.py); False: on the sampler thread
     host_helper: bool = True
@@ -103,10 +104,10 @@ class Profile:
             host_helper=host_helper,
         )
         self.output = output
-        # apply=True: measured safe loader fixes; an apply.Applier: the fixes of a tune/compare trial.
+        # apply=True: measured safe loader fixes; a fixes.Applier: the fixes of a tune/compare trial.
         self._applier: Any = None
         if apply:
-            from .apply import make_applier
+            from .fixes.applier import make_applier
 
             self._applier = make_applier(apply, output=output, announce=print_report)
         #: What ``apply`` changed, one line each (printed as it happens when print_report).
@@ -157,8 +158,8 @@ class Profile:
                     undo=self._close_sampler)
         self._watch = FrameworkWatch(self._make_hooks, on_error=self.run.limitations.append)
         self._guard("framework hooks could not be installed: no steps seen", self._watch.start)
-        if self._applier is not None:  # after the watch: NOTE [ Import watch order ] in apply.py
-            self._applier.start(self._timeline, self.run, lambda: self._sampler.host_samples if self._sampler else [])
+        if self._applier is not None:  # after the watch: NOTE [ Import watch order ] in fixes/applier.py
+            self._applier.start(self._snapshot)
         # NOTE [ Garbage collection in a wait ] in timeline.py; NOTE [ Signals during a collection ] in signals.py
         self._safepoint = SafePoint(self._timeline.on_gc).install()
         gc.callbacks.append(self._timeline.on_gc)
@@ -204,6 +205,13 @@ class Profile:
         if seam in self._faults:
             raise RuntimeError(f"injected fault: {seam}")
 
+    def _snapshot(self) -> Run:
+        """A copy of the run so far, for live tuning to read (NOTE [ Live loader tuning ] in fixes/live.py)."""
+        assert self._timeline is not None
+        return Run(environment=dataclasses.replace(self.run.environment),
+                   steps=[dataclasses.replace(step) for step in self._timeline.steps],
+                   host_samples=list(self._sampler.host_samples) if self._sampler else [])
+
     def _make_hooks(self, name: str, factory: type) -> Hooks:
         assert self._timeline is not None
         self._fault("hooks")
@@ -232,6 +240,9 @@ class Profile:
                 except Exception as err:  # NOTE [ Never break the run ]
                     self.run.limitations.append(f"apply: could not undo every fix ({type(err).__name__}: {err})")
                 self.applied = list(self._applier.messages)
+                self.run.limitations.extend(f"apply: {line}" for line in self._applier.limitations)
+                for info, note in self._applier.loader_notes:  # NOTE [ Live loader tuning ] in fixes/live.py
+                    info.notes.append(note)
             if self._watch is not None:
                 self._guard("framework hooks could not be removed", self._watch.stop)
             if self._sampler is not None:

@@ -132,7 +132,8 @@ def child_main(spec_path: str) -> int:
     """Entry of the child process (see NOTE [ Trial lifecycle ])."""
     import runpy
 
-    from .apply import Applier, Changes
+    from .fixes.applier import Applier
+    from .fixes.spec import Changes
     from .runner import Target, TargetError, run
 
     folder = Path(spec_path).parent

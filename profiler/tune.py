@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from .apply import Changes
+from .fixes.spec import Changes
 from .trial import TrialResult, TrialSpec, compare_losses, run_trial
 
 #: Fix families ``--fixes`` can name.
@@ -595,7 +595,7 @@ def _loader_like(loader: Any, **settings: Any) -> Any:
 
 def _batches_per_s(loader: Any, batches: int, budget: float) -> float:
     """Batches per second after the first (worker start-up) batch, from raw iteration."""
-    from .apply import raw_batches
+    from .fixes.cache import raw_batches
 
     it: Any = raw_batches(loader)
     try:

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from loadprof import Profile
-from loadprof.apply import CachedDataset, check_cacheable
+from loadprof.fixes.cache import CachedDataset, check_cacheable
 
 
 class Slow(Dataset):

@@ -56,7 +56,7 @@ class ImportWatch(importlib.abc.MetaPathFinder):
 
     It sits in front of ``sys.meta_path`` and asks the finders behind it for the
     spec (another watch included, so watches nest: NOTE [ Import watch order ]
-    in apply.py), then wraps the loader's ``exec_module``.
+    in fixes/applier.py), then wraps the loader's ``exec_module``.
     """
 
     def __init__(self, names: Iterable[str], on_loaded: Callable[[str], None]) -> None:

@@ -1,0 +1,243 @@
+"""``Applier``: installs the fixes for each framework the script imports and removes them.
+
+It serves three callers:
+
+- ``loadprof tune`` / ``loadprof compare`` trials: a child process runs the
+  unchanged script under ``Profile(apply=Applier(changes, ...))``; ``changes``
+  (a ``Changes``) says what to alter. The applier also records the loss (the
+  correctness guard compares trajectories), seeds the RNGs so two trials see
+  the same data, and probes whether each dataset could be cached.
+- ``Profile(apply=True)``: DataLoaders created inside the block get the safe
+  loader settings (workers, prefetch, pinned memory) that the measured first
+  iteration calls for, from their next iteration on (NOTE [ Live loader tuning ]
+  in live.py).
+- ``tune.tune_loader``: the in-memory cache and loadprof's own reads (cache.py).
+
+What is wrapped, and only while a fix needs it:
+- torch (torch.py): ``DataLoader.__init__`` (rewrite settings, wrap the dataset
+  in a cache, remember the call site), ``DataLoader._get_iterator`` (live tuning,
+  the one-batch ideal), ``nn.Module.__call__`` (autocast around the outermost
+  module call), ``Tensor.backward`` (loss record, GradScaler, accumulation
+  scaling), ``Optimizer.__init__`` (per-instance ``step``/``zero_grad`` for
+  GradScaler and accumulation) and ``nn.Module.zero_grad`` (accumulation).
+- tf.data (tfdata.py): ``Dataset.map/shuffle/batch/repeat/cache/prefetch``
+  (observe the pipeline; insert ``cache()``, ``prefetch(AUTOTUNE)``, parallel ``map``).
+- Keras (keras.py): the global dtype policy, ``BaseOptimizer.__init__``
+  (gradient accumulation steps), ``Model.fit`` (a callback that records losses).
+
+The fixes only change what the script builds; they measure nothing and write
+no record: live tuning reads a copy of the run so far (``snapshot``), and what
+it would note on a loader is handed back in ``loader_notes`` for the session to
+add at the end. Every wrapper checks the pid that installed it (NOTE [ Fork
+safety ] in instrument/torch.py): DataLoader workers call straight through. A
+fix that cannot be applied is skipped with a message; it never stops the run
+(NOTE [ Never break the run ] in session.py).
+
+NOTE [ Import watch order ]
+Profile's own framework watch puts an ``ImportWatch`` (instrument/__init__.py)
+at ``sys.meta_path[0]``. The applier starts after it and puts its own in front;
+each watch asks the finders behind it (so the applier's asks Profile's) for the
+spec and wraps the resulting ``exec_module`` once more. So when the script imports
+torch, Profile's hooks install first and the fixes second, and on stop the fixes
+are removed first. Either order would restore cleanly (NOTE [ One patcher ] in
+patch.py); this one keeps the fixes' wrappers outermost while both are in place.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import IO, Any, Protocol
+
+from ..instrument import ImportWatch, ThisProcess
+from ..records import LoaderInfo, Run
+from .cache import CacheCheck
+from .spec import Changes, SiteRecord
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Fixes(Protocol):
+    """One framework's fixes: torch.py, tfdata.py, keras.py."""
+
+    framework: str
+
+    def install(self) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def remove(self) -> list[str]: ...
+
+
+def _factory(name: str) -> Callable[[Applier], Fixes]:
+    if name == "torch":
+        from .torch import TorchFixes
+
+        return TorchFixes
+    if name == "tensorflow":
+        from .tfdata import TfDataFixes
+
+        return TfDataFixes
+    from .keras import KerasFixes
+
+    return KerasFixes
+
+
+# -- call sites ------------------------------------------------------------
+def is_framework_file(filename: str, roots: tuple[str, ...]) -> bool:
+    return filename.startswith(roots) or filename.startswith(_PACKAGE_DIR) or filename.startswith("<frozen")
+
+
+def call_site(frame: FrameType | None, roots: tuple[str, ...], init_of: type | None = None) -> tuple[str, int] | None:
+    """(file, line) of the first frame outside the framework, loadprof and ``init_of`` subclasses' __init__."""
+    while frame is not None:
+        code = frame.f_code
+        if init_of is not None and code.co_name == "__init__" and isinstance(frame.f_locals.get("self"), init_of):
+            frame = frame.f_back
+            continue
+        if not is_framework_file(code.co_filename, roots):
+            return os.path.abspath(code.co_filename) if not code.co_filename.startswith("<") else code.co_filename, frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def fmt(value: Any) -> str:
+    return repr(value)
+
+
+# -- the applier -------------------------------------------------------------
+class Applier:
+    """Applies ``Changes`` (or, with ``live=True``, measured safe loader settings)
+    to whatever the script builds while it is started. See the module doc."""
+
+    FRAMEWORKS = ("torch", "tensorflow", "keras")
+
+    def __init__(
+        self,
+        changes: Changes | None = None,
+        *,
+        live: bool = False,
+        record_losses: bool = False,
+        probe: bool = False,
+        seed: int | None = None,
+        announce: bool = False,
+        output: IO[str] | None = None,
+    ) -> None:
+        self.changes = changes or Changes()
+        self.live = live
+        self.record_losses = record_losses
+        self.probe = probe
+        self.seed = seed
+        self.announce = announce
+        self.output = output
+        self.pid = os.getpid()
+        #: One line per change made ("DataLoader at train.py:40: num_workers 0 -> 2").
+        self.messages: list[str] = []
+        #: One line per requested fix that could not be applied, with the reason.
+        self.skipped: list[str] = []
+        #: One line per wrapper that could not be taken off (patch.Patches.restore).
+        self.limitations: list[str] = []
+        self.sites: list[SiteRecord] = []
+        self.losses: list[float] = []
+        self.loss_site: tuple[str, int] | None = None
+        self.cache_checks: dict[str, CacheCheck] = {}
+        self.setup_seconds = 0.0  # cache fills and other one-time work done by the fixes
+        self.pipeline: dict[str, Any] = {}  # tf.data facts seen (observed even when nothing applies)
+        self.batch_sizes: list[int] = []  # tf.data batch sizes requested by the script
+        #: (a loader's record, a line for its notes): what live tuning changed, for the session to add.
+        self.loader_notes: list[tuple[LoaderInfo, str]] = []
+        #: A copy of the run so far (steps, host samples, environment), for live tuning.
+        self.snapshot: Callable[[], Run] | None = None
+        self._watch: ImportWatch | None = None
+        self._fixes: dict[str, Fixes] = {}
+        self._started = False
+        self._lock = threading.Lock()
+
+    # -- lifecycle ------------------------------------------------------------
+    def start(self, snapshot: Callable[[], Run] | None = None) -> None:
+        if self._started:
+            return
+        self._started = True
+        self.pid = os.getpid()
+        self.snapshot = snapshot
+        if self.seed is not None:
+            random.seed(self.seed)
+            import numpy
+
+            numpy.random.seed(self.seed)
+        pending = set()
+        # Live tuning touches torch DataLoaders only; trials may touch every framework.
+        for name in (("torch",) if self.live and self.changes.empty and not self.record_losses else self.FRAMEWORKS):
+            if name in sys.modules:
+                self._install(name)
+            else:
+                pending.add(name)
+        if pending:
+            self._watch = ImportWatch(pending, self._install).install()
+
+    def stop(self) -> None:
+        if not self._started or ThisProcess.pid != self.pid:
+            return
+        self._started = False
+        if self._watch is not None:
+            self._watch.remove()
+            self._watch = None
+        for name in reversed(list(self._fixes)):
+            fixes = self._fixes.pop(name)
+            try:
+                fixes.finish()
+            finally:
+                self.limitations.extend(fixes.remove())
+
+    def __enter__(self) -> Applier:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _install(self, name: str) -> None:
+        with self._lock:
+            if name in self._fixes or not self._started:
+                return
+            fixes: Fixes | None = None
+            try:
+                fixes = _factory(name)(self)
+                fixes.install()
+            except Exception as exc:  # a framework version whose internals moved: run unchanged
+                if fixes is not None:
+                    self.limitations.extend(fixes.remove())
+                self.skip(f"{name}: fixes unavailable ({type(exc).__name__}: {exc})")
+                return
+            self._fixes[name] = fixes
+
+    # -- reporting ----------------------------------------------------------
+    def say(self, message: str) -> None:
+        self.messages.append(message)
+        if self.announce and ThisProcess.pid == self.pid:
+            print(f"loadprof: {message}", file=self.output or sys.stderr)
+
+    def skip(self, message: str) -> None:
+        if message not in self.skipped:
+            self.skipped.append(message)
+            if self.announce and ThisProcess.pid == self.pid:
+                print(f"loadprof: not applied: {message}", file=self.output or sys.stderr)
+
+    def in_owner(self) -> bool:
+        return ThisProcess.pid == self.pid
+
+    def add_losses(self, values: list[float]) -> None:
+        self.losses.extend(values)
+
+
+def make_applier(apply: Any, output: IO[str] | None = None, announce: bool = True) -> Applier:
+    """What ``Profile(apply=...)`` accepts: True (live safe loader tuning) or an ``Applier``."""
+    if isinstance(apply, Applier):
+        return apply
+    if apply is True:
+        return Applier(live=True, announce=announce, output=output)
+    raise TypeError(f"apply: expected True or a loadprof.fixes.Applier, got {type(apply).__name__}")

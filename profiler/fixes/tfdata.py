@@ -1,0 +1,184 @@
+"""tf.data fixes: observe the pipeline the script builds; insert ``cache()``,
+``prefetch(AUTOTUNE)`` and parallel ``map`` where a trial asks for them.
+Installed when the script imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from ..instrument import ThisProcess
+from ..patch import Patches
+from .applier import Applier, is_framework_file
+from .cache import CACHE_MEMORY_SHARE, PROBE_ITEMS, CacheCheck, item_nbytes, same_item
+from .spec import SiteRecord, short_path
+
+
+class TfDataFixes:
+    """tf.data: observe the pipeline the script builds; insert cache/prefetch/parallel map.
+
+    Only calls made from the user's code are touched (Keras builds pipelines of
+    its own for numpy inputs; those are left alone).
+    """
+
+    framework = "tensorflow"
+
+    def __init__(self, applier: Applier) -> None:
+        self.a = applier
+        self.changes = applier.changes
+        self.p = Patches("tf.data fixes")
+        self.pid = applier.pid
+        self.roots: tuple[str, ...] = ()
+
+    def install(self) -> None:
+        import tensorflow as tf
+
+        self.tf = tf
+        roots = [os.path.dirname(os.path.abspath(tf.__file__))]
+        for extra in ("keras", "tf_keras"):
+            spec = importlib.util.find_spec(extra)
+            if spec is not None and spec.origin:
+                roots.append(os.path.dirname(os.path.abspath(spec.origin)))
+        self.roots = tuple(roots)
+        if self.a.seed is not None:
+            tf.random.set_seed(self.a.seed)
+        for name in ("map", "shuffle", "batch", "repeat", "cache", "prefetch"):
+            self.p.wrap(tf.data.Dataset, name, functools.partial(self._wrap, name))
+
+    def remove(self) -> list[str]:
+        self.pid = -1
+        return self.p.restore()
+
+    def finish(self) -> None:
+        pass
+
+    def _from_user(self) -> tuple[str, int] | None:
+        frame = sys._getframe(2)
+        code = frame.f_code
+        if is_framework_file(code.co_filename, self.roots):
+            return None
+        return (os.path.abspath(code.co_filename) if not code.co_filename.startswith("<") else code.co_filename,
+                frame.f_lineno)
+
+    def _original(self, name: str) -> Callable[..., Any]:
+        return self.p.original(self.tf.data.Dataset, name)  # type: ignore[no-any-return]
+
+    def _wrap(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        fixes = self
+
+        def method(ds: Any, *args: Any, **kwargs: Any) -> Any:
+            if ThisProcess.pid != fixes.pid:
+                return original(ds, *args, **kwargs)
+            site = fixes._from_user()
+            if site is None:
+                return original(ds, *args, **kwargs)
+            try:
+                src, new_args, new_kwargs, flags = fixes._before(name, ds, site, args, kwargs)
+            except Exception as exc:  # our rewrite failed: the script's call stands
+                fixes.a.skip(f"tf.data {name}: {type(exc).__name__}: {exc}")
+                return original(ds, *args, **kwargs)
+            out = original(src, *new_args, **new_kwargs)  # the script's own errors propagate
+            try:
+                return fixes._after(name, out, site, flags)
+            except Exception as exc:
+                fixes.a.skip(f"tf.data {name}: {type(exc).__name__}: {exc}")
+                return out
+
+        return method
+
+    def _before(self, name: str, ds: Any, site: tuple[str, int], args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> tuple[Any, tuple[Any, ...], dict[str, Any], dict[str, Any]]:
+        tf = self.tf
+        c = self.changes
+        facts = self.a.pipeline
+        where = f"{short_path(site[0])}:{site[1]}"
+        flags = dict(getattr(ds, "_loadprof", {}))
+        src = ds
+        if name == "map":
+            facts["maps"] = facts.get("maps", 0) + 1
+            if len(args) < 2 and kwargs.get("num_parallel_calls") is None:
+                facts["sequential_maps"] = facts.get("sequential_maps", 0) + 1
+                if c.parallel_map:
+                    kwargs = {**kwargs, "num_parallel_calls": tf.data.AUTOTUNE}
+                    self._record("tf.data.map", site, {"num_parallel_calls": None},
+                                 {"num_parallel_calls": "tf.data.AUTOTUNE"})
+                    self.a.say(f"tf.data map at {where}: num_parallel_calls=AUTOTUNE")
+            flags["mapped"] = True
+        elif name == "cache":
+            facts["cache"] = True
+            flags["cached"] = True
+        elif name == "prefetch":
+            facts["prefetch"] = True
+            flags["prefetched"] = True
+        else:  # shuffle, batch, repeat
+            facts[name] = True
+            if name == "batch":
+                size = args[0] if args else kwargs.get("batch_size")
+                if isinstance(size, int):
+                    if c.accumulation and "keras" in sys.modules and size >= c.accumulation:
+                        size //= c.accumulation
+                        if args:
+                            args = (size, *args[1:])
+                        else:
+                            kwargs = {**kwargs, "batch_size": size}
+                        self.a.say(f"tf.data batch at {where}: batch_size -> {size} "
+                                   f"(accumulation over {c.accumulation} micro-batches)")
+                    self.a.batch_sizes.append(size)
+            if c.cache and not flags.get("cached") and not flags.get("cache_refused") and flags.get("mapped"):
+                cached = self._insert_cache(ds, where, site, name)
+                if cached is None:
+                    flags["cache_refused"] = True
+                else:
+                    src = cached
+                    flags["cached"] = True
+        return src, args, kwargs, flags
+
+    def _after(self, name: str, out: Any, site: tuple[str, int], flags: dict[str, Any]) -> Any:
+        if name == "batch" and self.changes.prefetch and not flags.get("prefetched"):
+            out = self._original("prefetch")(out, self.tf.data.AUTOTUNE)
+            flags["prefetched"] = True
+            self._record("tf.data.batch", site, {}, {"prefetch": "tf.data.AUTOTUNE"})
+            self.a.say(f"tf.data batch at {short_path(site[0])}:{site[1]}: .prefetch(tf.data.AUTOTUNE) after it")
+        try:
+            out._loadprof = flags
+        except AttributeError:
+            pass
+        return out
+
+    def _record(self, kind: str, site: tuple[str, int], before: dict[str, Any], after: dict[str, Any]) -> None:
+        self.a.sites.append(SiteRecord(kind, site[0], site[1], before, after))
+
+    def _insert_cache(self, ds: Any, where: str, site: tuple[str, int], before_op: str) -> Any:
+        n = int(ds.cardinality())
+        if n < 0:
+            self.a.skip(f"tf.data cache at {where}: the dataset's length is unknown or infinite")
+            return None
+        try:
+            first = list(ds.take(PROBE_ITEMS).as_numpy_iterator())
+            second = list(ds.take(PROBE_ITEMS).as_numpy_iterator())
+        except Exception as exc:  # the pipeline cannot be read eagerly here: leave it
+            self.a.skip(f"tf.data cache at {where}: probe failed ({type(exc).__name__})")
+            return None
+        if not same_item(first, second):
+            self.a.skip(f"tf.data cache at {where}: elements differ between two reads (random map?): "
+                        "a cache would freeze one draw")
+            return None
+        size = sum(item_nbytes(e) for e in first) * n // max(1, len(first))
+        avail = psutil.virtual_memory().available
+        if size > CACHE_MEMORY_SHARE * avail:
+            self.a.skip(f"tf.data cache at {where}: about {size / 2**20:.0f} MiB does not fit")
+            return None
+        cached = self._original("cache")(ds)
+        self._record(f"tf.data.{before_op}", site, {}, {"cache_before": True})
+        self.a.say(f"tf.data {before_op} at {where}: .cache() inserted before it ({n} elements, "
+                   f"about {size / 2**20:.1f} MiB)")
+        self.a.cache_checks[f"{site[0]}:{site[1]}"] = CacheCheck(True, "repeatable reads", n, size)
+        return cached
+

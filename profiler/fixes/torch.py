@@ -1,0 +1,406 @@
+"""torch fixes: DataLoader settings and cache, the one-batch ideal, autocast,
+GradScaler and gradient accumulation; installed when the script imports torch.
+
+Live tuning (``Profile(apply=True)``) is live.py; the cache is cache.py.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from ..instrument import ThisProcess
+from ..patch import Patches
+from ..samplers.host import usable_cores
+from .applier import Applier, call_site, fmt
+from .cache import CacheCheck, CachedDataset, check_cacheable, in_internal
+from .live import LiveTuner
+from .spec import SiteRecord, short_path
+
+
+class TorchFixes:
+    """The torch side of an ``Applier``; installed when the script imports torch."""
+
+    framework = "torch"
+
+    def __init__(self, applier: Applier) -> None:
+        self.a = applier
+        self.changes = applier.changes
+        self.p = Patches("torch fixes")
+        self.pid = applier.pid
+        self.created: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.datasets: list[tuple[weakref.ReferenceType[Any] | None, Any, str]] = []  # (ref, strong fallback, site)
+        self._cache_by_dataset: dict[int, Any] = {}
+        self._first_batch: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+        self.live: LiveTuner | None = None
+        self._optimizers: list[weakref.ReferenceType[Any]] = []
+        self._pending_losses: list[Any] = []
+        self._depth = threading.local()
+        self._scaler: Any = None
+        self.accumulating = False  # a loader's batch was divided: accumulation is on
+        self.amp_dtype: Any = None
+        self.roots: tuple[str, ...] = ()
+
+    # -- install / remove -----------------------------------------------------
+    def install(self) -> None:
+        import torch
+        import torch.utils.data.dataloader as dl
+
+        self.torch = torch
+        self.roots = (os.path.dirname(os.path.abspath(torch.__file__)),)
+        if self.a.seed is not None:
+            torch.manual_seed(self.a.seed)
+        c = self.changes
+        if self.a.live:
+            self.live = LiveTuner(self.a, torch)
+        self.p.wrap(dl.DataLoader, "__init__", self._wrap_init)
+        if self.live is not None or c.repeat_batch:
+            self.p.wrap(dl.DataLoader, "_get_iterator", self._wrap_get_iterator)
+        if c.amp:
+            self.p.wrap(torch.nn.Module, "__call__", self._wrap_call)
+        if self.a.record_losses or c.amp or c.accumulation:
+            self.p.wrap(torch.Tensor, "backward", self._wrap_backward)
+        if c.amp or c.accumulation:
+            self.p.wrap(torch.optim.Optimizer, "__init__", self._wrap_optimizer_init)
+        if c.accumulation:
+            self.p.wrap(torch.nn.Module, "zero_grad", self._wrap_module_zero_grad)
+
+    def remove(self) -> list[str]:
+        self.pid = -1  # every wrapper left in a chain calls straight through from now on
+        problems = self.p.restore()
+        if self.live is not None:
+            self.live.clear()  # drops the iterators held for live tuning
+        self._first_batch.clear()
+        for ref in self._optimizers:
+            opt = ref()
+            if opt is not None:
+                for name in ("step", "zero_grad"):
+                    opt.__dict__.pop(name, None)
+        self._optimizers.clear()
+        return problems
+
+    def finish(self) -> None:
+        """At stop: losses to floats (one sync, at the end), and the cache probe."""
+        if self._pending_losses:
+            values = []
+            for t in self._pending_losses:
+                try:
+                    values.append(float(t))
+                except (RuntimeError, ValueError):
+                    values.append(float("nan"))
+            self._pending_losses.clear()
+            self.a.add_losses(values)
+        if self.a.probe:
+            self._probe_datasets()
+
+    def _probe_datasets(self) -> None:
+        # After the script ran, so the probe's reads cannot shift the run's RNG streams.
+        seen: set[int] = set()
+        for ref, strong, site in self.datasets:
+            ds = ref() if ref is not None else strong
+            if ds is None or id(ds) in seen or site in self.a.cache_checks:
+                continue
+            seen.add(id(ds))
+            try:
+                self.a.cache_checks[site] = check_cacheable(ds)
+            except Exception as exc:  # the user's __getitem__ failed outside the run: not cacheable
+                self.a.cache_checks[site] = CacheCheck(False, f"reading items failed ({type(exc).__name__}: {exc})")
+
+    # -- DataLoader construction ------------------------------------------------
+    def _wrap_init(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        import inspect
+
+        fixes = self
+        signature = inspect.signature(original)
+        loader_cls = self.torch.utils.data.DataLoader
+
+        def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
+            if ThisProcess.pid != fixes.pid or in_internal():
+                return original(loader, *args, **kwargs)
+            site = call_site(sys._getframe(1), fixes.roots, loader_cls)
+            where = f"{short_path(site[0])}:{site[1]}" if site else "?"
+            try:
+                bound = signature.bind(loader, *args, **kwargs)
+                bound.apply_defaults()
+                params = dict(bound.arguments)
+                params.pop(next(iter(signature.parameters)))  # self
+                extra = params.pop("kwargs", None) if "kwargs" in signature.parameters else None
+                new, record = fixes._rewrite(params, where, site)
+                if extra:
+                    new.update(extra)
+            except Exception as exc:  # our rewrite failed: the script's own settings stand
+                fixes.a.skip(f"DataLoader at {where}: could not read its arguments ({type(exc).__name__}: {exc})")
+                return original(loader, *args, **kwargs)
+            fixes.created.add(loader)
+            if fixes.live is not None:
+                fixes.live.register(loader, f"at {where}")
+            if record is None:
+                return original(loader, *args, **kwargs)
+            try:
+                original(loader, **new)
+            except Exception as exc:
+                fixes.a.skip(f"DataLoader at {where}: {record.note or 'settings'} rejected by torch "
+                             f"({type(exc).__name__}: {exc}); kept the script's settings")
+                return original(loader, *args, **kwargs)
+            fixes.a.sites.append(record)
+            if record.after:
+                fixes.a.say(f"DataLoader at {where}: " + ", ".join(
+                    f"{k} {fmt(record.before.get(k))} -> {fmt(v)}" for k, v in record.after.items()))
+
+        return __init__
+
+    def _rewrite(self, params: dict[str, Any], where: str, site: tuple[str, int] | None) -> tuple[dict[str, Any], SiteRecord | None]:
+        """New constructor arguments, and the record of what changed (None: nothing to do)."""
+        c = self.changes
+        torch = self.torch
+        new = dict(params)
+        before: dict[str, Any] = {}
+        after: dict[str, Any] = {}
+        dataset = params.get("dataset")
+        site_key = f"{site[0]}:{site[1]}" if site else where
+        if self.a.probe and dataset is not None:
+            try:
+                ref: weakref.ReferenceType[Any] | None = weakref.ref(dataset)
+                strong = None
+            except TypeError:  # a list or another object without weakref support
+                ref, strong = None, dataset
+            self.datasets.append((ref, strong, site_key))
+
+        def set_(name: str, value: Any) -> None:
+            if new.get(name) != value:
+                before[name] = params.get(name)
+                new[name] = value
+                after[name] = value
+
+        workers = int(params.get("num_workers") or 0)
+        if c.repeat_batch:
+            set_("num_workers", 0)
+            workers = 0
+        elif c.num_workers is not None:
+            set_("num_workers", c.num_workers)
+            workers = c.num_workers
+        if workers == 0:
+            for name, off in (("prefetch_factor", None), ("persistent_workers", False)):
+                if new.get(name) != off:
+                    set_(name, off)
+        else:
+            if c.persistent_workers is not None:
+                set_("persistent_workers", c.persistent_workers)
+            if c.prefetch_factor is not None:
+                set_("prefetch_factor", c.prefetch_factor)
+        if c.pin_memory is not None:
+            if c.pin_memory and not torch.cuda.is_available():
+                self.a.skip("pin_memory: no CUDA device, pinned memory would not be used")
+            else:
+                set_("pin_memory", c.pin_memory)
+        if c.accumulation:
+            bs = params.get("batch_size")
+            if params.get("batch_sampler") is not None or not bs:
+                self.a.skip(f"accumulation at {where}: the DataLoader has no batch_size to divide (custom batch_sampler)")
+            elif bs < c.accumulation:
+                self.a.skip(f"accumulation at {where}: batch_size {bs} < {c.accumulation} micro-batches")
+            else:
+                set_("batch_size", bs // c.accumulation)
+                self.accumulating = True
+        note = ""
+        if c.cache and dataset is not None and not c.repeat_batch:
+            cached = self._cached(dataset, where, params, workers)
+            if cached is not None:
+                new["dataset"] = cached
+                before["cache"] = False
+                after["cache"] = True
+                note = "cached dataset"
+        if not after:
+            return new, None
+        return new, SiteRecord("DataLoader", site[0] if site else "?", site[1] if site else 0, before, after, note)
+
+    def _cached(self, dataset: Any, where: str, params: dict[str, Any], workers: int) -> Any:
+        if isinstance(dataset, CachedDataset):
+            return None
+        known = self._cache_by_dataset.get(id(dataset))
+        if known is not None and known.dataset is dataset:
+            return known
+        check = check_cacheable(dataset)
+        if not check.cacheable:
+            self.a.skip(f"cache at {where}: {check.reason}")
+            return None
+        t0 = time.perf_counter()
+        fill_workers = max(workers, min(4, usable_cores()))
+        cached = CachedDataset.fill(dataset, fill_workers if check.items * check.item_seconds > 1.0 else 0,
+                                    params.get("worker_init_fn"))
+        took = time.perf_counter() - t0
+        self.a.setup_seconds += took
+        self._cache_by_dataset[id(dataset)] = cached
+        self.a.say(f"cache at {where}: {check.reason}; filled in {took:.2f} s")
+        return cached
+
+    # -- iteration: live tuning and the one-batch ideal ------------------------------
+    def _wrap_get_iterator(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        fixes = self
+
+        def _get_iterator(loader: Any) -> Any:
+            if ThisProcess.pid != fixes.pid or in_internal():
+                return original(loader)
+            if fixes.changes.repeat_batch:
+                return fixes._repeat_first(loader, original(loader))
+            if fixes.live is not None and loader in fixes.created:
+                return fixes.live.iterator(loader, original)
+            return original(loader)
+
+        return _get_iterator
+
+    def _repeat_first(self, loader: Any, it: Any) -> Any:
+        state = self._first_batch.setdefault(loader, {})
+        real_next = it._next_data
+
+        def _next_data() -> Any:
+            it._next_index()  # advances the sampler, so epochs keep their length (StopIteration at the end)
+            if "batch" not in state:
+                state["batch"] = real_next()
+                self.a.say("ideal: every batch is the loader's first batch (model-only rate)")
+            return state["batch"]
+
+        it._next_data = _next_data
+        return it
+
+    # -- mixed precision ----------------------------------------------------------
+    def _dtype_for(self, device: str) -> Any:
+        torch = self.torch
+        want = self.changes.amp
+        if device == "cuda":
+            if not torch.cuda.is_available():
+                return None
+            major, _ = torch.cuda.get_device_capability()
+            bf16 = torch.cuda.is_bf16_supported()
+            if want == "bf16":
+                return torch.bfloat16 if bf16 else None
+            if want == "fp16":
+                return torch.float16 if major >= 7 else None
+            return torch.bfloat16 if bf16 else (torch.float16 if major >= 7 else None)
+        if device == "cpu":
+            return torch.float16 if want == "fp16" else torch.bfloat16
+        return None
+
+    def _wrap_call(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        fixes = self
+        torch = self.torch
+        depth = self._depth
+
+        def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(depth, "n", 0) or ThisProcess.pid != fixes.pid:
+                return original(module, *args, **kwargs)
+            device = _module_device(module, args)
+            dtype = fixes._dtype_for(device) if device else None
+            if dtype is None:
+                if device:
+                    fixes.a.skip(f"amp={fixes.changes.amp}: not supported on device {device!r}")
+                return original(module, *args, **kwargs)
+            if fixes.amp_dtype is None:
+                fixes.amp_dtype = dtype
+                fixes.a.say(f"autocast {str(dtype).replace('torch.', '')} on {device} around each outermost "
+                            "module call (model and loss)" + (", GradScaler on the loss" if dtype == torch.float16 else ""))
+            depth.n = 1
+            try:
+                with torch.autocast(device_type=device, dtype=dtype):
+                    return original(module, *args, **kwargs)
+            finally:
+                depth.n = 0
+
+        return __call__
+
+    # -- backward: loss record, GradScaler, accumulation --------------------------------
+    def _wrap_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        fixes = self
+        torch = self.torch
+
+        def backward(tensor: Any, gradient: Any = None, *args: Any, **kwargs: Any) -> Any:
+            if ThisProcess.pid != fixes.pid or gradient is not None or tensor.numel() != 1 or not tensor.requires_grad:
+                return original(tensor, gradient, *args, **kwargs)
+            if fixes.a.record_losses and len(fixes._pending_losses) < 200_000:
+                fixes._pending_losses.append(tensor.detach())  # no .item(): no sync per step
+                if fixes.a.loss_site is None:
+                    fixes.a.loss_site = call_site(sys._getframe(1), fixes.roots)
+            if fixes.accumulating:
+                tensor = tensor / fixes.changes.accumulation
+            if fixes.amp_dtype == torch.float16:
+                if fixes._scaler is None:
+                    fixes._scaler = torch.amp.GradScaler(tensor.device.type)
+                tensor = fixes._scaler.scale(tensor)
+            return original(tensor, gradient, *args, **kwargs)
+
+        return backward
+
+    def _wrap_optimizer_init(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        fixes = self
+
+        def __init__(opt: Any, *args: Any, **kwargs: Any) -> None:
+            original(opt, *args, **kwargs)
+            if ThisProcess.pid == fixes.pid and "step" not in opt.__dict__:
+                fixes._wrap_optimizer(opt)
+
+        return __init__
+
+    def _wrap_optimizer(self, opt: Any) -> None:
+        fixes = self
+        k = self.changes.accumulation or 1
+        state = {"calls": 0, "inner": False}
+        opt_cls = type(opt)
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            cls_step = type(opt).step  # torch hooks the class step lazily: read it at call time
+            if state["inner"]:
+                return cls_step(opt, *args, **kwargs)
+            if fixes.accumulating:
+                state["calls"] += 1
+                if state["calls"] % k:
+                    return None  # a micro-batch: gradients keep accumulating
+            scaler = fixes._scaler
+            if scaler is not None and scaler.is_enabled() and not args and "closure" not in kwargs:
+                state["inner"] = True
+                try:
+                    out = scaler.step(opt, **kwargs)
+                finally:
+                    state["inner"] = False
+                scaler.update()
+                return out
+            return cls_step(opt, *args, **kwargs)
+
+        def zero_grad(*args: Any, **kwargs: Any) -> Any:
+            if fixes.accumulating and state["calls"] % k:
+                return None
+            return opt_cls.zero_grad(opt, *args, **kwargs)
+
+        opt.step = step
+        opt.zero_grad = zero_grad
+        opt._loadprof_accum_state = state
+        self._optimizers.append(weakref.ref(opt))
+
+    def _wrap_module_zero_grad(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        fixes = self
+        k = self.changes.accumulation or 1
+
+        def zero_grad(module: Any, *args: Any, **kwargs: Any) -> Any:
+            if ThisProcess.pid == fixes.pid and fixes.accumulating:
+                for ref in fixes._optimizers:
+                    opt = ref()
+                    if opt is not None and opt.__dict__.get("_loadprof_accum_state", {}).get("calls", 0) % k:
+                        return None  # mid-accumulation: keep the micro-batches' gradients
+            return original(module, *args, **kwargs)
+
+        return zero_grad
+
+
+def _module_device(module: Any, args: tuple[Any, ...]) -> str | None:
+    for p in module.parameters():
+        return str(p.device.type)
+    torch = sys.modules["torch"]
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return str(a.device.type)
+    return None
+
