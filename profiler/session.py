@@ -252,8 +252,9 @@ class Profile:
             if self._host is not None:
                 self._guard("the host helper could not be stopped", self._host.close)
             assert self._timeline is not None
-            self.run.steps = self._guard("the steps could not be read", lambda: list(self._timeline.steps)) or []
-            self.run.data_wait_method = self._guard("", self._timeline.method) or ""
+            timeline = self._timeline
+            self.run.steps = self._guard("the steps could not be read", lambda: list(timeline.steps)) or []
+            self.run.data_wait_method = self._guard("the input-time method could not be read", timeline.method) or ""
             if self._timeline.eval_batches:  # NOTE [ Evaluation batches ] in timeline.py
                 self.run.probes["eval_batches"] = float(self._timeline.eval_batches)
                 self.run.probes["eval_wait_seconds"] = self._timeline.eval_seconds

@@ -129,8 +129,11 @@ class FrameworkWatch:
         if self._finder is not None:
             self._finder.remove()
             self._finder = None
-        for hooks in list(self.hooks.values()):
-            hooks.remove()
+        for name, hooks in list(self.hooks.items()):
+            try:  # removal runs the TensorFlow probes: NOTE [ Never break the run ] in session.py
+                hooks.remove()
+            except Exception as exc:
+                self.on_error(f"{name}: hooks not removed cleanly ({type(exc).__name__}: {exc})")
 
     def _install(self, name: str) -> None:
         with self._lock:
@@ -144,6 +147,17 @@ class FrameworkWatch:
             except ImportError as exc:
                 self.on_error(f"{name}: hooks unavailable ({exc})")
                 return
-            hooks = self.make_hooks(name, factory)
-            hooks.install()
+            hooks = None
+            try:  # inside the user's own import: NOTE [ Never break the run ] in session.py
+                hooks = self.make_hooks(name, factory)
+                hooks.install()
+            except Exception as exc:
+                self.on_error(f"{name}: hooks could not be installed ({type(exc).__name__}: {exc}); "
+                              "its steps and input waits are not measured")
+                try:
+                    if hooks is not None:
+                        hooks.remove()  # what the install patched before it failed
+                except Exception as again:
+                    self.on_error(f"{name}: hooks not removed cleanly ({type(again).__name__}: {again})")
+                return
             self.hooks[name] = hooks
