@@ -113,7 +113,7 @@ class ReportCommand:
         parser.add_argument("--json", metavar="PATH", help="write the re-diagnosed report here")
 
     def run(self, args: argparse.Namespace) -> int:
-        from .report import ReportError, load_report, render_console, write_json
+        from .report import JsonWriteError, ReportError, load_report, render_console, write_json
 
         try:
             report = load_report(args.path)
@@ -121,7 +121,10 @@ class ReportCommand:
             raise UsageError(str(exc)) from None
         render_console(report, file=sys.stdout)
         if args.json:
-            write_json(report, args.json)
+            try:
+                write_json(report, args.json)
+            except JsonWriteError as exc:
+                raise UsageError(str(exc)) from None
         return 0
 
 

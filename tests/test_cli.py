@@ -204,3 +204,14 @@ def test_script_runs_without_torch_installed_in_its_world(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False False"
     assert "INCONCLUSIVE" in proc.stderr
+
+
+def test_report_json_to_an_unwritable_path_is_one_line(tmp_path, capsys):
+    path = script(tmp_path, after_step="if i == 10: break")
+    out = tmp_path / "run.json"
+    assert loadprof("diagnose", "-q", "--json", str(out), str(path)).returncode == 0
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert main(["report", str(out), "--json", str(blocker / "again.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"loadprof: error: {blocker / 'again.json'}: cannot write (Not a directory)"
