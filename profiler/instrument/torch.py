@@ -2,7 +2,7 @@
 
 Imported only once the user's code has imported torch (see ``instrument.watch``).
 
-What is hooked, and how it is undone:
+What is hooked (through ``patch.Patches``: NOTE [ One patcher ]), and how it is undone:
 - ``DataLoader.__iter__`` and ``_BaseDataLoaderIter.__next__`` are wrapped at class
   level to time the loop's wait for each batch (wall and the waiting thread's CPU
   time) and to read the loader's settings. Restored on ``remove()``.
@@ -34,11 +34,10 @@ import torch
 import torch.utils.data.dataloader as _dl
 from torch.optim import optimizer as _optim
 
+from ..patch import Patches
 from ..records import LoaderInfo, Run
 from ..timeline import CPU_READ_ALL, CPU_READ_EVERY, Timeline
 from . import ThisProcess
-
-_MISSING = object()
 
 
 def _batch_facts(batch: Any) -> tuple[int | None, int]:
@@ -71,7 +70,7 @@ class TorchHooks:
         self.run = run
         self.clock = clock
         self.pid = os.getpid()
-        self._saved: list[tuple[Any, str, Any]] = []
+        self._patches = Patches("torch hooks")
         self._handles: list[Any] = []
         self._forward_handle: Any = None
         self._loaders: dict[int, LoaderInfo] = {}
@@ -86,35 +85,28 @@ class TorchHooks:
             return
         self.installed = True
         self.run.environment.frameworks["torch"] = torch.__version__
-        self._patch(_dl.DataLoader, "__iter__", self._wrap_iter(_dl.DataLoader.__iter__))
-        self._patch(_dl._BaseDataLoaderIter, "__next__", self._wrap_next(_dl._BaseDataLoaderIter.__next__))
+        wrap = self._patches.wrap
+        wrap(_dl.DataLoader, "__iter__", self._wrap_iter)
+        wrap(_dl._BaseDataLoaderIter, "__next__", self._wrap_next)
         self._handles.append(_optim.register_optimizer_step_post_hook(self._make_optimizer_post()))
         self._forward_handle = torch.nn.modules.module.register_module_forward_pre_hook(self._on_forward)
         autocast_cls = torch.amp.autocast_mode.autocast
-        self._patch(autocast_cls, "__enter__", self._wrap_autocast(autocast_cls.__enter__))
+        wrap(autocast_cls, "__enter__", self._wrap_autocast)
         if torch.cuda.is_available():
-            self._patch(torch.Tensor, "to", self._wrap_copy(torch.Tensor.to))
-            self._patch(torch.Tensor, "cuda", self._wrap_copy(torch.Tensor.cuda))
+            wrap(torch.Tensor, "to", self._wrap_copy)
+            wrap(torch.Tensor, "cuda", self._wrap_copy)
 
     def remove(self) -> None:
         if not self.installed:
             return
         self.installed = False
+        self.pid = -1  # a wrapper that must stay in a chain is inert from now on (NOTE [ One patcher ])
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
         self._drop_forward_hook()
-        for owner, name, original in reversed(self._saved):
-            if original is _MISSING:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
-        self._saved.clear()
+        self.run.limitations.extend(f"torch: {line}" for line in self._patches.restore())
         self._collect_cuda_facts()
-
-    def _patch(self, owner: Any, name: str, wrapper: Any) -> None:
-        self._saved.append((owner, name, owner.__dict__.get(name, _MISSING)))
-        setattr(owner, name, wrapper)
 
     def _drop_forward_hook(self) -> None:
         if self._forward_handle is not None:
@@ -146,7 +138,6 @@ class TorchHooks:
         # On every batch's path: locals rather than attribute lookups where it can
         # (benchmarks/overhead.py).
         hooks = self
-        pid = self.pid
         clock = self.clock
         thread_time = time.thread_time
         batch_wait = self.timeline.batch_wait
@@ -154,7 +145,7 @@ class TorchHooks:
         grad_enabled = torch.is_grad_enabled
 
         def __next__(it: Any) -> Any:
-            if ThisProcess.pid != pid:
+            if ThisProcess.pid != hooks.pid:
                 return original(it)
             n = hooks._nexts
             hooks._nexts = n + 1
@@ -221,12 +212,12 @@ class TorchHooks:
     def _make_optimizer_post(self) -> Callable[[Any, Any, Any], None]:
         # One hook per step, not two, with its lookups bound once: it is on every
         # step's path (benchmarks/overhead.py).
-        pid, clock, run, checked = self.pid, self.clock, self.run, self._checked
+        hooks, clock, run, checked = self, self.clock, self.run, self._checked
         optimizer_step = self.timeline.optimizer_step
         check = self._check_half_precision
 
         def on_optimizer_post(optimizer: Any, args: Any, kwargs: Any) -> None:
-            if ThisProcess.pid != pid:
+            if ThisProcess.pid != hooks.pid:
                 return
             t = clock()
             if not run.amp_in_use and id(optimizer) not in checked:
