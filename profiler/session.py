@@ -47,6 +47,8 @@ import psutil
 from . import __version__
 from .instrument import FrameworkWatch, Hooks
 from .jsonio import JsonWriteError
+from .oom import classify as classify_oom
+from .oom import record_line
 from .records import Environment, Run, Step
 from .samplers import HostProcess, NvmlSource, Sampler, usable_cores
 from .signals import SafePoint, Terminated
@@ -264,8 +266,8 @@ class Profile:
                 self.run.probes["gc_in_wait_seconds"] = self._timeline.gc_in_waits
             self.run.duration = end - self._t0
             self.run.exit_status = _exit_status(exc)
-            if exc is not None and _is_oom(exc):
-                self.run.oom_errors.append(str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+            if exc is not None and classify_oom(record_line(exc)) is not None:
+                self.run.oom_errors.append(record_line(exc))
             if not self.run.steps:
                 self.run.limitations.append(
                     "no training steps were seen: no optimizer step ran inside the block "
@@ -329,11 +331,6 @@ def _warn(line: str) -> None:
         print(f"loadprof: warning: {line}", file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
-
-
-def _is_oom(exc: BaseException) -> bool:
-    name = type(exc).__name__
-    return name in ("OutOfMemoryError", "ResourceExhaustedError") or "out of memory" in str(exc).lower()
 
 
 def _exit_status(exc: BaseException | None) -> str:
