@@ -61,12 +61,19 @@ state = {{
 print("RESULT " + json.dumps({{"losses": losses, "state": state}}), flush=True)
 """
 
-#: Kills loadprof's host helper (NOTE [ Host readings in a helper process ]) mid-run.
+#: Kills loadprof's host helper (NOTE [ Host readings in a helper process ]) mid-run, once
+#: it serves, and goes on until the sampler has seen it gone (bounded waits: a loaded
+#: machine starts the helper slowly).
 KILL_HELPER = """if epoch == 1 and i == 0:
                 import psutil, time
+                deadline = time.monotonic() + 20
+                while not prof._host.serving and time.monotonic() < deadline:
+                    time.sleep(0.01)
                 for child in psutil.Process().children():
                     if "loadprof.samplers.hostproc" in " ".join(child.cmdline()):
-                        child.kill()"""
+                        child.kill()
+                while prof._host.serving and time.monotonic() < deadline:
+                    time.sleep(0.01)"""
 
 
 def _train(tmp_path: Path, *, faults: str = "", json_path: str | None = None, prelude: str = "",
