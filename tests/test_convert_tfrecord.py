@@ -388,33 +388,11 @@ def encode_varint(n: int) -> bytes:
     return _varint(n)
 
 
-def _write_shard_with_varint(directory, info: bool):
-    """A converted-looking shard whose third record's label is a varint of 2**64 or more."""
-    from loadprof.converters import ConvertOptions, convert
-
-    np.save(directory / "y.npy", np.arange(5))
-    convert(directory / "y.npy", directory / "tf", ConvertOptions(to="tfrecord"))
-    shard = next((directory / "tf").glob("*.tfrecord"))
-    records = [data for _, data in tfrecord.iter_records(shard)]
-
-    def ld(tag: int, payload: bytes) -> bytes:
-        return bytes([tag, len(payload)]) + payload
-
-    records[2] = ld(0x0A, ld(0x0A, ld(0x0A, b"data") + ld(0x12, ld(0x1A, ld(0x0A, _long_varint(3))))))
-    shard.unlink()
-    tfrecord.index_path_for(shard).unlink()
-    with tfrecord.TFRecordFileWriter(shard) as w:
-        for r in records:
-            w.write(r)
-    if not info:
-        (directory / "tf" / "train.info.json").unlink()
-    return shard
-
-
 def test_varint_past_64_bits_in_a_dataset_is_a_convert_error(tmp_path):
     from loadprof.converters.torch import TFRecordDataset
+    from tests.fuzz_targets import shard_with_long_varint
 
-    shard = _write_shard_with_varint(tmp_path, info=True)
+    shard = shard_with_long_varint(tmp_path, info=True)
     offset = int(tfrecord.read_index(tfrecord.index_path_for(shard))[2][0])
     with pytest.raises(ConvertError, match=f"{shard}: record at byte offset {offset} does not decode: .*64 bits"):
         list(TFRecordDataset(shard.parent))

@@ -209,16 +209,16 @@ def test_bad_info_files_are_one_line_errors(capsys, shards, edit, says):
 
 def test_int64_varint_past_64_bits_is_one_line_not_an_overflow(capsys, tmp_path):
     """In a directory with its info file, each record is decoded: one line naming it."""
-    from tests.test_convert_tfrecord import _write_shard_with_varint
+    from tests.fuzz_targets import shard_with_long_varint
 
-    shard = _write_shard_with_varint(tmp_path, info=True)
+    shard = shard_with_long_varint(tmp_path, info=True)
     offset = int(tfrecord.read_index(tfrecord.index_path_for(shard))[2][0])
     line = one_line_error(*run(capsys, shard.parent)[::2])
     assert line == (f"loadprof: error: {shard}: record at byte offset {offset} is not a tf.train.Example "
                     "matching the schema: varint larger than 64 bits")
     # Without an info file only the first record is decoded, to describe the features.
     (tmp_path / "other").mkdir()
-    first = _write_shard_with_varint(tmp_path / "other", info=False)
+    first = shard_with_long_varint(tmp_path / "other", info=False)
     records = [d for _, d in tfrecord.iter_records(first)]
     with tfrecord.TFRecordFileWriter(first) as w:
         for data in [records[2], *records[:2], *records[3:]]:
