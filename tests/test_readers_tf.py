@@ -94,3 +94,22 @@ def test_files_without_our_info_need_a_feature_spec(tmp_path):
         tfrecord_dataset(path)
     ds = tfrecord_dataset(path, features={"v": tf.io.FixedLenFeature([], tf.int64)})
     assert [int(r["v"]) for r in ds] == [0, 1, 2]
+
+
+def test_bad_input_is_a_convert_error_before_any_pipeline_runs(data, tmp_path):
+    import json
+    import shutil
+
+    import h5py
+
+    root, _ = data
+    shutil.copy(root / "d.h5", tmp_path / "d.h5")
+    with h5py.File(tmp_path / "d.h5", "r+") as f:
+        f.attrs["num_records"] = 2**62
+    with pytest.raises(ConvertError, match=f"{tmp_path / 'd.h5'}: attribute 'num_records' says {2**62} records"):
+        hdf5_dataset(tmp_path / "d.h5")
+    shutil.copytree(root / "tf", tmp_path / "tf")
+    info = tmp_path / "tf" / "train.info.json"
+    info.write_text(json.dumps({**json.loads(info.read_text()), "schema": "abc"}))
+    with pytest.raises(ConvertError, match=f"{info}: 'schema': the schema is a string"):
+        tfrecord_dataset(tmp_path / "tf")
