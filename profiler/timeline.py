@@ -27,7 +27,7 @@ read as 50% input-bound). So a batch read with gradients off is reported with
 ``eval_wait``: it is counted apart (``eval_batches``, ``eval_seconds``) and the open
 step starts again at the next batch read with gradients on, dropping what the
 evaluation pass left in it, as Keras fit does with validation
-(``instrument/tensorflow.py``). When the user marks steps by hand (an inference
+(``instrument/kerasfit.py``). When the user marks steps by hand (an inference
 loop, gradients off throughout), these are the steps' own waits and count as such.
 
 NOTE [ Garbage collection in a wait ]
@@ -67,7 +67,18 @@ Events are:
 - ``(_H2D, seconds)``: a host-to-device copy;
 - ``(_MANUAL, t0)``: the first ``Profile.step()``;
 - ``(_EVAL, start, end)``: a batch read with gradients off (NOTE [ Evaluation batches ]);
-- ``(_GC, start, end)``: a garbage collection (NOTE [ Garbage collection in a wait ]).
+- ``(_GC, start, end)``: a garbage collection (NOTE [ Garbage collection in a wait ]);
+- ``(_BEGIN, t, batch_size)``: the open step starts at ``t`` (None: where it did) and
+  holds ``batch_size`` more samples (NOTE [ Waits measured after the run ]).
+
+NOTE [ Waits measured after the run ]
+Under Keras ``fit`` the batches are pulled inside the compiled function: no wait
+to time while the step runs. The fit hooks tell the timeline where each step
+begins and how many samples it holds (``step_begins``), and measure the input
+waits after the run (instrument/tfprobe.py); ``measured_waits`` then adds each to
+the record holding its step, whether that record still stands for one step or,
+in a long run, for several merged ones. The hooks keep nothing of a ``Step``:
+the timeline's records are its own.
 
 NOTE [ Sampled thread CPU ]
 When the training thread itself produces the batch (a DataLoader with
@@ -88,7 +99,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .records import Step
@@ -106,7 +117,7 @@ CPU_READ_EVERY = 16
 #: (NOTE [ Events now, steps on read ]): a bound of a few MiB.
 MAX_EVENTS = 65_536
 
-_END_CPU, _FORWARD, _H2D, _MANUAL, _EVAL, _GC = range(6)
+_END_CPU, _FORWARD, _H2D, _MANUAL, _EVAL, _GC, _BEGIN = range(7)
 
 
 class StopRun(BaseException):
@@ -203,6 +214,12 @@ class Timeline:
             read = self._cpu_forward and not self._waited
             self._events.append((_FORWARD, t, time.thread_time() if read else None))
 
+    def step_begins(self, t: float | None, batch_size: int | None = None) -> None:
+        """The open step starts at ``t`` (None: where it does) and holds ``batch_size``
+        more samples: NOTE [ Waits measured after the run ]. Ignored once steps are marked by hand."""
+        if not self.manual:
+            self._events.append((_BEGIN, t, batch_size))
+
     def optimizer_step(self, t: float) -> None:
         if not self.manual:
             self._end(t)
@@ -276,6 +293,8 @@ class Timeline:
                         self._gc_recent.append((e[1], e[2]))
                         self.gc_collections += 1
                         self.gc_seconds += e[2] - e[1]
+                    elif kind == _BEGIN:
+                        self._fold_begin(e[1], e[2])
                     elif kind == _MANUAL:
                         self.methods.add("manual")
                         if self._step_start is None and self._last_end is None:
@@ -323,6 +342,15 @@ class Timeline:
         if batch_size is not None:
             self._batch_size = (self._batch_size or 0) + batch_size
         self.methods.add("iterator-next")
+
+    def _fold_begin(self, t: float | None, batch_size: int | None) -> None:
+        if t is not None:
+            # What came since the last step end (a validation pass, epoch-end callbacks) is no step's.
+            self._step_start = t
+            self._wait = self._wait_cpu = self._h2d = 0.0
+            self._batch_size = None
+        if batch_size is not None:
+            self._batch_size = (self._batch_size or 0) + batch_size
 
     def _fold_forward(self, t: float, cpu: float | None) -> None:
         if self._step_start is None:
@@ -375,6 +403,28 @@ class Timeline:
         # Collections folded so far ran before this step end, in its compute: no wait's
         # (NOTE [ Garbage collection in a wait ]).
         self._gc_recent.clear()
+
+    def measured_waits(self, waits: Iterable[tuple[int, float, float]], method: str) -> None:
+        """Input waits measured after the run: (step index, seconds, CPU seconds), by
+        ascending index; each joins the record holding its step, up to that record's
+        duration (NOTE [ Waits measured after the run ])."""
+        self.fold()
+        with self._lock:
+            steps = self._steps
+            i = 0
+            for index, wait, cpu in waits:
+                while i < len(steps) and steps[i].index + steps[i].merged <= index:
+                    i += 1
+                if i == len(steps):
+                    break
+                step = steps[i]
+                if step.index > index:
+                    continue  # a step no record holds
+                kept = min(wait, max(0.0, step.end - step.start - step.data_wait))
+                step.data_wait += kept
+                if kept > 0:
+                    step.data_wait_cpu += cpu * kept / wait
+            self.methods.add(method)
 
     def _merge_older(self) -> None:
         """Merge pairs among the older half of the records (the first few, warm-up, stay as they are)."""

@@ -7,11 +7,13 @@ do not depend on how busy the shared CPU is; nothing here asserts a time.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -21,8 +23,10 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from loadprof import Profile  # noqa: E402
+from loadprof import Profile, patch  # noqa: E402
+from loadprof.fixes import Applier, Changes  # noqa: E402
 from loadprof.instrument import ImportWatch  # noqa: E402
+from loadprof.records import Step  # noqa: E402
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 
@@ -316,7 +320,7 @@ def test_hooks_are_installed_in_the_block_and_removed_after_it():
     assert all(inside[k] is not before[k] for k in before), "every hook was installed"
     assert _hooked_attributes() == before
     assert [f for f in sys.meta_path if isinstance(f, ImportWatch)] == finders
-    assert not getattr(model.train_function, "_loadprof_timed", False)
+    assert patch.active() == []  # model.train_function included
     # and the model trains on as usual after the block
     assert np.isfinite(model.fit(ds, epochs=1, verbose=0).history["loss"][0])
 
@@ -333,6 +337,89 @@ def test_evaluate_and_predict_inside_the_block_are_not_counted_as_steps():
 
     prof = profiled(work)
     assert prof.report.to_dict()["steps"]["count"] == 8
+
+
+# -- long fits ----------------------------------------------------------------------------------
+def test_a_long_fit_keeps_its_measured_input_time_for_every_step_and_bounded_memory(monkeypatch):
+    # Past its bound the timeline merges older step records pairwise; the bound is lowered
+    # so that 8,000 steps of a tiny model (seconds) pass it several times.
+    monkeypatch.setattr("loadprof.timeline.MAX_STEP_RECORDS", 1000)
+    epochs, per_epoch = 4, 2000
+    x, y = arrays(per_epoch, features=4)
+    opts = tf.data.Options()
+    opts.experimental_optimization.inject_prefetch = False
+    opts.experimental_optimization.map_parallelization = False
+
+    def work(a, b):  # some input work per element, in the step's path (no prefetch, one thread)
+        m = tf.reshape(tf.tile(a, [64 * 16]), [64, 64])
+        return a + 1e-9 * tf.reduce_sum(tf.matmul(m, m)), b
+
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).map(work).batch(1).with_options(opts)
+    model = compiled(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]))
+    objects: list[int] = []
+    alive: list[int] = []
+
+    class Memory(keras.callbacks.Callback):
+        # Python objects, not RSS: this pipeline's own buffers grow the process by ~150 bytes
+        # a step, profiled or not; a record kept per step was ~2 objects, ~300 bytes.
+        def on_epoch_end(self, epoch, logs=None):
+            gc.collect()
+            objects.append(len(gc.get_objects()))
+
+        def on_train_end(self, logs=None):
+            alive.append(sum(isinstance(o, Step) for o in gc.get_objects()))
+
+    prof = profiled(lambda: model.fit(ds, epochs=epochs, verbose=0, callbacks=[Memory()]))
+    steps = prof.run.steps
+    assert sum(s.merged for s in steps) == epochs * per_epoch and len(steps) <= 1000
+    assert prof.run.data_wait_method == "differential"
+    merged = [s for s in steps if s.merged > 1]
+    single = [s for s in steps if s.merged == 1]
+    assert merged and single
+    per_step = [sum(s.data_wait for s in group) / sum(s.merged for s in group) for group in (merged, single)]
+    assert per_step[1] > 0, prof.run.probes
+    # the older steps, merged before the probe measured them after the run, kept their waits
+    assert per_step[0] > 0.3 * per_step[1], (per_step, prof.run.probes)
+    # no record of a step outlives the timeline's bound, and what the process holds stops growing
+    assert alive[0] <= 1000 + 8
+    grown = (objects[-1] - objects[0]) / ((epochs - 1) * per_epoch)
+    assert grown < 0.5, f"{grown:.2f} objects per step"
+
+
+# -- fixes applied from outside (tune and compare trials) --------------------------------------
+def test_trial_fixes_on_a_keras_fit_record_its_losses_and_rewrite_its_pipeline(monkeypatch):
+    # TensorFlow's Keras backend is not marked thread-safe, so Keras runs batch-end callbacks
+    # in the loop; said to be, it runs them on a thread unless a callback defines one itself:
+    # none of loadprof's may (patch.AVOID).
+    from keras.src.callbacks import callback_list
+
+    monkeypatch.setattr(callback_list.backend, "IS_THREAD_SAFE", True)
+    on_main: set[bool] = set()
+
+    class Where(keras.callbacks.Callback):
+        async_safe = True
+
+        def on_train_batch_end(self, batch, logs=None):
+            on_main.add(threading.current_thread() is threading.main_thread())
+
+    x, y = arrays(256)
+    keras.utils.set_random_seed(0)
+    model = compiled(small_model())
+    applier = Applier(Changes(prefetch=True, parallel_map=True, cache=True), record_losses=True)
+    with Profile(apply=applier, print_report=False, gpu=False) as prof:
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).map(lambda a, b: (a * 2.0, b)).batch(32)
+        history = model.fit(ds, epochs=2, verbose=0, callbacks=[Where()])
+    assert len(applier.losses) == 16  # one per step, read at the end
+    assert applier.losses[7] == pytest.approx(history.history["loss"][0])
+    assert applier.losses[15] == pytest.approx(history.history["loss"][1])
+    assert on_main == {False}
+    said = "\n".join(applier.messages)
+    assert "num_parallel_calls=AUTOTUNE" in said and ".prefetch(tf.data.AUTOTUNE)" in said
+    assert ".cache() inserted" in said
+    assert {s.kind for s in applier.sites} >= {"tf.data.map", "tf.data.batch"}
+    assert prof.report.to_dict()["steps"]["count"] == 16
+    assert patch.active() == []  # hooks and fixes both wrapped train_function: both came off
+    assert np.isfinite(model.fit(ds, epochs=1, verbose=0).history["loss"][0])
 
 
 # -- the command ------------------------------------------------------------------------------

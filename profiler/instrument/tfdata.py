@@ -1,6 +1,6 @@
 """What a ``tf.data`` pipeline already does, read from its dataset graph; and its own speed.
 
-Imported only by ``instrument/tensorflow.py``, once the user's code has imported
+Imported only by the TensorFlow hooks (``instrument/tensorflow.py``), once the user's code has imported
 TensorFlow.
 
 ``inspect_dataset`` walks the Python dataset objects from the one the loop
@@ -40,10 +40,20 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+
+
+def optional_module(name: str) -> ModuleType | None:
+    """A TensorFlow or Keras module that may not exist in this version (None then)."""
+    try:
+        return __import__(name, fromlist=["_"])
+    except ImportError:
+        return None
+
 
 try:  # a private module: only used to tell stateful ops from stateless ones
     from tensorflow.python.framework import op_def_registry as _op_defs
