@@ -166,6 +166,13 @@ class Profile:
         self._safepoint = SafePoint(self._timeline.on_gc).install()
         gc.callbacks.append(self._timeline.on_gc)
 
+    def _snapshot(self) -> Run:
+        """A copy of the run so far, for live tuning to read (NOTE [ Live loader tuning ] in fixes/live.py)."""
+        assert self._timeline is not None
+        return Run(environment=dataclasses.replace(self.run.environment),
+                   steps=[dataclasses.replace(step) for step in self._timeline.steps],
+                   host_samples=list(self._sampler.host_samples) if self._sampler else [])
+
     def _start_sampler(self) -> None:
         assert self._timeline is not None and self._nvml is not None
         host = self._host = HostProcess(pid=self._pid, helper=self.settings.host_helper)
@@ -206,13 +213,6 @@ class Profile:
         """The test seam of NOTE [ Never break the run ]."""
         if seam in self._faults:
             raise RuntimeError(f"injected fault: {seam}")
-
-    def _snapshot(self) -> Run:
-        """A copy of the run so far, for live tuning to read (NOTE [ Live loader tuning ] in fixes/live.py)."""
-        assert self._timeline is not None
-        return Run(environment=dataclasses.replace(self.run.environment),
-                   steps=[dataclasses.replace(step) for step in self._timeline.steps],
-                   host_samples=list(self._sampler.host_samples) if self._sampler else [])
 
     def _make_hooks(self, name: str, factory: type) -> Hooks:
         assert self._timeline is not None
