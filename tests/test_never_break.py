@@ -15,6 +15,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -245,7 +247,9 @@ def test_diagnose_with_an_unwritable_json_keeps_the_scripts_exit_code(tmp_path: 
 
 # -- NVML, through the fake pynvml (in this process) -----------------------------------
 
-def _train_here(profile: Profile | None) -> list[float]:
+def _train_here(profile: Profile | None, until: Callable[[], bool] | None = None) -> list[float]:
+    """The same 32 steps with or without ``profile``; inside it, wait (at most 30 s) until
+    ``until()`` holds, so the sampler has read what the test scripted, however slow the machine."""
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -266,19 +270,30 @@ def _train_here(profile: Profile | None) -> list[float]:
     else:
         with profile:
             steps()
+            deadline = time.monotonic() + 30
+            while until is not None and not until() and time.monotonic() < deadline:
+                time.sleep(0.01)
     return losses
 
 
-def _broken(t: float) -> int:
-    if t > 0.05:
-        raise RuntimeError("the binding broke")
-    return 50
+class _BreaksAfter:
+    """A utilization reading whose binding raises a non-NVML error from its ``n``-th call on."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.calls = n, 0
+
+    def __call__(self, t: float) -> int:
+        self.calls += 1
+        if self.calls > self.n:
+            raise RuntimeError("the binding broke")
+        return 50
 
 
 def test_nvml_failing_mid_run_and_at_shutdown(monkeypatch: pytest.MonkeyPatch) -> None:
-    import time
-
-    fake = FakeNvml(gpus=[FakeGpu(util=_broken), FakeGpu(lost_at=0.05)], clock=time.monotonic).install(monkeypatch)
+    # By call counts, not time: GPU 1 is lost inside the first sampling tick (start() reads
+    # three static values per GPU), GPU 0's binding breaks after two utilization readings.
+    util = _BreaksAfter(2)
+    fake = FakeNvml(gpus=[FakeGpu(util=util), FakeGpu(lost_after=4)]).install(monkeypatch)
 
     def shutdown() -> None:
         raise RuntimeError("driver went away")
@@ -286,7 +301,7 @@ def test_nvml_failing_mid_run_and_at_shutdown(monkeypatch: pytest.MonkeyPatch) -
     fake.module.nvmlShutdown = shutdown
     expected = _train_here(None)
     prof = Profile(interval=0.01, print_report=False)
-    assert _train_here(prof) == expected
+    assert _train_here(prof, until=lambda: util.calls > 3) == expected
     limits = prof.report.run.limitations
     assert any("NVML could not shut down (RuntimeError: driver went away)" in line for line in limits), limits
     assert any("the binding broke" in line for line in limits), limits
