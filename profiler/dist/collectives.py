@@ -1,0 +1,121 @@
+"""Time each rank spends blocked in DDP's gradient all-reduce, per step.
+
+NOTE [ Collective wait ]
+Under DDP every rank's backward returns only once the gradient all-reduce has every
+rank's last bucket, so step times come out equal and a straggler hides behind them
+(the others' wait lands in their "compute"). What differs between ranks is when each
+one's own work is done. DDP buckets gradients in reverse parameter order, so the
+wrapped module's first parameter sits in the last bucket and its gradient is
+accumulated when this rank's backward reaches it: this rank's own compute for the
+step is over. One post-accumulate-grad hook on that parameter records the moment;
+from there until ``torch.autograd.backward`` returns, the rank waited for the others
+(and for the last bucket's transfer). Cost: one hook and one wrapper a step.
+Not seen: FSDP (its all-gathers sit in forward), collectives the script calls itself,
+a DDP module built before the profile started and never run through forward after.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from ..patch import Patches
+from ..records import Step
+
+#: Above this many recorded backward calls, neighbours are summed pairwise (bounded memory;
+#: by then the timeline has merged its older steps the same way).
+MAX_WAITS = 65_536
+
+
+class CollectiveTimer:
+    """Hooks on DDP's forward and on ``torch.autograd.backward``: NOTE [ Collective wait ]."""
+
+    def __init__(self, t0: float, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.t0 = t0
+        self.clock = clock
+        self.pid = os.getpid()
+        self.waits: list[tuple[float, float]] = []  # (backward returned, seconds waited), since t0
+        self.ddp_seen = 0
+        self._local_done: float | None = None
+        self._hooked: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._handles: list[Any] = []
+        self._patches = Patches("collective timing")
+
+    def install(self) -> None:
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+
+        self._patches.wrap(DistributedDataParallel, "forward", self._wrap_forward)
+        self._patches.wrap(torch.autograd, "backward", self._wrap_backward)
+
+    def remove(self) -> list[str]:
+        self.pid = -1  # wrappers left in a chain are inert from now on (NOTE [ One patcher ])
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        return self._patches.restore()
+
+    def _wrap_forward(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        timer = self
+
+        def forward(ddp: Any, *args: Any, **kwargs: Any) -> Any:
+            if os.getpid() == timer.pid and ddp not in timer._hooked:
+                timer._hook(ddp)
+            return original(ddp, *args, **kwargs)
+
+        return forward
+
+    def _hook(self, ddp: Any) -> None:
+        self._hooked.add(ddp)
+        first = next((p for p in ddp.module.parameters() if p.requires_grad), None)
+        if first is None or not hasattr(first, "register_post_accumulate_grad_hook"):
+            return
+        self._handles.append(first.register_post_accumulate_grad_hook(self._on_last_gradient))
+        self.ddp_seen += 1
+
+    def _on_last_gradient(self, param: Any) -> None:
+        self._local_done = self.clock()
+
+    def _wrap_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        timer = self
+
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if os.getpid() != timer.pid:
+                return original(*args, **kwargs)
+            timer._local_done = None
+            result = original(*args, **kwargs)
+            done = timer._local_done
+            if done is not None:
+                end = timer.clock()
+                timer.waits.append((end - timer.t0, max(0.0, end - done)))
+                if len(timer.waits) > MAX_WAITS:
+                    timer._halve()
+            return result
+
+        return backward
+
+    def _halve(self) -> None:
+        w = self.waits
+        self.waits = [(w[i + 1][0], w[i][1] + w[i + 1][1]) for i in range(0, len(w) - 1, 2)] + (
+            [w[-1]] if len(w) % 2 else [])
+
+    def per_step(self, steps: list[Step]) -> list[float] | None:
+        """Seconds waited in each step record (a backward belongs to the step it returned in);
+        None when no DDP backward was seen."""
+        return per_step(self.waits, steps) if self.ddp_seen and self.waits else None
+
+
+def per_step(waits: list[tuple[float, float]], steps: list[Step]) -> list[float]:
+    out = [0.0] * len(steps)
+    i = 0
+    for t, seconds in sorted(waits):
+        while i < len(steps) and steps[i].end < t:
+            i += 1
+        if i == len(steps):
+            break
+        if steps[i].start <= t:
+            out[i] += seconds
+    return [min(wait, step.duration) for wait, step in zip(out, steps, strict=True)]

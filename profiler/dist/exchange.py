@@ -1,0 +1,384 @@
+"""Carry each rank's report to global rank 0 through torchrun's own store.
+
+NOTE [ Merging a job's reports ]
+Why the store: torchrun already runs a TCPStore for the job (MASTER_ADDR/MASTER_PORT).
+In torch 2.x its agent hosts it and tells the workers so with
+``TORCHELASTIC_USE_AGENT_STORE=True`` (static and c10d rendezvous alike; the c10d one
+shares the rendezvous store unless ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``). The
+agent outlives its workers, so the store is there at exit whichever rank dies first,
+and we connect as a client: no server of ours, no port to pick. We never issue a
+collective on the user's process group: ranks may disagree about whether the job is
+over (one crashed, one still training), and a collective there would hang or change
+the job. Store keys are plain requests to the agent.
+- Keys live under ``loadprof/<TORCHELASTIC_RUN_ID>/<TORCHELASTIC_RESTART_COUNT>/``,
+  so a restarted or second job on the same store never reads an old report.
+- At start each rank connects (bounded by ``connect_timeout``), writes ``hello/R``
+  (host, local rank, pid, start time) and a heartbeat thread, on a connection of its
+  own, rewrites ``beat/R`` every ``beat_interval`` with the steps seen so far.
+- At exit rank R != 0 writes ``report/R`` (the run, compressed JSON) and waits for
+  rank 0 to ping it, which means rank 0 has the report; it answers a few pings with
+  its clock (the clock offset, below) and returns. It gives up, and its report goes
+  to ``report.rankR.json`` instead, when rank 0 says it is done without it, when rank
+  0's heartbeat stops (rank 0 died first: its store lives on in the agent, so this is
+  seen, not a hang), when the store is gone, or after ``timeout``.
+- Rank 0 polls for every other rank's report until it has all, or until
+  ``timeout``; a rank whose heartbeat has not moved for ``stale_after`` (crashed,
+  killed) or that never said hello is given up on earlier and listed as missing
+  with what its hello and last heartbeat said. A hung rank keeps beating (the
+  thread runs while its loop hangs): it costs the whole ``timeout``. When rank 0's
+  own run ended in SIGTERM, torchrun is tearing the job down and will SIGKILL within
+  its grace period (30 s): then the wait is capped at ``terminated_timeout``.
+  Then rank 0 writes ``done``, so late ranks stop waiting.
+- SIGTERM: when one rank dies, torchrun SIGTERMs the others at once (it polls every
+  0.1 s) and SIGKILLs them 30 s later; with the default action, rank 0 would die before
+  reporting. So from the end of the run until the report is out, a rank holds SIGTERM
+  (``Job.hold_sigterm``; the script runner holds its own once the script is over):
+  it sets ``terminating``, which leaves the others ``term_grace`` to post (they got the
+  signal too), and is delivered once the report is written, so the job still ends as
+  torchrun asked.
+- Polling uses ``check`` (never a timed ``wait``: torch logs a warning on every wait
+  that times out, which would land on the user's stderr).
+- Without an agent store (``TORCHELASTIC_USE_AGENT_STORE`` unset: rank 0's process
+  hosts the store, once the script calls ``init_process_group``), ranks connect only
+  at exit and there are no heartbeats: a dead rank costs the ``timeout``, and a
+  dead rank 0 takes the store with it (each rank then writes its own file).
+
+Clock: rank 0 pings rank R ``PINGS`` times (``ping/R/k``; R answers ``pong/R/k``
+with ``time.time()``); with t1, t2 rank 0's clock around a round trip and tR the
+answer, R's clock is ahead of rank 0's by ``tR - (t1 + t2) / 2`` with an error under
+half the round trip; the shortest of the round trips is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+PINGS = 4
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Every wait of the exchange, in seconds (NOTE [ Merging a job's reports ])."""
+
+    connect: float = 10.0  # reaching the store
+    exchange: float = 60.0  # rank 0 waiting for reports; a rank waiting for rank 0
+    terminated: float = 10.0  # the same when torchrun is tearing the job down
+    #: after a SIGTERM that arrives during the exchange: time left for the others' reports
+    #: (they got it too and post theirs at once); torchrun SIGKILLs 30 s after its SIGTERM
+    term_grace: float = 3.0
+    beat_interval: float = 1.0
+    stale_after: float = 8.0  # a heartbeat this old: the rank is gone
+    poll: float = 0.02
+
+    @classmethod
+    def from_env(cls) -> Timeouts:
+        """``LOADPROF_DIST_TIMEOUT`` (seconds) overrides the exchange's wait."""
+        text = os.environ.get("LOADPROF_DIST_TIMEOUT", "")
+        try:
+            value = float(text)
+        except ValueError:
+            return cls()
+        return cls(exchange=value, connect=min(cls.connect, value)) if value > 0 else cls()
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """This process's place in a torchrun job, read from the environment torchrun sets."""
+
+    rank: int
+    world_size: int
+    local_rank: int | None
+    node_rank: int | None
+    master_addr: str
+    master_port: int
+    run_id: str
+    restart: str
+    agent_store: bool
+
+    @classmethod
+    def from_env(cls, env: Any = None) -> JobContext | None:
+        """None outside a multi-process job (then loadprof behaves as single-process)."""
+        env = os.environ if env is None else env
+        try:
+            rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+            port = int(env["MASTER_PORT"])
+            addr = env["MASTER_ADDR"]
+        except (KeyError, ValueError):
+            return None
+        if world < 2 or not 0 <= rank < world or not addr or not 0 < port < 2**16:
+            return None
+
+        def maybe(name: str) -> int | None:
+            try:
+                return int(env[name])
+            except (KeyError, ValueError):
+                return None
+
+        return cls(rank, world, maybe("LOCAL_RANK"), maybe("GROUP_RANK"), addr, port,
+                   env.get("TORCHELASTIC_RUN_ID", "") or "none", env.get("TORCHELASTIC_RESTART_COUNT", "0"),
+                   env.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
+
+    @property
+    def prefix(self) -> str:
+        return f"loadprof/{self.run_id}/{self.restart}/"
+
+
+def encode(doc: dict[str, Any]) -> bytes:
+    return zlib.compress(json.dumps(doc, separators=(",", ":"), allow_nan=False).encode(), 1)
+
+
+def decode(blob: bytes) -> Any:
+    return json.loads(zlib.decompress(blob).decode())
+
+
+@dataclass
+class Collected:
+    """What rank 0 gathered: each rank's document, and what is known of the others."""
+
+    docs: dict[int, Any] = field(default_factory=dict)  # rank -> its decoded document
+    offsets: dict[int, tuple[float, float]] = field(default_factory=dict)  # rank -> (offset, rtt)
+    missing: dict[int, str] = field(default_factory=dict)  # rank -> why, with what is known
+    hellos: dict[int, dict[str, Any]] = field(default_factory=dict)
+    beats: dict[int, int] = field(default_factory=dict)  # rank -> steps at its last heartbeat
+    problems: list[str] = field(default_factory=list)
+
+
+def _errors() -> tuple[type[BaseException], ...]:
+    import torch.distributed as dist
+
+    return (dist.DistError, RuntimeError, OSError, ValueError)
+
+
+class Exchange:
+    """One rank's side of NOTE [ Merging a job's reports ]."""
+
+    def __init__(self, ctx: JobContext, timeouts: Timeouts | None = None,
+                 progress: Callable[[], int] = lambda: 0) -> None:
+        self.ctx = ctx
+        self.timeouts = timeouts or Timeouts.from_env()
+        self.progress = progress
+        self.started_at = time.time()
+        self._store: Any = None
+        self._beat_store: Any = None
+        self._stop = threading.Event()
+        #: set by a SIGTERM during the exchange (dist/__init__.py): cut the waits short
+        self.terminating = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.problems: list[str] = []
+
+    # -- start -------------------------------------------------------------------
+    def _connect(self) -> Any:
+        from torch.distributed import TCPStore
+
+        return TCPStore(self.ctx.master_addr, self.ctx.master_port, is_master=False,
+                        timeout=timedelta(seconds=self.timeouts.connect), wait_for_workers=False)
+
+    def start(self) -> None:
+        """Connect and say hello (agent store only: NOTE [ Merging a job's reports ])."""
+        if not self.ctx.agent_store:
+            return
+        self._store = self._connect()
+        hello = {"host": socket.gethostname(), "local_rank": self.ctx.local_rank,
+                 "node_rank": self.ctx.node_rank, "pid": os.getpid(), "started_at": self.started_at}
+        self._store.set(self._key(f"hello/{self.ctx.rank}"), json.dumps(hello))
+        self._beat_store = self._connect()
+        self._thread = threading.Thread(target=self._beat, name="loadprof-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _key(self, name: str) -> str:
+        return self.ctx.prefix + name
+
+    def _beat(self) -> None:
+        n = 0
+        key = self._key(f"beat/{self.ctx.rank}")
+        errors = _errors()
+        while True:
+            try:
+                self._beat_store.set(key, f"{n} {self.progress()}")
+            except errors:
+                return  # the store is gone: exit finds out for itself
+            n += 1
+            if self._stop.wait(self.timeouts.beat_interval):
+                return
+
+    def stop_beating(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.timeouts.connect)
+
+    def _ensure_store(self) -> Any:
+        if self._store is None:
+            self._store = self._connect()
+        return self._store
+
+    # -- exit: every rank but 0 --------------------------------------------------
+    def deliver(self, doc: dict[str, Any] | bytes, terminated: bool = False) -> str | None:
+        """Send this rank's document (or its ``encode``) to rank 0; None once rank 0 has it, else why not."""
+        errors = _errors()
+        limit = self.timeouts.terminated if terminated else self.timeouts.exchange
+        deadline = time.monotonic() + limit
+        me = self.ctx.rank
+        try:
+            store = self._ensure_store()
+            store.set(self._key(f"report/{me}"), doc if isinstance(doc, bytes) else encode(doc))
+            watch = _Liveness(store, self._key("beat/0"), self.timeouts.stale_after, agent=self.ctx.agent_store)
+            ping = self._key(f"ping/{me}/0")
+            while not store.check([ping]):  # rank 0 pings once it has the report
+                if store.check([self._key("done")]):
+                    return "rank 0 finished merging without this rank's report"
+                if watch.stale():
+                    return "rank 0 stopped sending heartbeats (it died or hung before merging)"
+                if time.monotonic() > deadline:
+                    return f"rank 0 did not take the report within {limit:.0f} s"
+                if self.terminating.is_set():
+                    deadline = min(deadline, time.monotonic() + self.timeouts.term_grace)
+                time.sleep(self.timeouts.poll)
+            store.set(self._key(f"pong/{me}/0"), repr(time.time()))
+            for k in range(1, PINGS):
+                # rank 0 pings again at once: answer fast, the round trip bounds the clock's error
+                ping, give_up = self._key(f"ping/{me}/{k}"), time.monotonic() + 2.0
+                while not store.check([ping]) and time.monotonic() < give_up:
+                    time.sleep(0.0002)
+                store.set(self._key(f"pong/{me}/{k}"), repr(time.time()))
+        except errors as exc:
+            return f"the job's store could not be used ({type(exc).__name__}: {_first_line(exc)})"
+        return None
+
+    # -- exit: rank 0 -----------------------------------------------------------
+    def collect(self, terminated: bool = False) -> Collected:
+        """Every other rank's document, or what is known of it, within the timeouts."""
+        out = Collected()
+        errors = _errors()
+        limit = self.timeouts.terminated if terminated else self.timeouts.exchange
+        deadline = time.monotonic() + limit
+        pending = set(range(1, self.ctx.world_size))
+        cut = False
+        try:
+            store = self._ensure_store()
+            watches = {r: _Liveness(store, self._key(f"beat/{r}"), self.timeouts.stale_after,
+                                    agent=self.ctx.agent_store) for r in pending}
+            while pending:
+                for r in sorted(pending):
+                    if store.check([self._key(f"report/{r}")]):
+                        blob = store.get(self._key(f"report/{r}"))
+                        try:
+                            out.docs[r] = decode(blob)
+                        except (ValueError, zlib.error) as exc:
+                            out.missing[r] = f"its report could not be read ({exc})"
+                        else:
+                            offset = self._ping(store, r)
+                            if offset is not None:
+                                out.offsets[r] = offset
+                        pending.discard(r)
+                    elif watches[r].stale():
+                        out.missing[r] = watches[r].why()
+                        pending.discard(r)
+                if self.terminating.is_set() and not cut:
+                    cut = True  # torchrun is ending the job: the others post now or never
+                    deadline = min(deadline, time.monotonic() + self.timeouts.term_grace)
+                if pending and time.monotonic() > deadline:
+                    when = "before torchrun ended the job" if cut else f"within {limit:.0f} s"
+                    for r in pending:
+                        out.missing[r] = f"no report {when} ({watches[r].why(alive=True, cut=cut)})"
+                    pending.clear()
+                if pending:
+                    time.sleep(self.timeouts.poll)
+            for r in range(1, self.ctx.world_size):
+                out.hellos[r] = _json_or_empty(store, self._key(f"hello/{r}"))
+                watches[r].stale()  # reads its last heartbeat
+                out.beats[r] = watches[r].steps
+            store.set(self._key("done"), "1")
+        except errors as exc:
+            out.problems.append(f"the job's store could not be used ({type(exc).__name__}: {_first_line(exc)})")
+            for r in pending:
+                out.missing[r] = "unknown: the job's store could not be reached"
+        return out
+
+    def _ping(self, store: Any, r: int) -> tuple[float, float] | None:
+        """(seconds to add to rank r's clock to read ours, round trip): NOTE [ Merging a job's reports ]."""
+        best: tuple[float, float] | None = None
+        for k in range(PINGS):
+            pong = self._key(f"pong/{r}/{k}")
+            t1 = time.time()
+            store.set(self._key(f"ping/{r}/{k}"), "")
+            give_up = time.monotonic() + 2.0
+            while not store.check([pong]):
+                if time.monotonic() > give_up:
+                    return best
+                time.sleep(0.0002)
+            t2 = time.time()
+            try:
+                theirs = float(store.get(pong))
+            except ValueError:
+                return best
+            rtt = t2 - t1
+            if best is None or rtt < best[1]:
+                best = ((t1 + t2) / 2 - theirs, rtt)
+        return best
+
+    def close(self) -> None:
+        self.stop_beating()
+        self._store = self._beat_store = None
+
+
+class _Liveness:
+    """Whether a rank's heartbeat still moves, on this process's monotonic clock."""
+
+    def __init__(self, store: Any, key: str, stale_after: float, agent: bool) -> None:
+        self.store, self.key, self.stale_after, self.agent = store, key, stale_after, agent
+        self.value: bytes | None = None
+        self.since = time.monotonic()
+        self.steps: int = 0
+        self.seen = False
+
+    def stale(self) -> bool:
+        if not self.agent:
+            return False  # no heartbeats without the agent's store: only the timeout
+        if self.store.check([self.key]):
+            value = self.store.get(self.key)
+            if value != self.value:
+                self.value, self.since, self.seen = value, time.monotonic(), True
+                try:
+                    self.steps = int(value.split()[1])
+                except (IndexError, ValueError):
+                    pass
+                return False
+        return time.monotonic() - self.since > self.stale_after
+
+    def why(self, alive: bool = False, cut: bool = False) -> str:
+        if not self.agent:
+            return "no heartbeats without torchrun's agent store"
+        if not self.seen:
+            return "never reached the profiler's store (it failed to start, or ran without loadprof)"
+        age = time.monotonic() - self.since
+        if cut:
+            state = f"last heartbeat {age:.1f} s before the merge"
+        elif alive and age <= self.stale_after:
+            state = "still sending heartbeats: hung, or still running"
+        else:
+            state = f"heartbeat stopped {age:.0f} s before the merge: crashed, killed or left without reporting"
+        return f"{state}; {self.steps} steps seen at its last heartbeat"
+
+
+def _json_or_empty(store: Any, key: str) -> dict[str, Any]:
+    if not store.check([key]):
+        return {}
+    try:
+        value = json.loads(store.get(key).decode())
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err)
+    return text.splitlines()[0][:200] if text else ""

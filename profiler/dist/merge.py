@@ -1,0 +1,110 @@
+"""``loadprof merge``: one job's report from the per-rank files its ranks wrote alone.
+
+When the ranks could not reach each other at exit, each wrote ``report.rankR.json``
+(NOTE [ Merging a job's reports ] in exchange.py): its report, its place in the job
+and its raw run. Merging them gives the report rank 0 would have printed, less the
+clock offsets (they come from round trips at exit): each rank's own clock is used,
+which on one host is the same clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..records import JobRun, RankRun, RecordError, rank_from_dict
+
+#: The same bound as one saved report (report/__init__.py MAX_SAVED_BYTES).
+MAX_RANK_FILE_BYTES = 256 * 2**20
+
+
+class MergeError(Exception):
+    """A rank file that cannot be merged; one line naming the file."""
+
+
+def read_rank_file(path: str | os.PathLike[str]) -> RankRun:
+    p = Path(path)
+    try:
+        if not stat.S_ISREG(p.stat().st_mode):
+            raise MergeError(f"{p}: not a regular file")
+        with p.open("rb") as f:
+            raw = f.read(MAX_RANK_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise MergeError(f"{p}: no such file") from None
+    except OSError as exc:
+        raise MergeError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    if len(raw) > MAX_RANK_FILE_BYTES:
+        raise MergeError(f"{p}: larger than {MAX_RANK_FILE_BYTES // 2**20} MiB: not a rank's report")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise MergeError(f"{p}: not JSON (not UTF-8 text at byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise MergeError(f"{p}: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except RecursionError:
+        raise MergeError(f"{p}: not a rank's report (JSON nested too deeply)") from None
+    if not isinstance(data, dict) or "distributed" not in data:
+        raise MergeError(f"{p}: not one rank's report (no 'distributed' object: written by "
+                         "loadprof diagnose under torchrun when the exchange failed)")
+    try:
+        return rank_from_dict(data, "rank")
+    except RecordError as exc:
+        raise MergeError(f"{p}: {exc}") from None
+
+
+def merge_ranks(ranks: list[RankRun], merged: str = "offline") -> JobRun:
+    """One job from its ranks' own reports; ranks not given are listed as missing."""
+    if not ranks:
+        raise MergeError("no rank files given")
+    world = ranks[0].world_size
+    seen: dict[int, RankRun] = {}
+    for rank in ranks:
+        if rank.world_size != world:
+            raise MergeError(f"rank {rank.rank} belongs to a job of {rank.world_size} ranks, "
+                             f"rank {ranks[0].rank} to one of {world}")
+        if rank.run_id != ranks[0].run_id:
+            raise MergeError(f"rank {rank.rank} is from run {rank.run_id!r}, rank {ranks[0].rank} "
+                             f"from {ranks[0].run_id!r}: not one job")
+        if rank.rank in seen:
+            raise MergeError(f"rank {rank.rank} given twice")
+        seen[rank.rank] = rank
+    out = [seen.get(r) or RankRun(rank=r, world_size=world, run_id=ranks[0].run_id,
+                                  missing="no file given for this rank") for r in range(world)]
+    limitations = ["clocks not aligned: merged offline, each rank's own clock is used as it is"] if any(
+        r.clock_offset is None for r in out if r.run is not None) else []
+    return JobRun(world_size=world, run_id=ranks[0].run_id, merged=merged, ranks=out, limitations=limitations)
+
+
+class MergeCommand:
+    name = "merge"
+    help = "merge the per-rank reports of a multi-process job (report.rank*.json) into one report"
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("paths", nargs="+", metavar="RANKFILE",
+                            help="the files report.rankR.json that the ranks wrote")
+        parser.add_argument("--json", metavar="PATH", help="write the merged report here")
+        parser.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from ..cli import UsageError
+        from ..report import JsonWriteError, render_console, write_json
+        from ..report.job import build_job_report
+
+        try:
+            job = merge_ranks([read_rank_file(p) for p in args.paths])
+        except MergeError as exc:
+            raise UsageError(str(exc)) from None
+        report: Any = build_job_report(job)
+        if args.json:
+            try:
+                write_json(report, args.json)
+            except JsonWriteError as exc:
+                raise UsageError(str(exc)) from None
+        if not args.quiet:
+            render_console(report, file=sys.stdout)
+        return 0

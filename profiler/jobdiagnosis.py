@@ -1,0 +1,330 @@
+"""Pure diagnosis across the ranks of a job: a ``JobRun`` in, a ``JobDiagnosis`` out.
+
+No I/O, no threads: tests build per-rank runs by hand.
+
+Each rank is diagnosed on its own (``diagnosis.diagnose``); then, per step after
+warm-up, its time splits into its own work (input wait, host-to-device copy,
+compute) and time blocked in collectives (NOTE [ Collective wait ] in
+dist/collectives.py). Under DDP the step times agree and only the own work tells
+who is late: a rank is a straggler when its own work exceeds the median of the
+other ranks' by ``straggler_share`` of the job's step time, while the others wait
+for it. The component that explains ``cause_share`` of that excess is its cause
+(TraceML blames input, copy or compute only past 80%); otherwise the cause is
+"unclear". The job's verdict comes from the ranks that set the pace: the
+stragglers, or without any, the verdict most ranks share.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Thresholds, diagnose
+from .records import GpuSample, JobRun, RankRun
+
+#: Straggler causes, as the JSON names them.
+STRAGGLER_CAUSES = {
+    "input": "its input wait (the loader is slower on this rank)",
+    "copy": "its host-to-device copies",
+    "compute": "its compute (forward, backward, optimizer and the loop's own code)",
+    "unclear": "no single part explains the excess (cause unclear)",
+}
+
+
+@dataclass(frozen=True)
+class JobThresholds:
+    """The cut-offs across ranks, with where they come from."""
+
+    #: TraceML: a rank's excess over the median is ignored under 5%, a warning at 10%,
+    #: critical at 20%; we name a straggler from 10% of the job's step time ...
+    straggler_share: float = 0.10
+    #: ... and from a millisecond, so microsecond steps do not name noise.
+    straggler_min_seconds: float = 0.001
+    #: TraceML: input, copy or compute is blamed only when it explains >= 80% of the excess.
+    cause_share: float = 0.80
+    #: Ours: where collectives are measured, the others must wait at least a quarter of
+    #: the excess for it; ranks that do not wait for each other have no straggler.
+    others_wait_share: float = 0.25
+
+
+DEFAULT_JOB_THRESHOLDS = JobThresholds()
+
+
+@dataclass
+class RankFigures:
+    """One row of the per-rank table: seconds are per step, over the judged steps."""
+
+    rank: int
+    local_rank: int | None = None
+    node_rank: int | None = None
+    host: str = ""
+    missing: str = ""
+    verdict: str = "inconclusive"
+    cause: str | None = None
+    steps: int = 0
+    step_time: float | None = None
+    input_wait: float | None = None
+    h2d: float | None = None
+    compute: float | None = None  # own compute: step time less input, copy and collectives
+    collective: float | None = None  # None: not measured
+    own_work: float | None = None
+    data_wait_fraction: float | None = None
+    gpu_util: float | None = None  # %, this rank's own GPU where it can be told
+    gpu_memory_peak: float | None = None  # fraction of the device
+    cpu_cores: float | None = None  # the rank's process, in cores
+    workers_cpu_cores: float | None = None  # its loader workers together
+    clock_offset: float | None = None
+
+
+@dataclass
+class Straggler:
+    rank: int
+    host: str
+    cause: str  # a key of STRAGGLER_CAUSES
+    excess: float  # seconds per step its own work exceeds the others' median
+    excess_share: float  # of the job's step time
+    others_wait: float | None  # seconds per step the others spend in collectives (median)
+    detail: str = ""
+
+
+@dataclass
+class JobDiagnosis:
+    verdict: str
+    cause: str | None
+    summary: str
+    confidence: str
+    world_size: int
+    ranks: list[RankFigures] = field(default_factory=list)
+    stragglers: list[Straggler] = field(default_factory=list)
+    pace_ranks: list[int] = field(default_factory=list)
+    missing: list[int] = field(default_factory=list)
+    step_time: float | None = None  # the job's: median over ranks
+    warnings: list[tuple[str, str]] = field(default_factory=list)
+    #: median over steps of how far apart the ranks' ends of the same step lie on rank 0's
+    #: clock (seconds): small when the clocks line up and a collective syncs each step
+    step_end_spread: float | None = None
+    #: each present rank's own diagnosis, by rank, and the thresholds it was judged with
+    per_rank: dict[int, Diagnosis] = field(default_factory=dict)
+    thresholds: dict[int, Thresholds] = field(default_factory=dict)
+
+
+def rank_thresholds(job: JobRun) -> dict[int, Thresholds]:
+    """Each rank's single-run thresholds, with its sibling ranks' CPU not counted as contention.
+
+    A rank's host sampler sees the other ranks on its host as "other processes";
+    they are the job's own work, so the share they use is added to the contention
+    cut-off (``Thresholds.contended_others``) of that rank."""
+    present = [r for r in job.ranks if r.run is not None]
+    hosts = Counter(r.host for r in present if r.host)
+    out: dict[int, Thresholds] = {r.rank: DEFAULT_THRESHOLDS for r in present}
+    if not any(n > 1 for n in hosts.values()):
+        return out
+    cores: dict[int, float] = {}
+    for r in present:
+        if hosts.get(r.host, 0) > 1 and r.run is not None and r.run.host_samples:
+            samples = r.run.host_samples  # the whole run's mean: a share of the host, not a verdict
+            cores[r.rank] = sum(h.process_cpu + h.children_cpu for h in samples) / len(samples) / 100.0
+    for r in present:
+        if r.rank not in cores or r.run is None:
+            continue
+        siblings = sum(c for k, c in cores.items() if k != r.rank and _host_of(job, k) == r.host)
+        usable = max(1, r.run.environment.usable_cores)
+        out[r.rank] = dataclasses.replace(
+            DEFAULT_THRESHOLDS, contended_others=DEFAULT_THRESHOLDS.contended_others + siblings / usable)
+    return out
+
+
+def _host_of(job: JobRun, rank: int) -> str:
+    return next((r.host for r in job.ranks if r.rank == rank), "")
+
+
+def _own_gpu(rank: RankRun) -> list[GpuSample]:
+    """This rank's device: the one its process holds memory on, else index = local rank."""
+    assert rank.run is not None
+    samples = rank.run.gpu_samples
+    used = {g.index for g in samples if (g.process_memory_used or 0) > 0}
+    if len(used) == 1:
+        index = used.pop()
+    elif rank.local_rank is not None and any(g.index == rank.local_rank for g in samples):
+        index = rank.local_rank
+    else:
+        return []
+    return [g for g in samples if g.index == index]
+
+
+def rank_figures(rank: RankRun, d: Diagnosis) -> RankFigures:
+    """The per-rank row from one rank's run and its own diagnosis."""
+    f = RankFigures(rank.rank, rank.local_rank, rank.node_rank, rank.host, rank.missing,
+                    clock_offset=rank.clock_offset)
+    if rank.run is None:
+        return f
+    m = d.metrics
+    f.verdict, f.cause, f.steps = d.verdict, d.cause, m.steps_total
+    f.cpu_cores = None if m.tree_cpu_cores is None else max(0.0, m.tree_cpu_cores - (m.children_cpu_cores or 0.0))
+    f.workers_cpu_cores = m.children_cpu_cores
+    own = _own_gpu(rank)
+    utils = [g.util_gpu for g in own if g.util_gpu is not None]
+    f.gpu_util = statistics.median(utils) if utils else m.gpu_util_median
+    mems = [g.memory_used / g.memory_total for g in own if g.memory_used is not None and g.memory_total]
+    f.gpu_memory_peak = max(mems) if mems else m.gpu_memory_peak_fraction
+    if not m.steps_judged:
+        return f
+    judged = rank.run.steps[m.warmup_steps:]
+    n = m.steps_judged
+    f.step_time = m.step_time_mean
+    f.input_wait = sum(s.data_wait for s in judged) / n
+    f.h2d = sum(s.h2d for s in judged) / n
+    f.data_wait_fraction = m.data_wait_fraction
+    if rank.collective_wait is not None:
+        f.collective = sum(rank.collective_wait[m.warmup_steps:]) / n
+    f.compute = max(0.0, f.step_time - f.input_wait - f.h2d - (f.collective or 0.0))
+    f.own_work = f.input_wait + f.h2d + f.compute
+    return f
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def find_stragglers(rows: list[RankFigures], th: JobThresholds = DEFAULT_JOB_THRESHOLDS) -> list[Straggler]:
+    """Ranks whose own work arrives late while the others wait; worst first."""
+    judged = [r for r in rows if r.own_work is not None and r.step_time is not None]
+    if len(judged) < 2:
+        return []
+    job_step = _median([r.step_time for r in judged if r.step_time is not None])
+    out: list[Straggler] = []
+    for r in judged:
+        others = [o for o in judged if o is not r]
+        assert r.own_work is not None
+        excess = r.own_work - _median([o.own_work for o in others if o.own_work is not None])
+        if excess < max(th.straggler_min_seconds, th.straggler_share * job_step):
+            continue
+        waits = [o.collective for o in others if o.collective is not None]
+        others_wait = _median(waits) if waits else None
+        if others_wait is not None and others_wait < th.others_wait_share * excess:
+            continue  # nobody waits for it: not holding the job back
+        deltas = {
+            "input": (r.input_wait or 0.0) - _median([o.input_wait or 0.0 for o in others]),
+            "copy": (r.h2d or 0.0) - _median([o.h2d or 0.0 for o in others]),
+            "compute": (r.compute or 0.0) - _median([o.compute or 0.0 for o in others]),
+        }
+        part, delta = max(deltas.items(), key=lambda kv: kv[1])
+        cause = part if delta >= th.cause_share * excess else "unclear"
+        share = excess / job_step if job_step > 0 else 0.0
+        detail = (f"its own work is {_ms(excess)} per step ({100 * share:.0f}% of the job's step) longer "
+                  f"than the other ranks' median; {STRAGGLER_CAUSES[cause]}")
+        if cause != "unclear":
+            detail += f" explains {_ms(delta)} of it"
+        if others_wait is not None:
+            detail += f"; the others wait {_ms(others_wait)} per step in collectives"
+        out.append(Straggler(r.rank, r.host, cause, excess, share, others_wait, detail))
+    return sorted(out, key=lambda s: -s.excess)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if abs(seconds) < 1 else f"{seconds:.2f} s"
+
+
+def where(row: RankFigures) -> str:
+    parts = [f"rank {row.rank}"]
+    facts = [p for p in (row.host and f"host {row.host}",
+                         row.local_rank is not None and f"local rank {row.local_rank}") if p]
+    return parts[0] + (f" ({', '.join(facts)})" if facts else "")
+
+
+def diagnose_job(job: JobRun, th: JobThresholds = DEFAULT_JOB_THRESHOLDS) -> JobDiagnosis:
+    """The job's verdict from the ranks that set the pace, with the per-rank table."""
+    per_rank: dict[int, Diagnosis] = {}
+    rows: list[RankFigures] = []
+    by_rank = {r.rank: r for r in job.ranks}
+    thresholds = rank_thresholds(job)
+    for r in range(job.world_size):
+        rank = by_rank.get(r)
+        if rank is None:
+            rank = RankRun(rank=r, world_size=job.world_size, missing="no report for this rank")
+        if rank.run is not None:
+            per_rank[r] = diagnose(rank.run, thresholds[r])
+            rows.append(rank_figures(rank, per_rank[r]))
+        else:
+            rows.append(RankFigures(r, rank.local_rank, rank.node_rank, rank.host, rank.missing or "no report"))
+    missing = [row.rank for row in rows if row.missing]
+    judged = [row for row in rows if row.step_time is not None and row.verdict != "inconclusive"]
+    step_times = [row.step_time for row in judged if row.step_time is not None]
+    out = JobDiagnosis("inconclusive", None, "", "low", job.world_size, rows, missing=missing,
+                       step_time=_median(step_times) if step_times else None, per_rank=per_rank,
+                       thresholds=thresholds)
+    if missing:
+        out.warnings.append(("missing-ranks", f"{len(missing)} of {job.world_size} ranks sent no report: "
+                             + ", ".join(str(r) for r in missing[:16]) + (" ..." if len(missing) > 16 else "")))
+    if not judged:
+        out.summary = "no rank measured enough steps to judge" if per_rank else "no rank's report arrived"
+        return out
+    out.step_end_spread = step_end_spread(job)
+    out.stragglers = find_stragglers(judged, th)
+    if out.stragglers:
+        worst = out.stragglers[0]
+        out.pace_ranks = [s.rank for s in out.stragglers]
+        own = per_rank[worst.rank]
+        if worst.cause in ("input", "copy"):
+            out.verdict = "data-starved"
+            out.cause = own.cause if own.verdict == "data-starved" else (
+                "host-to-device" if worst.cause == "copy" else "straggler-input")
+        elif worst.cause == "compute":
+            out.verdict = own.verdict if own.verdict in ("compute-bound", "host-bound", "memory-bound") \
+                else "compute-bound"
+            out.cause = own.cause if own.verdict == out.verdict else "straggler-compute"
+        else:
+            out.verdict, out.cause = own.verdict, own.cause
+        names = ", ".join(where(_row(rows, s.rank)) for s in out.stragglers[:4])
+        more = f" and {len(out.stragglers) - 4} more" if len(out.stragglers) > 4 else ""
+        lose = f"; the others wait {_ms(worst.others_wait)} per step for it" if worst.others_wait is not None else ""
+        out.summary = (f"straggler{'s' if len(out.stragglers) > 1 else ''} set the pace: {names}{more}; "
+                       f"rank {worst.rank}: cause {worst.cause} ({_ms(worst.excess)} per step over the "
+                       f"others' own work{lose})")
+        out.confidence = own.confidence
+    else:
+        counts = Counter(row.verdict for row in judged)
+        top = max(counts.values())
+        slowest = max(judged, key=lambda row: row.step_time or 0.0)
+        verdict = slowest.verdict if counts[slowest.verdict] == top else \
+            next(v for v, c in counts.most_common() if c == top)
+        pace = [row for row in judged if row.verdict == verdict]
+        causes = Counter(per_rank[row.rank].cause for row in pace)
+        out.verdict, out.cause = verdict, causes.most_common(1)[0][0]
+        out.pace_ranks = [row.rank for row in pace]
+        ranks = "all ranks" if len(pace) == len(rows) else f"{len(pace)} of {len(rows)} ranks"
+        out.summary = f"balanced: no straggler; {ranks} {verdict}"
+        if out.cause:
+            out.summary += f" ({out.cause})"
+        confidences = [per_rank[row.rank].confidence for row in pace]
+        out.confidence = min(confidences, key=("low", "medium", "high").index)
+    if missing and out.confidence == "high":
+        out.confidence = "medium"
+    return out
+
+
+def aligned_ends(rank: RankRun, origin: float) -> list[float]:
+    """Ends of this rank's unmerged step records, in seconds since ``origin`` on rank 0's clock."""
+    if rank.run is None or rank.clock_offset is None:
+        return []
+    shift = rank.run.started_at + rank.clock_offset - origin
+    return [shift + s.end for s in rank.run.steps if s.merged == 1]
+
+
+def step_end_spread(job: JobRun) -> float | None:
+    """Median over step indices of (latest - earliest) end across ranks, on one clock."""
+    ranks = [r for r in job.ranks if r.run is not None and r.clock_offset is not None]
+    if len(ranks) < 2:
+        return None
+    origin = min(r.run.started_at + (r.clock_offset or 0.0) for r in ranks if r.run is not None)
+    series = [aligned_ends(r, origin) for r in ranks]
+    n = min(len(s) for s in series)
+    if n == 0:
+        return None
+    return statistics.median(max(s[k] for s in series) - min(s[k] for s in series) for k in range(n))
+
+
+def _row(rows: list[RankFigures], rank: int) -> RankFigures:
+    return next(row for row in rows if row.rank == rank)

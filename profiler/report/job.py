@@ -1,0 +1,248 @@
+"""The report of a multi-process job: every rank's run diagnosed, and the job across them.
+
+``build_job_report(job)`` is where per-rank diagnosis, the diagnosis across ranks and
+advice meet a ``JobRun``; ``JobConsoleRenderer`` prints it, and ``to_dict`` is its
+JSON (the usual keys of a report, plus ``world_size``, ``ranks``, ``stragglers`` and
+the raw ``job`` that ``loadprof report`` diagnoses again).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from ..advice import Recommendation, recommend
+from ..diagnosis import DEFAULT_THRESHOLDS
+from ..jobdiagnosis import JobDiagnosis, RankFigures, diagnose_job, where
+from ..jsonio import dumps
+from ..records import SCHEMA_VERSION, JobRun
+
+#: From this many ranks the terminal table shows the slowest and fastest few and the spread.
+COMPACT_FROM = 64
+COMPACT_EACH = 5
+
+
+@dataclass
+class JobRecommendation:
+    """One recommendation and the ranks (and hosts) it applies to."""
+
+    recommendation: Recommendation
+    ranks: list[int] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.recommendation.to_dict(), "ranks": self.ranks, "hosts": self.hosts}
+
+
+@dataclass
+class JobReport:
+    job: JobRun
+    diagnosis: JobDiagnosis
+    recommendations: list[JobRecommendation] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        return self.diagnosis.verdict
+
+    @property
+    def cause(self) -> str | None:
+        return self.diagnosis.cause
+
+    @property
+    def data_wait_fraction(self) -> float:
+        """The pace-setting ranks' input share (the mean over them)."""
+        rows = [r for r in self.diagnosis.ranks if r.rank in self.diagnosis.pace_ranks
+                and r.data_wait_fraction is not None]
+        return sum(r.data_wait_fraction or 0.0 for r in rows) / len(rows) if rows else 0.0
+
+    def recommendation_ids(self) -> list[str]:
+        return [r.recommendation.id for r in self.recommendations]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.diagnosis
+        pace = d.per_rank.get(d.pace_ranks[0]) if d.pace_ranks else None
+        rank0 = next((r.run for r in self.job.ranks if r.rank == 0 and r.run is not None), None)
+        return {
+            "schema": SCHEMA_VERSION,
+            "verdict": d.verdict,
+            "cause": d.cause,
+            "confidence": d.confidence,
+            "summary": d.summary,
+            "warnings": [{"id": wid, "detail": detail} for wid, detail in d.warnings],
+            "evidence": [{**asdict(e), "rank": d.pace_ranks[0]} for e in pace.evidence] if pace else [],
+            "recommendations": [r.to_dict() for r in self.recommendations],
+            "world_size": self.job.world_size,
+            "ranks": [_row_dict(row) for row in d.ranks],
+            "stragglers": [asdict(s) for s in d.stragglers],
+            "pace_ranks": list(d.pace_ranks),
+            "missing_ranks": list(d.missing),
+            "steps": {"median_s": d.step_time, "end_spread_s": d.step_end_spread},
+            "data_wait_fraction": self.data_wait_fraction,
+            "limitations": list(self.job.limitations),
+            "exit_status": rank0.exit_status if rank0 else "",
+            "duration_s": rank0.duration if rank0 else None,
+            "job": self.job.to_dict(),
+        }
+
+
+    def to_json(self) -> str:
+        """Strict JSON: the summary indented, the ranks' raw runs (``job``) compact, so that
+        a job of many ranks writes and reads in a fraction of a second (NOTE [ Columns of a rank ])."""
+        data = self.to_dict()
+        job = data.pop("job")
+        try:
+            raw = json.dumps(job, separators=(",", ":"), allow_nan=False)
+        except ValueError:  # a non-finite number somewhere: null, as every loadprof file writes it
+            raw = dumps(job, indent=None).rstrip("\n")
+        head = dumps(data, indent=2).rstrip().rstrip("}").rstrip()
+        return f'{head},\n  "job": {raw}\n}}\n'
+
+
+def _row_dict(row: RankFigures) -> dict[str, Any]:
+    return {
+        "rank": row.rank, "local_rank": row.local_rank, "node_rank": row.node_rank, "host": row.host,
+        "verdict": row.verdict, "cause": row.cause, "missing": row.missing or None, "steps": row.steps,
+        "step_time_s": row.step_time, "input_wait_s": row.input_wait, "h2d_s": row.h2d,
+        "compute_s": row.compute, "collective_s": row.collective, "own_work_s": row.own_work,
+        "data_wait_fraction": row.data_wait_fraction, "gpu_util": row.gpu_util,
+        "gpu_memory_peak_fraction": row.gpu_memory_peak, "cpu_cores": row.cpu_cores,
+        "workers_cpu_cores": row.workers_cpu_cores, "clock_offset_s": row.clock_offset,
+    }
+
+
+def build_job_report(job: JobRun) -> JobReport:
+    d = diagnose_job(job)
+    runs = {r.rank: r.run for r in job.ranks if r.run is not None}
+    hosts = {row.rank: row.host for row in d.ranks}
+    grouped: dict[str, JobRecommendation] = {}
+    for rank in d.pace_ranks:
+        run, diagnosis = runs.get(rank), d.per_rank.get(rank)
+        if run is None or diagnosis is None:
+            continue
+        for rec in recommend(run, diagnosis, d.thresholds.get(rank, DEFAULT_THRESHOLDS)):
+            entry = grouped.setdefault(rec.id, JobRecommendation(rec))
+            entry.ranks.append(rank)
+            if hosts.get(rank) and hosts[rank] not in entry.hosts:
+                entry.hosts.append(hosts[rank])
+    return JobReport(job, d, list(grouped.values()))
+
+
+def load_job(data: Any) -> JobReport:
+    """A saved job report's ``job``, validated (RecordError) and diagnosed again."""
+    return build_job_report(JobRun.from_dict(data))
+
+
+def _secs(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 1000:.1f}ms" if x < 1 else f"{x:.2f}s"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def _ranks(ranks: list[int], hosts: list[str], world: int) -> str:
+    if len(ranks) == world:
+        return "all ranks"
+    shown = ", ".join(str(r) for r in ranks[:12]) + (" ..." if len(ranks) > 12 else "")
+    return f"rank{'s' if len(ranks) > 1 else ''} {shown}" + (f" on {', '.join(hosts[:4])}" if hosts else "")
+
+
+class JobConsoleRenderer:
+    def __init__(self, file: IO[str] | None = None, width: int | None = None) -> None:
+        self.console = Console(file=file, width=width, highlight=False, soft_wrap=False)
+
+    def render(self, report: JobReport) -> None:
+        c = self.console
+        d = report.diagnosis
+        head = Text()
+        head.append("loadprof job verdict: ", style="bold")
+        head.append(d.verdict.upper(), style="bold")
+        if d.cause:
+            head.append(f" ({d.cause})")
+        head.append(f"   confidence: {d.confidence}\n{d.summary}")
+        present = len(d.ranks) - len(d.missing)
+        head.append(f"\n{d.world_size} ranks ({present} reported); job step {_secs(d.step_time)}", style="dim")
+        if d.step_end_spread is not None:
+            head.append(f"; step ends on one clock within {_secs(d.step_end_spread)} (median)", style="dim")
+        for wid, detail in d.warnings:
+            head.append(f"\nwarning [{wid}]: ", style="bold yellow")
+            head.append(detail, style="yellow")
+        c.print(Panel(head, expand=False))
+        c.print(self._table(d))
+        for s in d.stragglers:
+            line = Text(f"straggler: {where(_find(d, s.rank))}, cause {s.cause}: ", style="bold red")
+            line.append(s.detail)
+            c.print(line)
+        if report.recommendations:
+            c.print(Text("Recommendations", style="bold"))
+            for i, r in enumerate(report.recommendations, 1):
+                rec = r.recommendation
+                title = Text(f"{i}. {rec.title} ", style="bold")
+                title.append(f"[{rec.id}]", style="cyan")
+                title.append(f"  for {_ranks(r.ranks, r.hosts, d.world_size)}", style="green")
+                c.print(title)
+                c.print(Text(f"   {rec.detail}"))
+        for row in d.ranks:
+            if row.missing:
+                c.print(Text(f"missing: {where(row)}: {row.missing}", style="yellow"))
+        if report.job.limitations:
+            c.print(Text("Not measured:", style="bold yellow"))
+            for limit in report.job.limitations:
+                c.print(Text(f"  - {limit}", style="yellow"))
+        c.print(Text("Each rank's full report: loadprof report FILE.json (the raw runs are under 'job')",
+                     style="dim"))
+
+    def _table(self, d: JobDiagnosis) -> Table:
+        rows = [r for r in d.ranks if not r.missing]
+        compact = len(d.ranks) >= COMPACT_FROM
+        title = ("Per rank, ms per step after warm-up (* straggler; comp = own compute, coll = blocked in "
+                 "collectives; GPU busy/memory; CPU cores rank+workers)")
+        if compact:
+            title = f"Per rank: the {COMPACT_EACH} slowest and fastest of {len(d.ranks)} by own work, ms per step"
+        table = Table(title=title, title_justify="left", expand=False, padding=(0, 1))
+        # GPU: busy %/peak memory of its device; CPU: cores of the rank + of its loader workers
+        for name in ("rank", "host:lr", "verdict", "step", "input", "h2d", "comp", "coll", "GPU", "CPU"):
+            table.add_column(name, justify="left" if name in ("host:lr", "verdict") else "right")
+        stragglers = {s.rank for s in d.stragglers}
+        shown = rows
+        if compact and len(rows) > 2 * COMPACT_EACH:
+            ordered = sorted(rows, key=lambda r: -(r.own_work or 0.0))
+            shown = ordered[:COMPACT_EACH] + ordered[-COMPACT_EACH:]
+        for i, r in enumerate(shown):
+            if shown is not rows and i == COMPACT_EACH:
+                table.add_row("...", f"{len(rows) - 2 * COMPACT_EACH} more", *[""] * 8)
+            gpu = "-" if r.gpu_util is None else f"{r.gpu_util:.0f}%"
+            if r.gpu_memory_peak is not None:
+                gpu += f"/{_pct(r.gpu_memory_peak)}"
+            cpu = "-" if r.cpu_cores is None else f"{r.cpu_cores:.1f}+{r.workers_cpu_cores or 0.0:.1f}"
+            mark = "*" if r.rank in stragglers else ""
+            table.add_row(f"{mark}{r.rank}", f"{r.host}:{'-' if r.local_rank is None else r.local_rank}",
+                          _SHORT.get(r.verdict, r.verdict), _ms(r.step_time), _ms(r.input_wait), _ms(r.h2d),
+                          _ms(r.compute), _ms(r.collective), gpu, cpu,
+                          style="bold red" if mark else None)
+        if compact:
+            works = sorted(r.own_work for r in rows if r.own_work is not None)
+            if works:
+                table.caption = (f"own work per step: fastest {_secs(works[0])}, median "
+                                 f"{_secs(works[len(works) // 2])}, slowest {_secs(works[-1])}")
+        return table
+
+
+_SHORT = {"data-starved": "data", "compute-bound": "compute", "memory-bound": "memory",
+          "host-bound": "host", "inconclusive": "?"}
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.1f}"
+
+
+def _find(d: JobDiagnosis, rank: int) -> RankFigures:
+    return next(r for r in d.ranks if r.rank == rank)

@@ -1,0 +1,215 @@
+"""Real multi-process jobs under torchrun (CPU, gloo): one report for the job, on rank 0.
+
+Each launch runs in its own process group under a subprocess timeout; on a timeout
+or a failure the whole group is killed, so nothing here can hang the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch.distributed")
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(sys.executable).parent
+TORCHRUN, LOADPROF = str(BIN / "torchrun"), str(BIN / "loadprof")
+
+#: A DDP loop whose slow rank is chosen by the environment. Steps are paced by sleeps
+#: and by a compute loop bounded in wall time, so a loaded machine changes little.
+WORKLOAD = textwrap.dedent('''
+    import os, signal, time
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, Dataset
+
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    env = lambda name: int(os.environ.get(name, -1))
+    STEPS = int(os.environ.get("STEPS", 30))
+
+    class Data(Dataset):
+        def __len__(self):
+            return 10**6
+
+        def __getitem__(self, i):
+            time.sleep(0.09 if rank == env("SLOW_INPUT_RANK") else 0.03)
+            return torch.randn(32), torch.randn(1)
+
+    dist.init_process_group("gloo")
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for i, (x, y) in enumerate(DataLoader(Data(), batch_size=1)):
+        if i == STEPS:
+            break
+        if rank == env("SLOW_COMPUTE_RANK"):
+            end, a = time.perf_counter() + 0.06, torch.randn(128, 128)
+            while time.perf_counter() < end:
+                a = torch.tanh(a @ a)
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if rank == env("KILL_RANK") and i == STEPS // 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+    dist.destroy_process_group()
+''')
+
+
+JOB_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                 "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(args: list[str], cwd: Path, **env: str) -> subprocess.Popen[str]:
+    # a job's variables come from torchrun (or the test), never from the shell running the tests
+    full = {k: v for k, v in os.environ.items() if k not in JOB_VARIABLES}
+    full.update({"OMP_NUM_THREADS": "1", "LOADPROF_DIST_TIMEOUT": "30", **env})
+    return subprocess.Popen(args, cwd=cwd, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 150) -> tuple[int, str]:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"the job did not end within {timeout} s:\n{out[-3000:]}")
+    return proc.returncode, out
+
+
+def torchrun(tmp_path: Path, nproc: int = 2, **env: str) -> tuple[int, str, dict]:
+    (tmp_path / "work.py").write_text(WORKLOAD)
+    proc = start([TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", "--no-python", LOADPROF, "diagnose",
+                  "--no-gpu", "--json", "r.json", "work.py"], tmp_path, **env)
+    code, out = finish(proc)
+    path = tmp_path / "r.json"
+    assert path.exists(), out[-3000:]
+    return code, out, json.loads(path.read_text())
+
+
+def test_balanced_job_one_report_on_rank_zero_and_no_straggler(tmp_path):
+    code, out, report = torchrun(tmp_path)
+    assert code == 0, out[-3000:]
+    assert report["world_size"] == 2 and [r["rank"] for r in report["ranks"]] == [0, 1]
+    assert report["stragglers"] == [], report["summary"]
+    assert out.count("loadprof job verdict") == 1  # rank 1 printed nothing
+    assert not list(tmp_path.glob("r.rank*.json"))
+    ranks = report["job"]["ranks"]
+    assert all(r["collective_wait"] is not None for r in ranks)  # DDP's all-reduce was timed
+    assert ranks[1]["clock_offset"] is not None and abs(ranks[1]["clock_offset"]) < 0.05  # one host, one clock
+
+
+def test_rank_with_slow_input_is_named_with_cause_input(tmp_path):
+    code, out, report = torchrun(tmp_path, nproc=4, SLOW_INPUT_RANK="2", STEPS="20")
+    assert code == 0, out[-3000:]
+    assert report["world_size"] == 4
+    assert [(s["rank"], s["cause"]) for s in report["stragglers"]] == [(2, "input")], report["summary"]
+    assert report["verdict"] == "data-starved" and report["pace_ranks"] == [2]
+    assert out.count("loadprof job verdict") == 1
+
+
+def test_rank_with_slow_compute_is_named_with_cause_compute(tmp_path):
+    code, out, report = torchrun(tmp_path, SLOW_COMPUTE_RANK="1")
+    assert code == 0, out[-3000:]
+    assert [(s["rank"], s["cause"]) for s in report["stragglers"]] == [(1, "compute")], report["summary"]
+    assert report["stragglers"][0]["others_wait"] > 0
+
+
+def test_killed_rank_is_listed_missing_and_the_report_is_still_written(tmp_path):
+    code, out, report = torchrun(tmp_path, KILL_RANK="1", STEPS="40")
+    assert code != 0  # torchrun reports the job failed, as it would without loadprof
+    assert report["missing_ranks"] == [1]
+    missing = report["ranks"][1]
+    assert missing["missing"] and "no report" in missing["missing"]
+    assert report["ranks"][0]["steps"] > 0
+    assert (tmp_path / "r.rank0.json").exists()  # rank 0's own, for loadprof merge
+
+
+def test_two_nodes_give_one_merged_report(tmp_path):
+    (tmp_path / "work.py").write_text(WORKLOAD)
+    port = free_port()
+    procs = []
+    for node in (0, 1):
+        folder = tmp_path / f"node{node}"
+        folder.mkdir()
+        (folder / "work.py").write_text(WORKLOAD)
+        procs.append(start([TORCHRUN, "--nnodes=2", f"--node-rank={node}", "--nproc-per-node=1",
+                            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=twonodes",
+                            "--no-python", LOADPROF, "diagnose", "--no-gpu", "--json", "r.json", "work.py"],
+                           folder, SLOW_INPUT_RANK="1"))
+    try:
+        results = [finish(p) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    for code, out in results:
+        assert code == 0, out[-3000:]
+    written = [tmp_path / f"node{n}" / "r.json" for n in (0, 1) if (tmp_path / f"node{n}" / "r.json").exists()]
+    assert len(written) == 1  # the node that got global rank 0
+    report = json.loads(written[0].read_text())
+    assert report["world_size"] == 2 and report["missing_ranks"] == []
+    assert {r["node_rank"] for r in report["ranks"]} == {0, 1}
+    assert [(s["rank"], s["cause"]) for s in report["stragglers"]] == [(1, "input")]
+    assert sum(out.count("loadprof job verdict") for _, out in results) == 1
+
+
+def test_unreachable_store_each_rank_writes_its_own_file_and_merge_joins_them(tmp_path):
+    (tmp_path / "plain.py").write_text(textwrap.dedent('''
+        import os, time
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+
+        class Data(Dataset):
+            def __len__(self):
+                return 25
+
+            def __getitem__(self, i):
+                time.sleep(0.05 if os.environ["RANK"] == "1" else 0.01)
+                return torch.randn(8), torch.randn(1)
+
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for x, y in DataLoader(Data(), batch_size=1):
+            loss = ((model(x) - y) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    '''))
+    port = free_port()  # nothing listens there: the exchange fails at once
+    procs = [start([LOADPROF, "diagnose", "--no-gpu", "--json", "r.json", "plain.py"], tmp_path,
+                   RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   TORCHELASTIC_RUN_ID="offline", TORCHELASTIC_USE_AGENT_STORE="True", LOADPROF_DIST_TIMEOUT="2")
+             for r in (0, 1)]
+    results = [finish(p, timeout=120) for p in procs]
+    for code, out in results:
+        assert code == 0, out[-3000:]
+    assert "written to r.rank1.json" in results[1][1]
+    files = sorted(str(p) for p in tmp_path.glob("r.rank*.json"))
+    assert [Path(f).name for f in files] == ["r.rank0.json", "r.rank1.json"]
+    merge = subprocess.run([LOADPROF, "merge", *files, "--json", "merged.json"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120)
+    assert merge.returncode == 0, merge.stderr
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert merged["world_size"] == 2 and merged["missing_ranks"] == []
+    assert [(s["rank"], s["cause"]) for s in merged["stragglers"]] == [(1, "input")]
+    again = subprocess.run([LOADPROF, "report", "merged.json"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0 and "straggler" in again.stdout

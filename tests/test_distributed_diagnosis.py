@@ -1,0 +1,263 @@
+"""Diagnosis across ranks on hand-built per-rank runs; the exchange over a real TCPStore;
+the saved job report read as hostile input. No torchrun here (tests/test_distributed.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+
+from loadprof.cli import main
+from loadprof.dist import rank_document, rank_path
+from loadprof.dist.collectives import per_step
+from loadprof.dist.exchange import Exchange, JobContext, Timeouts
+from loadprof.dist.merge import MergeError, merge_ranks
+from loadprof.jobdiagnosis import diagnose_job
+from loadprof.records import Environment, HostSample, JobRun, LoaderInfo, RankRun, Run, Step
+from loadprof.report import load_report, render_console, write_json
+from loadprof.report.job import build_job_report
+
+
+def rank_run(rank: int, world: int = 2, n: int = 40, wait: float = 0.002, compute: float = 0.03,
+             collective: float | None = 0.0, h2d: float = 0.0, host: str = "node0", started: float = 1000.0,
+             offset: float | None = 0.0) -> RankRun:
+    """One rank of a synchronised job: each step = input + copy + own compute + collective wait."""
+    step = wait + h2d + compute + (collective or 0.0)
+    steps = [Step(i, i * step, (i + 1) * step, data_wait=wait, data_wait_cpu=0.0, h2d=h2d) for i in range(n)]
+    env = Environment(hostname=host, usable_cores=8, logical_cores=8, memory_total=2**36)
+    hosts = [HostSample(t=i * 0.1, cpu_per_core=[10.0] * 8, process_cpu=50.0, children_cpu=100.0, n_children=2,
+                        window=0.1, process_run_delay=0.0, children_run_delay=0.0, memory_available=2**35) for i in range(int(n * step * 10))]
+    run = Run(started_at=started, duration=n * step, environment=env, steps=steps, host_samples=hosts,
+              loaders=[LoaderInfo("torch", "DataLoader", batch_size=32, num_workers=2, iterations=1)],
+              data_wait_method="iterator-next")
+    return RankRun(rank=rank, world_size=world, local_rank=rank % 8, node_rank=rank // 8, host=host,
+                   run_id="job", started_at=started, clock_offset=offset, clock_rtt=0.0 if offset is not None else None,
+                   collective_wait=None if collective is None else [collective] * n, run=run)
+
+
+def job(*ranks: RankRun) -> JobRun:
+    return JobRun(world_size=ranks[0].world_size, run_id="job", merged="test", ranks=list(ranks))
+
+
+def test_balanced_job_names_no_straggler_and_takes_the_ranks_common_verdict():
+    d = diagnose_job(job(rank_run(0), rank_run(1)))
+    assert d.stragglers == []
+    assert d.verdict == "compute-bound" and d.pace_ranks == [0, 1]
+    assert d.summary.startswith("balanced")
+
+
+def test_slow_input_rank_is_named_with_cause_input_and_sets_the_verdict():
+    # rank 1 waits 40 ms more for input; rank 0 waits for it in the all-reduce
+    d = diagnose_job(job(rank_run(0, collective=0.04), rank_run(1, wait=0.05)))
+    assert [(s.rank, s.cause) for s in d.stragglers] == [(1, "input")]
+    assert d.stragglers[0].others_wait == pytest.approx(0.04)
+    assert d.stragglers[0].excess == pytest.approx(0.048)
+    assert d.verdict == "data-starved" and d.pace_ranks == [1]
+    report = build_job_report(job(rank_run(0, collective=0.04), rank_run(1, wait=0.05)))
+    assert report.recommendations and all(r.ranks == [1] for r in report.recommendations)
+
+
+def test_slow_compute_rank_is_named_with_cause_compute():
+    d = diagnose_job(JobRun(world_size=4, ranks=[rank_run(0, 4, collective=0.05), rank_run(1, 4, compute=0.08),
+                                                 rank_run(2, 4, collective=0.05), rank_run(3, 4, collective=0.05)]))
+    assert [(s.rank, s.cause) for s in d.stragglers] == [(1, "compute")]
+    assert d.verdict == "compute-bound"
+
+
+def test_excess_split_between_input_and_compute_is_a_straggler_with_cause_unclear():
+    d = diagnose_job(job(rank_run(0, collective=0.04), rank_run(1, wait=0.022, compute=0.05)))
+    assert [(s.rank, s.cause) for s in d.stragglers] == [(1, "unclear")]
+
+
+def test_a_slower_rank_nobody_waits_for_is_not_a_straggler():
+    # collectives measured on rank 0 and it never waits: the ranks do not synchronise
+    d = diagnose_job(job(rank_run(0, collective=0.0), rank_run(1, wait=0.05)))
+    assert d.stragglers == []
+
+
+def test_small_skew_under_ten_percent_names_nobody():
+    d = diagnose_job(job(rank_run(0, collective=0.002), rank_run(1, wait=0.004)))
+    assert d.stragglers == []
+
+
+def test_missing_rank_is_listed_with_what_is_known_and_lowers_confidence():
+    gone = RankRun(rank=2, world_size=3, host="node1", local_rank=0, steps_seen=7, missing="heartbeat stopped")
+    d = diagnose_job(JobRun(world_size=3, ranks=[rank_run(0, 3), rank_run(1, 3), gone]))
+    assert d.missing == [2]
+    assert d.ranks[2].missing == "heartbeat stopped" and d.ranks[2].host == "node1"
+    assert d.confidence != "high"
+    assert any(w[0] == "missing-ranks" for w in d.warnings)
+
+
+def test_step_ends_line_up_on_rank_zeros_clock_once_offsets_are_applied():
+    # rank 1's clock runs 5 s ahead; its offset (-5 s) brings its steps back in line
+    d = diagnose_job(job(rank_run(0), rank_run(1, started=1005.0, offset=-5.0)))
+    assert d.step_end_spread == pytest.approx(0.0, abs=1e-6)
+    d = diagnose_job(job(rank_run(0), rank_run(1, started=1005.0, offset=0.0)))
+    assert d.step_end_spread == pytest.approx(5.0)
+
+
+def test_sibling_ranks_on_one_host_are_not_other_processes():
+    # two ranks on one host, each using 3 of the 8 cores: the host looks 75% busy to each
+    def busy(rank: int) -> RankRun:
+        r = rank_run(rank, wait=0.05)
+        assert r.run is not None
+        r.run.host_samples = [replace(h, cpu_per_core=[75.0] * 8, process_cpu=100.0, children_cpu=200.0)
+                              for h in r.run.host_samples]
+        return r
+
+    d = diagnose_job(job(busy(0), busy(1)))
+    assert all(d.per_rank[r].cause != "host-contended" for r in (0, 1))
+
+
+def test_json_has_world_size_ranks_and_stragglers_and_reloads(tmp_path):
+    report = build_job_report(job(rank_run(0, collective=0.04), rank_run(1, wait=0.05)))
+    path = tmp_path / "merged.json"
+    write_json(report, path)
+    data = json.loads(path.read_text())
+    assert data["world_size"] == 2
+    assert [r["rank"] for r in data["ranks"]] == [0, 1]
+    assert {"rank", "local_rank", "host", "verdict", "data_wait_fraction", "step_time_s"} <= set(data["ranks"][1])
+    assert data["stragglers"][0]["rank"] == 1 and data["stragglers"][0]["cause"] == "input"
+    assert {"verdict", "cause", "summary", "recommendations", "limitations"} <= set(data)
+    again = load_report(path)
+    assert again.to_dict()["stragglers"] == data["stragglers"]
+
+
+def test_a_saved_job_renders_as_a_trace_with_one_process_per_rank(tmp_path, capsys):
+    report = build_job_report(job(rank_run(0, collective=0.04), rank_run(1, wait=0.05)))
+    path, trace = tmp_path / "merged.json", tmp_path / "trace.json"
+    write_json(report, path)
+    assert main(["report", str(path), "--trace", str(trace)]) == 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    steps = [e for e in events if e["ph"] == "X" and e["name"].startswith("step")]
+    assert {e["pid"] for e in steps} == {1, 2}  # rank + 1
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda j: j["ranks"][0].update(rank=7), "job.ranks[0].rank: expected 0 to 1, got 7"),
+    (lambda j: j["ranks"][1].update(rank=0), "rank 0 given twice"),
+    (lambda j: j.update(world_size=0), "job.world_size: expected 1"),
+    (lambda j: j["ranks"][0].update(collective_wait=[0.0]), "collective_wait: 1 values for 40 step records"),
+    (lambda j: j["ranks"][0]["collective_wait"].__setitem__(3, -1.0), "collective_wait[3]: expected 0"),
+    (lambda j: j["ranks"][0]["run"]["steps"][0].update(end=-5),
+     "job.ranks[0].run.steps[0]: ends (-5.0) before it starts"),
+    (lambda j: j["ranks"][0]["run"]["steps"][2].update(start="x"), "job.ranks[0].run.steps[2].start: expected a number"),
+    (lambda j: j["ranks"][1].update(run=None), "job.ranks[1].run: missing, and the rank is not listed"),
+    (lambda j: j["ranks"].append(7), "job.ranks[2]: expected an object"),
+    (lambda j: j["ranks"][0].update(clock_offset="soon"), "clock_offset: expected a number"),
+    (lambda j: j.update(ranks={}), "job.ranks: expected a list"),
+])
+def test_a_hostile_saved_job_is_one_line_and_exit_2(tmp_path, capsys, mutate, message):
+    report = build_job_report(job(rank_run(0, collective=0.04), rank_run(1, wait=0.05)))
+    data = report.to_dict()
+    mutate(data["job"])
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    assert main(["report", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err, err
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda r: r["steps"]["start"].__setitem__(2, "x"), "rank.run.steps[2].start: expected a number"),
+    (lambda r: r["steps"]["start"].pop(), "steps.start: 39 values, other columns have 40"),
+    (lambda r: r["host_samples"].pop("window"), "host_samples.window: missing"),
+    (lambda r: r["host_samples"]["cpu_per_core"][0].__setitem__(0, float("nan")), "cpu_per_core[0]: expected a finite"),
+])
+def test_a_rank_sent_as_columns_is_checked_column_by_column(mutate, message):
+    from loadprof.records import RecordError, rank_from_dict
+
+    r = rank_run(1, wait=0.05)
+    assert r.run is not None
+    doc = rank_document(r, r.run)
+    assert rank_from_dict(doc).run == r.run  # the columns give back the same run
+    mutate(doc["run"])
+    with pytest.raises(RecordError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        rank_from_dict(doc)
+
+
+def test_terminal_table_is_compact_from_64_ranks():
+    ranks = [rank_run(r, 64, collective=0.04) for r in range(64)]
+    ranks[17] = rank_run(17, 64, wait=0.05)
+    out = io.StringIO()
+    render_console(build_job_report(JobRun(world_size=64, ranks=ranks)), file=out, width=100)
+    text = out.getvalue()
+    assert "54 more" in text and "own work per step: fastest" in text
+    assert "*17" in text  # the straggler is among the slowest shown
+    assert len(text.splitlines()) < 60
+
+
+def test_offline_merge_lists_ranks_without_a_file_as_missing_and_refuses_mixed_jobs():
+    merged = merge_ranks([rank_run(0, 3), rank_run(2, 3)])
+    assert [r.rank for r in merged.ranks] == [0, 1, 2] and merged.ranks[1].missing
+    with pytest.raises(MergeError, match="job of 3 ranks"):
+        merge_ranks([rank_run(0, 2), rank_run(1, 3)])
+    with pytest.raises(MergeError, match="given twice"):
+        merge_ranks([rank_run(0, 2), rank_run(0, 2)])
+
+
+def test_rank_files_merge_offline_through_the_command(tmp_path, capsys):
+    paths = []
+    for r in (rank_run(0, collective=0.04), rank_run(1, wait=0.05)):
+        assert r.run is not None
+        path = rank_path(str(tmp_path / "report.json"), r.rank)
+        path_doc = {"verdict": "ignored", **rank_document(r, r.run)}
+        (tmp_path / path).write_text(json.dumps(path_doc))
+        paths.append(path)
+    assert paths[1].endswith("report.rank1.json")
+    assert main(["merge", *paths, "--json", str(tmp_path / "merged.json"), "-q"]) == 0
+    data = json.loads((tmp_path / "merged.json").read_text())
+    assert data["stragglers"][0]["rank"] == 1 and data["world_size"] == 2
+    assert main(["merge", str(tmp_path / "merged.json")]) == 2
+    assert "not one rank's report" in capsys.readouterr().err
+
+
+def test_collective_waits_go_to_the_step_they_returned_in():
+    steps = [Step(0, 0.0, 1.0), Step(1, 1.0, 2.0), Step(2, 2.0, 3.0)]
+    assert per_step([(0.5, 0.2), (1.9, 0.3), (1.95, 0.1), (7.0, 1.0)], steps) == pytest.approx([0.2, 0.4, 0.0])
+
+
+def test_no_job_outside_torchrun_or_for_one_rank():
+    assert JobContext.from_env({}) is None
+    base = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}
+    assert JobContext.from_env(base) is None
+    ctx = JobContext.from_env({**base, "WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1",
+                               "TORCHELASTIC_RUN_ID": "abc", "TORCHELASTIC_USE_AGENT_STORE": "True"})
+    assert ctx is not None and ctx.prefix == "loadprof/abc/0/" and ctx.agent_store and ctx.local_rank == 1
+
+
+def test_exchange_over_a_real_store_carries_reports_offsets_and_names_a_silent_rank():
+    torch_dist = pytest.importorskip("torch.distributed")
+    from datetime import timedelta
+
+    server = torch_dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                 timeout=timedelta(seconds=10))
+    env = {"WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.port),
+           "TORCHELASTIC_RUN_ID": f"t{time.time_ns()}", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    quick = Timeouts(connect=5.0, exchange=20.0, beat_interval=0.2, stale_after=2.0)
+    ranks = {}
+    for r in (0, 1):
+        ctx = JobContext.from_env({**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+        assert ctx is not None
+        ranks[r] = Exchange(ctx, quick, progress=lambda: 12)
+        ranks[r].start()
+    delivered: list[str | None] = []
+    sender = threading.Thread(target=lambda: delivered.append(ranks[1].deliver({"hello": "from 1"})))
+    sender.start()
+    started = time.monotonic()
+    got = ranks[0].collect()  # rank 2 never said hello: given up on after stale_after
+    sender.join(timeout=30)
+    assert delivered == [None]
+    assert got.docs == {1: {"hello": "from 1"}}
+    offset, rtt = got.offsets[1]
+    assert abs(offset) <= rtt / 2 + 1e-3  # one host, one clock: the offset is within its error
+    assert got.hellos[1]["local_rank"] == 1 and got.beats[1] == 12
+    assert 2 in got.missing and "never reached" in got.missing[2]
+    assert time.monotonic() - started < 20  # not the whole exchange timeout
+    for ex in ranks.values():
+        ex.close()
