@@ -9,7 +9,7 @@ PIP    := $(BIN)/python -m pip install -q -c constraints-dev.txt
 DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: demo test lint typecheck pytest test-fast bench clean
+.PHONY: demo test lint typecheck pytest test-fast bench clean system-packages
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,11 +39,15 @@ typecheck: $(TEST_STAMP)
 	ln -s "$(CURDIR)/converters" build/typecheck/loadprof/converters
 	$(BIN)/mypy
 
-pytest: $(TEST_STAMP)
+# programs some tests drive from outside (chromium, tmux): installed when missing, never fatal
+system-packages:
+	-.ci/system-packages
+
+pytest: $(TEST_STAMP) system-packages
 	$(BIN)/python -m pytest -q -ra
 
 # for iteration: everything but the scenarios marked slow (CI runs the whole suite)
-test-fast: $(TEST_STAMP)
+test-fast: $(TEST_STAMP) system-packages
 	$(BIN)/python -m pytest -q -ra -m "not slow"
 
 test: lint typecheck pytest

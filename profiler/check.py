@@ -1,0 +1,181 @@
+"""``loadprof check RUN.json``: a gate for CI. Exit 0 when every limit holds, 1 with
+one line per broken limit, 2 on a usage error or a run that cannot be read.
+
+The limits:
+- ``--max-data-wait FRACTION``: the judged steps' input share (wait + host-to-device
+  copy, as the report's ``data_wait_fraction``) at most this;
+- ``--max-slowdown PERCENT``: the median step time at most this much above the
+  ``--baseline`` run's;
+- ``--fail-on VERDICT ...``: the verdict is none of these.
+
+A slowdown is only meaningful between runs of the same script and batch size, so
+other pairs are refused (exit 2) unless ``--force``. The script is compared by file
+name (argv[0]'s last part, or the ``-m`` module name): a CI checkout and a laptop
+hold the same script at different paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .diagnosis import VERDICTS, main_loader
+
+if TYPE_CHECKING:
+    from .records import Run
+    from .report import Report
+
+
+@dataclass
+class Limits:
+    max_data_wait: float | None = None  # fraction of step time, 0..1
+    max_slowdown: float | None = None  # percent over the baseline's median step time
+    fail_on: tuple[str, ...] = ()
+
+
+@dataclass
+class Broken:
+    """One broken limit, as its line says it."""
+
+    limit: str
+    line: str
+
+
+class CheckError(Exception):
+    """The check cannot be made (a mismatched baseline, nothing measured): exit 2."""
+
+
+def check(report: Report, limits: Limits, baseline: Report | None = None, force: bool = False) -> list[Broken]:
+    """The broken limits of ``report`` (empty: every limit holds). Pure: no I/O."""
+    if limits.max_slowdown is not None and baseline is None:
+        raise CheckError("--max-slowdown needs --baseline BASE.json")
+    if baseline is not None and not force:
+        _same_kind(report, baseline)
+    broken: list[Broken] = []
+    m = report.diagnosis.metrics
+    base = baseline.diagnosis.metrics if baseline is not None else None
+    if limits.max_data_wait is not None:
+        if not m.steps_judged:
+            raise CheckError("--max-data-wait: the run has no judged steps to measure its input share on")
+        share = m.data_wait_fraction
+        if share > limits.max_data_wait:
+            was = f" (baseline {base.data_wait_fraction:.1%})" if base is not None and base.steps_judged else ""
+            broken.append(Broken("max-data-wait", f"data wait {share:.1%} of step time > limit "
+                                                  f"{limits.max_data_wait:.1%}{was}"))
+    if limits.max_slowdown is not None:
+        assert base is not None
+        if not m.steps_judged or not base.steps_judged or base.step_time_median <= 0:
+            which = "the run" if not m.steps_judged else "the baseline"
+            raise CheckError(f"--max-slowdown: {which} has no judged steps to take a median step time from")
+        slowdown = 100.0 * (m.step_time_median / base.step_time_median - 1.0)
+        if slowdown > limits.max_slowdown:
+            broken.append(Broken("max-slowdown", f"median step {_ms(m.step_time_median)} is {slowdown:.1f}% "
+                                                 f"slower than the baseline's {_ms(base.step_time_median)} > "
+                                                 f"limit {limits.max_slowdown:g}%"))
+    if report.verdict in limits.fail_on:
+        was = f" (baseline {baseline.verdict})" if baseline is not None else ""
+        reason = f" ({report.cause})" if report.cause else ""
+        broken.append(Broken("fail-on", f"verdict {report.verdict}{reason} is in --fail-on{was}"))
+    return broken
+
+
+def script_name(run: Run) -> str:
+    """The script a run ran, by file name (the module doc says why)."""
+    if not run.command:
+        return ""
+    return os.path.basename(run.command[0].rstrip("/\\")) or run.command[0]
+
+
+def batch_size(run: Run) -> int | None:
+    """Samples per step: the most common among the steps that counted them, else the loader's."""
+    sizes = [round(s.batch_size / s.merged) for s in run.steps if s.batch_size]
+    if sizes:
+        return int(statistics.mode(sizes))
+    loader = main_loader(run)
+    return loader.batch_size if loader is not None else None
+
+
+def _same_kind(report: Report, baseline: Report) -> None:
+    ours, theirs = script_name(report.run), script_name(baseline.run)
+    if ours and theirs and ours != theirs:
+        raise CheckError(f"the run is of {ours}, the baseline of {theirs}: not comparable (--force compares anyway)")
+    ours_b, theirs_b = batch_size(report.run), batch_size(baseline.run)
+    if ours_b is not None and theirs_b is not None and ours_b != theirs_b:
+        raise CheckError(f"the run's batch size is {ours_b}, the baseline's {theirs_b}: not comparable "
+                         "(--force compares anyway)")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
+def _fraction(text: str) -> float:
+    """0.2 or 20%: a share of step time."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100.0 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.2 (or 20%), got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (or 0% and 100%), got {text!r}")
+    return value
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text.strip().removesuffix("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage such as 10, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a percentage >= 0, got {text!r}")
+    return value
+
+
+def _verdict(text: str) -> str:
+    if text not in VERDICTS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(VERDICTS)}, got {text!r}")
+    return text
+
+
+class CheckCommand:
+    name = "check"
+    help = "gate a saved run for CI: exit 1 when it breaks a limit (input share, slowdown, verdict)"
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("path", metavar="RUN.json", help="a report written by loadprof diagnose --json")
+        parser.add_argument("--baseline", metavar="BASE.json", help="a report of the same script to compare with")
+        parser.add_argument("--max-data-wait", type=_fraction, metavar="FRACTION",
+                            help="most input share of step time allowed (0.2 or 20%%)")
+        parser.add_argument("--max-slowdown", type=_percent, metavar="PERCENT",
+                            help="most the median step time may exceed the baseline's, in percent")
+        parser.add_argument("--fail-on", type=_verdict, nargs="+", action="extend", default=[], metavar="VERDICT",
+                            help=f"fail on these verdicts ({', '.join(VERDICTS)})")
+        parser.add_argument("--force", action="store_true",
+                            help="compare with a baseline of another script or batch size anyway")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from .options import UsageError
+        from .report import ReportError, load_report
+
+        limits = Limits(args.max_data_wait, args.max_slowdown, tuple(args.fail_on))
+        if limits.max_data_wait is None and limits.max_slowdown is None and not limits.fail_on:
+            raise UsageError("no limit given (--max-data-wait, --max-slowdown with --baseline, --fail-on)")
+        try:
+            report = load_report(args.path)
+            baseline = load_report(args.baseline) if args.baseline else None
+            broken = check(report, limits, baseline, force=args.force)
+        except (ReportError, CheckError) as exc:
+            raise UsageError(str(exc)) from None
+        for b in broken:
+            print(f"loadprof check: {args.path}: {b.line}", file=sys.stdout)
+        if not broken:
+            held = sum(x is not None for x in (limits.max_data_wait, limits.max_slowdown)) + bool(limits.fail_on)
+            print(f"loadprof check: {args.path}: ok ({held} limit{'s' if held > 1 else ''} held; verdict "
+                  f"{report.verdict}, data wait {report.data_wait_fraction:.1%}, median step "
+                  f"{_ms(report.diagnosis.metrics.step_time_median)})")
+        return 1 if broken else 0

@@ -1,0 +1,730 @@
+"""The HTML renderer: one self-contained page of a report, and of a tune or compare.
+
+NOTE [ A page that opens anywhere ]
+The page must open from disk, as an e-mail attachment or behind a firewall, so
+nothing is fetched when it is viewed: no scripts, fonts or stylesheets from
+anywhere. The charts are matplotlib figures written as SVG and inlined: no
+JavaScript, text stays text (sharp at any zoom, searchable). Inline SVGs share
+one document and matplotlib numbers its ids per figure, so each chart's ids get
+a prefix of their own. Everything that comes from the run (script names,
+arguments, messages, hostnames) is HTML-escaped here; matplotlib escapes the
+text it writes into SVG. matplotlib is optional: without it the page keeps its
+tables and says how to get the charts. Figures are built with ``Figure``, never
+pyplot, so a training script's own pyplot backend and figures are left alone.
+
+NOTE [ Honest downsampling ]
+A 100,000-step run holds up to 20,000 step records (timeline.MAX_STEP_RECORDS:
+older steps merged pairwise) and up to 20,000 samples per buffer; drawn point by
+point that is tens of MB of SVG. Each series is cut into at most ``buckets``
+equal slices of the run's time: a line is the slice's mean (time-weighted where
+a reading covers a window), a shaded band its lowest to highest reading. The
+page says how many records went into how many slices.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import math
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..jsonio import write_text_atomic
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from ..compare import Comparison
+    from ..tune import TuneResult
+    from . import Report
+
+#: Time slices per chart (NOTE [ Honest downsampling ]): a few hundred keep each
+#: series to tens of KB and are finer than a 1,000-pixel-wide chart can show.
+BUCKETS = 500
+
+PLOT_HINT = "Charts need matplotlib: pip install 'loadprof[plot]'"
+
+_VERDICT_COLOURS = {  # as the terminal's (console.py)
+    "data-starved": "#c62828", "memory-bound": "#8e24aa", "host-bound": "#a67c00",
+    "compute-bound": "#2e7d32", "inconclusive": "#555555",
+}
+# Input wait, copy, compute: warm to cool, so "waiting" reads as the problem.
+_WAIT, _H2D, _COMPUTE = "#e4572e", "#f3a712", "#4c72b0"
+_JUDGED = "#fff4cc"
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif;
+ margin:0 auto;max-width:1120px;padding:16px 24px 48px;color:#1d1d1f;line-height:1.45}
+h1{font-size:1.35em;margin:.2em 0}h2{font-size:1.12em;margin:1.6em 0 .5em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+.verdict{border-left:8px solid var(--c);background:#f7f7f9;padding:12px 16px;margin:12px 0}
+.verdict .word{color:var(--c);font-weight:700;font-size:1.5em;letter-spacing:.02em}
+.verdict .reason{font-size:1.08em;margin:.3em 0 0}
+.muted{color:#666;font-size:.92em}.warn{color:#8a6100}
+.figures{display:flex;flex-wrap:wrap;gap:8px 32px;margin:8px 0}
+.figures div{flex:1 1 0;min-width:110px}.figures b{display:block;font-size:1.25em}
+table{border-collapse:collapse;margin:6px 0;font-size:.94em}
+th,td{border-bottom:1px solid #e3e3e3;padding:4px 10px;text-align:left;vertical-align:top}
+td.num{text-align:right}table.evidence{width:100%}table.evidence td:first-child{width:34%}
+pre{background:#f4f4f6;padding:10px 12px;overflow-x:auto;font-size:.88em;
+ font-family:ui-monospace,"SF Mono",Menlo,Consolas,"DejaVu Sans Mono",monospace}
+.rec{margin:14px 0}.rec .id{color:#00707a;font-family:monospace}.rec .est{color:#2e7d32}
+.chart svg{max-width:100%;height:auto}table.ranks{font-size:.86em}table.ranks td{white-space:nowrap}
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+# -- pages ---------------------------------------------------------------------
+class HtmlPageRenderer:
+    """A report as one self-contained HTML page (NOTE [ A page that opens anywhere ]).
+
+    A multi-process job's report (report/job.py) is read through its JSON form: the
+    job's verdict, evidence and advice, the pace-setting rank's run over time, and a
+    per-rank view (each rank's step time and input share over time, stragglers marked)."""
+
+    def __init__(self, buckets: int = BUCKETS) -> None:
+        self.buckets = buckets
+
+    def render(self, report: Any) -> str:
+        if hasattr(report, "job"):
+            return self._job(report.to_dict())
+        d, run = report.diagnosis, report.run
+        head = _Head(d.verdict, d.cause, d.confidence, d.summary, list(report.warnings))  # with the run's notices
+        evidence = [(ev.label, ev.display, ev.threshold, ev.source) for ev in d.evidence]
+        recs = [(r.title, r.id, r.detail, r.code, r.estimated_speedup, r.basis, "") for r in report.recommendations]
+        title = f"loadprof report: {_script(run.command)}"
+        return _report_page(title, _started(run), head, report, evidence, recs, "", list(run.limitations),
+                            self.buckets)
+
+    def _job(self, data: dict[str, Any]) -> str:
+        from ..records import Run
+        from . import build_report
+
+        raw = [r for r in (data.get("job") or {}).get("ranks") or [] if isinstance(r, dict)]
+        with_runs = [r for r in raw if isinstance(r.get("run"), dict)]
+        pace = [r for r in with_runs if r.get("rank") in (data.get("pace_ranks") or [])] or with_runs
+        if not pace:
+            raise ValueError("the job's report holds no rank's run")
+        report = build_report(Run.from_dict(pace[0]["run"]))
+        head = _Head(str(data.get("verdict")), data.get("cause"), str(data.get("confidence")),
+                     str(data.get("summary")), [(w.get("id"), w.get("detail")) for w in data.get("warnings") or []])
+        evidence = [(ev.get("label"), ev.get("display"), ev.get("threshold"), ev.get("source"))
+                    for ev in data.get("evidence") or []]
+        recs = []
+        for r in data.get("recommendations") or []:
+            ranks = r.get("ranks") or []
+            note = f"for rank{'s' if len(ranks) > 1 else ''} {', '.join(str(k) for k in ranks)}" if ranks else ""
+            recs.append((r.get("title"), r.get("id"), r.get("detail"), r.get("code"), r.get("estimated_speedup"),
+                         r.get("basis"), note))
+        world = data.get("world_size") or len(raw)
+        title = f"loadprof job report: {_script(report.run.command)}, {world} ranks"
+        started = (f"{_started(report.run)}; the charts over time are rank {pace[0].get('rank')}'s "
+                   f"(it sets the job's pace); every rank is in Ranks below")
+        ranks = _job_ranks_section(data, raw, self.buckets)
+        return _report_page(title, started, head, report, evidence, recs, ranks,
+                            [str(x) for x in data.get("limitations") or []] + list(report.run.limitations),
+                            self.buckets)
+
+
+@dataclass
+class _Head:
+    verdict: str
+    cause: str | None
+    confidence: str
+    summary: str
+    warnings: list[tuple[Any, Any]]
+
+
+def _started(run: Any) -> str:
+    if not run.started_at:
+        return f"{run.duration:.1f} s"
+    return f"started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(run.started_at))}, {run.duration:.1f} s"
+
+
+def _report_page(title: str, started: str, head: _Head, report: Report, evidence: list[tuple[Any, ...]],
+                 recs: list[tuple[Any, ...]], ranks: str, limitations: list[str], buckets: int) -> str:
+    run, m = report.run, report.diagnosis.metrics
+    colour = _VERDICT_COLOURS.get(head.verdict, "#555555")
+    cause = f" ({_e(head.cause)})" if head.cause else ""
+    out = [f"<h1>{_e(title)}</h1>", f"<p class='muted'>{_e(started)}</p>",
+           f"<div class='verdict' style='--c:{colour}'><span class='word'>{_e(head.verdict.upper())}</span>"
+           f"{cause} <span class='muted'>confidence: {_e(head.confidence)}</span>"
+           f"<p class='reason'>{_e(head.summary)}</p>"]
+    for wid, detail in head.warnings:
+        out.append(f"<p class='warn'><b>warning [{_e(wid)}]</b>: {_e(detail)}</p>")
+    out.append("</div>")
+    out.append(_figures([
+        ("steps", f"{m.steps_total:,}", f"{m.warmup_steps} warm-up, {m.steps_judged:,} judged"),
+        ("input share", f"{m.data_wait_fraction:.0%}", f"timed by {run.data_wait_method or 'n/a'}"),
+        ("median step", _ms(m.step_time_median), f"compute {_ms(m.compute_per_step)} a step"),
+        ("GPU busy (median)", f"{m.gpu_util_median:.0f}%" if m.gpu_util_median is not None else "n/a",
+         _gpu_names(run)),
+        ("usable cores", str(m.usable_cores),
+         f"{m.workers_seen} loader workers seen" if m.workers_seen else "no loader workers seen"),
+    ]))
+    out.append("<h2>Over time</h2>")
+    out.append(_run_charts(report, buckets))
+    if evidence:
+        out.append("<h2>Evidence</h2><table class='evidence'>"
+                   "<tr><th>measured</th><th>value</th><th>rule</th><th>source</th></tr>")
+        for label, display, threshold, source in evidence:
+            out.append(f"<tr><td>{_e(label)}</td><td class='num'>{_e(display)}</td>"
+                       f"<td>{_e(threshold or '')}</td><td class='muted'>{_e(source or '')}</td></tr>")
+        out.append("</table>")
+    out.append("<h2>Recommendations</h2>")
+    if recs:
+        for i, (rtitle, rid, detail, code, speedup, basis, note) in enumerate(recs, 1):
+            est = f" <span class='est'>~{speedup:.2f}x ({_e(basis)})</span>" if speedup else ""
+            where = f" <span class='muted'>{_e(note)}</span>" if note else ""
+            out.append(f"<div class='rec'><b>{i}. {_e(rtitle)}</b> <span class='id'>[{_e(rid)}]</span>{est}{where}"
+                       f"<br>{_e(detail)}<pre><code>{_e(code)}</code></pre></div>")
+    elif head.verdict != "inconclusive":
+        out.append("<p class='muted'>No changes recommended: nothing measured points at a fix.</p>")
+    else:
+        out.append("<p class='muted'>None: the run could not be judged.</p>")
+    out.append(ranks)
+    if limitations:
+        out.append("<h2>Not measured</h2><ul>")
+        out += [f"<li>{_e(line)}</li>" for line in limitations]
+        out.append("</ul>")
+    if run.loaders:
+        out.append("<h2>Input pipelines</h2>" + _loaders_table(run.loaders))
+    out.append("<h2>Environment</h2>" + _environment_table(report))
+    return _page(f"{title}: {head.verdict}", "\n".join(out))
+
+
+class TunePageRenderer:
+    """``loadprof tune``'s trial table and a bar chart of each trial's throughput."""
+
+    def render(self, result: TuneResult) -> str:
+        from ..tune import render as render_table
+
+        table = io.StringIO()
+        render_table(result, file=table, width=120)
+        script = _script(result.command)
+        out = [f"<h1>loadprof tune: {_e(script)}</h1>",
+               f"<p class='muted'>{_e(' '.join(result.command))}</p>"]
+        best = result.best
+        if best is not None:
+            out.append(f"<div class='verdict' style='--c:#2e7d32'><span class='word'>{best.speedup:.2f}x</span> "
+                       f"<span class='muted'>best: {_e(best.name)}</span>"
+                       f"<p class='reason'>{_e(best.name)} beat the baseline's throughput "
+                       f"{best.speedup:.2f} times, loss trajectory checked.</p></div>")
+        else:
+            out.append("<div class='verdict' style='--c:#555555'><span class='word'>NO CHANGE</span>"
+                       "<p class='reason'>No change beat the baseline safely: keep the script as it is.</p></div>")
+        out.append("<h2>Throughput by trial</h2>")
+        out.append(_chart(lambda: _tune_figure(result), "tune"))
+        out.append(f"<h2>Trials</h2><pre>{_e(table.getvalue())}</pre>")
+        if result.code_change:
+            out.append(f"<h2>Change to make in the script</h2><pre><code>{_e(result.code_change)}</code></pre>")
+        out.append("<h2>Environment</h2>" + _machine_table(result.baseline.environment))
+        return _page(f"loadprof tune - {script}", "\n".join(out))
+
+
+class ComparePageRenderer:
+    """``loadprof compare``'s table and its bar chart (the same figure as ``--png``)."""
+
+    def render(self, cmp: Comparison) -> str:
+        from ..compare import bar_figure
+        from ..compare import render as render_table
+
+        table = io.StringIO()
+        render_table(cmp, file=table, width=120)
+        script = _script(cmp.command)
+        out = [f"<h1>loadprof compare: {_e(script)}</h1>",
+               f"<p class='muted'>{_e(' '.join(cmp.command))}</p>",
+               "<h2>Time by variant</h2>", _chart(lambda: bar_figure(cmp), "compare"),
+               f"<h2>Variants</h2><pre>{_e(table.getvalue())}</pre>",
+               "<h2>Environment</h2>" + _machine_table(cmp.machine())]
+        return _page(f"loadprof compare - {script}", "\n".join(out))
+
+
+def write_html(page: str, path: str) -> None:
+    """Write a rendered page atomically (jsonio's temporary + rename); raises OSError."""
+    write_text_atomic(path, page)
+
+
+def _page(title: str, body: str) -> str:
+    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<title>{_e(title)}</title><style>{_CSS}</style></head>\n<body>\n{body}\n"
+            f"<p class='muted'>Written by loadprof. This page fetches nothing: charts are inline SVG.</p>"
+            "</body></html>\n")
+
+
+# -- pieces of the report page ----------------------------------------------------------
+def _script(command: Sequence[str]) -> str:
+    if not command:
+        return "(no command)"
+    if command[0] == "-m" and len(command) > 1:
+        return f"-m {command[1]}"
+    return str(command[0]).rsplit("/", 1)[-1] or str(command[0])
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def _size(n: float | None) -> str:
+    if not n:
+        return "n/a"
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _gpu_names(run: Any) -> str:
+    gpus = run.environment.gpus
+    return ", ".join(g.name for g in gpus) if gpus else "no GPU sampled (see Environment)"
+
+
+def _figures(items: list[tuple[str, str, str]]) -> str:
+    cells = "".join(f"<div><span class='muted'>{_e(k)}</span><b>{_e(v)}</b><span class='muted'>{_e(note)}</span></div>"
+                    for k, v, note in items)
+    return f"<div class='figures'>{cells}</div>"
+
+
+def _rows(pairs: list[tuple[str, object]]) -> str:
+    return "<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in pairs) + "</table>"
+
+
+def _loaders_table(loaders: list[Any]) -> str:
+    cols = ("framework", "kind", "batch_size", "num_workers", "pin_memory", "persistent_workers",
+            "prefetch_factor", "dataset_type", "iterations")
+    head = "".join(f"<th>{_e(c.replace('_', ' '))}</th>" for c in cols)
+    rows = []
+    for li in loaders:
+        cells = "".join(f"<td>{_e('-' if getattr(li, c) is None else getattr(li, c))}</td>" for c in cols)
+        notes = "; ".join(li.notes)
+        rows.append(f"<tr>{cells}</tr>" + (f"<tr><td colspan='{len(cols)}' class='muted'>{_e(notes)}</td></tr>"
+                                          if notes else ""))
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def _environment_table(report: Report) -> str:
+    run, env = report.run, report.run.environment
+    gpus = "; ".join(f"GPU {g.index}: {g.name}, {_size(g.memory_total)}"
+                     + (f", sm_{g.compute_capability[0]}{g.compute_capability[1]}" if g.compute_capability else "")
+                     for g in env.gpus) or env.gpu_status
+    interval = run.sampling.get("interval")
+    return _rows([
+        ("command", " ".join(run.command)),
+        ("exit", run.exit_status or "ok"),
+        ("python", env.python), ("platform", env.platform), ("host", env.hostname),
+        ("frameworks", ", ".join(f"{k} {v}" for k, v in env.frameworks.items()) or "none seen"),
+        ("cores", f"{env.usable_cores} usable of {env.logical_cores} logical"),
+        ("memory", _size(env.memory_total)),
+        ("GPUs", gpus),
+        ("samples", f"{len(run.host_samples):,} host, {len(run.gpu_samples):,} GPU"
+                    + (f", every {interval:g} s" if interval else "")),
+        ("loadprof", env.loadprof),
+    ])
+
+
+def _machine_table(env: dict[str, Any]) -> str:
+    gpus = ", ".join(str(g.get("name", "GPU")) for g in env.get("gpus", []) if isinstance(g, dict))
+    return _rows([
+        ("python", env.get("python", "?")), ("platform", env.get("platform", "?")),
+        ("host", env.get("hostname", "?")),
+        ("frameworks", ", ".join(f"{k} {v}" for k, v in (env.get("frameworks") or {}).items()) or "none seen"),
+        ("cores", f"{env.get('usable_cores', '?')} usable of {env.get('logical_cores', '?')} logical"),
+        ("GPUs", gpus if env.get("cuda_in_use") else f"{gpus or 'none'} (not used)" if gpus else "none used"),
+    ])
+
+
+# -- charts ------------------------------------------------------------------------
+def _chart(build: Any, prefix: str) -> str:
+    """A figure as inline SVG, or the line saying what draws it."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return f"<p class='muted'>{_e(PLOT_HINT)}</p>"
+    fig = build()
+    if fig is None:
+        return "<p class='muted'>Nothing to draw.</p>"
+    return f"<div class='chart'>{_svg(fig, prefix)}</div>"
+
+
+def _svg(fig: Figure, prefix: str) -> str:
+    import matplotlib
+
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text as <text>, not outlined paths: smaller
+        fig.savefig(buf, format="svg")
+    svg = buf.getvalue()
+    svg = svg[svg.index("<svg"):]  # no XML prolog nor DOCTYPE (which names a DTD by URL)
+    svg = re.sub(r"<metadata>.*?</metadata>", "", svg, flags=re.S)
+    # Own ids per chart (NOTE [ A page that opens anywhere ]).
+    svg = re.sub(r'\bid="([^"]+)"', rf'id="{prefix}-\1"', svg)
+    svg = re.sub(r"url\(#([^)]+)\)", rf"url(#{prefix}-\1)", svg)
+    svg = re.sub(r'href="#([^"]+)"', rf'href="#{prefix}-\1"', svg)
+    return svg
+
+
+@dataclass
+class _Binned:
+    x: np.ndarray  # mean time of each slice's readings
+    mean: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    binned: bool  # False: the readings as they are (no more of them than slices)
+
+
+def _bin(t: Sequence[float], v: Sequence[float], span: float, buckets: int,
+         weights: Sequence[float] | None = None) -> _Binned:
+    """Slice means, lows and highs (NOTE [ Honest downsampling ]); empty slices are left out."""
+    ta = np.asarray(t, dtype=float)
+    va = np.asarray(v, dtype=float)
+    keep = np.isfinite(va)
+    ta, va = ta[keep], va[keep]
+    if len(ta) <= buckets:
+        return _Binned(ta, va, va, va, False)
+    w = np.ones_like(va) if weights is None else np.asarray(weights, dtype=float)[keep]
+    if not np.all(w > 0):
+        w = np.ones_like(va)  # a window unknown (a run saved before windows were recorded): plain means
+    idx = np.clip((ta / max(span, 1e-9) * buckets).astype(int), 0, buckets - 1)
+    wsum = np.bincount(idx, weights=w, minlength=buckets)
+    used = wsum > 0
+    count = np.bincount(idx, minlength=buckets)
+    x = np.bincount(idx, weights=ta, minlength=buckets)[used] / count[used]
+    mean = np.bincount(idx, weights=va * w, minlength=buckets)[used] / wsum[used]
+    lo = np.full(buckets, np.inf)
+    hi = np.full(buckets, -np.inf)
+    np.minimum.at(lo, idx, va)
+    np.maximum.at(hi, idx, va)
+    return _Binned(x, mean, lo[used], hi[used], True)
+
+
+def _line(ax: Axes, b: _Binned, label: str, colour: str, **kw: Any) -> None:
+    if not len(b.x):
+        return
+    if b.binned:
+        ax.fill_between(b.x, b.lo, b.hi, color=colour, alpha=0.15, linewidth=0)
+    ax.plot(b.x, b.mean, label=label, color=colour, linewidth=1.3, **kw)
+
+
+@dataclass
+class _Downsampled:
+    """What the page says about the slicing of its charts."""
+
+    step_records: int = 0
+    steps: int = 0
+    buckets: int = 0
+    span: float = 0.0
+    binned: bool = False
+
+
+def _run_charts(report: Report, buckets: int) -> str:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return f"<p class='muted'>{_e(PLOT_HINT)}</p>"
+    note = _Downsampled()
+    fig = _run_figure(report, buckets, note)
+    if fig is None:
+        return "<p class='muted'>No steps and no samples were recorded: nothing to draw.</p>"
+    run = report.run
+    if note.binned:
+        slice_s = note.span / note.buckets
+        how = (f"Drawn in {note.buckets} time slices of {slice_s:.3g} s each: lines are the slice's mean, "
+               f"shaded bands its lowest to highest reading. ")
+    else:
+        how = "Every step record and sample is drawn as recorded. "
+    merged = (" (older steps merged pairwise by the profiler to bound its memory: a record's times are "
+              "the mean of its steps)" if note.steps > note.step_records else "")
+    text = (f"{how}{note.steps:,} steps in {note.step_records:,} records{merged}; "
+            f"{len(run.host_samples):,} host and {len(run.gpu_samples):,} GPU samples. "
+            f"The shaded yellow span is the judged window (warm-up steps left out of the verdict).")
+    return f"<p class='muted'>{_e(text)}</p><div class='chart'>{_svg(fig, 'run')}</div>"
+
+
+def _run_figure(report: Report, buckets: int, note: _Downsampled) -> Figure | None:
+    from matplotlib.figure import Figure
+
+    run, m = report.run, report.diagnosis.metrics
+    steps = run.steps
+    span = max(run.duration, steps[-1].end if steps else 0.0,
+               max((s.t for s in run.host_samples), default=0.0), max((g.t for g in run.gpu_samples), default=0.0))
+    if span <= 0:
+        return None
+    gpu_ids = sorted({g.index for g in run.gpu_samples})
+    has_power = any(g.power_w is not None for g in run.gpu_samples)
+    host = run.host_samples
+    panels = ["steps"] if steps else []
+    if gpu_ids:
+        panels += ["gpu"] + (["power"] if has_power else [])
+    if host:
+        panels += ["cpu", "memory", "disk"]
+    if not panels:
+        return None
+    heights = [2.2 if p == "steps" else 1.35 for p in panels]
+    fig = Figure(figsize=(10.5, 0.55 + sum(heights) * 1.05), dpi=96)
+    axes = fig.subplots(len(panels), 1, sharex=True, gridspec_kw={"height_ratios": heights})
+    axes = list(np.atleast_1d(axes))
+    note.buckets, note.span = buckets, span
+    judged = _judged_window(run, m.warmup_steps)
+    weights = [h.window for h in host]
+    for ax, panel in zip(axes, panels, strict=True):
+        if judged is not None:
+            ax.axvspan(judged[0], judged[1], color=_JUDGED, zorder=0, linewidth=0)
+        if panel == "steps":
+            _steps_panel(ax, steps, span, buckets, note)
+        elif panel == "gpu":
+            for n, i in enumerate(gpu_ids):
+                gs = [g for g in run.gpu_samples if g.index == i]
+                c = f"C{n % 10}"
+                _line(ax, _bin([g.t for g in gs], [_nan(g.util_gpu) for g in gs], span, buckets),
+                      f"GPU {i} busy", c)
+                _line(ax, _bin([g.t for g in gs], [100.0 * g.memory_used / g.memory_total
+                                                    if g.memory_used is not None and g.memory_total else math.nan
+                                                    for g in gs], span, buckets), f"GPU {i} memory", c,
+                      linestyle="--")
+            ax.set_ylim(0, 105)
+            ax.set_ylabel("GPU %")
+        elif panel == "power":
+            for n, i in enumerate(gpu_ids):
+                gs = [g for g in run.gpu_samples if g.index == i]
+                _line(ax, _bin([g.t for g in gs], [_nan(g.power_w) for g in gs], span, buckets),
+                      f"GPU {i}", f"C{n % 10}")
+            ax.set_ylabel("power (W)")
+            ax.set_ylim(bottom=0)
+        elif panel == "cpu":
+            t = [h.t for h in host]
+            _line(ax, _bin(t, [sum(h.cpu_per_core) / 100 if h.cpu_per_core else math.nan for h in host],
+                           span, buckets, weights), "cores busy (all processes)", "#333333")
+            _line(ax, _bin(t, [h.process_cpu / 100 for h in host], span, buckets, weights),
+                  "training process", _COMPUTE)
+            if m.workers_seen:
+                _line(ax, _bin(t, [h.children_cpu / 100 for h in host], span, buckets, weights),
+                      f"loader workers, all ({m.workers_seen})", _WAIT)
+                _line(ax, _bin(t, [h.children_cpu / 100 / h.n_children if h.n_children else math.nan
+                                   for h in host], span, buckets, weights), "per worker (mean)", _WAIT,
+                      linestyle=":")
+            ax.axhline(m.usable_cores, color="#999999", linewidth=0.8, linestyle="--", zorder=1)
+            ax.annotate(f"{m.usable_cores} usable cores", (0.005, m.usable_cores), xycoords=("axes fraction", "data"),
+                        fontsize=7, va="bottom")
+            ax.set_ylim(0, m.usable_cores * 1.25)
+            ax.set_ylabel("CPU (cores)")
+        elif panel == "memory":
+            gib = 2**30
+            t = [h.t for h in host]
+            _line(ax, _bin(t, [(h.process_pss or h.process_rss) / gib for h in host], span, buckets),
+                  "training process", _COMPUTE)
+            if m.workers_seen:
+                _line(ax, _bin(t, [(h.children_pss if h.children_pss is not None else h.children_rss) / gib
+                                   for h in host], span, buckets), "loader workers", _WAIT)
+            total = run.environment.memory_total
+            if total:
+                _line(ax, _bin(t, [(total - h.memory_available) / gib if h.memory_available else math.nan
+                                   for h in host], span, buckets), "system in use", "#7f7f7f")
+            ax.set_ylabel("memory (GiB)")
+            ax.set_ylim(bottom=0)
+        elif panel == "disk":
+            _line(ax, _bin([h.t for h in host], [h.disk_read_bps / 1e6 for h in host], span, buckets, weights),
+                  "disk reads (system)", "#6a3d9a")
+            ax.set_ylabel("disk (MB/s)")
+            ax.set_ylim(bottom=0)
+        ax.margins(x=0)
+        ax.grid(axis="y", color="#e6e6e6", linewidth=0.6)
+        ax.spines[["top", "right"]].set_visible(False)
+        ax.tick_params(labelsize=8)
+        ax.yaxis.label.set_size(8.5)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7.5, frameon=False)
+    axes[-1].set_xlim(0, span)
+    axes[-1].set_xlabel("seconds since profiling started", fontsize=8.5)
+    if judged is not None:
+        axes[0].annotate("judged window", ((judged[0] + judged[1]) / 2, 1.0), xycoords=("data", "axes fraction"),
+                         ha="center", va="bottom", fontsize=7.5, color="#8a6100")
+    fig.subplots_adjust(left=0.07, right=0.80, top=0.97, bottom=0.35 / (0.55 + sum(heights) * 1.05) + 0.03,
+                        hspace=0.18)
+    return fig
+
+
+def _nan(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+def _judged_window(run: Any, warmup: int) -> tuple[float, float] | None:
+    steps = run.steps[warmup:]  # warm-up records are never merged (diagnosis.compute_metrics)
+    return (steps[0].start, steps[-1].end) if steps else None
+
+
+def _steps_panel(ax: Axes, steps: list[Any], span: float, buckets: int, note: _Downsampled) -> None:
+    """Per-step input wait, copy and compute, stacked; slices weigh records by the steps they hold."""
+    note.step_records = len(steps)
+    note.steps = sum(s.merged for s in steps)
+    t = np.array([(s.start + s.end) / 2 for s in steps])
+    n = np.array([s.merged for s in steps], dtype=float)
+    wait = np.array([s.data_wait for s in steps])
+    h2d = np.array([s.h2d for s in steps])
+    dur = np.array([s.duration for s in steps])
+    per_step = dur / n * 1000
+    if len(steps) <= buckets:
+        x, k = t, n
+        sums = [wait, h2d, dur]
+        lo = hi = per_step
+        binned = False
+    else:
+        idx = np.clip((t / span * buckets).astype(int), 0, buckets - 1)
+        k_all = np.bincount(idx, weights=n, minlength=buckets)
+        used = k_all > 0
+        k = k_all[used]
+        x = np.bincount(idx, weights=t * n, minlength=buckets)[used] / k
+        sums = [np.bincount(idx, weights=a, minlength=buckets)[used] for a in (wait, h2d, dur)]
+        lo_all, hi_all = np.full(buckets, np.inf), np.full(buckets, -np.inf)
+        np.minimum.at(lo_all, idx, per_step)
+        np.maximum.at(hi_all, idx, per_step)
+        lo, hi = lo_all[used], hi_all[used]
+        binned = note.binned = True
+    w_ms, c_ms, d_ms = (a / k * 1000 for a in sums)
+    c_ms = np.minimum(c_ms, np.maximum(d_ms - w_ms, 0))
+    compute = np.maximum(d_ms - w_ms - c_ms, 0)
+    kw: dict[str, Any] = {"step": "mid", "linewidth": 0}
+    if binned:
+        ax.fill_between(x, lo, hi, color="#bbbbbb", alpha=0.5, label="step time, lowest to highest", **kw)
+    ax.fill_between(x, 0, w_ms, color=_WAIT, label="input wait", **kw)
+    ax.fill_between(x, w_ms, w_ms + c_ms, color=_H2D, label="host-to-device copy", **kw)
+    ax.fill_between(x, w_ms + c_ms, w_ms + c_ms + compute, color=_COMPUTE, label="compute", **kw)
+    # A first step with compilation can be 100x the others: scale to the bulk, say what is cut.
+    total = w_ms + c_ms + compute
+    top = float(np.percentile(total, 98)) * 1.3 if len(total) else 1.0
+    peak = float(np.max(hi)) if len(hi) else 0.0
+    if top > 0:
+        ax.set_ylim(0, top)
+    if peak > top > 0:
+        ax.annotate(f"peaks up to {peak:,.0f} ms cut off", (0.995, 0.97), xycoords="axes fraction", ha="right",
+                    va="top", fontsize=7, color="#555555")
+    ax.set_ylabel("per step (ms)")
+
+
+def _tune_figure(result: TuneResult) -> Figure | None:
+    from matplotlib.figure import Figure
+
+    trials = [t for t in [result.baseline, *result.trials] if t.ok and t.steps_per_s]
+    if not trials:
+        return None
+    fig = Figure(figsize=(1.8 + 0.9 * len(trials), 3.6), dpi=96)
+    ax = fig.subplots()
+    colours = ["#7f7f7f" if t is result.baseline else "#2e7d32" if t is result.best
+               else "#c62828" if t.safe is False else _COMPUTE for t in trials]
+    bars = ax.bar(range(len(trials)), [t.steps_per_s or 0.0 for t in trials], color=colours)
+    for bar, t in zip(bars, trials, strict=True):
+        label = f"{t.steps_per_s:.1f}" + (f"\n{t.speedup:.2f}x" if t.speedup and t is not result.baseline else "")
+        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                    fontsize=7.5, xytext=(0, 2), textcoords="offset points")
+    ax.set_xticks(range(len(trials)), [t.name for t in trials], rotation=30, ha="right", fontsize=7.5)
+    ax.set_ylabel("steps/s (measured steps)")
+    ax.set_ylim(0, max(t.steps_per_s or 0.0 for t in trials) * 1.3)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.set_title("grey: baseline, green: best, red: unsafe (loss moved)", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# -- a multi-process job ---------------------------------------------------------------
+def _job_ranks_section(data: dict[str, Any], raw: list[dict[str, Any]], buckets: int) -> str:
+    """Each rank's figures, its stragglers, and a heatmap of every rank over time."""
+    stragglers = {s.get("rank"): s for s in data.get("stragglers") or [] if isinstance(s, dict)}
+    out = ["<h2>Ranks</h2>"]
+    if stragglers:
+        out.append("<ul>" + "".join(f"<li class='warn'><b>rank {_e(r)} is a straggler</b> ({_e(s.get('cause'))}): "
+                                    f"{_e(s.get('detail') or '')}</li>" for r, s in stragglers.items()) + "</ul>")
+    else:
+        out.append("<p class='muted'>No straggler: no rank's own work kept the others waiting.</p>")
+    out.append(_chart(lambda: _ranks_figure(raw, set(stragglers), buckets), "ranks"))
+    cols = [("rank", "rank"), ("host", "host"), ("verdict", "verdict"), ("steps", "steps"),
+            ("step_time_s", "step"), ("input_wait_s", "input wait"), ("h2d_s", "copy"), ("compute_s", "compute"),
+            ("collective_s", "collectives"), ("data_wait_fraction", "input share"), ("gpu_util", "GPU busy"),
+            ("cpu_cores", "CPU (cores)")]
+    out.append("<table class='ranks'><tr>" + "".join(f"<th>{_e(label)}</th>" for _, label in cols) + "<th></th></tr>")
+    for row in data.get("ranks") or []:
+        if not isinstance(row, dict):
+            continue
+        cells = "".join(f"<td class='num'>{_e(_cell(key, row.get(key)))}</td>" for key, _ in cols)
+        mark = row.get("missing") or (f"straggler: {stragglers[row.get('rank')].get('cause')}"
+                                      if row.get("rank") in stragglers else "")
+        out.append(f"<tr>{cells}<td class='warn'>{_e(mark or '')}</td></tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key.endswith("_s") and isinstance(value, int | float):
+        return _ms(value)
+    if key == "data_wait_fraction" and isinstance(value, int | float):
+        return f"{value:.0%}"
+    if key == "gpu_util" and isinstance(value, int | float):
+        return f"{value:.0f}%"
+    if key == "cpu_cores" and isinstance(value, int | float):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def _ranks_figure(raw: list[dict[str, Any]], stragglers: set[Any], buckets: int) -> Figure | None:
+    """Rows: ranks; columns: time slices on rank 0's clock; colour: step time, then input share."""
+    from matplotlib.figure import Figure
+
+    series = []
+    for r in sorted(raw, key=lambda r: r.get("rank") or 0):
+        run = r.get("run")
+        if not isinstance(run, dict) or not run.get("steps"):
+            continue
+        shift = float(r.get("started_at") or run.get("started_at") or 0.0) + float(r.get("clock_offset") or 0.0)
+        series.append((r.get("rank"), shift, run["steps"]))
+    if len(series) < 2:
+        return None
+    origin = min(shift for _, shift, _ in series)
+    # From the first step of any rank to the last: a job's start-up (process group, data) is not drawn.
+    first = min(shift - origin + min(s["start"] for s in steps) for _, shift, steps in series)
+    span = max(shift - origin + max(s["end"] for s in steps) for _, shift, steps in series) - first
+    # No more slices than a rank has step records: an empty slice would read as a gap.
+    cols = max(1, min(buckets // 2, min(len(steps) for _, _, steps in series)))
+    step_ms = np.full((len(series), cols), np.nan)
+    share = np.full((len(series), cols), np.nan)
+    for row, (_, shift, steps) in enumerate(series):
+        mid = np.array([(s["start"] + s["end"]) / 2 for s in steps]) + shift - origin - first
+        dur = np.array([s["end"] - s["start"] for s in steps])
+        n = np.array([s.get("merged") or 1 for s in steps], dtype=float)
+        inp = np.array([(s.get("data_wait") or 0.0) + (s.get("h2d") or 0.0) for s in steps])
+        idx = np.clip((mid / max(span, 1e-9) * cols).astype(int), 0, cols - 1)
+        k = np.bincount(idx, weights=n, minlength=cols)
+        d = np.bincount(idx, weights=dur, minlength=cols)
+        w = np.bincount(idx, weights=inp, minlength=cols)
+        used = k > 0
+        step_ms[row, used] = d[used] / k[used] * 1000
+        share[row, used] = np.minimum(w[used] / np.maximum(d[used], 1e-12), 1.0) * 100
+    height = 1.2 + 0.22 * len(series)
+    fig = Figure(figsize=(10.5, min(2 * height + 0.8, 16)), dpi=96)
+    axes = fig.subplots(2, 1, sharex=True)
+    labels = [f"rank {rank}" + ("  straggler" if rank in stragglers else "") for rank, _, _ in series]
+    for ax, grid, name, cmap in ((axes[0], step_ms, "step time (ms)", "viridis"),
+                                 (axes[1], share, "input share of step (%)", "Reds")):
+        image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap=cmap, origin="upper",
+                          extent=(first, first + span, len(series) - 0.5, -0.5), vmin=0,
+                          vmax=100 if "share" in name else None)
+        fig.colorbar(image, ax=ax, pad=0.01, fraction=0.04).set_label(name, fontsize=8)
+        every = max(1, len(series) // 24)  # a tick a rank up to 24 ranks, then fewer (stragglers always)
+        ticks = [i for i, (rank, _, _) in enumerate(series) if i % every == 0 or rank in stragglers]
+        ax.set_yticks(ticks, [labels[i] for i in ticks], fontsize=7.5)
+        for i in ticks:
+            if series[i][0] in stragglers:
+                ax.get_yticklabels()[ticks.index(i)].set_color("#c62828")
+        ax.tick_params(labelsize=8)
+        ax.set_title(name, fontsize=9, loc="left")
+    axes[-1].set_xlabel("seconds since the first rank started (rank 0's clock)", fontsize=8.5)
+    fig.tight_layout()
+    return fig

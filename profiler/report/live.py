@@ -1,0 +1,272 @@
+"""The live view (``--live``, ``Profile(live=True)``): a few lines on the terminal,
+redrawn while the training runs.
+
+NOTE [ Live view ]
+What it shows, about twice a second (``PERIOD``): steps and steps/s over the last
+``RECENT`` seconds; the input share of step time (wait + host-to-device copy, as the
+report counts it) over that window and so far (after the first ``WARMUP`` steps, the
+report's warm-up once a run has 50); each GPU's utilization and memory; the CPU of
+the training process and of its loader workers; and the running verdict, the
+report's own diagnosis of the run so far.
+
+When: only where stderr (where the report goes) is a terminal and ``TERM`` is not
+``dumb``; elsewhere (a CI log, a pipe) ``--live`` is off with one warning line. The
+view is transient: stopping erases it, so the terminal holds what the script printed
+and then the final report. While it runs, what the script prints goes above the view
+(rich's redirection of stderr, and of stdout when stdout is a terminal too: a
+redirected stdout, ``> log.txt``, is left alone). A DataLoader worker forked
+meanwhile gets the real streams back (``_restore_in_child``): the redirecting
+object and its console's lock belong to this process's threads.
+
+Cost: the training thread does nothing for it. A thread of its own
+("loadprof-live") reads copies: the newest steps from the timeline (whose fold it
+may do instead of the sampler), the newest samples (``Sampler.recent``), and for the
+verdict a snapshot of the whole run, diagnosed no more often than every
+``VERDICT_EVERY`` seconds nor than ``VERDICT_COST_RATIO`` times what the last
+diagnosis took (diagnosing 20,000 steps takes ~60 ms here: then once in ~12 s).
+A failure of the view itself ends the view with one warning line, never the run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from ..records import GpuSample, HostSample, Run, Step
+
+PERIOD = 0.5  # seconds between redraws
+RECENT = 10.0  # seconds of the "recent" window
+WARMUP = 5  # steps left out of "so far": diagnosis.warmup_count's cap
+VERDICT_EVERY = 2.0
+VERDICT_COST_RATIO = 200  # at most 0.5% of one core on diagnosis
+THREAD_NAME = "loadprof-live"
+JOIN_TIMEOUT = 5.0
+
+_COLOURS = {"data-starved": "bold red", "memory-bound": "bold magenta", "host-bound": "bold yellow",
+            "compute-bound": "bold green", "inconclusive": "bold white"}
+
+
+def why_not_live(stream: IO[str] | None) -> str | None:
+    """None where the view can draw on ``stream``; otherwise the reason, in a few words."""
+    try:
+        tty = stream is not None and stream.isatty()
+    except (ValueError, OSError):  # closed
+        tty = False
+    if not tty:
+        return "stderr is not a terminal"
+    if os.environ.get("TERM") == "dumb":
+        return "TERM is dumb"
+    return None
+
+
+@dataclass
+class LiveState:
+    """What one frame shows, computed from copies off the training thread."""
+
+    elapsed: float = 0.0
+    steps: int = 0
+    steps_per_s: float | None = None
+    recent_share: float | None = None
+    total_share: float | None = None
+    gpus: list[GpuSample] = field(default_factory=list)
+    gpu_status: str = ""
+    host: HostSample | None = None
+    verdict: str | None = None
+    cause: str | None = None
+    verdict_at: float = 0.0
+
+
+class LiveView:
+    """Draws ``LiveState`` frames on a terminal from its own thread (NOTE [ Live view ]).
+
+    ``steps()`` gives the steps so far (a list only read), ``samples(n)`` copies of the
+    newest host and GPU readings, ``snapshot()`` a Run of everything so far (for the
+    verdict), ``clock()`` seconds since the run started."""
+
+    def __init__(self, *, steps: Callable[[], Sequence[Step]],
+                 samples: Callable[[int], tuple[list[HostSample], list[GpuSample]]],
+                 snapshot: Callable[[], Run], clock: Callable[[], float], file: IO[str],
+                 title: str = "", gpu_status: str = "", period: float = PERIOD,
+                 warn: Callable[[str], None] | None = None) -> None:
+        self._steps, self._samples, self._snapshot, self._clock = steps, samples, snapshot, clock
+        self.title, self.period, self._warn = title, period, warn
+        self.state = LiveState(gpu_status=gpu_status)
+        self.frames = 0  # frames drawn, and the CPU seconds their reading and drawing took
+        self.busy = 0.0  # on the view's thread (benchmarks/overhead.py prints both)
+        self._counted = 0  # steps (by index) already in the "so far" sums
+        self._total_wait = 0.0
+        self._total_time = 0.0
+        self._next_verdict = 0.0
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        stdout_tty = _isatty(sys.stdout)
+        self.console = Console(file=file, highlight=False)
+        self._live = Live(console=self.console, transient=True, auto_refresh=False,
+                          redirect_stdout=stdout_tty, redirect_stderr=True)
+        self._stopped = False
+
+    def start(self) -> LiveView:
+        global _ACTIVE
+        self._live.update(self.render(), refresh=False)
+        self._live.start(refresh=True)
+        _ACTIVE = self
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop drawing and erase the view; idempotent."""
+        global _ACTIVE
+        if self._stopped:
+            return
+        self._stopped = True
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join(JOIN_TIMEOUT)
+        _ACTIVE = None
+        self._live.stop()
+
+    def _run(self) -> None:
+        while not self._done.wait(self.period):
+            began = time.thread_time()
+            try:
+                self.update()
+                self._live.update(self.render(), refresh=True)
+                self.frames += 1
+                self.busy += time.thread_time() - began
+            except Exception as err:  # the view's own failure: the run goes on without it
+                if self._warn is not None:
+                    self._warn(f"the live view stopped ({type(err).__name__}: {err})")
+                return
+
+    # -- state ------------------------------------------------------------------
+    def update(self) -> LiveState:
+        """Read the newest measurements into ``state`` (on the view's thread)."""
+        s = self.state
+        now = self._clock()
+        s.elapsed = now
+        steps = self._steps()
+        recent: list[Step] = []
+        new: list[Step] = []
+        for step in reversed(steps):  # newest first: only the tail is read
+            if step.index + step.merged <= self._counted and step.end < now - RECENT:
+                break
+            if step.end >= now - RECENT:
+                recent.append(step)
+            if step.index + step.merged > self._counted:
+                new.append(step)
+        for step in new:
+            if step.index >= WARMUP:
+                self._total_wait += step.data_wait + step.h2d
+                self._total_time += step.duration
+        if steps:
+            last = steps[-1]
+            self._counted = max(self._counted, last.index + last.merged)
+        s.steps = self._counted
+        if recent:
+            span = now - max(0.0, min(st.start for st in recent), now - RECENT)
+            n = sum(st.merged for st in recent)
+            s.steps_per_s = n / span if span > 0 else None
+            busy = sum(st.duration for st in recent)
+            s.recent_share = min(1.0, sum(st.data_wait + st.h2d for st in recent) / busy) if busy > 0 else None
+        else:
+            s.steps_per_s = 0.0 if steps else None
+            s.recent_share = None
+        s.total_share = min(1.0, self._total_wait / self._total_time) if self._total_time > 0 else None
+        hosts, gpus = self._samples(8)
+        s.host = hosts[-1] if hosts else s.host
+        newest: dict[int, GpuSample] = {}
+        for g in gpus:
+            newest[g.index] = g
+        if newest:
+            s.gpus = [newest[i] for i in sorted(newest)]
+        if now >= self._next_verdict:
+            self._verdict(now)
+        return s
+
+    def _verdict(self, now: float) -> None:
+        from ..diagnosis import diagnose
+
+        began = time.perf_counter()
+        d = diagnose(self._snapshot())
+        cost = time.perf_counter() - began
+        self.state.verdict, self.state.cause, self.state.verdict_at = d.verdict, d.cause, now
+        self._next_verdict = now + max(VERDICT_EVERY, VERDICT_COST_RATIO * cost)
+
+    # -- drawing ------------------------------------------------------------------
+    def render(self) -> Text:
+        """The frame: plain lines of styled text (a rich Table measured its columns at
+        every frame, several times the cost of the rest of the frame)."""
+        s = self.state
+        out = Text(no_wrap=True, overflow="ellipsis")
+        out.append(f"loadprof live: {self.title}   {s.elapsed:.0f} s", style="bold cyan")
+
+        def row(label: str, value: str, style: str = "") -> None:
+            out.append(f"\n{label:<12}", style="bold")
+            out.append(value, style=style)
+
+        rate = f"  {s.steps_per_s:.1f} steps/s (last {RECENT:.0f} s)" if s.steps_per_s is not None else ""
+        row("steps", f"{s.steps:,}{rate}")
+        row("input wait", f"{_pct(s.recent_share)} of step time (last {RECENT:.0f} s)   {_pct(s.total_share)} so far")
+        for g in s.gpus:
+            mem = ""
+            if g.memory_used is not None and g.memory_total:
+                mem = f"   memory {g.memory_used / 2**30:.1f} / {g.memory_total / 2**30:.0f} GiB"
+            util = f"{g.util_gpu:.0f}%" if g.util_gpu is not None else "n/a"
+            row(f"GPU {g.index}", f"utilization {util}{mem}")
+        if not s.gpus:
+            row("GPU", s.gpu_status or "no readings yet", "dim")
+        if s.host is not None:
+            h = s.host
+            workers = f"   {h.n_children} loader worker{'s' if h.n_children != 1 else ''} {h.children_cpu:.0f}%" \
+                if h.n_children else "   no loader workers"
+            row("CPU", f"process {h.process_cpu:.0f}% of a core{workers}")
+        else:
+            row("CPU", "no readings yet", "dim")
+        if s.verdict is None:
+            row("verdict", "not yet", "dim")
+        else:
+            row("verdict", s.verdict, _COLOURS.get(s.verdict, "bold"))
+            if s.cause:
+                out.append(f" ({s.cause})")
+            out.append(f"   as of {s.verdict_at:.0f} s", style="dim")
+        return out
+
+
+def _pct(share: float | None) -> str:
+    return "n/a" if share is None else f"{share:.0%}"
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream is not None and stream.isatty())
+    except (ValueError, OSError):
+        return False
+
+
+_ACTIVE: LiveView | None = None
+
+
+def _restore_in_child() -> None:
+    """In a forked child, the real streams back (NOTE [ Live view ])."""
+    from rich.file_proxy import FileProxy
+
+    if _ACTIVE is None:
+        return
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if isinstance(stream, FileProxy):
+            setattr(sys, name, stream.rich_proxied_file)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_restore_in_child)

@@ -1,0 +1,217 @@
+"""The trace renderer (``--trace PATH``): a run as a Chrome trace-event JSON file, for
+Perfetto UI (ui.perfetto.dev) and chrome://tracing.
+
+NOTE [ Trace layout ]
+The file is the format's object form, ``{"traceEvents": [...], "displayTimeUnit":
+"ms", "otherData": {...}}``, with times (``ts``, ``dur``) in whole microseconds
+since the earliest rank's start, each rank's start taken on one clock (its
+``started_at`` plus its clock offset, as ``records.RankRun.clock_offset`` measures
+it), so that the ranks' steps line up. One process (``pid``) per rank: ``pid = rank + 1``
+(some viewers treat pid 0 as the kernel's idle task), named by ``process_name``
+metadata and ordered by ``process_sort_index``; a single-process run is rank 0. In each:
+- thread 1, "training steps": one complete slice (``ph: "X"``) per step record, with
+  child slices "input wait", "h2d copy" and "compute" in that order inside it. A Step
+  holds sums, not when each wait happened, so the children are laid out as a step
+  usually runs: the wait for the batch first, its copy, then the compute; with several
+  batch waits in one step (gradient accumulation) they show as one slice. Records
+  merged to bound memory (``Step.merged`` > 1) show as one slice "steps i-j". Warm-up
+  steps carry ``cat: "step,warm-up"``: diagnosis leaves them out.
+- thread 2, "evaluation": one slice per evaluation pass (``Run.evaluations``).
+- counter tracks (``ph: "C"``) for every signal the samplers recorded, one track per
+  signal, each event ``args: {"value": v}``: per GPU utilization, memory activity,
+  memory used (device and this process), power, SM clock, PCIe; on the host the CPU of
+  the training process and of its loader workers (summed: per-worker CPU is not
+  recorded), the workers' count, cores busy, memory of both, system memory, swap, disk
+  reads, iowait, run-queue delay. A reading the driver did not give is left out, not
+  drawn as zero.
+Integer microseconds keep children exactly inside their parent (floats summed in
+microseconds drift by an ulp past the parent's end, which viewers then misnest).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..diagnosis import warmup_count
+from ..jsonio import dumps, write_text_atomic
+from ..records import GpuSample, HostSample, Run
+
+if TYPE_CHECKING:
+    from . import Report
+
+#: (rank, run) pairs: what a multi-rank job hands the renderer, one pid per rank.
+RankRuns = Sequence[tuple[int, Run]]
+#: rank -> seconds to add to that rank's clock to read the reference rank's (records.RankRun.clock_offset)
+ClockOffsets = Mapping[int, float]
+
+STEPS_TID = 1
+EVAL_TID = 2
+
+_MIB = 2**20
+
+#: GPU counters: track name, the sample's field, the scale to the unit in the name.
+_GPU_COUNTERS: tuple[tuple[str, str, float], ...] = (
+    ("utilization %", "util_gpu", 1.0),
+    ("memory activity %", "util_memory", 1.0),
+    ("memory used MiB", "memory_used", 1 / _MIB),
+    ("process memory MiB", "process_memory_used", 1 / _MIB),
+    ("power W", "power_w", 1.0),
+    ("SM clock MHz", "sm_clock_mhz", 1.0),
+    ("PCIe host-to-device KB/s", "pcie_rx_kbs", 1.0),
+    ("PCIe device-to-host KB/s", "pcie_tx_kbs", 1.0),
+)
+
+
+def _host_counters() -> tuple[tuple[str, Callable[[HostSample], float | None]], ...]:
+    return (
+        ("CPU training process % of a core", lambda h: h.process_cpu),
+        ("CPU loader workers % of a core (sum)", lambda h: h.children_cpu),
+        ("loader workers", lambda h: h.n_children),
+        ("host CPU busy %", lambda h: sum(h.cpu_per_core) / len(h.cpu_per_core) if h.cpu_per_core else None),
+        ("RSS training process MiB", lambda h: h.process_rss / _MIB),
+        ("RSS loader workers MiB (sum)", lambda h: h.children_rss / _MIB),
+        ("PSS training process MiB", lambda h: None if h.process_pss is None else h.process_pss / _MIB),
+        ("PSS loader workers MiB", lambda h: None if h.children_pss is None else h.children_pss / _MIB),
+        ("system memory used %", lambda h: h.memory_percent),
+        ("system memory available MiB", lambda h: h.memory_available / _MIB),
+        ("swap used MiB", lambda h: h.swap_used / _MIB),
+        ("disk reads MiB/s", lambda h: h.disk_read_bps / _MIB),
+        ("iowait %", lambda h: h.iowait_percent),
+        ("run-queue delay training thread", lambda h: h.process_run_delay),
+        ("run-queue delay loader workers (threads)", lambda h: h.children_run_delay),
+    )
+
+
+class TraceRenderer:
+    """``render(report)``: the trace of the report's run; ``ranks`` gives a
+    multi-rank job's runs instead, one process each (NOTE [ Trace layout ])."""
+
+    def render(self, report: Report | None = None, ranks: RankRuns | None = None,
+               clock_offsets: ClockOffsets | None = None) -> str:
+        if ranks is None:
+            if report is None:
+                raise ValueError("render needs a report or ranks")
+            job = getattr(report, "job", None)
+            if job is not None:  # a job report: every rank whose run arrived, on rank 0's clock
+                ranks = [(r.rank, r.run) for r in job.ranks if r.run is not None]
+                clock_offsets = {r.rank: r.clock_offset for r in job.ranks
+                                 if r.run is not None and r.clock_offset is not None}
+            else:
+                ranks = [(0, report.run)]
+        verdict = report.verdict if report is not None else None
+        return dumps(trace_document(ranks, verdict, clock_offsets), indent=None)
+
+
+def write_trace(report: Report, path: str | os.PathLike[str], ranks: RankRuns | None = None,
+                clock_offsets: ClockOffsets | None = None) -> None:
+    """Write atomically (jsonio); raises JsonWriteError (one line naming the file)."""
+    write_text_atomic(path, TraceRenderer().render(report, ranks, clock_offsets))
+
+
+def trace_document(ranks: RankRuns, verdict: str | None = None,
+                   clock_offsets: ClockOffsets | None = None) -> dict[str, Any]:
+    """The trace-event object of ``ranks`` (NOTE [ Trace layout ]): each rank's steps
+    placed at its ``started_at`` plus its clock offset, so that the ranks line up."""
+    offsets = clock_offsets or {}
+    starts = {rank: run.started_at + offsets.get(rank, 0.0) for rank, run in ranks}
+    origin = min(starts.values(), default=0.0)
+    events: list[dict[str, Any]] = []
+    several = len(ranks) > 1
+    for rank, run in ranks:
+        pid = rank + 1
+        offset = starts[rank] - origin
+        events.extend(_metadata(pid, rank, run, several))
+        events.extend(_steps(pid, run, offset))
+        events.extend(_evaluations(pid, run, offset))
+        events.extend(_counters(pid, run, offset))
+    first = ranks[0][1] if ranks else Run()
+    other: dict[str, Any] = {
+        "loadprof": first.environment.loadprof,
+        "command": " ".join(first.command),
+        "ranks": len(ranks),
+        "started_at_unix": origin,
+    }
+    if verdict is not None:
+        other["verdict"] = verdict
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
+
+
+def _us(seconds: float) -> int:
+    return round(seconds * 1e6)
+
+
+def _metadata(pid: int, rank: int, run: Run, several: bool) -> list[dict[str, Any]]:
+    script = os.path.basename(run.command[0]) if run.command else "run"
+    host = run.environment.hostname
+    name = f"rank {rank}" + (f" ({host})" if host else "") if several else f"loadprof: {script}"
+
+    def meta(kind: str, tid: int, **args: Any) -> dict[str, Any]:
+        return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": args}
+
+    return [
+        meta("process_name", 0, name=name),
+        meta("process_sort_index", 0, sort_index=rank),
+        meta("thread_name", STEPS_TID, name="training steps"),
+        meta("thread_sort_index", STEPS_TID, sort_index=0),
+        meta("thread_name", EVAL_TID, name="evaluation"),
+        meta("thread_sort_index", EVAL_TID, sort_index=1),
+    ]
+
+
+def _steps(pid: int, run: Run, offset: float) -> Iterable[dict[str, Any]]:
+    warmup = warmup_count(sum(s.merged for s in run.steps))
+    for i, step in enumerate(run.steps):
+        start = _us(offset + step.start)
+        end = max(start, _us(offset + step.end))
+        wait_end = min(end, start + _us(step.data_wait))
+        copy_end = min(end, wait_end + _us(step.h2d))
+        last = step.index + step.merged - 1
+        name = f"step {step.index}" if step.merged == 1 else f"steps {step.index}-{last}"
+        args: dict[str, Any] = {
+            "duration ms": round(step.duration * 1e3, 3),
+            "input wait ms": round(step.data_wait * 1e3, 3),
+            "h2d copy ms": round(step.h2d * 1e3, 3),
+        }
+        if step.batch_size is not None:
+            args["samples"] = step.batch_size
+        if step.merged > 1:
+            args["steps merged"] = step.merged
+        yield {"name": name, "cat": "step,warm-up" if i < warmup else "step", "ph": "X", "pid": pid,
+               "tid": STEPS_TID, "ts": start, "dur": end - start, "args": args}
+        for part, a, b in (("input wait", start, wait_end), ("h2d copy", wait_end, copy_end),
+                           ("compute", copy_end, end)):
+            if b > a:
+                yield {"name": part, "cat": part, "ph": "X", "pid": pid, "tid": STEPS_TID, "ts": a, "dur": b - a}
+
+
+def _evaluations(pid: int, run: Run, offset: float) -> Iterable[dict[str, Any]]:
+    for i, ev in enumerate(run.evaluations):
+        start = _us(offset + ev.start)
+        yield {"name": f"evaluation pass {i + 1}", "cat": "evaluation", "ph": "X", "pid": pid, "tid": EVAL_TID,
+               "ts": start, "dur": max(0, _us(offset + ev.end) - start),
+               "args": {"batches": ev.batches, "input wait ms": round(ev.wait * 1e3, 3)}}
+
+
+def _counters(pid: int, run: Run, offset: float) -> Iterable[dict[str, Any]]:
+    gpus = sorted({g.index for g in run.gpu_samples})
+    by_gpu: dict[int, list[GpuSample]] = {i: [] for i in gpus}
+    for g in run.gpu_samples:
+        by_gpu[g.index].append(g)
+    for index, samples in by_gpu.items():
+        for label, attr, scale in _GPU_COUNTERS:
+            for g in samples:
+                value = getattr(g, attr)
+                if value is not None and math.isfinite(value):
+                    yield _counter(pid, f"GPU {index} {label}", offset + g.t, value * scale)
+    for label, read in _host_counters():
+        for h in run.host_samples:
+            value = read(h)
+            if value is not None and math.isfinite(value):
+                yield _counter(pid, label, offset + h.t, value)
+
+
+def _counter(pid: int, name: str, t: float, value: float) -> dict[str, Any]:
+    return {"name": name, "ph": "C", "pid": pid, "tid": 0, "ts": _us(t), "args": {"value": round(float(value), 3)}}

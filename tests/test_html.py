@@ -1,0 +1,398 @@
+"""`--html`: one self-contained page from real runs, from a saved run, and as Chromium draws it.
+
+NOTE [ A page that opens anywhere ] and NOTE [ Honest downsampling ] in profiler/report/html.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from loadprof import Profile
+from loadprof.cli import main
+from loadprof.records import (
+    Environment,
+    GpuInfo,
+    GpuSample,
+    HostSample,
+    JobRun,
+    LoaderInfo,
+    RankRun,
+    Run,
+    Step,
+)
+from loadprof.report import build_report, write_json
+from loadprof.report.html import PLOT_HINT, HtmlPageRenderer
+from loadprof.report.job import build_job_report
+from tests import torch_loops as loops
+from tests.fake_pynvml import FakeGpu, FakeNvml
+
+ROOT = Path(__file__).resolve().parent.parent
+GiB = 2**30
+CHROMIUM = "/usr/bin/chromium"
+
+
+def assert_self_contained(page: str) -> None:
+    """Nothing in the page is fetched when it is viewed."""
+    assert page.startswith("<!DOCTYPE html>")
+    assert not re.search(r"""(?:src|href|action|poster|data)\s*=\s*["']?\s*(?:https?:)?//""", page, re.I)
+    assert not re.search(r"@import|url\(\s*['\"]?(?:https?:)?//", page, re.I)
+    assert not re.search(r"<(?:script|link|iframe|object|embed|img)\b", page, re.I)
+    assert "<!DOCTYPE svg" not in page and "<?xml" not in page
+
+
+def svg_count(page: str) -> int:
+    return len(re.findall(r"<svg\b", page))
+
+
+# -- a real torch run, with a scripted NVML for the GPU panels ---------------------------
+@pytest.fixture(scope="module")
+def torch_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, object]]:
+    folder = tmp_path_factory.mktemp("torch_run")
+    with pytest.MonkeyPatch.context() as mp:
+        FakeNvml(gpus=[FakeGpu(util=lambda t: 30 + 20 * (int(t * 4) % 2), mem_used=12 * GiB,
+                               processes=[(os.getpid(), 4 * GiB)])]).install(mp)
+        loader = DataLoader(loops.CpuHeavy(n=480, cost=0.0015), batch_size=16, num_workers=0)
+        with Profile(interval=0.05, print_report=False, json=folder / "run.json", html=folder / "run.html") as prof:
+            loops.train(loader, loops.small_model(), epochs=2)
+    yield folder / "run.json", folder / "run.html", prof.report
+
+
+def test_a_torch_run_writes_one_self_contained_page_with_its_charts(torch_run) -> None:
+    _, html_path, report = torch_run
+    page = html_path.read_text(encoding="utf-8")
+    assert_self_contained(page)
+    assert svg_count(page) == 1  # one figure, every panel on the same time axis
+    verdict = page.index(report.verdict.upper())
+    assert verdict < page.index("<svg") < page.index("Evidence") < page.index("Recommendations") \
+        < page.index("Environment")
+    for legend in ("input wait", "host-to-device copy", "compute", "GPU 0 busy", "GPU 0 memory",
+                   "training process", "cores busy (all processes)", "disk reads (system)", "judged window"):
+        assert legend in page, legend
+    assert "power (W)" in page
+    for ev in report.diagnosis.evidence:  # every evidence row, with its rule
+        assert f"<td>{_esc(ev.label)}</td>" in page
+        if ev.threshold:
+            assert _esc(ev.threshold) in page
+    for r in report.recommendations:
+        assert _esc(r.code) in page
+    assert "Every step record and sample is drawn as recorded" in page  # a short run: nothing sliced
+    assert f"{report.diagnosis.metrics.steps_total:,} steps in" in page
+    assert _esc(torch.__version__) in page  # the environment
+
+
+def _esc(text: str) -> str:
+    import html
+
+    return html.escape(text, quote=True)
+
+
+def test_report_of_the_saved_run_writes_the_same_verdict_as_a_page(torch_run, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    json_path, _, report = torch_run
+    out = tmp_path / "r.html"
+    assert main(["report", str(json_path), "--html", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert_self_contained(page)
+    assert svg_count(page) == 1
+    assert json.loads(json_path.read_text())["verdict"].upper() in page
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left behind
+
+
+def test_report_to_an_unwritable_page_is_one_line_exit_2(torch_run, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    json_path, _, _ = torch_run
+    assert main(["report", str(json_path), "--html", str(tmp_path / "no" / "such" / "r.html")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "r.html" in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+# -- escaping ----------------------------------------------------------------------
+EVIL = "<script>alert(1)</script>"
+
+
+def _hand_run(steps: int = 40, merged: int = 1, samples: int = 45, command: list[str] | None = None) -> Run:
+    span = 0.1 * steps * merged
+    return Run(
+        started_at=1.7e9, duration=span + 0.2, command=command or ["train.py"],
+        environment=Environment(python="3.11", platform="Linux", hostname="h", loadprof="0.1.0",
+                                frameworks={"torch": "2.3"}, usable_cores=4, logical_cores=8, memory_total=64 * GiB,
+                                gpus=[GpuInfo(0, "H100", 80 * GiB, (9, 0))], gpu_status="available",
+                                cuda_in_use=True),
+        steps=[Step(index=i * merged, start=0.1 * i * merged, end=0.1 * (i + 1) * merged - 0.001,
+                    data_wait=0.04 * merged, data_wait_cpu=0.01 * merged, h2d=0.005 * merged,
+                    batch_size=32 * merged, merged=merged if i >= 5 else 1) for i in range(steps)],
+        gpu_samples=[GpuSample(t=span * i / samples, index=0, util_gpu=40.0 + i % 7, memory_used=20 * GiB,
+                               memory_total=80 * GiB, power_w=250.0) for i in range(samples)],
+        host_samples=[HostSample(t=span * i / samples, cpu_per_core=[50.0, 20.0, 90.0, 10.0], process_cpu=95.0,
+                                 children_cpu=150.0, n_children=2, process_rss=2 * GiB, memory_available=40 * GiB,
+                                 disk_read_bps=1e6 * (i % 3), window=span / samples) for i in range(samples)],
+        loaders=[LoaderInfo(framework="torch", kind="DataLoader", batch_size=32, num_workers=2,
+                            dataset_type=EVIL, notes=[f"note {EVIL}"])],
+        data_wait_method="iterator-next",
+        limitations=[f"limitation <img src=x onerror=alert(1)> & {EVIL}"],
+    )
+
+
+def test_everything_from_the_run_is_escaped() -> None:
+    run = _hand_run(command=[f"/tmp/{EVIL}.py", "--name", '"><b>x</b>'])
+    run.environment.hostname = EVIL
+    run.environment.gpus[0].name = EVIL
+    page = HtmlPageRenderer().render(build_report(run))
+    assert "<script" not in page.lower()
+    assert "<img" not in page and "<b>x</b>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "&lt;img src=x onerror=alert(1)&gt; &amp;" in page
+    assert "&quot;&gt;&lt;b&gt;x&lt;/b&gt;" in page
+    assert_self_contained(page)
+
+
+# -- a long run ---------------------------------------------------------------------
+def test_a_100000_step_run_is_a_few_mb_at_most_and_says_how_it_was_sliced() -> None:
+    # What the profiler keeps of 100,000 steps: 20,000 records (older ones merged
+    # pairwise, timeline.MAX_STEP_RECORDS) and 20,000 samples a buffer.
+    run = _hand_run(steps=20_000, merged=5, samples=20_000)
+    report = build_report(run)
+    assert report.diagnosis.metrics.steps_total > 99_000
+    page = HtmlPageRenderer().render(report)
+    assert len(page.encode()) < 3 * 2**20, len(page.encode())
+    assert svg_count(page) == 1
+    assert re.search(r"Drawn in 500 time slices of [\d.]+ s each", page)
+    assert "lowest to highest" in page and "merged pairwise" in page
+    assert "99,980 steps in 20,000 records" in page
+    assert_self_contained(page)
+
+
+# -- without matplotlib -----------------------------------------------------------------
+def test_without_matplotlib_the_page_keeps_its_tables_and_says_how_to_get_charts(torch_run, tmp_path: Path) -> None:
+    json_path, _, _ = torch_run
+    out = tmp_path / "plain.html"
+    code = textwrap.dedent(f"""
+        import sys
+        sys.modules["matplotlib"] = None  # as if it were not installed
+        from loadprof.cli import main
+        sys.exit(main(["report", {str(json_path)!r}, "--html", {str(out)!r}]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    page = out.read_text(encoding="utf-8")
+    assert svg_count(page) == 0
+    assert _esc(PLOT_HINT) in page
+    assert "Evidence" in page and "Recommendations" in page and "Environment" in page
+    assert_self_contained(page)
+
+
+# -- the page never breaks the run ----------------------------------------------------------
+SCRIPT_EXIT_3 = """
+import sys, torch
+from torch.utils.data import DataLoader, TensorDataset
+loader = DataLoader(TensorDataset(torch.randn(256, 8), torch.randint(0, 2, (256,))), batch_size=16)
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("where, fault", [("missing-folder", ""), ("fine", "html")])
+def test_a_page_that_cannot_be_written_is_one_warning_and_the_exit_code_stays(tmp_path: Path, where: str,
+                                                                              fault: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT_EXIT_3)
+    page = tmp_path / "no" / "r.html" if where == "missing-folder" else tmp_path / "r.html"
+    proc = subprocess.run([sys.executable, "-m", "loadprof", "diagnose", "-q", "--no-gpu", "--html", str(page),
+                           "--json", str(tmp_path / "run.json"), str(script)], capture_output=True, text=True,
+                          timeout=180, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "LOADPROF_TEST_FAULTS": fault})
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("loadprof: warning:")]
+    assert len(warnings) == 1 and "HTML report not written" in warnings[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not page.exists()
+    assert json.loads((tmp_path / "run.json").read_text())["exit_status"] == "exit 3"  # the rest was written
+
+
+# -- as a person sees it: headless Chromium ----------------------------------------------------
+def screenshot(page: Path, png: Path, tmp_path: Path, height: int = 1800) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'chromium-profile'}", "--hide-scrollbars", f"--window-size=1200,{height}",
+         f"--screenshot={png}", page.as_uri()],
+        capture_output=True, text=True, timeout=120)
+
+
+def _pixels_near(image, rgb: tuple[int, int, int], tolerance: int = 12) -> int:
+    return sum(n for n, (r, g, b) in image.getcolors(1 << 24)
+               if abs(r - rgb[0]) <= tolerance and abs(g - rgb[1]) <= tolerance and abs(b - rgb[2]) <= tolerance)
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                    reason=f"{CHROMIUM} missing: install Debian's chromium (.ci/system-packages) to see the page drawn")
+def test_chromium_draws_the_charts_of_a_real_run(torch_run, tmp_path: Path) -> None:
+    from PIL import Image
+
+    _, html_path, _ = torch_run
+    png = tmp_path / "page.png"
+    proc = screenshot(html_path, png, tmp_path)
+    assert proc.returncode == 0 and png.exists(), proc.stderr[-2000:]
+    with Image.open(png) as shot:
+        image = shot.convert("RGB")
+    assert image.size == (1200, 1800)
+    assert len(image.getcolors(1 << 24)) > 50  # not a blank page
+    # The stacked step chart drew: input wait (#e4572e) and compute (#4c72b0) areas,
+    # and the judged window (#fff4cc) behind the panels.
+    assert _pixels_near(image, (0xE4, 0x57, 0x2E)) > 3000
+    assert _pixels_near(image, (0x4C, 0x72, 0xB0)) > 3000
+    assert _pixels_near(image, (0xFF, 0xF4, 0xCC), tolerance=3) > 20_000
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} missing (.ci/system-packages installs it)")
+def test_chromium_shows_escaped_text_as_text(tmp_path: Path) -> None:
+    run = _hand_run(command=[f"/tmp/{EVIL}.py"])
+    page = tmp_path / "evil.html"
+    page.write_text(HtmlPageRenderer().render(build_report(run)), encoding="utf-8")
+    proc = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'chromium-profile'}", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dom = proc.stdout
+    assert "<script" not in dom.lower()  # parsed as text, never as an element
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom
+    assert len(re.findall(r"<svg\b", dom)) == 1 and "<path" in dom
+
+
+# -- Keras, tune and compare ---------------------------------------------------------------
+KERAS_SCRIPT = """
+import time
+import numpy as np, tensorflow as tf, keras
+keras.utils.set_random_seed(0)
+x = np.random.default_rng(0).random((512, 8), dtype=np.float32)
+y = (x.sum(axis=1) > 4).astype(np.int32)
+def slow(a, b):
+    def wait(v):
+        time.sleep(0.002)
+        return v
+    out = tf.py_function(wait, [a], tf.float32)
+    out.set_shape([8])
+    return out, b
+ds = tf.data.Dataset.from_tensor_slices((x, y)).map(slow).batch(32)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)])
+model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.fit(ds, epochs=2, verbose=0)
+"""
+
+
+@pytest.mark.tensorflow
+@pytest.mark.slow
+def test_a_keras_fit_writes_the_page_too(tmp_path: Path) -> None:
+    pytest.importorskip("tensorflow")
+    (tmp_path / "fit.py").write_text(KERAS_SCRIPT)
+    page = tmp_path / "fit.html"
+    proc = subprocess.run([sys.executable, "-m", "loadprof", "diagnose", "-q", "--no-gpu", "--html", str(page),
+                           "fit.py"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = page.read_text(encoding="utf-8")
+    assert_self_contained(text)
+    assert "DATA-STARVED" in text and "timed by differential" in text
+    assert svg_count(text) == 1 and "input wait" in text and "tensorflow" in text
+
+
+TRAIN = """
+import time, torch
+from torch.utils.data import DataLoader, Dataset
+class Items(Dataset):
+    def __len__(self):
+        return 192
+    def __getitem__(self, i):
+        time.sleep(0.003)
+        return torch.full((8,), float(i % 5) / 5), i % 2
+torch.manual_seed(0)
+loader = DataLoader(Items(), batch_size=8, shuffle=True)
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(2):
+    for x, y in loader:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+@pytest.mark.slow
+def test_compare_writes_its_table_and_bar_chart_as_a_page(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    page = tmp_path / "cmp.html"
+    assert main(["compare", "--no-gpu", "-q", "--variants", "baseline,workers", "--html", str(page),
+                 str(script)]) == 0
+    text = page.read_text(encoding="utf-8")
+    assert_self_contained(text)
+    assert svg_count(text) == 1 and "time (s), whole script" in text  # compare's own --png figure
+    assert "baseline" in text and "workers" in text and "vs baseline" in text
+
+
+@pytest.mark.slow
+def test_tune_writes_its_trial_table_and_bar_chart_as_a_page(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    page = tmp_path / "tune.html"
+    assert main(["tune", "--steps", "8", "--warmup", "2", "--no-ideal", "--no-gpu", "-q", "--budget", "90",
+                 "--fixes", "workers", "--html", str(page), str(script)]) == 0
+    text = page.read_text(encoding="utf-8")
+    assert_self_contained(text)
+    assert svg_count(text) == 1 and "steps/s (measured steps)" in text
+    assert "baseline" in text and "num_workers" in text
+
+
+
+# -- a multi-process job ---------------------------------------------------------------------
+def _rank(rank: int, wait: float, collective: float, started: float, n: int = 60) -> RankRun:
+    """One rank of a synchronised job: each step = input wait + own compute + all-reduce wait."""
+    step = wait + 0.03 + collective
+    run = Run(started_at=started, duration=n * step, command=["train.py"],
+              environment=Environment(hostname="node0", usable_cores=8, logical_cores=8, memory_total=64 * GiB),
+              steps=[Step(i, i * step, (i + 1) * step, data_wait=wait) for i in range(n)],
+              host_samples=[HostSample(t=i * 0.1, cpu_per_core=[20.0] * 8, process_cpu=60.0, window=0.1,
+                                       memory_available=32 * GiB) for i in range(int(n * step * 10))],
+              loaders=[LoaderInfo("torch", "DataLoader", batch_size=32, num_workers=2, iterations=1)],
+              data_wait_method="iterator-next")
+    return RankRun(rank=rank, world_size=4, local_rank=rank, node_rank=0, host="node0", run_id="job",
+                   started_at=started, clock_offset=0.0, clock_rtt=0.0, collective_wait=[collective] * n, run=run)
+
+
+def test_a_job_page_draws_every_rank_over_time_and_marks_the_straggler(tmp_path: Path) -> None:
+    # rank 2 waits 40 ms more for input each step; the others wait for it in the all-reduce
+    job = JobRun(world_size=4, run_id="job", merged="test",
+                 ranks=[_rank(r, wait=0.045 if r == 2 else 0.005, collective=0.0 if r == 2 else 0.04,
+                              started=1000.0 + 0.01 * r) for r in range(4)])
+    report = build_job_report(job)
+    assert [s.rank for s in report.diagnosis.stragglers] == [2]
+    saved = tmp_path / "job.json"
+    write_json(report, saved)
+    out = tmp_path / "job.html"
+    assert main(["report", str(saved), "--html", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert_self_contained(page)
+    assert svg_count(page) == 2  # the pace-setting rank's run over time, and the ranks' heatmap
+    assert "4 ranks" in page and "rank 2 is a straggler" in page and "straggler: input" in page
+    assert "rank 2&#x27;s (it sets the job&#x27;s pace)" in page
+    assert "step time (ms)" in page and "input share of step (%)" in page
