@@ -1,0 +1,189 @@
+"""Advice accuracy: each recommendation's estimated speed-up against the speed-up
+measured by applying it.
+
+For each shipped example, a bounded baseline run (``warmup + steps`` training
+steps, in a child process: loadprof's trial machinery, as ``loadprof tune`` uses)
+is diagnosed; every recommendation that carries an estimate and that loadprof's
+fixes can apply from outside the script (DataLoader workers, prefetch, cache,
+tf.data prefetch/parallel map/cache, mixed precision, accumulation) is then run
+as a trial with that change alone. Each round (``--repeats``) runs a baseline and
+then the trials; a trial's speed-up is its throughput (samples/s after warm-up)
+over its own round's baseline, so load that drifts between rounds cancels. The
+measured speed-up is the median over rounds, the estimate the baselines' median
+estimate. Error = estimated / measured - 1. Target: within 20%.
+
+Prints one row per recommendation and the mean absolute error. Not a test:
+figures are printed, never asserted.
+
+    python benchmarks/advice_accuracy.py [--examples torch_starved,...] [--steps 30]
+                                         [--warmup 5] [--repeats 2] [--gpu] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from loadprof.advice import Recommendation
+from loadprof.fixes.spec import Changes
+from loadprof.jsonio import write_json
+from loadprof.report import build_report
+from loadprof.trial import TrialResult, TrialSpec, run_trial
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: name -> (script, arguments): enough epochs that a bounded run never runs out of data
+EXAMPLES: dict[str, tuple[str, list[str]]] = {
+    "torch_starved": ("examples/torch_starved.py", ["--epochs", "50"]),
+    "torch_fixed": ("examples/torch_fixed.py", ["--epochs", "50"]),
+    "seed_torch": ("examples/seed_torch.py", ["--epochs", "50"]),
+    "keras_mnist": ("examples/keras_mnist.py", ["--epochs", "50"]),
+}
+DEFAULT = "torch_starved,torch_fixed,seed_torch"
+
+#: A trial may take this long before it is stopped (a slow, loaded machine).
+TRIAL_LIMIT_S = 300.0
+
+
+def changes_for(rec: Recommendation) -> Changes | None:
+    """The fix loadprof can apply from outside the script for a recommendation; None: none can."""
+    v = rec.values
+    if rec.id == "num_workers" and isinstance(v.get("num_workers"), int):
+        return Changes(num_workers=v["num_workers"],
+                       persistent_workers=True if "persistent_workers=True" in rec.code else None)
+    if rec.id == "prefetch" and rec.framework == "tf":
+        return Changes(prefetch=True)
+    if rec.id == "prefetch" and isinstance(v.get("prefetch_factor"), int):
+        return Changes(prefetch_factor=v["prefetch_factor"])
+    if rec.id == "cache":
+        return Changes(cache=True)
+    if rec.id == "parallel_map":
+        return Changes(parallel_map=True)
+    if rec.id == "pin_memory":
+        return Changes(pin_memory=True)
+    if rec.id == "mixed_precision":
+        return Changes(amp="auto")
+    if rec.id == "gradient_accumulation" and isinstance(v.get("accumulation_steps"), int) \
+            and v["accumulation_steps"] >= 2:
+        return Changes(accumulation=v["accumulation_steps"])
+    return None
+
+
+def _trial(name: str, script: str, args: list[str], changes: Changes, o: argparse.Namespace) -> TrialResult:
+    spec = TrialSpec(script=script, args=args, changes=changes.to_dict(), max_steps=o.warmup + o.steps,
+                     record_losses=False, gpu=o.gpu)
+    t = run_trial(name, spec, TRIAL_LIMIT_S, o.warmup)
+    state = f"{t.rate:.1f} samples/s" if t.ok and t.rate else f"{t.status}: {t.detail}"
+    print(f"  {name}: {state}", file=sys.stderr, flush=True)
+    return t
+
+
+def measure(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
+    rel, args = EXAMPLES[example]
+    script = str(ROOT / rel)
+    print(f"{example}: {rel} {' '.join(args)}", file=sys.stderr, flush=True)
+    bases: list[TrialResult] = []
+    verdicts: list[str] = []
+    estimates: dict[str, list[float]] = {}
+    recs: dict[str, Recommendation] = {}
+    rows: dict[str, dict[str, Any]] = {}
+    trials: dict[str, list[tuple[TrialResult, TrialResult]]] = {}  # (the round's baseline, the trial)
+    for r in range(o.repeats):
+        base = _trial(f"baseline #{r + 1}", script, args, Changes(), o)
+        if not base.ok or not base.rate or base.run is None:
+            print(f"  baseline failed: {base.detail}\n{base.stderr_tail}", file=sys.stderr)
+            return []
+        bases.append(base)
+        report = build_report(base.run)
+        warned = "".join(f", warning {w.id}" for w in report.warnings)
+        print(f"  diagnosed {report.headline()}{warned}; recommends {', '.join(report.recommendation_ids) or '-'}",
+              file=sys.stderr, flush=True)
+        verdicts.append(f"{report.verdict} ({report.cause}){warned}")
+        for rec in report.recommendations:
+            if rec.estimated_speedup is not None:
+                estimates.setdefault(rec.id, []).append(rec.estimated_speedup)
+            recs.setdefault(rec.id, rec)
+        for rid, rec in recs.items():
+            changes = changes_for(rec)
+            if changes is None:
+                rows[rid] = {"example": example, "id": rid, "status": "loadprof cannot apply it from outside"}
+                continue
+            t = _trial(f"{rid} ({changes.describe()}) #{r + 1}", script, args, changes, o)
+            trials.setdefault(rid, []).append((base, t))
+    for rid, runs in trials.items():
+        # each trial against the baseline of its own round: load that drifts between rounds cancels
+        good = [t.rate / b.rate for b, t in runs if t.ok and t.rate and b.rate]
+        est = statistics.median(estimates[rid]) if rid in estimates else None
+        if not good:
+            rows[rid] = {"example": example, "id": rid, "status": f"trial failed: {runs[-1][1].status} {runs[-1][1].detail}",
+                         "estimated": est}
+            continue
+        measured = statistics.median(good)
+        rows[rid] = {
+            "example": example, "id": rid, "status": "measured", "change": changes_for(recs[rid]).describe(),  # type: ignore[union-attr]
+            "estimated": est, "estimates": estimates.get(rid, []), "measured": measured,
+            "measured_runs": good, "error": est / measured - 1 if est else None,
+            "baseline_samples_per_s": [b.rate for b in bases],
+            "trial_samples_per_s": [t.rate for _, t in runs if t.ok],
+            "diagnosed": verdicts,
+        }
+    for rid in recs:
+        rows.setdefault(rid, {"example": example, "id": rid, "status": "not run"})
+    for row in rows.values():
+        row.setdefault("diagnosed", verdicts)
+    return list(rows.values())
+
+
+def run(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", default=DEFAULT, help=f"comma list of {', '.join(EXAMPLES)} (default {DEFAULT})")
+    parser.add_argument("--steps", type=int, default=30, help="measured steps per run (default 30)")
+    parser.add_argument("--warmup", type=int, default=5, help="warm-up steps per run (default 5)")
+    parser.add_argument("--repeats", type=int, default=2, help="baseline/trial rounds (default 2)")
+    parser.add_argument("--gpu", action="store_true", help="sample GPUs (the examples use one when there is one)")
+    parser.add_argument("--json", metavar="PATH", help="write every figure here")
+    o = parser.parse_args(argv)
+    names = [n.strip() for n in o.examples.split(",") if n.strip()]
+    unknown = [n for n in names if n not in EXAMPLES]
+    if unknown:
+        parser.error(f"unknown example {unknown[0]!r}; known: {', '.join(EXAMPLES)}")
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        rows.extend(measure(name, o))
+    print(f"machine: {os.cpu_count()} logical cores; {o.warmup} warm-up + {o.steps} measured steps per run, "
+          f"{o.repeats} rounds")
+    for name in names:
+        seen = next((row["diagnosed"] for row in rows if row["example"] == name), None)
+        print(f"{name}: baseline diagnosed " + ("; ".join(seen) if seen else "(no baseline)"))
+    print(f"{'example':<15} {'recommendation':<22} {'estimated':>9} {'measured':>9} {'error':>7}  change / status")
+    errors = []
+    for row in rows:
+        if row["status"] == "measured":
+            runs = ", ".join(f"{m:.2f}x" for m in row["measured_runs"])
+            if row["error"] is None:
+                print(f"{row['example']:<15} {row['id']:<22} {'none':>9} {row['measured']:>8.2f}x {'-':>7}  "
+                      f"{row['change']} (runs {runs}; the advice gave no estimate)")
+                continue
+            errors.append(abs(row["error"]))
+            print(f"{row['example']:<15} {row['id']:<22} {row['estimated']:>8.2f}x {row['measured']:>8.2f}x "
+                  f"{row['error']:>+6.0%}  {row['change']} (runs {runs})")
+        else:
+            est = f"{row['estimated']:.2f}x" if row.get("estimated") else "-"
+            print(f"{row['example']:<15} {row['id']:<22} {est:>9} {'-':>9} {'-':>7}  {row['status']}")
+    if errors:
+        within = sum(e <= 0.20 for e in errors)
+        print(f"mean absolute error {statistics.fmean(errors):.0%} over {len(errors)} estimate(s); "
+              f"{within} of {len(errors)} within 20% (target: all)")
+    else:
+        print("no estimate could be measured")
+    if o.json:
+        write_json(o.json, {"options": vars(o), "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())

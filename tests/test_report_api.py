@@ -1,0 +1,97 @@
+"""The report object in Python: the JSON's keys as attributes, short repr/str, notebook HTML,
+and a ``Profile`` whose docstring documents every argument."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from loadprof import Profile, Report
+from loadprof.report import ReportWarning, load_report
+from tests.torch_loops import CpuHeavy, small_model, train
+
+
+@pytest.fixture(scope="module")
+def starved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Report, Path]:
+    path = tmp_path_factory.mktemp("report") / "run.json"
+    torch.manual_seed(0)
+    loader = torch.utils.data.DataLoader(CpuHeavy(n=192, cost=0.003), batch_size=8)
+    with Profile(print_report=False, json=path, gpu=False) as prof:
+        train(loader, small_model())
+    return prof.report, path
+
+
+def test_every_top_level_json_key_is_an_attribute_with_the_same_value(starved: tuple[Report, Path]) -> None:
+    report, path = starved
+    written = json.loads(path.read_text())
+    plain = {"schema", "verdict", "cause", "confidence", "summary", "steps", "data_wait_fraction",
+             "data_wait_method", "samples", "limitations", "exit_status", "duration_s"}
+    assert set(written) >= plain
+    for key in written:
+        assert hasattr(report, key), key
+    for key in plain:
+        assert json.loads(json.dumps(getattr(report, key))) == written[key], key
+    assert [w._asdict() for w in report.warnings] == written["warnings"]
+    assert [r.id for r in report.recommendations] == [r["id"] for r in written["recommendations"]]
+    assert [e.key for e in report.evidence] == [e["key"] for e in written["evidence"]]
+    assert report.environment.usable_cores == written["environment"]["usable_cores"]
+    assert len(report.loaders) == len(written["loaders"]) == 1
+    assert report.run.steps and report.steps["count"] == len(report.run.steps)
+
+
+def test_a_starved_loop_reads_as_attributes(starved: tuple[Report, Path]) -> None:
+    report, _ = starved
+    assert report.verdict == "data-starved"
+    assert report.confidence in ("high", "medium", "low")
+    assert report.summary and isinstance(report.summary, str)
+    assert isinstance(report.warnings, list)
+    assert all(isinstance(w, ReportWarning) for w in report.warnings)
+
+
+def test_recommendation_ids_is_an_attribute_and_still_callable(starved: tuple[Report, Path]) -> None:
+    report, _ = starved
+    ids = report.recommendation_ids
+    assert ids and ids == report.recommendation_ids
+    assert ids == [r.id for r in report.recommendations]
+    assert report.recommendation_ids() == ids  # the former method's call
+
+
+def test_repr_is_one_short_line_and_str_a_few_lines(starved: tuple[Report, Path]) -> None:
+    report, _ = starved
+    text = repr(report)
+    assert "\n" not in text and len(text) < 400
+    assert "data-starved" in text and report.recommendation_ids[0] in text
+    shown = str(report)
+    assert len(shown.splitlines()) < 20 and len(shown) < 3000
+    assert shown.startswith("loadprof verdict: DATA-STARVED")
+    assert report.summary in shown
+    assert "HostSample(" not in shown and "Step(" not in shown
+
+
+def test_notebook_html_holds_the_verdict_and_escapes_text(starved: tuple[Report, Path]) -> None:
+    report, path = starved
+    again = load_report(path)  # a copy to change: the fixture's report stays as measured
+    again.run.limitations.append("a <script>alert(1)</script> line")
+    page = again._repr_html_()
+    assert "DATA-STARVED" in page and f"[{again.recommendation_ids[0]}]" in page
+    assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+def test_a_saved_report_loads_with_the_same_attributes(starved: tuple[Report, Path]) -> None:
+    report, path = starved
+    again = load_report(path)
+    assert (again.verdict, again.cause, again.recommendation_ids) == \
+        (report.verdict, report.cause, report.recommendation_ids)
+    assert again.steps == report.steps
+
+
+def test_the_profile_docstring_documents_every_argument() -> None:
+    doc = inspect.getdoc(Profile) or ""
+    params = [p for p in inspect.signature(Profile.__init__).parameters if p != "self"]
+    assert params
+    undocumented = [p for p in params if f"\n{p}\n" not in f"\n{doc}\n"]
+    assert not undocumented, f"Profile arguments missing from its docstring: {undocumented}"
