@@ -1,0 +1,105 @@
+"""The command line's shared parts, declared once: the options several subcommands
+take, the script or module they run, and the one-line usage error.
+
+``cli.py`` and the subcommands kept beside their work (``tune.py``,
+``compare.py``) import these; nothing here imports a subcommand, so no module
+imports ``cli.py`` back. Defaults come from ``settings.Settings``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from .runner import Target
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    return value
+
+
+def add_output_options(parser: argparse.ArgumentParser, *, json_help: str,
+                       quiet_help: str = "no terminal summary (use with --json)") -> None:
+    """``--json PATH``, ``--no-gpu`` and ``-q/--quiet``: every command that runs a script takes them."""
+    parser.add_argument("--json", metavar="PATH", help=json_help)
+    parser.add_argument("--no-gpu", action="store_true", help="do not sample GPUs through NVML")
+    parser.add_argument("-q", "--quiet", action="store_true", help=quiet_help)
+
+
+def add_profile_options(parser: argparse.ArgumentParser) -> None:
+    """The options of a single profiled run (``loadprof diagnose``)."""
+    add_output_options(parser, json_help="write the report (with the raw measurements) as JSON")
+    parser.add_argument("--interval", type=positive_float, default=Settings.interval, metavar="SECONDS",
+                        help=f"sampling interval (default {Settings.interval:g} s)")
+    parser.add_argument("--max-steps", type=positive_int, metavar="N",
+                        help="stop the script after N training steps and report")
+    parser.add_argument("--trace", metavar="PATH",
+                        help="write a Chrome trace-event file (Perfetto UI, chrome://tracing)")
+    parser.add_argument("--html", metavar="PATH",
+                        help="write the report as one self-contained HTML page with charts (opens offline)")
+    parser.add_argument("--live", action="store_true",
+                        help="redraw a live view on the terminal while the script runs (stderr a terminal)")
+
+
+def option_strings(add: Callable[[argparse.ArgumentParser], None]) -> tuple[str, ...]:
+    """The option strings ``add`` declares (``--json``, ``-q``, ...): a command's own
+    options, which a user may also have written after the script."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add(parser)
+    return tuple(s for action in parser._actions for s in action.option_strings)
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    """``script [args...]`` or ``-m module [args...]``, as python takes them."""
+    parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE [ARGS]",
+                        help="run a library module as a script, like python -m")
+    parser.add_argument("script", nargs="?", help="the training script, run as `python script.py` would")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+
+
+def target_from(args: argparse.Namespace) -> Target:
+    from .runner import Target
+
+    if args.module is not None:
+        if args.script is not None:
+            raise UsageError("give either a script or -m module, not both")
+        if not args.module:
+            raise UsageError("-m needs a module name")
+        return Target(module=args.module[0], args=list(args.module[1:]))
+    if args.script is None:
+        raise UsageError("no script given (loadprof diagnose script.py [args...], or -m module)")
+    return Target(script=args.script, args=list(args.args))
+
+
+def check_writable(path: str, option: str = "--json") -> None:
+    """Refuse an output path whose folder is missing, or that is a folder, before any run."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"{option} {path}: folder {folder} does not exist")
+    if os.path.isdir(path):
+        raise UsageError(f"{option} {path}: is a directory")
