@@ -8,7 +8,7 @@ Layout of a file we write (format "loadprof-hdf5", version 1):
 * a bytes field ``x`` (encoded images) is a group ``/x`` holding one flat
   ``uint8`` dataset ``data`` and an ``int64`` dataset ``offsets`` of N + 1 entries;
   sample i is ``data[offsets[i]:offsets[i+1]]``. Not a variable-length type:
-  random reads of vlen data measured about 9x slower here (FIELD-NOTES), and
+  random reads of vlen data measured about 9x slower, and
   compression filters do not apply to vlen data;
 * root attributes: ``loadprof_format``, ``loadprof_format_version``,
   ``num_records``, ``schema`` / ``class_names`` / ``provenance`` / ``checksums``

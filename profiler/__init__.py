@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from .diagnosis import Diagnosis, Thresholds, diagnose
     from .records import Run
     from .report import Report, build_report, load_report
-    from .session import Profile, Settings
+    from .session import Profile
+    from .settings import Settings
     from .timeline import StopRun
     from .tune import tune_loader
 
@@ -34,7 +35,7 @@ _WHERE = {
     "Diagnosis": "diagnosis", "Thresholds": "diagnosis", "diagnose": "diagnosis",
     "Run": "records",
     "Report": "report", "build_report": "report", "load_report": "report",
-    "Profile": "session", "Settings": "session",
+    "Profile": "session", "Settings": "settings",
     "StopRun": "timeline",
     "tune_loader": "tune",
 }

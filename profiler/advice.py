@@ -27,7 +27,7 @@ from typing import Any
 
 from .diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Metrics, Thresholds, is_tf
 from .oom import OutOfMemory, classify
-from .records import LoaderInfo, Run
+from .records import GpuInfo, LoaderInfo, Run
 
 IDS = (
     "num_workers", "pin_memory", "persistent_workers", "prefetch", "cache",
@@ -58,11 +58,6 @@ class Recommendation:
 
 def _is_tf(loader: LoaderInfo | None) -> bool:
     return is_tf(loader)
-
-
-def _gpu_cc(run: Run) -> tuple[int, int] | None:
-    ccs = [g.compute_capability for g in run.environment.gpus if g.compute_capability]
-    return max(ccs) if ccs else None
 
 
 def workers_needed(m: Metrics, loader: LoaderInfo | None) -> tuple[int, float] | None:
@@ -323,7 +318,9 @@ def _cache_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, tf: b
 
 
 def _size(nbytes: float) -> str:
-    """72 MiB, 3.1 MiB, 48.0 KiB, 40 bytes."""
+    """1.2 GiB, 72 MiB, 3.1 MiB, 48.0 KiB, 40 bytes."""
+    if nbytes >= 2**30:
+        return f"{nbytes / 2**30:.1f} GiB"
     if nbytes >= 10 * 2**20:
         return f"{nbytes / 2**20:.0f} MiB"
     if nbytes >= 2**20:
@@ -427,8 +424,8 @@ def _tf_input_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, d:
         ))
 
     # A map that runs every epoch (parallel_map is known) does its work again each epoch:
-    # caching its output pays even when input is only moderately slow (the seed
-    # experiment's MNIST baseline: the shuffle buffer refills through the map each epoch).
+    # caching its output pays even when input is only moderately slow (a shuffle
+    # buffer refills through the map each epoch).
     per_epoch_map = loader.parallel_map is not None
     if loader.has_cache is False:
         for rec in _cache_advice(run, m, loader, starved or per_epoch_map, tf=True):
@@ -465,30 +462,59 @@ def _tf_input_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, d:
     return out
 
 
-def _batch_size(run: Run, m: Metrics) -> int | None:
-    """The largest batch the loop was fed, when the loader says."""
-    sizes = [st.batch_size for st in run.steps if st.batch_size]
-    if sizes:
-        return max(sizes)
+def _batch_size(run: Run, m: Metrics, oom: OutOfMemory | None = None) -> int | None:
+    """The batch to divide: the one the loop died on (the last loader iterated, when its
+    batch is larger than every step's: that step never finished), else the largest
+    batch the loop was fed, when the loader says."""
+    sizes = [st.batch_size // st.merged for st in run.steps if st.batch_size]
+    largest = max(sizes) if sizes else None
+    if oom is not None:
+        last = next((li for li in reversed(run.loaders) if li.iterations and li.batch_size), None)
+        if last is not None and last.batch_size and last.batch_size > (largest or 0):
+            return last.batch_size
+    if largest:
+        return largest
     return m.loader.batch_size if m.loader and m.loader.batch_size else None
 
 
 def _free_bytes(run: Run, oom: OutOfMemory) -> int | None:
-    """Memory free where the allocation failed, at the last reading before it."""
+    """The most memory free where the allocation failed, over the readings taken while
+    training: the last one before the error is often taken inside the step that failed,
+    its memory still held; readings before the first step miss the model. On the host,
+    the tighter of what the host has available and the process's own limit (RLIMIT_AS,
+    a container's cgroup), which binds first; readings from before a limit the script
+    set itself do not count."""
+    first = run.steps[0].start if run.steps else -math.inf
     if oom.device == "gpu":
         gpus = [g for g in run.gpu_samples if g.memory_used is not None and g.memory_total]
+        gpus = [g for g in gpus if g.t >= first] or gpus[-1:]
         if not gpus:
             return None
-        g = max(gpus, key=lambda g: g.t)
-        return max(0, (g.memory_total or 0) - (g.memory_used or 0))
-    hosts = [h.memory_available for h in run.host_samples if h.memory_available]
-    return hosts[-1] if hosts else None
+        return max(max(0, (g.memory_total or 0) - (g.memory_used or 0)) for g in gpus)
+    hosts = [h for h in run.host_samples if h.t >= first] or run.host_samples[-1:]
+    if hosts and hosts[-1].memory_limit_left is not None:
+        hosts = [h for h in hosts if h.memory_limit_left is not None]
+    free = [min(v for v in (h.memory_available or None, h.memory_limit_left) if v is not None)
+            for h in hosts if h.memory_available or h.memory_limit_left is not None]
+    return max(free) if free else None
 
 
-def micro_batch(batch: int | None, requested: int | None, free: int | None) -> tuple[int | None, int, str]:
-    """(micro-batch, accumulation steps, basis). The failing allocation is taken to grow
-    with the batch: the micro-batch is the largest halving of the batch whose share of
-    it fits in 90% of what was free. Without those figures: halve, and say so."""
+def micro_batch(batch: int | None, requested: int | None, free: int | None,
+                per_sample: float | None = None) -> tuple[int | None, int, str]:
+    """(micro-batch, accumulation steps, basis): the largest halving of the batch whose
+    memory fits in 90% of the most that was free. A step's memory beyond the model state
+    is ``per_sample`` bytes a sample where that was measured (the peak less what stays
+    between steps, over the largest batch seen); else the failing allocation is taken to
+    grow with the batch. Without those figures: halve, and say so."""
+    if batch and per_sample and free:
+        micro = batch
+        while micro > 1 and per_sample * micro > 0.9 * free:
+            micro //= 2
+        steps = math.ceil(batch / micro)
+        if steps > 1:
+            return micro, steps, (f"a step holds {_size(per_sample)} a sample beyond the model state (its peak "
+                                  f"less what stays between steps), and {micro} samples fit in 90% of the "
+                                  f"{_size(free)} free")
     if batch and requested and free is not None and requested > 0:
         micro = batch
         while micro > 1 and requested * micro / batch > 0.9 * free:
@@ -496,7 +522,7 @@ def micro_batch(batch: int | None, requested: int | None, free: int | None) -> t
         steps = math.ceil(batch / micro)
         if steps > 1:
             return micro, steps, (f"the failed allocation ({_size(requested)}) scaled to the micro-batch fits in "
-                                  f"90% of the {_size(free)} free at the last reading")
+                                  f"90% of the {_size(free)} free")
     if batch and batch > 1:
         return batch // 2, 2, "halved: what the batch needs could not be estimated; loadprof tune searches it"
     return None, 2, "halved: the batch size was not seen; loadprof tune searches it"
@@ -524,9 +550,16 @@ def _memory_advice(run: Run, m: Metrics, tf: bool, cause: str | None) -> list[Re
         ))
         if cause == "loader-out-of-memory":
             return out
-    batch = _batch_size(run, m)
-    micro, steps, basis = micro_batch(batch, oom.requested_bytes if oom else None,
-                                      _free_bytes(run, oom) if oom else None)
+    batch = _batch_size(run, m, oom)
+    h = m.headroom
+    per_sample = h.step_transient / h.batch if h and h.step_transient and h.batch else None
+    free = _free_bytes(run, oom) if oom else None
+    steady = run.probes.get("torch_steady_bytes")
+    if oom is not None and oom.device == "gpu" and per_sample and steady and h and h.gpu_total:
+        # PyTorch's caching allocator keeps its peak reserved, so NVML reads the device
+        # full between steps too: the room a step has is the device less what stays.
+        free = max(0, h.gpu_total - int(steady))
+    micro, steps, basis = micro_batch(batch, oom.requested_bytes if oom else None, free, per_sample)
     size = str(micro) if micro else "batch_size // 2"
     if tf:
         out.append(Recommendation(
@@ -547,13 +580,9 @@ def _memory_advice(run: Run, m: Metrics, tf: bool, cause: str | None) -> list[Re
             f"    if i % {steps} == {steps - 1}:\n        optimizer.step(); optimizer.zero_grad()",
             {"micro_batch": micro, "accumulation_steps": steps},
         ))
-        out.append(Recommendation(
-            "gradient_checkpointing", "Recompute activations instead of storing them",
-            "Activations, which grow with the batch, usually dominate training memory; checkpointing a "
-            "block stores only its input and recomputes the rest in backward (about a third more compute).",
-            "from torch.utils.checkpoint import checkpoint\n"
-            "h = checkpoint(block, h, use_reentrant=False)  # for each large block of the model",
-        ))
+        ckpt = _checkpointing_advice(m, oom)
+        if ckpt is not None:
+            out.append(ckpt)
     mp = _mixed_precision(run, tf)
     if mp is not None:
         mp.detail = "Half-precision activations halve activation memory. " + mp.detail
@@ -561,11 +590,65 @@ def _memory_advice(run: Run, m: Metrics, tf: bool, cause: str | None) -> list[Re
     return out
 
 
+#: Ours: activations dominate when what a step holds only while it runs is at least half
+#: its peak; then checkpointing cuts the larger part.
+ACTIVATIONS_DOMINATE = 0.5
+
+
+def _checkpointing_advice(m: Metrics, oom: OutOfMemory | None) -> Recommendation | None:
+    """Checkpointing where activations dominate: for a run that died, a failed allocation
+    larger than the whole model state (the steps measured before it may have been
+    smaller ones); else the step's peak less what stays held between steps
+    (NOTE [ Memory headroom ] in diagnosis.py). None when the model state is the larger
+    part (checkpointing would not help); the general advice when nothing was measured."""
+    h = m.headroom
+    state = h.model_state if h else None
+    transient = h.step_transient if h else None
+    code = ("from torch.utils.checkpoint import checkpoint\n"
+            "h = checkpoint(block, h, use_reentrant=False)  # for each large block of the model")
+    if state and oom is not None and oom.requested_bytes:
+        if oom.requested_bytes < state:
+            return None
+        why = (f"The allocation that failed ({_size(oom.requested_bytes)}) is larger than all the parameters, "
+               f"gradients and optimizer state ({_size(state)}): it holds activations, which grow with the batch"
+               + (f" (the steps before it held {_size(transient)} of activations and temporaries at their peak)"
+                  if transient else "")
+               + ". Checkpointing a block stores only its input and recomputes the rest in backward.")
+        values = {"failed_allocation_bytes": oom.requested_bytes, "model_state_bytes": state}
+        if transient:
+            values["activation_bytes"] = transient
+        return Recommendation("gradient_checkpointing", "Recompute activations instead of storing them", why, code,
+                              values)
+    if state and transient:
+        share = transient / (transient + state)
+        if share < ACTIVATIONS_DOMINATE:
+            return None
+        why = (f"Activations and temporaries take {_size(transient)} at the step's peak against "
+               f"{_size(state)} of parameters, gradients and optimizer state ({share:.0%} of the peak): "
+               "checkpointing a block stores only its input and recomputes the rest in backward "
+               "(about a third more compute).")
+        return Recommendation("gradient_checkpointing", "Recompute activations instead of storing them", why, code,
+                              {"activation_bytes": transient, "model_state_bytes": state,
+                               "activation_share": round(share, 3)})
+    return Recommendation(
+        "gradient_checkpointing", "Recompute activations instead of storing them",
+        "Activations, which grow with the batch, usually dominate training memory (not measured here); "
+        "checkpointing a block stores only its input and recomputes the rest in backward (about a third "
+        "more compute).", code,
+    )
+
+
+def _best_gpu(run: Run) -> GpuInfo | None:
+    known = [g for g in run.environment.gpus if g.compute_capability]
+    return max(known, key=lambda g: g.compute_capability or (0, 0)) if known else None
+
+
 def _mixed_precision(run: Run, tf: bool) -> Recommendation | None:
-    cc = _gpu_cc(run)
-    if run.amp_in_use or cc is None or cc < (7, 0):
+    gpu = _best_gpu(run)
+    if run.amp_in_use or gpu is None or not gpu.has_tensor_cores or gpu.compute_capability is None:
         return None
-    bf16 = cc >= (8, 0)
+    cc = gpu.compute_capability
+    bf16 = gpu.supports_bf16
     dtype = "bfloat16" if bf16 else "float16"
     if tf:
         policy = "mixed_bfloat16" if bf16 else "mixed_float16"

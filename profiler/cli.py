@@ -12,10 +12,15 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from . import __version__
+from .options import (
+    UsageError,
+    add_profile_options,
+    add_target_arguments,
+    option_strings,
+    target_from,
+)
 
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
+__all__ = ["Command", "UsageError", "build_parser", "commands", "main", "main_entry"]
 
 
 class Command(Protocol):
@@ -25,58 +30,6 @@ class Command(Protocol):
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None: ...
 
     def run(self, args: argparse.Namespace) -> int: ...
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-    return value
-
-
-def add_profile_options(parser: argparse.ArgumentParser) -> None:
-    """Options shared by every command that runs a script under Profile."""
-    parser.add_argument("--json", metavar="PATH", help="write the report (with the raw measurements) as JSON")
-    parser.add_argument("--interval", type=_positive_float, default=0.1, metavar="SECONDS",
-                        help="sampling interval (default 0.1 s)")
-    parser.add_argument("--max-steps", type=_positive_int, metavar="N",
-                        help="stop the script after N training steps and report")
-    parser.add_argument("--no-gpu", action="store_true", help="do not sample GPUs through NVML")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no terminal summary (use with --json)")
-
-
-def add_target_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE [ARGS]",
-                        help="run a library module as a script, like python -m")
-    parser.add_argument("script", nargs="?", help="the training script, run as `python script.py` would")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
-
-
-def target_from(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from .runner import Target
-
-    if args.module is not None:
-        if args.script is not None:
-            raise UsageError("give either a script or -m module, not both")
-        if not args.module:
-            raise UsageError("-m needs a module name")
-        return Target(module=args.module[0], args=list(args.module[1:]))
-    if args.script is None:
-        raise UsageError("no script given (loadprof diagnose script.py [args...], or -m module)")
-    return Target(script=args.script, args=list(args.args))
 
 
 class DiagnoseCommand:
@@ -91,6 +44,7 @@ class DiagnoseCommand:
         from .runner import TargetError, run
 
         target = target_from(args)
+        target.own_options = option_strings(add_profile_options)
         try:
             return run(
                 target,
@@ -99,6 +53,9 @@ class DiagnoseCommand:
                 max_steps=args.max_steps,
                 gpu=not args.no_gpu,
                 print_report=not args.quiet,
+                trace=args.trace,
+                live=args.live,
+                html=args.html,
             )
         except TargetError as exc:
             raise UsageError(str(exc)) from None
@@ -111,6 +68,8 @@ class ReportCommand:
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("path", help="a JSON report written by loadprof diagnose --json")
         parser.add_argument("--json", metavar="PATH", help="write the re-diagnosed report here")
+        parser.add_argument("--trace", metavar="PATH", help="write the run as a Chrome trace-event file")
+        parser.add_argument("--html", metavar="PATH", help="write the report as one self-contained HTML page")
 
     def run(self, args: argparse.Namespace) -> int:
         from .report import JsonWriteError, ReportError, load_report, render_console, write_json
@@ -125,14 +84,31 @@ class ReportCommand:
                 write_json(report, args.json)
             except JsonWriteError as exc:
                 raise UsageError(str(exc)) from None
+        if args.trace:
+            from .report.trace import write_trace
+
+            try:
+                write_trace(report, args.trace)
+            except JsonWriteError as exc:
+                raise UsageError(str(exc)) from None
+        if args.html:
+            from .report.html import HtmlPageRenderer, write_html
+
+            try:
+                write_html(HtmlPageRenderer().render(report), args.html)
+            except (OSError, ValueError) as exc:  # ValueError: a job report with no rank's run to draw
+                raise UsageError(f"--html: {exc}") from None
         return 0
 
 
 def commands() -> list[Command]:
+    from .check import CheckCommand
     from .compare import CompareCommand
+    from .dist.merge import MergeCommand
     from .tune import TuneCommand
 
-    cmds: list[Command] = [DiagnoseCommand(), ReportCommand(), TuneCommand(), CompareCommand()]
+    cmds: list[Command] = [DiagnoseCommand(), ReportCommand(), TuneCommand(), CompareCommand(), CheckCommand(),
+                           MergeCommand()]
     try:
         from loadprof.converters.commands import ConvertCommand, InspectCommand
     except ImportError:  # converters not built yet in this checkout

@@ -7,6 +7,17 @@ argument's value replaced or appended, ``.cache()`` inserted before a call,
 ``.prefetch(...)`` appended after one. Formatting elsewhere is left untouched.
 Fixes that are not one call's arguments (mixed precision, accumulation) come as
 a short recipe naming the line where the loss is computed.
+
+NOTE [ A diff changes only what was measured ]
+- A DataLoader the trial built but never iterated for training (a validation
+  loader the bounded run never reached) was not measured: its arguments are not
+  edited, and a comment line says so (an expression it shares with a measured
+  loader, such as ``args.workers``, still changes with that one's edit).
+- Where the argument is the user's expression, the expression stays and what it
+  reads from changes: ``num_workers=args.workers`` changes the ``default=`` of the
+  ``add_argument`` that defines ``workers`` (or, when the trial's command line set
+  that option, the line says to run with the new value); ``num_workers=WORKERS``
+  changes the one assignment of ``WORKERS``. Any other expression is replaced.
 """
 
 from __future__ import annotations
@@ -29,17 +40,24 @@ class _Edit:
     text: str
 
 
-def describe_changes(winner: TrialResult, base: TrialResult) -> str:
-    """Diffs and recipes for every fix the winning trial applied."""
+def describe_changes(winner: TrialResult, base: TrialResult, args: list[str] | None = None) -> str:
+    """Diffs and recipes for every fix the winning trial applied (``args``: the script's
+    command-line arguments in the trials)."""
     parts: list[str] = []
     by_file: dict[str, list[dict[str, Any]]] = {}
     for site in winner.sites:
+        if site.get("train_iterations", -1) == 0 and site.get("kind") == "DataLoader":
+            parts.append(f"# {short_path(site['file'])}:{site['line']} (DataLoader): not measured, the trial "
+                         "never iterated it for training: its arguments are not edited here")
+            continue
         by_file.setdefault(site["file"], []).append(site)
     for path, sites in by_file.items():
-        diff = _diff_for(path, sites)
+        notes: list[str] = []
+        diff = _diff_for(path, sites, list(args or []), notes)
+        parts.extend(notes)
         if diff:
             parts.append(diff)
-        else:
+        elif not notes:
             for s in sites:
                 parts.append(f"# {short_path(path)}:{s['line']} ({s['kind']}): " + ", ".join(
                     f"{k}={_py(v)}" for k, v in s["after"].items()))
@@ -58,7 +76,7 @@ def _py(value: Any) -> str:
     return repr(value)
 
 
-def _diff_for(path: str, sites: list[dict[str, Any]]) -> str:
+def _diff_for(path: str, sites: list[dict[str, Any]], args: list[str], notes: list[str]) -> str:
     try:
         with open(path, encoding="utf-8") as f:
             source = f.read()
@@ -68,11 +86,18 @@ def _diff_for(path: str, sites: list[dict[str, Any]]) -> str:
     data = source.encode("utf-8")
     starts = _line_starts(data)
     edits: list[_Edit] = []
+    src = _Source(tree, data, starts, args, notes)
     for site in sites:
-        found = _edits_for_site(tree, data, starts, site)
+        found = _edits_for_site(src, site)
         if found is None:
+            del notes[:]
             return ""
         edits.extend(found)
+    unique = {(e.start, e.end): e for e in edits}  # two loaders reading one args.workers: one edit
+    if len(unique) != len({(e.start, e.end, e.text) for e in edits}):
+        del notes[:]
+        return ""  # one span, two different edits: no diff, the site lines say what to set
+    edits = list(unique.values())
     if not edits:
         return ""
     new = _apply(data, edits).decode("utf-8")
@@ -109,7 +134,19 @@ def _func_name(call: ast.Call) -> str:
     return ""
 
 
-def _edits_for_site(tree: ast.AST, data: bytes, starts: list[int], site: dict[str, Any]) -> list[_Edit] | None:
+@dataclass
+class _Source:
+    """One file being edited: its tree, bytes, line offsets; the trials' script arguments."""
+
+    tree: ast.AST
+    data: bytes
+    starts: list[int]
+    args: list[str]
+    notes: list[str]  # lines said instead of an edit (an option the command line sets)
+
+
+def _edits_for_site(src: _Source, site: dict[str, Any]) -> list[_Edit] | None:
+    tree, data, starts = src.tree, src.data, src.starts
     kind = site["kind"]
     after = dict(site["after"])
     line = int(site["line"])
@@ -117,7 +154,7 @@ def _edits_for_site(tree: ast.AST, data: bytes, starts: list[int], site: dict[st
         call = next((c for c in _calls_at(tree, line) if _func_name(c).endswith("DataLoader")), None)
         if call is None:
             return None
-        edits = _keyword_edits(data, starts, call, {k: after[k] for k in LOADER_KEYS if k in after})
+        edits = _keyword_edits(src, call, {k: after[k] for k in LOADER_KEYS if k in after})
         if after.get("cache"):
             cache = _cache_edits(tree, data, starts, call)
             if cache is None:
@@ -126,7 +163,7 @@ def _edits_for_site(tree: ast.AST, data: bytes, starts: list[int], site: dict[st
         return edits
     if kind == "tf.data.map":
         call = next((c for c in _calls_at(tree, line) if _func_name(c) == "map"), None)
-        return None if call is None else _keyword_edits(data, starts, call, after)
+        return None if call is None else _keyword_edits(src, call, after)
     if kind.startswith("tf.data."):
         op = kind.split(".")[-1]
         call = next((c for c in _calls_at(tree, line) if _func_name(c) == op), None)
@@ -144,15 +181,18 @@ def _edits_for_site(tree: ast.AST, data: bytes, starts: list[int], site: dict[st
     return None
 
 
-def _keyword_edits(data: bytes, starts: list[int], call: ast.Call, values: dict[str, Any]) -> list[_Edit]:
+def _keyword_edits(src: _Source, call: ast.Call, values: dict[str, Any]) -> list[_Edit]:
+    data, starts = src.data, src.starts
     edits: list[_Edit] = []
     missing: list[str] = []
     for name, value in values.items():
         kw = next((k for k in call.keywords if k.arg == name), None)
         if kw is not None:
-            v = kw.value
-            edits.append(_Edit(_offset(starts, v.lineno, v.col_offset),
-                               _offset(starts, v.end_lineno or v.lineno, v.end_col_offset or 0), _py(value)))
+            kept = _through_expression(src, kw.value, value)  # NOTE [ A diff changes only what was measured ]
+            if kept is not None:
+                edits.extend(kept)
+                continue
+            edits.append(_replace(starts, kw.value, _py(value)))
         else:
             missing.append(f"{name}={_py(value)}")
     if missing:
@@ -167,6 +207,65 @@ def _keyword_edits(data: bytes, starts: list[int], call: ast.Call, values: dict[
         pos = len(before)
         edits.append(_Edit(pos, pos, text))
     return edits
+
+
+def _replace(starts: list[int], node: ast.expr, text: str) -> _Edit:
+    return _Edit(_offset(starts, node.lineno, node.col_offset),
+                 _offset(starts, node.end_lineno or node.lineno, node.end_col_offset or 0), text)
+
+
+def _through_expression(src: _Source, expr: ast.expr, value: Any) -> list[_Edit] | None:
+    """Edits that give ``expr`` the new value while it stays as written; None: replace it."""
+    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
+        return _argparse_default(src, expr.attr, value)
+    if isinstance(expr, ast.Name):
+        assigned = [n for n in ast.walk(src.tree) if isinstance(n, ast.Assign | ast.AnnAssign | ast.AugAssign)
+                    and any(isinstance(t, ast.Name) and t.id == expr.id for t in _targets(n))]
+        if len(assigned) == 1 and isinstance(assigned[0], ast.Assign | ast.AnnAssign) \
+                and isinstance(assigned[0].value, ast.Constant):
+            return [_replace(src.starts, assigned[0].value, _py(value))]
+    return None
+
+
+def _targets(node: ast.stmt) -> list[ast.expr]:
+    if isinstance(node, ast.Assign):
+        return [t for target in node.targets for t in ast.walk(target) if isinstance(t, ast.expr)]
+    return [node.target] if isinstance(node, ast.AnnAssign | ast.AugAssign) else []
+
+
+def _dest(call: ast.Call) -> tuple[str, list[str]] | None:
+    """(dest, option strings) of an ``add_argument`` call, as argparse derives them."""
+    opts = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    if not opts or len(opts) != len(call.args):
+        return None
+    given = next((k.value for k in call.keywords if k.arg == "dest"), None)
+    if isinstance(given, ast.Constant) and isinstance(given.value, str):
+        return given.value, opts
+    if not opts[0].startswith("-"):
+        return opts[0], opts
+    long = next((o for o in opts if o.startswith("--")), opts[0])
+    return long.lstrip("-").replace("-", "_"), opts
+
+
+def _argparse_default(src: _Source, attr: str, value: Any) -> list[_Edit] | None:
+    calls = [n for n in ast.walk(src.tree) if isinstance(n, ast.Call) and _func_name(n) == "add_argument"]
+    found = [(c, d[1]) for c in calls if (d := _dest(c)) is not None and d[0] == attr]
+    if len(found) != 1:
+        return None
+    call, opts = found[0]
+    given = [o for o in opts if o.startswith("-") and any(a == o or a.startswith(o + "=") for a in src.args)]
+    if given:
+        # The trials' command line sets it: the default is not what ran.
+        src.notes.append(f"# run with {given[0]} {value} (the trials ran with {given[0]} as given on the command line)")
+        return []
+    default = next((k for k in call.keywords if k.arg == "default"), None)
+    if default is not None:
+        return [_replace(src.starts, default.value, _py(value))]
+    if any(k.arg == "action" for k in call.keywords):
+        return None  # store_true and friends: a default would change what the flag means
+    close = _offset(src.starts, call.end_lineno or call.lineno, call.end_col_offset or 0) - 1
+    before = src.data[:close].rstrip()
+    return [_Edit(len(before), len(before), (" " if before.endswith(b",") else ", ") + f"default={_py(value)}")]
 
 
 def _cache_edits(tree: ast.AST, data: bytes, starts: list[int], call: ast.Call) -> list[_Edit] | None:

@@ -1,15 +1,15 @@
-"""``loadprof compare``: the seed experiment generalised. One whole run per variant.
+"""``loadprof compare``: one whole run of the script per variant, and their times side by side.
 
 Each variant is the unchanged script run end to end in a child process
-(trial.py) with one documented change applied from outside (apply.py). The
+(trial.py) with one documented change applied from outside (fixes/). The
 table gives each variant's time and its ratio to the baseline; ``--json`` and
-``--png`` (a bar chart, matplotlib's Agg backend) keep them.
+``--png`` (a bar chart, matplotlib) keep them.
 
 Variants: the built-ins below, or your own with ``--variant NAME:ITEM,ITEM...``
 where each ITEM is
 - a built-in variant's name (``cache``): its fixes are included;
 - ``FIX=VALUE`` with FIX a loadprof fix (``num_workers=2``, ``amp=bf16``; see
-  ``apply.Changes``): that fix;
+  ``fixes.spec.Changes``): that fix;
 - ``hook=FILE.py``: a Python file run in the child just before the script (patch
   what you like; a module-level dict ``changes`` adds loadprof fixes);
 - ``ENV=VALUE`` with any other name: an environment variable for that run.
@@ -35,6 +35,14 @@ from typing import IO, Any
 
 from .fixes.spec import Changes
 from .jsonio import JsonWriteError, write_json
+from .options import (
+    UsageError,
+    add_output_options,
+    add_target_arguments,
+    check_writable,
+    positive_int,
+    target_from,
+)
 from .trial import TrialResult, TrialSpec, run_trial
 
 DEFAULT_VARIANTS = ("baseline", "cache", "amp", "accum")
@@ -349,15 +357,18 @@ def render(cmp: Comparison, file: IO[str] | None = None, width: int | None = Non
 
 
 def write_png(cmp: Comparison, path: str) -> None:
-    import matplotlib
+    bar_figure(cmp).savefig(path)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def bar_figure(cmp: Comparison) -> Any:
+    """The bar chart of the times (a matplotlib Figure: no pyplot, no global backend)."""
+    from matplotlib.figure import Figure
 
     rows = [r for r in cmp.results if r.time_s]
     names = [r.variant.name for r in rows]
     times = [r.time_s or 0.0 for r in rows]
-    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * max(1, len(rows)), 3.8), dpi=120)
+    fig = Figure(figsize=(1.6 + 1.3 * max(1, len(rows)), 3.8), dpi=120)
+    ax = fig.subplots()
     ref = cmp.reference()
     colors = ["#7f7f7f" if r is ref else "#1f77b4" for r in rows]
     bars = ax.bar(names, times, color=colors)
@@ -380,8 +391,7 @@ def write_png(cmp: Comparison, path: str) -> None:
     ax.set_ylim(0, max(tops or [1.0]) * 1.3)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig
 
 
 class CompareCommand:
@@ -389,27 +399,23 @@ class CompareCommand:
     help = "run the script end to end once per variant (baseline, cache, amp, accum, ...) and compare times"
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        from .cli import _positive_int, add_target_arguments
-
         parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), metavar="LIST",
                             help=f"comma-separated variants to run, in order (default {','.join(DEFAULT_VARIANTS)})")
         parser.add_argument("--variant", action="append", default=[], metavar="NAME:ITEM,...",
                             help="define a variant: built-in names, FIX=VALUE, hook=FILE.py, ENV=VALUE")
         parser.add_argument("--list", action="store_true", help="list the built-in variants and exit")
-        parser.add_argument("--repeat", type=_positive_int, default=1, metavar="N",
-                            help="runs per variant, interleaved; the median is reported (default 1)")
+        parser.add_argument("--repeat", type=positive_int, default=1, metavar="N",
+                            help="runs per variant, interleaved; the median is reported (default %(default)s)")
         parser.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS",
-                            help="stop a variant's run after this long (default 3600)")
-        parser.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
+                            help="stop a variant's run after this long (default %(default)g)")
         parser.add_argument("--png", metavar="PATH", help="write a bar chart of the times (PNG)")
-        parser.add_argument("--no-gpu", action="store_true", help="do not sample GPUs through NVML")
-        parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines, only the table")
+        parser.add_argument("--html", metavar="PATH", help="write the table and the bar chart as one HTML page")
+        add_output_options(parser, json_help="write the comparison as JSON",
+                           quiet_help="no progress lines, only the table")
         add_target_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
-        from .cli import UsageError, target_from
         from .runner import TargetError
-        from .tune import _check_writable
 
         _take_own_options(args)
         if args.list:
@@ -427,9 +433,9 @@ class CompareCommand:
             target.validate()
         except TargetError as exc:
             raise UsageError(str(exc)) from None
-        for opt in ("json", "png"):
+        for opt in ("json", "png", "html"):
             if getattr(args, opt):
-                _check_writable(getattr(args, opt), f"--{opt}")
+                check_writable(getattr(args, opt), f"--{opt}")
         if args.png and importlib.util.find_spec("matplotlib") is None:
             # Said before the runs, not after them.
             raise UsageError("--png needs matplotlib: pip install 'loadprof[plot]' (or matplotlib)")
@@ -450,24 +456,29 @@ class CompareCommand:
             except OSError as exc:
                 print(f"loadprof: error: --png {args.png}: cannot write ({exc.strerror or exc})", file=sys.stderr)
                 code = 1
+        if args.html:
+            from .report.html import ComparePageRenderer, write_html
+
+            try:
+                write_html(ComparePageRenderer().render(cmp), args.html)
+            except OSError as exc:
+                print(f"loadprof: error: --html: {exc}", file=sys.stderr)
+                code = 1
         return code
-
-
-#: compare's options that may also follow the script (``loadprof compare train.py --variants ...``).
-_AFTER_SCRIPT = {"--variants": "variants", "--variant": "variant", "--json": "json", "--png": "png",
-                 "--repeat": "repeat", "--timeout": "timeout", "--no-gpu": "no_gpu", "--quiet": "quiet"}
 
 
 def _take_own_options(args: argparse.Namespace) -> None:
     """Move compare's own long options out of the script's arguments, so that
-    ``loadprof compare train.py --variants baseline,cache`` works as the issue writes it.
-    Everything after a ``--`` goes to the script untouched (for a script whose own
-    options share these names)."""
-    from .cli import UsageError
-
+    ``loadprof compare train.py --variants baseline,cache`` works as well as the usual order.
+    The options are those ``prepare_parser`` declares, read from it. Everything after
+    a ``--`` goes to the script untouched (for a script whose own options share these names)."""
     rest = list(getattr(args, "args", None) or [])
     if not rest:
         return
+    declared = argparse.ArgumentParser(add_help=False)
+    CompareCommand().prepare_parser(declared)
+    own = {s: a for a in declared._actions for s in a.option_strings
+           if s.startswith("--") and a.dest not in ("module", "list")}
     kept: list[str] = []
     i = 0
     while i < len(rest):
@@ -476,35 +487,28 @@ def _take_own_options(args: argparse.Namespace) -> None:
             kept.extend(rest[i + 1:])
             break
         name, eq, value = word.partition("=")
-        dest = _AFTER_SCRIPT.get(name)
-        if dest is None:
+        action = own.get(name)
+        i += 1
+        if action is None:
             kept.append(word)
-            i += 1
             continue
-        if dest in ("no_gpu", "quiet"):
-            setattr(args, dest, True)
-            i += 1
+        if action.nargs == 0:  # a flag
+            setattr(args, action.dest, True)
             continue
         if not eq:
-            if i + 1 >= len(rest):
+            if i >= len(rest):
                 raise UsageError(f"{name}: expected a value")
-            value = rest[i + 1]
+            value = rest[i]
             i += 1
-        i += 1
-        if dest == "variant":
-            args.variant.append(value)
-        elif dest == "repeat":
+        if action.type is not None:
             try:
-                args.repeat = int(value)
+                value = action.type(value)  # type: ignore[operator]
+            except argparse.ArgumentTypeError as exc:
+                raise UsageError(f"{name}: {exc}") from None
             except ValueError:
-                raise UsageError(f"--repeat: expected a whole number >= 1, got {value!r}") from None
-            if args.repeat < 1:
-                raise UsageError(f"--repeat: expected a whole number >= 1, got {value!r}")
-        elif dest == "timeout":
-            try:
-                args.timeout = float(value)
-            except ValueError:
-                raise UsageError(f"--timeout: expected seconds, got {value!r}") from None
+                raise UsageError(f"{name}: expected a number, got {value!r}") from None
+        if isinstance(action.default, list):  # an option given more than once (--variant)
+            getattr(args, action.dest).append(value)
         else:
-            setattr(args, dest, value)
+            setattr(args, action.dest, value)
     args.args = kept

@@ -112,6 +112,36 @@ class Evidence:
 
 
 @dataclass
+class Headroom:
+    """Memory at its fullest while training and what was left, with the largest batch
+    the loop was fed (the fullest point is where it is fed, as a rule)."""
+
+    batch: int | None = None  # the largest batch the loop was fed
+    gpu_index: int | None = None  # the fullest GPU
+    gpu_peak: int | None = None  # bytes in use on it at its fullest
+    gpu_total: int | None = None
+    gpu_source: str = ""  # "NVML" (whole device) or the framework allocator's peak
+    allocator_peak: int | None = None  # bytes, the framework allocator's peak reserved (GPU)
+    host_available_min: int | None = None  # bytes of host memory available at the lowest
+    host_total: int | None = None
+    limit_left_min: int | None = None  # bytes left under the process's own limit (RLIMIT_AS, cgroup) at the lowest
+    swap_growth: int = 0  # bytes swap grew over the run
+    process_peak: int | None = None  # bytes: peak RSS of the training process (getrusage), else sampled
+    model_state: int | None = None  # bytes: parameters, gradients and optimizer state (torch)
+    step_transient: int | None = None  # bytes held only within a step: activations and temporaries
+
+    @property
+    def gpu_fraction(self) -> float | None:
+        return self.gpu_peak / self.gpu_total if self.gpu_peak is not None and self.gpu_total else None
+
+    @property
+    def host_available_fraction(self) -> float | None:
+        if self.host_available_min is None or not self.host_total:
+            return None
+        return self.host_available_min / self.host_total
+
+
+@dataclass
 class Metrics:
     """Aggregates of a run over the judged steps (warm-up excluded)."""
 
@@ -153,6 +183,7 @@ class Metrics:
     gpu_util_median: float | None = None
     gpu_memory_peak_fraction: float | None = None
     pcie_rx_kbs: float | None = None
+    headroom: Headroom | None = None  # memory at its fullest and what was left
     loader: LoaderInfo | None = None
 
 
@@ -218,6 +249,7 @@ def compute_metrics(run: Run) -> Metrics:
     m.steps_judged = sum(s.merged for s in steps)
     m.loader = main_loader(run)
     m.gpu_available = run.environment.gpu_status == "available"
+    m.headroom = headroom(run)  # a run that died before its steps were judged has one too
     if not steps:
         return m
     durations = [s.duration for s in steps]
@@ -321,6 +353,79 @@ def _memory_metrics(run: Run, m: Metrics) -> None:
     m.oom_kills = kills[-1] - kills[0] if len(kills) >= 2 else None
 
 
+def _largest_batch(run: Run) -> int | None:
+    """The largest batch the loop was fed at once: a training loader's batch size (under
+    gradient accumulation a step's samples add up several of them), else a step's."""
+    loaders = [li.batch_size for li in run.loaders if li.batch_size and li.iterations > li.eval_iterations]
+    if run.oom_errors and len(loaders) > 1:
+        loaders.pop()  # the loader the run died on: its batch never finished a step
+    if loaders:
+        return max(loaders)
+    sizes = [s.batch_size // s.merged for s in run.steps if s.batch_size]
+    return max(sizes) if sizes else None
+
+
+def headroom(run: Run) -> Headroom | None:
+    """Memory at its fullest and what was left (NOTE [ Memory headroom ])."""
+    h = Headroom(batch=_largest_batch(run))
+    gpus = [g for g in run.gpu_samples if g.memory_used is not None and g.memory_total]
+    if gpus:
+        g = max(gpus, key=lambda g: (g.memory_used or 0) / (g.memory_total or 1))
+        h.gpu_index, h.gpu_peak, h.gpu_total, h.gpu_source = g.index, g.memory_used, g.memory_total, "NVML"
+    for key, value in run.probes.items():
+        if not key.endswith("_peak_reserved_bytes"):
+            continue
+        total = run.probes.get(key.replace("_peak_reserved_bytes", "_total_bytes"))
+        h.allocator_peak = max(h.allocator_peak or 0, int(value))
+        if total and (h.gpu_fraction is None or value / total > h.gpu_fraction):
+            # The allocator's peak is exact; NVML sampled once a tick can miss a short one.
+            digits = "".join(c for c in key.split("_")[0] if c.isdigit())
+            h.gpu_index = int(digits) if digits else 0
+            h.gpu_peak, h.gpu_total = int(value), int(total)
+            h.gpu_source = "TensorFlow allocator" if key.startswith("tf_") else "PyTorch allocator"
+    hosts = run.host_samples
+    available = [s.memory_available for s in hosts if s.memory_available]
+    h.host_available_min = min(available) if available else None
+    h.host_total = run.environment.memory_total or None
+    limits = [s.memory_limit_left for s in hosts if s.memory_limit_left is not None]
+    h.limit_left_min = min(limits) if limits else None
+    if run.host_samples:
+        h.swap_growth = max(0, run.host_samples[-1].swap_used - run.host_samples[0].swap_used)
+        sampled = max((s.process_pss or s.process_rss) for s in run.host_samples) or None
+        h.process_peak = int(run.probes.get("process_peak_rss_bytes", 0)) or sampled
+    elif run.probes.get("process_peak_rss_bytes"):
+        h.process_peak = int(run.probes["process_peak_rss_bytes"])
+    state = run.probes.get("torch_model_state_bytes")
+    h.model_state = int(state) if state else None
+    steady = run.probes.get("torch_steady_bytes")
+    peak = run.probes.get("torch_peak_bytes")
+    if steady and peak and peak > steady:
+        h.step_transient = int(peak - steady)
+    if h.gpu_peak is None and h.host_available_min is None and h.process_peak is None:
+        return None
+    return h
+
+
+def headroom_line(h: Headroom) -> str:
+    """The headroom for the report, in one line."""
+    parts = []
+    if h.gpu_peak is not None and h.gpu_total:
+        parts.append(f"GPU {h.gpu_index}: {_size(h.gpu_peak)} of {_size(h.gpu_total)} at the peak, "
+                     f"{_size(max(0, h.gpu_total - h.gpu_peak))} free ({h.gpu_source})")
+    if h.host_available_min is not None:
+        total = f" of {_size(h.host_total)}" if h.host_total else ""
+        parts.append(f"host: {_size(h.host_available_min)}{total} available at the lowest")
+    if h.limit_left_min is not None:
+        parts.append(f"{_size(h.limit_left_min)} left under the process's memory limit at the lowest")
+    if h.swap_growth:
+        parts.append(f"swap grew {_size(h.swap_growth)}")
+    if h.process_peak:
+        parts.append(f"training process peak {_size(h.process_peak)}")
+    if h.model_state and h.step_transient:
+        parts.append(f"model state {_size(h.model_state)}, activations and temporaries {_size(h.step_transient)}")
+    return "; ".join(parts)
+
+
 def _size(n: float) -> str:
     for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
@@ -342,6 +447,8 @@ def memory_in_use(run: Run, m: Metrics) -> str:
             parts.append(f"{last.n_children} loader worker(s) {_size(workers)}")
         if last.memory_available:
             parts.append(f"host memory available {_size(last.memory_available)}")
+        if last.memory_limit_left is not None:
+            parts.append(f"{_size(last.memory_limit_left)} left under the process's memory limit")
     gpus = [g for g in run.gpu_samples if g.memory_used is not None and g.memory_total]
     if gpus:
         g = max(gpus, key=lambda g: g.t)
@@ -349,11 +456,56 @@ def memory_in_use(run: Run, m: Metrics) -> str:
     return ", ".join(parts) or "not read"
 
 
+# NOTE [ Memory headroom ]
+# Memory is read while training, not only at a crash, each source at the cost it allows:
+# NVML's device memory and the host's available memory and swap at every sampler tick;
+# the PSS of the process and its workers once a second (the kernel walks page tables for
+# it); the framework allocator's peak (torch.cuda.max_memory_reserved/allocated,
+# tf.config.experimental.get_memory_info) and the process's peak RSS (getrusage) once, at
+# the end, since the allocator keeps its own peak exactly; and once, at the third optimizer
+# step, what stays held between steps (parameters, gradients, optimizer state). The peak
+# minus what stays between steps is what a step holds only while it runs: activations
+# and temporaries, the share checkpointing and smaller micro-batches cut. The headroom is
+# the least left over the run, shown with the largest batch fed at once (a loader's batch:
+# under accumulation a step adds several), the one that decides whether a batch fits.
+# Near the limit means the PyTorch tb-plugin's cut-off (> 90% of device memory), or host
+# memory under ``memory_available_low`` or swapping.
+
+
+def _headroom_evidence(h: Headroom, th: Thresholds) -> Evidence:
+    at = f"at the largest batch ({h.batch})" if h.batch else "over the run"
+    gpu = h.gpu_fraction
+    if gpu is not None:
+        return Evidence("memory_headroom", f"Memory headroom {at}", 1.0 - gpu, headroom_line(h),
+                        f"peak >= {_pct(th.gpu_memory_high)} of the device = near the limit", "PyTorch tb-plugin")
+    host = h.host_available_fraction
+    return Evidence("memory_headroom", f"Memory headroom {at}", host, headroom_line(h),
+                    f"available < {_pct(th.memory_available_low)} or swap growing = near the limit", "loadprof")
+
+
+def near_limit(h: Headroom | None, th: Thresholds = DEFAULT_THRESHOLDS, gpu_in_use: bool = True) -> str | None:
+    """Why memory is near its limit though nothing ran out, or None when there is room
+    (a full GPU the job does not use is not its limit)."""
+    if h is None:
+        return None
+    if gpu_in_use and h.gpu_fraction is not None and h.gpu_fraction >= th.gpu_memory_high:
+        return (f"GPU {h.gpu_index} memory peaked at {_pct(h.gpu_fraction)} of {_size(h.gpu_total or 0)} "
+                f"({h.gpu_source}): a larger batch or a longer input would run out")
+    host = h.host_available_fraction
+    if host is not None and host < th.memory_available_low:
+        return f"host memory available fell to {_pct(host)} ({_size(h.host_available_min or 0)})"
+    if h.swap_growth >= th.swap_growth_bytes:
+        return f"swap grew {_size(h.swap_growth)} during the run"
+    return None
+
+
 def _out_of_memory(run: Run, m: Metrics, oom: OutOfMemory, ev: list[Evidence]) -> Diagnosis:
     """The verdict of a run that ran out of memory: what failed, and what was held then."""
     ev.insert(0, Evidence("oom", "Out-of-memory error during the run", 1.0, describe(oom)))
     held = memory_in_use(run, m)
     ev.insert(1, Evidence("memory_at_oom", "Memory in use at the last reading before it", None, held))
+    if m.headroom is not None:
+        ev.append(_headroom_evidence(m.headroom, DEFAULT_THRESHOLDS))
     confidence = "high"
     if oom.kind == "worker-died":
         if m.oom_kills:
@@ -500,6 +652,10 @@ def diagnose(run: Run, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Diagnosis
                 + ": timings and the advice's estimates depend on them",
             ))
             d.confidence = "medium" if d.confidence == "high" else "low"
+    near = (near_limit(m.headroom, thresholds, m.gpu_in_use)
+            if d.verdict not in ("memory-bound", "inconclusive") else None)
+    if near:
+        d.warnings.append(("memory-near-limit", near))
     return d
 
 
@@ -566,6 +722,8 @@ def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:
             "gpu_memory_peak", "Peak GPU memory in use", m.gpu_memory_peak_fraction,
             _pct(m.gpu_memory_peak_fraction), f">= {_pct(th.gpu_memory_high)} = near full", "PyTorch tb-plugin",
         ))
+    if m.headroom is not None:
+        ev.append(_headroom_evidence(m.headroom, th))
     if m.cpu_busy is not None:
         ev.append(Evidence(
             "cpu_busy", "Host CPU busy over usable cores", m.cpu_busy,
@@ -602,7 +760,8 @@ def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:
     if (m.gpu_memory_peak_fraction or 0.0) >= th.gpu_memory_high:
         return Diagnosis(
             "memory-bound", "gpu-memory",
-            f"GPU memory peaked at {_pct(m.gpu_memory_peak_fraction)} of capacity",
+            f"GPU memory peaked at {_pct(m.gpu_memory_peak_fraction)} of capacity: near the limit, though "
+            "nothing ran out",
             confidence, ev, m, moderate,
         )
     if memory_pressure:

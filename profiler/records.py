@@ -13,6 +13,7 @@ import json
 import math
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -33,13 +34,27 @@ class GpuInfo:
 
     @property
     def supports_bf16(self) -> bool:
-        # bf16 tensor cores arrived with Ampere (sm_80).
-        return self.compute_capability is not None and self.compute_capability >= (8, 0)
+        return supports_bf16(self.compute_capability)
 
     @property
     def has_tensor_cores(self) -> bool:
-        # Volta (sm_70) and newer; the PyTorch tb-plugin uses the same cut-off.
-        return self.compute_capability is not None and self.compute_capability >= (7, 0)
+        return has_tensor_cores(self.compute_capability)
+
+
+#: The GPU capability cut-offs, for every module that decides on mixed precision: tensor
+#: cores from Volta (sm_70; the PyTorch tb-plugin's cut-off), bf16 on them from Ampere (sm_80).
+TENSOR_CORES_FROM = (7, 0)
+BF16_FROM = (8, 0)
+
+
+def has_tensor_cores(compute_capability: Sequence[int] | None) -> bool:
+    """A GPU of this (major, minor) compute capability has tensor cores; unknown: False."""
+    return compute_capability is not None and tuple(compute_capability) >= TENSOR_CORES_FROM
+
+
+def supports_bf16(compute_capability: Sequence[int] | None) -> bool:
+    """A GPU of this compute capability runs bf16 on tensor cores; unknown: False."""
+    return compute_capability is not None and tuple(compute_capability) >= BF16_FROM
 
 
 @dataclass
@@ -89,6 +104,9 @@ class HostSample:
     children_pss: int | None = None  # summed over loader workers
     #: processes the kernel's OOM killer had killed since boot (Linux /proc/vmstat), or None
     oom_kills: int | None = None
+    #: bytes left under the process's own memory limit (RLIMIT_AS less its address space,
+    #: or its cgroup's memory.max less memory.current), read once a second; None: no limit
+    memory_limit_left: int | None = None
 
 
 @dataclass(slots=True)  # one per training step, made on the step's path: keep it cheap
@@ -112,6 +130,18 @@ class Step:
 
 
 @dataclass
+class EvalPass:
+    """A run of batches read with gradients off between training steps: an evaluation
+    pass (NOTE [ Evaluation batches ] in timeline.py). Times in seconds since the run
+    started; it ends where training reads its next batch, or at its last batch."""
+
+    start: float
+    end: float
+    batches: int = 0
+    wait: float = 0.0  # seconds of it spent waiting for its batches
+
+
+@dataclass
 class LoaderInfo:
     """What the input pipeline is configured to do, as seen by the hooks."""
 
@@ -127,7 +157,7 @@ class LoaderInfo:
     sample_nbytes: int | None = None  # bytes of one sample as loaded, when measurable
     iterations: int = 0  # times the loader was iterated (epochs); > 1 makes worker start-up recur
     eval_iterations: int = 0  # of those, begun with gradients off: evaluation (NOTE [ Evaluation batches ])
-    # tf.data graph facts (issue 4): which transformations the pipeline already has.
+    # tf.data graph facts: which transformations the pipeline already has.
     transformations: list[str] = field(default_factory=list)
     has_cache: bool | None = None
     has_prefetch: bool | None = None
@@ -154,6 +184,14 @@ class Environment:
 
 
 @dataclass
+class Notice:
+    """Something about how the run was started that the report should warn about."""
+
+    id: str  # e.g. "script-arguments"
+    detail: str  # one line
+
+
+@dataclass
 class Run:
     """Everything measured during one profiled run."""
 
@@ -166,6 +204,7 @@ class Run:
     gpu_samples: list[GpuSample] = field(default_factory=list)
     host_samples: list[HostSample] = field(default_factory=list)
     loaders: list[LoaderInfo] = field(default_factory=list)
+    evaluations: list[EvalPass] = field(default_factory=list)
     #: How data-wait was measured: "iterator-next", "between-steps", "differential", "manual".
     data_wait_method: str = ""
     amp_in_use: bool = False  # autocast / mixed precision policy seen during the run
@@ -177,6 +216,8 @@ class Run:
     #: Sampling stats: requested interval, samples taken, samples dropped (bounded buffer).
     sampling: dict[str, float] = field(default_factory=dict)
     exit_status: str = "ok"  # "ok", "exception: ...", "interrupted", "stopped after N steps"
+    #: Found by the runner, shown as report warnings (e.g. loadprof's option given to the script).
+    notices: list[Notice] = field(default_factory=list)
 
     # -- JSON -----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -332,3 +373,226 @@ def _check_run(run: Run) -> None:
                 raise bad(f"{where}.{name}", "negative")
         if step.batch_size is not None and step.batch_size < 0:
             raise bad(f"{where}.batch_size", "negative")
+    for i, ev in enumerate(run.evaluations):
+        if ev.end < ev.start:
+            raise bad(f"run.evaluations[{i}]", f"ends ({ev.end}) before it starts ({ev.start})")
+
+
+# -- multi-process jobs ------------------------------------------------------------------
+@dataclass
+class RankRun:
+    """One process of a multi-process job (torchrun): its place in the job and its run.
+
+    ``run`` is None for a rank whose report never arrived; ``missing`` then says what
+    is known of it (NOTE [ Merging a job's reports ] in dist/exchange.py)."""
+
+    rank: int
+    world_size: int
+    local_rank: int | None = None
+    node_rank: int | None = None  # torchrun's GROUP_RANK
+    host: str = ""
+    pid: int | None = None
+    run_id: str = ""  # TORCHELASTIC_RUN_ID
+    started_at: float | None = None  # unix time on this rank's own clock
+    #: seconds to add to this rank's clock to read rank 0's (round trips through the store)
+    clock_offset: float | None = None
+    clock_rtt: float | None = None  # the round trip the offset came from: its error is under half
+    #: seconds each step record spent blocked in gradient collectives (DDP's all-reduce),
+    #: one per ``run.steps`` record; None where not measured (dist/collectives.py)
+    collective_wait: list[float] | None = None
+    steps_seen: int | None = None  # steps it had reported by its last heartbeat
+    missing: str = ""  # no run: why, with what is known
+    run: Run | None = None
+
+
+@dataclass
+class JobRun:
+    """Every rank of one multi-process job, merged (at exit by rank 0, or offline)."""
+
+    schema: int = SCHEMA_VERSION
+    world_size: int = 1
+    run_id: str = ""
+    merged: str = ""  # "at exit" or "offline"
+    ranks: list[RankRun] = field(default_factory=list)
+    limitations: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Each rank as its fields with its ``run`` in the form of a saved run (or null)."""
+        ranks = []
+        for r in self.ranks:
+            doc = rank_to_dict(r, columns=False)
+            ranks.append({**doc["distributed"], "run": doc["run"]})
+        return {"schema": self.schema, "world_size": self.world_size, "run_id": self.run_id, "merged": self.merged,
+                "ranks": ranks, "limitations": list(self.limitations)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> JobRun:
+        """A merged job from its JSON form, validated as a saved run is (RecordError)."""
+        if not isinstance(data, dict):
+            raise RecordError(f"job: expected an object, got {_got(data)}")
+        if data.get("schema") != SCHEMA_VERSION:
+            raise RecordError(f"saved job has schema {data.get('schema')!r:.40}, this loadprof reads {SCHEMA_VERSION}")
+        ranks = data.get("ranks")
+        if not isinstance(ranks, list):
+            raise RecordError(f"job.ranks: expected a list, got {_got(ranks)}")
+        job = _from_json(cls, {**data, "ranks": []}, "job")
+        job.ranks = []
+        for i, r in enumerate(ranks):
+            if not isinstance(r, dict):
+                raise RecordError(f"job.ranks[{i}]: expected an object, got {_got(r)}")
+            facts = {k: v for k, v in r.items() if k != "run"}
+            job.ranks.append(rank_from_dict({"distributed": facts, "run": r.get("run")}, f"job.ranks[{i}]", flat=True))
+        _check_job(job)
+        return job
+
+
+#: More ranks than any job loadprof merges: a bound on what a saved file may claim.
+MAX_WORLD_SIZE = 2**20
+
+# NOTE [ Columns of a rank ]
+# Rank 0 reads every rank's run at exit while torchrun waits: 16 ranks of 10,000 steps
+# as lists of objects took seconds to encode, read and check. So a rank's steps and
+# samples travel to rank 0 as columns, one list per field (``{"start": [...], ...}``),
+# which JSON encodes, and we check, a list at a time. The rest of the run keeps the
+# object form. What is saved (a job's ``job.ranks[i].run``, a rank's own file) has the
+# object form of a saved run, so every reader of saved runs reads it; ``rank_from_dict``
+# takes both.
+_COLUMNS: dict[str, type] = {"steps": Step, "host_samples": HostSample, "gpu_samples": GpuSample}
+
+
+def rank_to_dict(rank: RankRun, columns: bool = True) -> dict[str, Any]:
+    """``{"distributed": facts, "run": run}``: the run in columns (NOTE [ Columns of a rank ])."""
+    facts = {f.name: getattr(rank, f.name) for f in dataclasses.fields(RankRun) if f.name != "run"}
+    if facts["collective_wait"] is not None:
+        facts["collective_wait"] = list(facts["collective_wait"])
+    if rank.run is None:
+        return {"distributed": facts, "run": None}
+    run = rank.run
+    rest = dataclasses.replace(run, steps=[], host_samples=[], gpu_samples=[]).to_dict()
+    for name, cls in _COLUMNS.items():
+        items, names = getattr(run, name), [f.name for f in dataclasses.fields(cls)]
+        if columns:
+            rest[name] = {n: [_plain(getattr(item, n)) for item in items] for n in names}
+        else:  # what Run.to_dict writes, without asdict's deep copies (seconds for a long run)
+            rest[name] = [{n: _plain(getattr(item, n)) for n in names} for item in items]
+    if columns:
+        rest["columns"] = True
+    return {"distributed": facts, "run": rest}
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, list) else value
+
+
+def _column(values: Any, tp: Any, where: str, name: str) -> list[Any]:
+    """One column checked as ``_value`` checks each element, fast for plain numbers."""
+    if not isinstance(values, list):
+        raise RecordError(f"{where}.{name}: expected a list, got {_got(values)}")
+    optional = _optional(tp)
+    inner = next((a for a in typing.get_args(tp) if a is not type(None)), tp) if optional else tp
+    if inner is float:
+        ok = all((type(v) is float and math.isfinite(v)) or (type(v) is int and abs(v) < _INT_LIMIT)
+                 or (v is None and optional) for v in values)
+        if ok:
+            return [float(v) if type(v) is int else v for v in values]
+    elif inner is int:
+        if all((type(v) is int and abs(v) < _INT_LIMIT) or (v is None and optional) for v in values):
+            return values
+    elif typing.get_origin(inner) is list and typing.get_args(inner) == (float,):  # per-core readings
+        if all(type(row) is list and all(type(v) is float and math.isfinite(v) for v in row) for row in values):
+            return values
+    return [_value(v, tp, f"{where}[{i}].{name}") for i, v in enumerate(values)]
+
+
+def _from_columns(cls: type[T], data: Any, where: str) -> list[T]:
+    if not isinstance(data, dict):
+        raise RecordError(f"{where}: expected an object of columns, got {_got(data)}")
+    hints = _hints(cls)
+    columns = []
+    length: int | None = None
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        values = data.get(f.name)
+        if values is None:
+            raise RecordError(f"{where}.{f.name}: missing")
+        values = _column(values, hints[f.name], where, f.name)
+        if length is not None and len(values) != length:
+            raise RecordError(f"{where}.{f.name}: {len(values)} values, other columns have {length}")
+        length = len(values)
+        columns.append(values)
+    return [cls(*row) for row in zip(*columns, strict=True)]
+
+
+def rank_from_dict(data: Any, where: str = "rank", flat: bool = False) -> RankRun:
+    """One rank's document (``rank_to_dict``, or a rank's own report file), validated (RecordError)."""
+    if not isinstance(data, dict):
+        raise RecordError(f"{where}: expected an object, got {_got(data)}")
+    facts = data.get("distributed")
+    if not isinstance(facts, dict):
+        raise RecordError(f"{where}.distributed: expected an object, got {_got(facts)}")
+    raw = data.get("run")
+    rank = _from_json(RankRun, {**facts, "run": None}, where if flat else f"{where}.distributed")
+    if raw is None:
+        if not rank.missing:
+            raise RecordError(f"{where}.run: missing, and the rank is not listed as missing")
+    elif not isinstance(raw, dict):
+        raise RecordError(f"{where}.run: expected an object, got {_got(raw)}")
+    elif raw.get("columns") is True:
+        if raw.get("schema") != SCHEMA_VERSION:
+            raise RecordError(f"{where}.run.schema: {raw.get('schema')!r:.40}, this loadprof reads {SCHEMA_VERSION}")
+        run = _from_json(Run, {k: v for k, v in raw.items() if k not in _COLUMNS}, f"{where}.run")
+        for name, cls in _COLUMNS.items():
+            setattr(run, name, _from_columns(cls, raw.get(name), f"{where}.run.{name}"))
+        rank.run = run
+    else:
+        rank.run = _from_json(Run, raw, f"{where}.run")
+    if rank.run is not None:
+        rank.missing = ""
+    check_rank(rank, where)
+    return rank
+
+
+def check_rank(rank: RankRun, where: str) -> None:
+    """What diagnosis across ranks relies on in one rank (NOTE [ Reading a saved run ])."""
+    if not 1 <= rank.world_size <= MAX_WORLD_SIZE:
+        raise RecordError(f"{where}.world_size: expected 1 to {MAX_WORLD_SIZE}, got {rank.world_size}")
+    if not 0 <= rank.rank < rank.world_size:
+        raise RecordError(f"{where}.rank: expected 0 to {rank.world_size - 1}, got {rank.rank}")
+    for name in ("local_rank", "node_rank", "pid", "steps_seen"):
+        value = getattr(rank, name)
+        if value is not None and value < 0:
+            raise RecordError(f"{where}.{name}: negative ({value})")
+    if rank.clock_rtt is not None and rank.clock_rtt < 0:
+        raise RecordError(f"{where}.clock_rtt: negative ({rank.clock_rtt})")
+    if rank.run is None:
+        if rank.collective_wait is not None:
+            raise RecordError(f"{where}.collective_wait: given for a rank with no run")
+        return
+    if rank.run.schema != SCHEMA_VERSION:
+        raise RecordError(f"{where}.run.schema: {rank.run.schema}, this loadprof reads {SCHEMA_VERSION}")
+    try:
+        _check_run(rank.run)
+    except RecordError as exc:
+        raise RecordError(f"{where}.{exc}") from None
+    if rank.collective_wait is not None:
+        if len(rank.collective_wait) != len(rank.run.steps):
+            raise RecordError(f"{where}.collective_wait: {len(rank.collective_wait)} values for "
+                              f"{len(rank.run.steps)} step records")
+        for i, (wait, step) in enumerate(zip(rank.collective_wait, rank.run.steps, strict=True)):
+            if wait < 0 or wait > step.duration + 1e-6:
+                raise RecordError(f"{where}.collective_wait[{i}]: expected 0 to the step's "
+                                  f"{step.duration:.6g} s, got {wait}")
+
+
+def _check_job(job: JobRun) -> None:
+    if not 1 <= job.world_size <= MAX_WORLD_SIZE:
+        raise RecordError(f"job.world_size: expected 1 to {MAX_WORLD_SIZE}, got {job.world_size}")
+    if len(job.ranks) > job.world_size:
+        raise RecordError(f"job.ranks: {len(job.ranks)} ranks for a world of {job.world_size}")
+    seen: set[int] = set()
+    for i, rank in enumerate(job.ranks):
+        where = f"job.ranks[{i}]"
+        if rank.world_size != job.world_size:
+            raise RecordError(f"{where}.world_size: {rank.world_size}, the job's is {job.world_size}")
+        if rank.rank in seen:
+            raise RecordError(f"{where}.rank: rank {rank.rank} given twice")
+        seen.add(rank.rank)

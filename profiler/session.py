@@ -22,7 +22,7 @@ report still printed) and the terminal report. Whatever fails, the session ends
 inactive with its thread, its helper process, its hooks and its gc callback gone,
 and ``__exit__`` raises nothing of ours.
 
-Test seam: ``LOADPROF_TEST_FAULTS=hooks,sampler_start,report,render`` (a comma list)
+Test seam: ``LOADPROF_TEST_FAULTS=hooks,sampler_start,report,render,html`` (a comma list)
 makes the named seam fail with an injected RuntimeError, after it did its work
 where it has any (the sampler's thread and helper are running): how
 tests/test_never_break.py proves each guard. Nothing else reads it.
@@ -39,8 +39,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import psutil
 
@@ -51,25 +50,12 @@ from .oom import classify as classify_oom
 from .oom import record_line
 from .records import Environment, Run, Step
 from .samplers import HostProcess, NvmlSource, Sampler, usable_cores
+from .settings import Settings
 from .signals import SafePoint, Terminated
 from .timeline import StopRun, Timeline
 
-
-@dataclass
-class Settings:
-    """Every knob of a profiling session, documented once."""
-
-    interval: float = 0.1  # seconds between samples (10 Hz)
-    max_samples: int = 20_000  # per buffer; beyond it samples are decimated (bounded memory)
-    max_steps: int | None = None  # stop the training loop after this many steps
-    json: str | None = None  # write the report (with the raw run) here at exit
-    print_report: bool = True  # print the terminal summary at exit
-    gpu: bool = True  # sample GPUs through NVML
-    apply: bool = False  # change DataLoaders built in the block (NOTE [ Live loader tuning ] in fixes/live.py)
-    #: read the host from a helper process, off the training process's GIL (NOTE [ Host
-    #: readings in a helper process ] in samplers/hostproc.py); False: on the sampler thread
-    host_helper: bool = True
-
+if TYPE_CHECKING:
+    from .report import Report
 
 T = TypeVar("T")
 
@@ -78,19 +64,81 @@ _active: Profile | None = None
 
 
 class Profile:
-    """Profile the training loop inside the ``with`` block. See the module doc."""
+    """Profile the training loop inside the ``with`` block, then diagnose it.
+
+        with Profile(json="run.json") as prof:
+            train()
+        prof.report.verdict          # "data-starved", "compute-bound", "memory-bound", ...
+        prof.report.recommendations  # what to change, with estimated speed-ups
+
+    The training loop runs unchanged: a measurement that fails is listed in
+    ``report.limitations`` and the run goes on (NOTE [ Never break the run ]).
+    One Profile at a time per process; a forked child (a DataLoader worker)
+    records and reports nothing.
+
+    Arguments (all keyword-only):
+
+    interval
+        Seconds between GPU and host samples (default 0.1, 10 Hz). Shorter
+        catches briefer stalls and costs more CPU; must be > 0.
+    json
+        Path to write the report to at exit, with the raw measurements, so that
+        ``loadprof report PATH`` can diagnose it again later. None: no file. A
+        path that cannot be written is one warning line; the run is unaffected.
+    max_steps
+        Stop the loop after this many training steps (optimizer steps, Keras
+        batches or ``prof.step()`` calls) by raising ``StopRun`` as the last one
+        ends; the ``with`` block swallows it and the report covers those steps.
+        None: run to the end.
+    print_report
+        Print the terminal summary (verdict, evidence, recommendations) at exit
+        (default True); False for a silent run read through ``prof.report``.
+    gpu
+        Sample GPUs through NVML (default True). False skips NVML entirely.
+    output
+        Where the terminal summary and ``apply`` messages go (default stderr).
+    apply
+        True: change DataLoaders built inside the block from their second epoch
+        on, with the measured safe settings (workers, prefetch, pinned memory;
+        never what changes results), and say what changed (``prof.applied``).
+        Default False: measure only (NOTE [ Live loader tuning ] in fixes/live.py).
+    host_helper
+        Read host CPU and memory from a small helper process (default True), off
+        the training process's GIL; False reads them on the sampler thread.
+    trace
+        Path to write a Chrome trace-event file to at exit (Perfetto UI,
+        chrome://tracing): steps split into input wait, copy and compute, and
+        every sampled signal as a counter. None: no file. A path that cannot be
+        written is one warning line.
+    html
+        Path to write a self-contained HTML page to at exit: the verdict, charts
+        of the steps, GPU and host over time, the evidence and recommendations
+        (report/html.py). None: no file. A path that cannot be written is one
+        warning line.
+    live
+        Redraw a live view (steps/s, input share, GPU, CPU, running verdict) on
+        the terminal about twice a second while the block runs (default False);
+        only when stderr is a terminal. The final report still prints.
+
+    After the block: ``prof.report`` (a ``loadprof.Report``: the JSON report's
+    shape as attributes), ``prof.run`` (the raw measurements), ``prof.applied``.
+    Use ``prof.step()`` to mark step ends in loops loadprof cannot see.
+    """
 
     def __init__(
         self,
         *,
-        interval: float = 0.1,
+        interval: float = Settings.interval,
         json: str | os.PathLike[str] | None = None,
         max_steps: int | None = None,
-        print_report: bool = True,
-        gpu: bool = True,
+        print_report: bool = Settings.print_report,
+        gpu: bool = Settings.gpu,
         output: IO[str] | None = None,
         apply: Any = False,
-        host_helper: bool = True,
+        host_helper: bool = Settings.host_helper,
+        trace: str | os.PathLike[str] | None = None,
+        live: bool = Settings.live,
+        html: str | os.PathLike[str] | None = None,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
@@ -104,6 +152,9 @@ class Profile:
             gpu=gpu,
             apply=bool(apply),
             host_helper=host_helper,
+            trace=os.fspath(trace) if trace is not None else None,
+            live=live,
+            html=os.fspath(html) if html is not None else None,
         )
         self.output = output
         # apply=True: measured safe loader fixes; a fixes.Applier: the fixes of a tune/compare trial.
@@ -127,6 +178,9 @@ class Profile:
         self._host: HostProcess | None = None
         self._safepoint: SafePoint | None = None
         self._report: Any = None
+        self._live: Any = None  # report/live.py's LiveView while --live draws
+        self._job: Any = None  # a torchrun job's part: dist/__init__.py (None: single process)
+        self._rank_report: Any = None  # in a job, this rank's own report (``_report`` is the job's on rank 0)
 
     # -- lifecycle ------------------------------------------------------------
     def __enter__(self) -> Profile:
@@ -149,6 +203,7 @@ class Profile:
         self.run.started_at = time.time()
         self.run.environment = self._guard("could not read the machine's facts", _environment) or Environment()
         self._timeline = Timeline(self._t0, max_steps=self.settings.max_steps)
+        self._guard("could not join the job's report (each rank reports alone)", self._start_job)
         self._nvml = NvmlSource()
         if self.settings.gpu:
             self._guard("NVML could not start: no GPU samples", self._nvml.start)
@@ -165,6 +220,59 @@ class Profile:
         # NOTE [ Garbage collection in a wait ] in timeline.py; NOTE [ Signals during a collection ] in signals.py
         self._safepoint = SafePoint(self._timeline.on_gc).install()
         gc.callbacks.append(self._timeline.on_gc)
+        if self.settings.live:
+            self._start_live()
+
+    def _start_live(self) -> None:
+        """NOTE [ Live view ] in report/live.py: drawn on stderr by global rank 0 only."""
+        from .report.live import LiveView, why_not_live
+
+        why = why_not_live(sys.stderr)
+        if why is None and os.environ.get("RANK", "0") != "0":
+            why = "only rank 0 of a job draws it"
+        if why is not None:
+            _warn(f"no live view: {why}")
+            return
+        timeline, sampler, t0 = self._timeline, self._sampler, self._t0
+        assert timeline is not None
+        try:
+            self._live = LiveView(
+                steps=lambda: timeline.steps,
+                samples=sampler.recent if sampler is not None else lambda n: ([], []),
+                snapshot=self._live_snapshot,
+                clock=lambda: time.perf_counter() - t0,
+                file=sys.stderr,
+                title=" ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(self.run.command[:4])),
+                gpu_status=self.run.environment.gpu_status,
+                warn=_warn,
+            ).start()
+        except Exception as err:  # NOTE [ Never break the run ]
+            _warn(f"no live view ({type(err).__name__}: {_first_line(err)})")
+
+    def _live_snapshot(self) -> Run:
+        """The run so far for the live view's running verdict: copies of the lists, read
+        on its thread (the records in them are not changed while the run goes on)."""
+        timeline, sampler = self._timeline, self._sampler
+        assert timeline is not None
+        return Run(environment=self.run.environment, steps=list(timeline.steps),
+                   host_samples=sampler.host_samples if sampler else [],
+                   gpu_samples=sampler.gpu_samples if sampler else [],
+                   loaders=list(self.run.loaders), data_wait_method=timeline.method(),
+                   amp_in_use=self.run.amp_in_use)
+
+    def _start_job(self) -> None:
+        """Under torchrun (2+ ranks): NOTE [ Merging a job's reports ] in dist/exchange.py."""
+        from .dist.exchange import JobContext
+
+        ctx = JobContext.from_env()
+        if ctx is None:
+            return
+        from .dist import Job
+
+        timeline = self._timeline
+        job = Job(ctx, self._t0)
+        job.start(progress=lambda: timeline.count if timeline is not None else 0)
+        self._job = job
 
     def _snapshot(self) -> Run:
         """A copy of the run so far, for live tuning to read (NOTE [ Live loader tuning ] in fixes/live.py)."""
@@ -230,8 +338,15 @@ class Profile:
         if self._stopped or not self._started or os.getpid() != self._pid:
             return
         self._stopped = True
+        if self._job is not None:
+            self._job.hold_sigterm()  # the job's report must not die half way: dist/__init__.py
         try:
             end = time.perf_counter()
+            if self._live is not None:  # first: warnings and the report print on a clean terminal
+                try:
+                    self._live.stop()
+                except Exception as err:  # NOTE [ Never break the run ]
+                    _warn(f"the live view could not stop ({type(err).__name__}: {_first_line(err)})")
             if self._timeline is not None and self._timeline.on_gc in gc.callbacks:
                 gc.callbacks.remove(self._timeline.on_gc)
             if self._safepoint is not None:
@@ -247,6 +362,9 @@ class Profile:
                     info.notes.append(note)
             if self._watch is not None:
                 self._guard("framework hooks could not be removed", self._watch.stop)
+            if self._job is not None:
+                self.run.limitations.extend(self._guard("collective timing hooks could not be removed",
+                                                        self._job.stop_hooks) or [])
             if self._sampler is not None:
                 self._guard("the sampler could not stop", self._stop_sampler)
             if self._nvml is not None:
@@ -260,6 +378,7 @@ class Profile:
             if self._timeline.eval_batches:  # NOTE [ Evaluation batches ] in timeline.py
                 self.run.probes["eval_batches"] = float(self._timeline.eval_batches)
                 self.run.probes["eval_wait_seconds"] = self._timeline.eval_seconds
+                self.run.evaluations = list(self._timeline.eval_passes)
             if self._timeline.gc_collections:  # NOTE [ Garbage collection in a wait ] in timeline.py
                 self.run.probes["gc_collections"] = float(self._timeline.gc_collections)
                 self.run.probes["gc_seconds"] = self._timeline.gc_seconds
@@ -295,22 +414,63 @@ class Profile:
             self._report = build_report(self.run)
         except Exception as err:  # NOTE [ Never break the run ]
             self._report = failed_report(self.run, f"{type(err).__name__}: {_first_line(err)}")
-        if self.settings.json:
+        json_path, print_report, outputs = self.settings.json, self.settings.print_report, True
+        if self._job is not None:  # NOTE [ Merging a job's reports ] in dist/exchange.py
+            rank_report = self._rank_report = self._report
             try:
-                write_json(self._report, self.settings.json)
+                self._report, json_path, print_report = self._job.finish(rank_report, json_path, print_report)
+            except Exception as err:  # NOTE [ Never break the run ]: this rank reports alone
+                self._report = rank_report
+                _warn(f"the job's report could not be merged ({type(err).__name__}: {_first_line(err)})")
+            # the trace and the HTML page show the job's ranks; from rank 0 only (one file)
+            outputs = self._job.ctx.rank == 0
+        if json_path:
+            try:
+                write_json(self._report, json_path)
             except JsonWriteError as err:
                 self.run.limitations.append(f"report not written: {err}")
                 _warn(f"report not written: {err}")
-        if self.settings.print_report:
+        if self.settings.trace and outputs:
+            self._write_trace(self.settings.trace)
+        if self.settings.html and outputs:
+            self._write_html(self.settings.html)
+        if print_report:
             try:
                 self._fault("render")
                 render_console(self._report, file=self.output or sys.stderr)
             except Exception as err:
                 _warn(f"the terminal report could not be printed ({type(err).__name__}: {_first_line(err)})")
+        if self._job is not None:
+            self._job.release_sigterm()  # held since stop(): dist/__init__.py
+
+    def _write_trace(self, path: str) -> None:
+        """The --trace file; failing, one warning line (NOTE [ Never break the run ])."""
+        from .report.trace import write_trace
+
+        try:
+            write_trace(self._report, path)  # in a job on rank 0: every rank's run
+        except JsonWriteError as err:
+            self.run.limitations.append(f"trace not written: {err}")
+            _warn(f"trace not written: {err}")
+        except Exception as err:
+            _warn(f"trace not written ({type(err).__name__}: {_first_line(err)})")
+
+    def _write_html(self, path: str) -> None:
+        """The --html page; failing, one warning line (NOTE [ Never break the run ])."""
+        from .report.html import HtmlPageRenderer, write_html
+
+        try:
+            self._fault("html")
+            write_html(HtmlPageRenderer().render(self._report), path)  # a job's: every rank, on rank 0
+        except OSError as err:
+            _warn(f"HTML report not written: {err}")
+        except Exception as err:
+            _warn(f"HTML report not written ({type(err).__name__}: {_first_line(err)})")
 
     # -- results --------------------------------------------------------------
     @property
-    def report(self) -> Any:
+    def report(self) -> Report:
+        """The diagnosed run (``loadprof.Report``), once the block has exited."""
         if self._report is None:
             raise RuntimeError("the report exists once the Profile block has exited")
         return self._report

@@ -102,7 +102,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .records import Step
+from .records import EvalPass, Step
 
 #: Step records kept in memory. Past this, older records are merged pairwise
 #: (sums of time and waits are kept exact; per-step detail halves), so a run of
@@ -116,6 +116,10 @@ CPU_READ_EVERY = 16
 #: Events after which the loop folds them itself, should the sampler not have
 #: (NOTE [ Events now, steps on read ]): a bound of a few MiB.
 MAX_EVENTS = 65_536
+
+#: Evaluation passes kept with their times (NOTE [ Evaluation batches ]); past this
+#: they are still counted in ``eval_batches``, ``eval_seconds``.
+MAX_EVAL_PASSES = 10_000
 
 _END_CPU, _FORWARD, _H2D, _MANUAL, _EVAL, _GC, _BEGIN = range(7)
 
@@ -166,6 +170,8 @@ class Timeline:
         self.eval_batches = 0  # NOTE [ Evaluation batches ]
         self.eval_seconds = 0.0
         self._after_eval = False
+        self.eval_passes: list[EvalPass] = []
+        self._eval_open: EvalPass | None = None  # the pass the next evaluation batch extends
         self._cpu_read = 0.0  # CPU seconds of the waits whose CPU was read ...
         self._cpu_wall = 0.0  # ... and their wall seconds
         # NOTE [ Garbage collection in a wait ]
@@ -317,13 +323,23 @@ class Timeline:
             self._fold_wait(start, end, None, None)
             return
         self.eval_batches += 1
-        self.eval_seconds += end - start - (self._gc_within(start, end) if self._gc_recent else 0.0)
+        wait = end - start - (self._gc_within(start, end) if self._gc_recent else 0.0)
+        self.eval_seconds += wait
         self._after_eval = True
+        ev = self._eval_open
+        if ev is not None:
+            ev.end, ev.batches, ev.wait = end - self.t0, ev.batches + 1, ev.wait + wait
+        elif len(self.eval_passes) < MAX_EVAL_PASSES:
+            self._eval_open = EvalPass(start - self.t0, end - self.t0, 1, wait)
+            self.eval_passes.append(self._eval_open)
 
     def _fold_wait(self, start: float, end: float, cpu: float | None, batch_size: int | None) -> None:
         if self._after_eval:
             # The first training batch after an evaluation pass: the step starts here.
             self._after_eval = False
+            if self._eval_open is not None:  # the pass ran until training asked for a batch again
+                self._eval_open.end = max(self._eval_open.end, start - self.t0)
+                self._eval_open = None
             self._step_start = start
             self._wait = self._wait_cpu = self._h2d = 0.0
             self._batch_size = None
@@ -400,6 +416,7 @@ class Timeline:
         self._batch_size = None
         self._fold_awaiting = True
         self._after_eval = False
+        self._eval_open = None
         # Collections folded so far ran before this step end, in its compute: no wait's
         # (NOTE [ Garbage collection in a wait ]).
         self._gc_recent.clear()

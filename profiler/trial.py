@@ -37,8 +37,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .diagnosis import main_loader
 from .jsonio import write_json
 from .records import Run
+from .settings import Settings
 
 #: Seconds between SIGTERM and SIGKILL for a trial past its time limit.
 GRACE_S = 5.0
@@ -64,8 +66,8 @@ class TrialSpec:
     seed: int | None = 0
     record_losses: bool = True
     probe: bool = False
-    gpu: bool = True
-    interval: float = 0.1
+    gpu: bool = Settings.gpu
+    interval: float = Settings.interval
     #: A Python file run in the child just before the script (compare's user variants).
     hook: str | None = None
     #: Extra environment for the child (not written to the spec file).
@@ -108,6 +110,10 @@ class TrialResult:
     loaders: list[dict[str, Any]] = field(default_factory=list)
     environment: dict[str, Any] = field(default_factory=dict)
     stderr_tail: str = ""
+    #: peak memory: the GPU's at its fullest where one was read, else the training
+    #: process's peak RSS (the trial's own process: its start-up counts too)
+    memory_peak: int | None = None
+    memory_where: str = ""  # "GPU" or "host"
     run: Run | None = field(default=None, repr=False)
 
     @property
@@ -263,6 +269,9 @@ def _measure(result: TrialResult, report: Any, warmup: int, spec: TrialSpec) -> 
     result.cause = report.cause
     result.summary = report.diagnosis.summary
     result.data_wait_fraction = report.data_wait_fraction
+    h = report.diagnosis.metrics.headroom
+    if h is not None and (h.gpu_peak or h.process_peak):
+        result.memory_peak, result.memory_where = (h.gpu_peak, "GPU") if h.gpu_peak else (h.process_peak, "host")
     result.loaders = [asdict(li) for li in run.loaders]
     env = run.environment
     result.environment = {
@@ -287,12 +296,11 @@ def _measure(result: TrialResult, report: Any, warmup: int, spec: TrialSpec) -> 
 def _samples_from_batch_size(result: TrialResult, steps_per_s: float) -> float | None:
     """samples/s when steps carry no batch size: the main loader's batch size (times the
     micro-batches per optimizer step under accumulation), or the tf.data batch size when unique."""
-    loaders = [li for li in result.loaders if li.get("framework") == "torch" and li.get("batch_size")]
-    if loaders:
-        main = max(loaders, key=lambda li: li.get("iterations", 0))
+    main = main_loader(result.run) if result.run is not None else None  # the report's main loader
+    if main is not None and main.framework == "torch" and main.batch_size:
         divided = any("batch_size" in s.get("after", {}) for s in result.sites)
         k = int(result.changes.get("accumulation") or 1) if divided else 1
-        return steps_per_s * int(main["batch_size"]) * k
+        return steps_per_s * main.batch_size * k
     sizes = set(result.tf_batch_sizes)
     if len(sizes) == 1:
         return steps_per_s * sizes.pop()
@@ -345,27 +353,65 @@ def _tail(path: Path) -> str:
 LOSS_WINDOWS = 4
 
 
+#: Standard errors a window's mean may move by noise alone. Four windows are
+#: compared, so each needs a small false-alarm rate: 3 (0.3% for normal noise).
+NOISE_Z = 3.0
+
+
 def compare_losses(base: list[float], trial: list[float], tolerance: float) -> tuple[bool | None, str]:
-    """Is ``trial``'s loss trajectory within ``tolerance`` (relative) of ``base``'s?
+    """Is ``trial``'s loss trajectory within ``tolerance`` (relative) of ``base``'s,
+    or within the baseline's own noise where that is larger?
 
     Both runs made the same number of optimizer steps from the same seed. Each
     trajectory is cut into ``LOSS_WINDOWS`` equal parts by position (so a trial
     recording two micro-batch losses per step lines up with the baseline) and
     the window means are compared. None: nothing to compare.
+
+    NOTE [ Loss noise ]
+    A harmless change can still move the loss: loader workers draw their own
+    random streams (Python ``random`` or NumPy augmentation in ``__getitem__``), so
+    every batch differs from the baseline's by as much as batches differ from one
+    another. That spread is measured on the baseline itself: the step-to-step
+    standard deviation of its loss from successive differences (so the falling
+    trend does not count), ``loss_noise``. A window's mean moves by noise alone up
+    to ``NOISE_Z`` standard errors of the difference of two such means; only a
+    move beyond both that and ``tolerance`` makes a fix unsafe.
     """
     if not base or not trial:
         return None, "no losses recorded"
     if not all(math.isfinite(x) for x in trial) and all(math.isfinite(x) for x in base):
         return False, "the loss became NaN or infinite"
     windows = min(LOSS_WINDOWS, len(base), len(trial))
-    worst = 0.0
+    sigma = loss_noise(base)
+    worst, worst_ratio, worst_allowed = 0.0, -1.0, tolerance
     for i in range(windows):
         b = _window_mean(base, i, windows)
         t = _window_mean(trial, i, windows)
-        worst = max(worst, abs(t - b) / max(abs(b), 1e-3))
-    ok = worst <= tolerance
-    return ok, f"loss within {worst:.1%} of the baseline's" if ok else \
-        f"loss moved {worst:.1%} from the baseline's (tolerance {tolerance:.0%})"
+        scale = max(abs(b), 1e-3)
+        moved = abs(t - b) / scale
+        n_b, n_t = _window_size(len(base), i, windows), _window_size(len(trial), i, windows)
+        allowed = max(tolerance, NOISE_Z * sigma * math.sqrt(1 / n_b + 1 / n_t) / scale)
+        if moved / allowed > worst_ratio:
+            worst, worst_ratio, worst_allowed = moved, moved / allowed, allowed
+    ok = worst_ratio <= 1.0
+    noise = f", the baseline's noise allows {worst_allowed:.1%}" if worst_allowed > tolerance else ""
+    return ok, f"loss within {worst:.1%} of the baseline's{noise}" if ok else \
+        f"loss moved {worst:.1%} from the baseline's (tolerance {tolerance:.0%}{noise})"
+
+
+def loss_noise(losses: list[float]) -> float:
+    """The step-to-step standard deviation of a loss trajectory, trend left out:
+    sqrt(mean((x[i+1] - x[i])**2) / 2), von Neumann's estimator (NOTE [ Loss noise ])."""
+    xs = [x for x in losses if math.isfinite(x)]
+    if len(xs) < 3:
+        return 0.0
+    diffs = [b - a for a, b in zip(xs, xs[1:], strict=False)]
+    return math.sqrt(sum(d * d for d in diffs) / (2 * len(diffs)))
+
+
+def _window_size(n: int, i: int, windows: int) -> int:
+    lo = n * i // windows
+    return max(1, max(lo + 1, n * (i + 1) // windows) - lo)
 
 
 def _window_mean(values: list[float], i: int, windows: int) -> float:

@@ -13,6 +13,8 @@ The search, within ``--budget`` seconds in all:
 4. Compute stage, on top of the best so far when it is compute- or memory-bound:
    mixed precision (GPU with tensor cores, or a CPU with bf16 instructions);
    gradient accumulation only when memory-bound.
+   A baseline that runs out of memory goes no further: the micro-batch is halved
+   (accumulation over 2, 4, ... up to ``MAX_ACCUMULATION``) until a trial fits.
 5. The ideal: the model-only rate, each batch being the loader's first batch again,
    with the winner's mixed precision and accumulation (the same model cost).
 Throughput is measured over the steps after warm-up (trial.throughput); a trial
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -35,7 +36,21 @@ from pathlib import Path
 from typing import IO, Any
 
 from .fixes.spec import Changes
+from .options import (
+    UsageError,
+    add_output_options,
+    add_target_arguments,
+    check_writable,
+    positive_int,
+    target_from,
+)
+from .records import has_tensor_cores
+from .settings import Settings
 from .trial import TrialResult, TrialSpec, compare_losses, run_trial
+
+#: The most micro-batches a step is split into when the baseline runs out of memory
+#: (five halvings: 2, 4, 8, 16, 32).
+MAX_ACCUMULATION = 32
 
 #: Fix families ``--fixes`` can name.
 FAMILIES = ("workers", "prefetch", "pin_memory", "cache", "tf_data", "amp", "accumulation")
@@ -52,9 +67,9 @@ class TuneOptions:
     min_gain: float = 0.03  # a fix must beat the baseline by this share to count as faster
     fixes: tuple[str, ...] = FAMILIES
     ideal: bool = True  # also measure the model-only rate (one cached batch repeated)
-    gpu: bool = True
+    gpu: bool = Settings.gpu
     seed: int = 0
-    interval: float = 0.1
+    interval: float = Settings.interval  # sampling, in each trial
 
 
 class TuneError(Exception):
@@ -99,6 +114,7 @@ class TuneResult:
                      "speedup": best.speedup if self.best else 1.0, "code_change": self.code_change},
             "ideal": _summary(self.ideal) if self.ideal else None,
             "best_share_of_ideal": self.share_of_ideal(),
+            "ideal_noisy": self.ideal_noisy(),
             "trials": [t.to_dict() for t in [self.baseline, *self.trials]],
         }
 
@@ -108,12 +124,35 @@ class TuneResult:
             return None
         return best.steps_per_s / self.ideal.steps_per_s
 
+    def ideal_noisy(self) -> bool:
+        """Did the best run faster than the model-only rate, its upper bound, by more than noise?"""
+        share = self.share_of_ideal()
+        return share is not None and share > IDEAL_NOISE
+
+    def ideal_text(self) -> str:
+        """'62% of the model-only rate', or what a share above 100% means ('' when not measured)."""
+        share = self.share_of_ideal()
+        if share is None:
+            return ""
+        if share > IDEAL_NOISE:
+            return (f"faster than the model-only rate ({share:.0%}), its upper bound: the timings are noisy "
+                    "(other processes on the host?), so treat the speed-ups as rough and measure again")
+        if share > 1.0:
+            return "at the model-only rate (within noise)"
+        return f"{share:.0%} of the model-only rate"
+
+
+#: The model-only rate bounds every trial's; a best above it by more than this share
+#: is run-to-run noise (min_gain's 3% plus a host's usual jitter), not a result.
+IDEAL_NOISE = 1.10
+
 
 def _summary(t: TrialResult | None) -> dict[str, Any]:
     if t is None:
         return {}
     return {"name": t.name, "changes": dict(t.changes),
             "steps_per_s": t.steps_per_s, "samples_per_s": t.samples_per_s, "steps_measured": t.steps_measured,
+            "memory_peak_bytes": t.memory_peak, "memory_where": t.memory_where,
             "verdict": t.verdict, "data_wait_fraction": t.data_wait_fraction, "setup_s": t.setup_s,
             "status": t.status}
 
@@ -200,6 +239,9 @@ class Search:
         base.speedup = 1.0 if base.ok else None
         base.safe = True
         self.baseline = base
+        if not base.ok and base.verdict == "memory-bound" and base.cause == "out-of-memory" \
+                and "accumulation" in o.fixes:
+            return self._fit_in_memory(base)
         if not base.ok:
             tail = ("\n" + base.stderr_tail) if base.stderr_tail else ""
             raise TuneError(f"the baseline run failed ({base.status}: {base.detail}){tail}")
@@ -237,6 +279,33 @@ class Search:
         if winner is not None:
             from .codechange import describe_changes
 
+            result.code_change = describe_changes(winner, base, self.args)
+        return result
+
+    def _fit_in_memory(self, base: TrialResult) -> TuneResult:
+        """The baseline ran out of memory: halve the micro-batch (gradient accumulation
+        over 2, 4, ... micro-batches, the effective batch kept) until a trial fits, as
+        Composer's auto micro-batching and accelerate's find_executable_batch_size do;
+        at most ``MAX_ACCUMULATION`` micro-batches a step."""
+        winner = None
+        k = 2
+        while k <= MAX_ACCUMULATION:
+            ch = Changes(accumulation=k)
+            t = self.trial(Candidate(ch.describe(), ch, "accumulation", "the baseline ran out of memory"))
+            t.speedup = None  # against the steps the baseline made before it died: no measure of speed
+            if t.ok:
+                # The baseline died part-way: there is no whole loss trajectory to hold it to.
+                t.safe, t.loss_check = None, "no baseline losses past its out-of-memory error"
+                winner = t
+                break
+            if t.status != "crashed" or (t.verdict, t.cause) != ("memory-bound", "out-of-memory"):
+                break  # not applied, out of budget, or another failure: halving more would not help
+            k *= 2
+        result = TuneResult(self._command(), self.o, base, self.trials, winner,
+                            elapsed_s=time.perf_counter() - self.t0)
+        if winner is not None:
+            from .codechange import describe_changes
+
             result.code_change = describe_changes(winner, base)
         return result
 
@@ -264,13 +333,6 @@ def _has_torch_loader(t: TrialResult) -> bool:
     return any(li.get("framework") == "torch" for li in t.loaders)
 
 
-def _main_loader(t: TrialResult) -> dict[str, Any] | None:
-    loaders = [li for li in t.loaders]
-    if not loaders:
-        return None
-    return max(loaders, key=lambda li: li.get("iterations", 0))
-
-
 def _input_share_known(t: TrialResult) -> bool:
     return t.run is not None and t.run.data_wait_method in ("iterator-next", "between-steps", "differential")
 
@@ -287,7 +349,7 @@ def plan_input(base: TrialResult, o: TuneOptions) -> tuple[list[Candidate], list
     share = m.data_wait_fraction
     starved_enough = share >= 0.05 or not _input_share_known(base)
     low = f"input is {share:.0%} of step time (< 5%): a faster input pipeline cannot speed this up"
-    loader = _main_loader(base)
+    loader = asdict(m.loader) if m.loader is not None else None  # the report's main loader
     cores = max(1, int(base.environment.get("usable_cores", 1)))
     cuda = bool(base.environment.get("cuda_in_use"))
     if loader is not None and loader.get("framework") == "torch":
@@ -391,11 +453,12 @@ def plan_compute(base: TrialResult, best: TrialResult | None, o: TuneOptions) ->
     cuda = bool(base.environment.get("cuda_in_use"))
     if "amp" in o.fixes:
         ccs = [tuple(g["compute_capability"]) for g in gpus if g.get("compute_capability")]
+        tensor_cores = any(has_tensor_cores(cc) for cc in ccs)
         if amp_in_use:
             out.append((None, ("mixed precision", "autocast or half-precision weights already in use")))
         elif verdict == "data-starved":
             out.append((None, ("mixed precision", f"{cur.name} is still data-starved: faster math would wait for data")))
-        elif cuda and ccs and max(ccs) < (7, 0):
+        elif cuda and ccs and not tensor_cores:
             out.append((None, ("mixed precision", f"GPU compute capability {max(ccs)} has no tensor cores")))
         elif not cuda and not _cpu_has_bf16():
             out.append((None, ("mixed precision", "no GPU in use and the CPU lacks bf16 instructions")))
@@ -428,7 +491,7 @@ def render(result: TuneResult, file: IO[str] | None = None, width: int | None = 
                   f"of a {o.budget:.0f} s budget")
     table = Table(show_lines=False)
     for col, just in (("trial", "left"), ("steps/s", "right"), ("samples/s", "right"), ("speedup", "right"),
-                      ("input", "right"), ("loss check", "left"), ("status", "left")):
+                      ("input", "right"), ("peak memory", "right"), ("loss check", "left"), ("status", "left")):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for t in [base, *result.trials]:
         status = t.status if t.status != "ok" else ("ok" if t.safe is not False else "unsafe")
@@ -444,6 +507,7 @@ def render(result: TuneResult, file: IO[str] | None = None, width: int | None = 
             t.name, _num(t.steps_per_s), _num(t.samples_per_s),
             f"{t.speedup:.2f}x" if t.speedup else "-",
             f"{t.data_wait_fraction:.0%}" if t.data_wait_fraction is not None and t.ok else "-",
+            _memory(t),
             "baseline" if t is base else (t.loss_check or "-") if t.ok else "-",
             status,
         )
@@ -453,17 +517,25 @@ def render(result: TuneResult, file: IO[str] | None = None, width: int | None = 
     if best is None:
         console.print(f"No change beat the baseline by {o.min_gain:.0%} or more safely: keep the script as it is.")
     else:
-        line = f"[bold]Best:[/bold] {best.name}: {best.speedup:.2f}x the baseline's throughput"
-        if share is not None:
-            line += f", {share:.0%} of the model-only rate"
-        console.print(line)
+        line = (f"[bold]Best:[/bold] {best.name}: {best.speedup:.2f}x the baseline's throughput" if best.speedup
+                else f"[bold]Best:[/bold] {best.name}: the largest micro-batch that fits in memory, where the "
+                     f"baseline ran out ({_num(best.samples_per_s)} samples/s)")
+        console.print(line + (f", {result.ideal_text()}" if share is not None else ""))
         if best.setup_s >= 0.05:
             console.print(f"  (plus a one-time {best.setup_s:.1f} s cache fill before the first step)")
         if result.code_change:
             console.print("Change to make in the script:")
             console.print(result.code_change, markup=False, highlight=False)
     if best is None and share is not None:
-        console.print(f"The baseline runs at {share:.0%} of the model-only rate.")
+        console.print(f"The baseline: {result.ideal_text()}.")
+
+
+def _memory(t: TrialResult) -> str:
+    """'812 MiB', '38.4 GiB GPU': the trial's peak (a crashed one's, up to its end)."""
+    if not t.memory_peak:
+        return "-"
+    size = f"{t.memory_peak / 2**30:.1f} GiB" if t.memory_peak >= 2**30 else f"{t.memory_peak / 2**20:.0f} MiB"
+    return size + (" GPU" if t.memory_where == "GPU" else "")
 
 
 def _num(x: float | None) -> str:
@@ -478,26 +550,23 @@ class TuneCommand:
     help = "measure each applicable fix on a bounded run of the script and print the best change"
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        from .cli import _positive_int, add_target_arguments
-
         parser.add_argument("--budget", type=float, default=TuneOptions.budget, metavar="SECONDS",
-                            help="seconds for the whole search, baseline included (default 300)")
-        parser.add_argument("--steps", type=_positive_int, default=TuneOptions.steps, metavar="N",
-                            help="measured steps per trial (default 30)")
+                            help="seconds for the whole search, baseline included (default %(default)g)")
+        parser.add_argument("--steps", type=positive_int, default=TuneOptions.steps, metavar="N",
+                            help="measured steps per trial (default %(default)s)")
         parser.add_argument("--warmup", type=int, default=TuneOptions.warmup, metavar="N",
-                            help="steps per trial before measuring (default 5)")
+                            help="steps per trial before measuring (default %(default)s)")
         parser.add_argument("--fixes", default=",".join(FAMILIES), metavar="LIST",
                             help=f"fix families to consider (default all: {','.join(FAMILIES)})")
         parser.add_argument("--loss-tolerance", type=float, default=TuneOptions.loss_tolerance, metavar="X",
-                            help="relative move of the loss trajectory that makes a fix unsafe (default 0.10)")
+                            help="relative move of the loss trajectory that makes a fix unsafe (default %(default)s)")
         parser.add_argument("--no-ideal", action="store_true", help="skip the model-only (ideal) trial")
-        parser.add_argument("--json", metavar="PATH", help="write the search (baseline, best, every trial) as JSON")
-        parser.add_argument("--no-gpu", action="store_true", help="do not sample GPUs through NVML")
-        parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines, only the table")
+        parser.add_argument("--html", metavar="PATH", help="write the trial table and a bar chart as one HTML page")
+        add_output_options(parser, json_help="write the search (baseline, best, every trial) as JSON",
+                           quiet_help="no progress lines, only the table")
         add_target_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
-        from .cli import UsageError, target_from
         from .runner import TargetError
 
         options = options_from(args)
@@ -507,7 +576,9 @@ class TuneCommand:
         except TargetError as exc:
             raise UsageError(str(exc)) from None
         if args.json:
-            _check_writable(args.json)
+            check_writable(args.json)
+        if args.html:
+            check_writable(args.html, "--html")
         progress = None if args.quiet else (lambda line: print(f"loadprof tune: {line}", file=sys.stderr, flush=True))
         search = Search(target.script, target.module, target.args, options, progress)
         try:
@@ -524,12 +595,18 @@ class TuneCommand:
             except JsonWriteError as exc:
                 print(f"loadprof: error: --json: {exc}", file=sys.stderr)
                 return 1
+        if args.html:
+            from .report.html import TunePageRenderer, write_html
+
+            try:
+                write_html(TunePageRenderer().render(result), args.html)
+            except OSError as exc:
+                print(f"loadprof: error: --html: {exc}", file=sys.stderr)
+                return 1
         return 0
 
 
 def options_from(args: argparse.Namespace) -> TuneOptions:
-    from .cli import UsageError
-
     if not (args.budget > 0) or not math.isfinite(args.budget):
         raise UsageError(f"--budget: must be > 0 seconds, got {args.budget!r}")
     if args.warmup < 0:
@@ -543,16 +620,6 @@ def options_from(args: argparse.Namespace) -> TuneOptions:
                          f"known: {', '.join(FAMILIES)}")
     return TuneOptions(budget=args.budget, warmup=args.warmup, steps=args.steps, loss_tolerance=args.loss_tolerance,
                        fixes=fixes, ideal=not args.no_ideal, gpu=not args.no_gpu)
-
-
-def _check_writable(path: str, option: str = "--json") -> None:
-    from .cli import UsageError
-
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise UsageError(f"{option} {path}: folder {folder} does not exist")
-    if os.path.isdir(path):
-        raise UsageError(f"{option} {path}: is a directory")
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:

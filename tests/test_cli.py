@@ -48,6 +48,7 @@ def loadprof(*args: str, cwd: Path | None = None, timeout: float = 120, **kw) ->
                           cwd=cwd, timeout=timeout, env=env, **kw)
 
 
+@pytest.mark.slow
 def test_diagnose_runs_the_script_as_python_would_and_writes_json(tmp_path):
     path = script(tmp_path, after_step="if i == 40: break")
     out = tmp_path / "run.json"
@@ -60,6 +61,7 @@ def test_diagnose_runs_the_script_as_python_would_and_writes_json(tmp_path):
     assert data["verdict"] in ("data-starved", "compute-bound")
 
 
+@pytest.mark.slow
 def test_exit_code_is_the_scripts(tmp_path):
     path = script(tmp_path, after_step="if i == 10: sys.exit(3)")
     proc = loadprof("diagnose", str(path))
@@ -67,6 +69,7 @@ def test_exit_code_is_the_scripts(tmp_path):
     assert "loadprof verdict" in proc.stderr
 
 
+@pytest.mark.slow
 def test_script_exception_prints_its_traceback_and_still_reports(tmp_path):
     path = script(tmp_path, after_step="if i == 12: raise RuntimeError('boom at step 12')")
     out = tmp_path / "run.json"
@@ -81,6 +84,7 @@ def test_script_exception_prints_its_traceback_and_still_reports(tmp_path):
     assert data["steps"]["count"] == 13
 
 
+@pytest.mark.slow
 def test_max_steps_stops_the_script_with_exit_zero(tmp_path):
     path = script(tmp_path)
     out = tmp_path / "run.json"
@@ -92,6 +96,7 @@ def test_max_steps_stops_the_script_with_exit_zero(tmp_path):
 
 @pytest.mark.parametrize("sig, code, status", [(signal.SIGTERM, 143, "terminated by SIGTERM"),
                                                (signal.SIGINT, 130, "interrupted")])
+@pytest.mark.slow
 def test_signals_still_write_the_report(tmp_path, sig, code, status):
     path = script(tmp_path, workers=2, after_step="time.sleep(0.01); i == 5 and print('step 5', flush=True)")
     out = tmp_path / "run.json"
@@ -111,6 +116,7 @@ def test_signals_still_write_the_report(tmp_path, sig, code, status):
     assert stderr.count("loadprof verdict") == 1
 
 
+@pytest.mark.slow
 def test_dataloader_workers_never_print_or_report(tmp_path):
     path = script(tmp_path, workers=2, after_step="if i == 60: break")
     proc = loadprof("diagnose", str(path))
@@ -119,6 +125,7 @@ def test_dataloader_workers_never_print_or_report(tmp_path):
     assert proc.stdout.count("done") == 1
 
 
+@pytest.mark.slow
 def test_module_mode_runs_with_cwd_on_path(tmp_path):
     pkg = tmp_path / "mypkg"
     pkg.mkdir()
@@ -160,6 +167,18 @@ def test_bad_options_exit_2(capsys):
     assert main([]) == 2
 
 
+def test_subcommands_take_their_shared_options_from_one_module_not_from_cli():
+    # tune and compare declare --json/--no-gpu/-q through options.py; importing them
+    # must not pull cli.py in (no import circle back through the command).
+    code = ("import sys, loadprof.tune, loadprof.compare; "
+            "print(sorted(m for m in sys.modules if m.startswith('loadprof.') and m.endswith(('cli', 'options'))))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['loadprof.options']"
+
+
+@pytest.mark.slow
 def test_report_rerenders_a_saved_run(tmp_path):
     path = script(tmp_path, after_step="if i == 30: break")
     out = tmp_path / "run.json"
@@ -206,6 +225,7 @@ def test_script_runs_without_torch_installed_in_its_world(tmp_path):
     assert "INCONCLUSIVE" in proc.stderr
 
 
+@pytest.mark.slow
 def test_report_json_to_an_unwritable_path_is_one_line(tmp_path, capsys):
     path = script(tmp_path, after_step="if i == 10: break")
     out = tmp_path / "run.json"

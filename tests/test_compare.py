@@ -62,6 +62,7 @@ def _script(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_compare_writes_table_json_and_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = _script(tmp_path)
     hook = tmp_path / "hook.py"
@@ -103,6 +104,11 @@ def test_compare_writes_table_json_and_png(tmp_path: Path, capsys: pytest.Captur
     (["compare", "--variants", "baseline,baseline", "x.py"], "twice"),
     (["compare", "--timeout", "0", "x.py"], "--timeout"),
     (["compare", "--png", "/no/such/dir/c.png", "x.py"], "--png"),
+    # compare's own options after the script are read as declared, not passed to it
+    (["compare", "x.py", "--variants", "baseline,turbo"], "turbo"),
+    (["compare", "x.py", "--repeat", "0"], "--repeat: must be >= 1"),
+    (["compare", "x.py", "--timeout=soon"], "--timeout: expected a number"),
+    (["compare", "x.py", "--png"], "--png: expected a value"),
 ])
 def test_bad_variants_one_line_exit_2(tmp_path: Path, argv: list[str], word: str,
                                       capsys: pytest.CaptureFixture[str]) -> None:
@@ -139,6 +145,7 @@ def test_list_shows_the_builtins(capsys: pytest.CaptureFixture[str]) -> None:
         assert name in out
 
 
+@pytest.mark.slow
 def test_compare_options_may_follow_the_script(tmp_path: Path) -> None:
     script = _script(tmp_path)
     out = tmp_path / "after.json"
@@ -208,6 +215,7 @@ for step in range(40):
 """
 
 
+@pytest.mark.slow
 def test_compare_of_a_real_diverging_variant(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(DIVERGING))

@@ -311,6 +311,7 @@ def _fails(kind, progress):
 
 
 @pytest.mark.parametrize("fresh", [False, True], ids=["forked", "fresh interpreter"])
+@pytest.mark.slow
 def test_watched_child_stops_hangs_and_reports_crashes_memory_and_errors(tmp_path, fresh):
     """NOTE [ Parsing HDF5 in a child process ]: real children, stuck and crashing for real."""
     import os

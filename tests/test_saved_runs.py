@@ -208,6 +208,7 @@ def _mutate(data: dict[str, Any], path: tuple[Any, ...], how: str, value: Any) -
 @settings(max_examples=int(os.environ.get("LOADPROF_FUZZ_EXAMPLES", "300")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
+@pytest.mark.slow
 def test_any_mutation_is_a_clean_error_or_a_valid_report(tmp_path: Path, data: st.DataObject) -> None:
     doc = copy.deepcopy(_BASE)
     for _ in range(data.draw(st.integers(1, 3))):

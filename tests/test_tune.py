@@ -93,6 +93,7 @@ def _tune(tmp_path: Path, script: Path, *options: str, args: tuple[str, ...] = (
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_starved_script_gets_more_workers_and_json_has_the_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = _script(tmp_path, STARVED)
     data = _tune(tmp_path, script, "--budget", "90", "--fixes", "workers", args=("", "none"))
@@ -105,6 +106,7 @@ def test_starved_script_gets_more_workers_and_json_has_the_keys(tmp_path: Path, 
     assert "Change to make in the script" in out and "num_workers=" in out  # the exact code change
 
 
+@pytest.mark.slow
 def test_caching_a_random_augmentation_is_unsafe(tmp_path: Path) -> None:
     script = _script(tmp_path, RANDOM_AUG)
     data = _tune(tmp_path, script, "--budget", "90", "--fixes", "cache")
@@ -118,6 +120,7 @@ def test_caching_a_random_augmentation_is_unsafe(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("mode", ["crash", "hang"])
+@pytest.mark.slow
 def test_a_failing_trial_is_stopped_and_the_search_goes_on(tmp_path: Path, mode: str) -> None:
     script = _script(tmp_path, STARVED)
     marker = tmp_path / "marker"

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..instrument import ThisProcess
 from ..patch import Patches, subclass
+from ..records import has_tensor_cores, supports_bf16
 from .applier import Applier
 
 #: Losses kept per run at most (one small tensor each until the end).
@@ -92,10 +93,10 @@ class KerasFixes:
         if not gpus:
             return "mixed_bfloat16"  # oneDNN runs bf16 on CPUs (fast with AVX512-BF16/AMX)
         details = tf.config.experimental.get_device_details(gpus[0])
-        cc = details.get("compute_capability") or (0, 0)
-        if cc >= (8, 0):
+        cc = details.get("compute_capability")
+        if supports_bf16(cc):
             return "mixed_bfloat16"
-        return "mixed_float16" if cc >= (7, 0) else None
+        return "mixed_float16" if has_tensor_cores(cc) else None
 
     def _wrap_optimizer_init(self, original: Callable[..., Any]) -> Callable[..., Any]:
         fixes = self

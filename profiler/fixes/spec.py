@@ -95,6 +95,9 @@ class SiteRecord:
     before: dict[str, Any] = field(default_factory=dict)
     after: dict[str, Any] = field(default_factory=dict)
     note: str = ""
+    #: times the run began iterating this DataLoader with gradients on (a training
+    #: loop); a site never iterated so was never measured (-1: not counted)
+    train_iterations: int = -1
 
 
 def short_path(path: str) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..instrument import ThisProcess
 from ..patch import Patches
+from ..records import has_tensor_cores
 from ..samplers.host import usable_cores
 from .applier import Applier, call_site, fmt
 from .cache import CacheCheck, CachedDataset, check_cacheable, in_internal
@@ -34,6 +35,7 @@ class TorchFixes:
         self.p = Patches("torch fixes")
         self.pid = applier.pid
         self.created: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.records: weakref.WeakKeyDictionary[Any, SiteRecord] = weakref.WeakKeyDictionary()
         self.datasets: list[tuple[weakref.ReferenceType[Any] | None, Any, str]] = []  # (ref, strong fallback, site)
         self._cache_by_dataset: dict[int, Any] = {}
         self._first_batch: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
@@ -59,8 +61,8 @@ class TorchFixes:
         if self.a.live:
             self.live = LiveTuner(self.a, torch)
         self.p.wrap(dl.DataLoader, "__init__", self._wrap_init)
-        if self.live is not None or c.repeat_batch:
-            self.p.wrap(dl.DataLoader, "_get_iterator", self._wrap_get_iterator)
+        # Always: the loaders a trial iterates are the ones its result measured (codechange).
+        self.p.wrap(dl.DataLoader, "_get_iterator", self._wrap_get_iterator)
         if c.amp:
             self.p.wrap(torch.nn.Module, "__call__", self._wrap_call)
         if self.a.record_losses or c.amp or c.accumulation:
@@ -148,6 +150,11 @@ class TorchFixes:
                              f"({type(exc).__name__}: {exc}); kept the script's settings")
                 return original(loader, *args, **kwargs)
             fixes.a.sites.append(record)
+            record.train_iterations = 0
+            try:
+                fixes.records[loader] = record
+            except TypeError:  # a loader without weak references: its iterations stay uncounted
+                record.train_iterations = -1
             if record.after:
                 fixes.a.say(f"DataLoader at {where}: " + ", ".join(
                     f"{k} {fmt(record.before.get(k))} -> {fmt(v)}" for k, v in record.after.items()))
@@ -246,6 +253,9 @@ class TorchFixes:
         def _get_iterator(loader: Any) -> Any:
             if ThisProcess.pid != fixes.pid or in_internal():
                 return original(loader)
+            record = fixes.records.get(loader)
+            if record is not None and fixes.torch.is_grad_enabled():
+                record.train_iterations += 1
             if fixes.changes.repeat_batch:
                 return fixes._repeat_first(loader, original(loader))
             if fixes.live is not None and loader in fixes.created:
@@ -275,13 +285,13 @@ class TorchFixes:
         if device == "cuda":
             if not torch.cuda.is_available():
                 return None
-            major, _ = torch.cuda.get_device_capability()
+            tensor_cores = has_tensor_cores(torch.cuda.get_device_capability())
             bf16 = torch.cuda.is_bf16_supported()
             if want == "bf16":
                 return torch.bfloat16 if bf16 else None
             if want == "fp16":
-                return torch.float16 if major >= 7 else None
-            return torch.bfloat16 if bf16 else (torch.float16 if major >= 7 else None)
+                return torch.float16 if tensor_cores else None
+            return torch.bfloat16 if bf16 else (torch.float16 if tensor_cores else None)
         if device == "cpu":
             return torch.float16 if want == "fp16" else torch.bfloat16
         return None

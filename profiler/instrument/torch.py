@@ -14,6 +14,8 @@ What is hooked (through ``patch.Patches``: NOTE [ One patcher ]), and how it is 
 - With CUDA available, ``Tensor.to``/``Tensor.cuda`` are wrapped to time
   host-to-device copies (a pageable synchronous copy blocks the loop).
 - ``autocast.__enter__`` is wrapped to notice mixed precision already in use.
+- Memory, read at the edges (NOTE [ Memory headroom ] in diagnosis.py): what stays
+  held between steps once, at the ``MEMORY_STEP``-th optimizer step; the peak at the end.
 
 NOTE [ Fork safety ]
 DataLoader workers are forked from the training process and inherit these
@@ -36,6 +38,7 @@ from torch.optim import optimizer as _optim
 
 from ..patch import Patches
 from ..records import LoaderInfo, Run
+from ..samplers.host import own_peak_rss, own_rss
 from ..timeline import CPU_READ_ALL, CPU_READ_EVERY, Timeline
 from . import ThisProcess
 
@@ -60,6 +63,11 @@ def _batch_facts(batch: Any) -> tuple[int | None, int]:
     return size, nbytes
 
 
+#: The optimizer step after which what stays held between steps is read: the optimizer
+#: has made its state by then, and the first steps' one-time allocations are done.
+MEMORY_STEP = 3
+
+
 class TorchHooks:
     """Installs and removes the PyTorch hooks for one profiling session."""
 
@@ -77,6 +85,9 @@ class TorchHooks:
         self._checked: set[int] = set()  # optimizers whose parameter dtype was looked at
         self._nexts = 0  # batches fetched through the next() wrapper
         self._facts_pending = False  # a loader whose batch size and bytes are unknown began an iteration
+        self._memory_countdown = MEMORY_STEP  # optimizer steps until the between-steps reading
+        self._memory_device: Any = None  # the parameters' device at that reading
+        self._peak_before: int | None = None  # the process's peak RSS when the hooks went in
         self.installed = False
 
     # -- install / remove -----------------------------------------------------
@@ -85,6 +96,7 @@ class TorchHooks:
             return
         self.installed = True
         self.run.environment.frameworks["torch"] = torch.__version__
+        self._peak_before = own_peak_rss()
         wrap = self._patches.wrap
         wrap(_dl.DataLoader, "__iter__", self._wrap_iter)
         wrap(_dl._BaseDataLoaderIter, "__next__", self._wrap_next)
@@ -107,6 +119,7 @@ class TorchHooks:
         self._drop_forward_hook()
         self.run.limitations.extend(f"torch: {line}" for line in self._patches.restore())
         self._collect_cuda_facts()
+        self._collect_peak()
 
     def _drop_forward_hook(self) -> None:
         if self._forward_handle is not None:
@@ -222,6 +235,11 @@ class TorchHooks:
             t = clock()
             if not run.amp_in_use and id(optimizer) not in checked:
                 check(optimizer)
+            if hooks._memory_countdown:
+                hooks._memory_countdown -= 1
+                if not hooks._memory_countdown:
+                    hooks._read_between_steps(optimizer)
+                    t = clock()  # the reading is not the step's time
             optimizer_step(t)  # may raise StopRun (--max-steps): last
 
         return on_optimizer_post
@@ -234,6 +252,62 @@ class TorchHooks:
                 if p.dtype in (torch.float16, torch.bfloat16):
                     self.run.amp_in_use = True
             break
+
+    def _read_between_steps(self, optimizer: Any) -> None:
+        """What stays held between steps: the parameters, gradients and optimizer state
+        (unique storages), and the memory in use on their device right after a step."""
+        held: dict[tuple[str, int], int] = {}
+        device = None
+        try:
+            tensors: list[Any] = []
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    tensors.append(p)
+                    if p.grad is not None:
+                        tensors.append(p.grad)
+            for state in optimizer.state.values():
+                tensors.extend(v for v in state.values() if isinstance(v, torch.Tensor))
+            for t in tensors:
+                if t.layout != torch.strided or t.device.type == "meta":
+                    continue
+                storage = t.untyped_storage()
+                held[(str(t.device), storage.data_ptr())] = storage.nbytes()
+                device = device or t.device
+        except (AttributeError, KeyError, TypeError, RuntimeError) as exc:  # an optimizer unlike torch's
+            self.run.limitations.append(f"torch: the model's state could not be measured ({type(exc).__name__})")
+            return
+        if not held or device is None:
+            return
+        self.run.probes["torch_model_state_bytes"] = float(sum(held.values()))
+        try:
+            steady = torch.cuda.memory_allocated(device) if device.type == "cuda" else own_rss()
+        except RuntimeError:  # a CUDA context gone bad: the step's own error will say
+            return
+        if steady:
+            self._memory_device = device
+            self.run.probes["torch_steady_bytes"] = float(steady)
+
+    def _collect_peak(self) -> None:
+        """The peak to set against the between-steps reading: the CUDA allocator's own
+        (exact), or the process's peak RSS for the CPU (getrusage; it counts the whole
+        process, the time before training too)."""
+        peak = own_peak_rss()
+        if peak:
+            self.run.probes["process_peak_rss_bytes"] = float(peak)
+        device = self._memory_device
+        if device is None:
+            return
+        if device.type == "cuda":
+            try:
+                peak = torch.cuda.max_memory_allocated(device)
+            except RuntimeError:
+                return
+        elif device.type != "cpu":
+            return  # MPS and others: no peak to read here
+        elif peak and self._peak_before and peak <= self._peak_before:
+            return  # the process's peak came before training (loading data, say): no step's
+        if peak:
+            self.run.probes["torch_peak_bytes"] = float(peak)
 
     # -- facts ----------------------------------------------------------------
     def _loader_info(self, loader: Any) -> LoaderInfo:
@@ -270,5 +344,6 @@ class TorchHooks:
             reserved = torch.cuda.max_memory_reserved(i)
             if reserved:
                 self.run.probes[f"cuda{i}_peak_reserved_bytes"] = float(reserved)
+                self.run.probes[f"cuda{i}_peak_allocated_bytes"] = float(torch.cuda.max_memory_allocated(i))
                 self.run.probes[f"cuda{i}_total_bytes"] = float(total)
 

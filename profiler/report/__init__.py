@@ -11,28 +11,58 @@ import os
 import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ClassVar, NamedTuple
 
 from ..advice import Recommendation, recommend
-from ..diagnosis import Diagnosis, diagnose
+from ..diagnosis import Diagnosis, Evidence, Headroom, diagnose, near_limit
 from ..jsonio import JsonWriteError, write_text_atomic
-from ..records import SCHEMA_VERSION, RecordError, Run
+from ..records import SCHEMA_VERSION, Environment, LoaderInfo, RecordError, Run
 from .console import ConsoleRenderer
 from .jsonfile import JsonRenderer
+from .notebook import HtmlRenderer, TextRenderer
 
-__all__ = ["Report", "build_report", "failed_report", "load_report", "render_console", "write_json",
-           "ConsoleRenderer", "JsonRenderer", "JsonWriteError", "ReportError"]
+__all__ = ["Report", "ReportWarning", "build_report", "failed_report", "load_report", "render_console", "write_json",
+           "ConsoleRenderer", "HtmlRenderer", "JsonRenderer", "JsonWriteError", "ReportError", "TextRenderer"]
 
 
 class ReportError(Exception):
     """A saved report/run that cannot be read; the message names the file."""
 
 
-@dataclass
+class ReportWarning(NamedTuple):
+    """A condition that makes the measurement itself less telling (JSON: ``{"id", "detail"}``)."""
+
+    id: str  # e.g. "host-contended"
+    detail: str
+
+
+class _Ids(list[str]):
+    """The recommendation ids; calling it, as when ``recommendation_ids`` was a method, gives the same list."""
+
+    def __call__(self) -> list[str]:
+        return list(self)
+
+
+@dataclass(repr=False)
 class Report:
+    """A diagnosed run: the JSON report's shape in Python.
+
+    Each top-level key of ``to_dict()`` (what ``--json`` writes) is an attribute
+    of the same name: ``verdict``, ``cause``, ``confidence``, ``summary``,
+    ``warnings``, ``evidence``, ``recommendations``, ``steps``,
+    ``data_wait_fraction``, ``data_wait_method``, ``samples``, ``memory``, ``loaders``,
+    ``environment``, ``limitations``, ``exit_status``, ``duration_s``, ``run``.
+    Objects stay objects (``recommendations[0].estimated_speedup``,
+    ``environment.usable_cores``); ``to_dict()`` is the JSON. ``repr`` is one line,
+    ``str`` the verdict with its warnings and recommendations, and a notebook shows
+    ``_repr_html_``.
+    """
+
     run: Run
     diagnosis: Diagnosis
     recommendations: list[Recommendation] = field(default_factory=list)
+
+    schema: ClassVar[int] = SCHEMA_VERSION
 
     @property
     def verdict(self) -> str:
@@ -43,62 +73,156 @@ class Report:
         return self.diagnosis.cause
 
     @property
+    def confidence(self) -> str:
+        """"high", "medium" or "low"."""
+        return self.diagnosis.confidence
+
+    @property
+    def summary(self) -> str:
+        return self.diagnosis.summary
+
+    @property
+    def warnings(self) -> list[ReportWarning]:
+        found = [ReportWarning(wid, detail) for wid, detail in self.diagnosis.warnings]
+        return found + [ReportWarning(n.id, n.detail) for n in self.run.notices]
+
+    @property
+    def evidence(self) -> list[Evidence]:
+        return self.diagnosis.evidence
+
+    @property
+    def recommendation_ids(self) -> _Ids:
+        return _Ids(r.id for r in self.recommendations)
+
+    @property
     def data_wait_fraction(self) -> float:
         return self.diagnosis.metrics.data_wait_fraction
 
-    def recommendation_ids(self) -> list[str]:
-        return [r.id for r in self.recommendations]
+    @property
+    def data_wait_method(self) -> str:
+        return self.run.data_wait_method
 
-    def to_dict(self) -> dict[str, Any]:
+    @property
+    def steps(self) -> dict[str, Any]:
+        """Counts and times of the training steps (the run's own steps: ``run.steps``)."""
+        m = self.diagnosis.metrics
+        return {
+            "count": m.steps_total,
+            "judged": m.steps_judged,
+            "warmup": m.warmup_steps,
+            "median_s": m.step_time_median,
+            "mean_s": m.step_time_mean,
+            "compute_per_step_s": m.compute_per_step,
+        }
+
+    @property
+    def samples(self) -> dict[str, Any]:
+        """What the GPU and host samplers saw, summarised."""
         m = self.diagnosis.metrics
         run = self.run
-        env = asdict(run.environment)
         return {
-            "schema": SCHEMA_VERSION,
+            "interval_s": run.sampling.get("interval"),
+            "gpu": {
+                "count": len(run.gpu_samples),
+                "status": run.environment.gpu_status,
+                "util_median": m.gpu_util_median,
+                "memory_peak_fraction": m.gpu_memory_peak_fraction,
+            },
+            "host": {
+                "count": len(run.host_samples),
+                "cpu_busy": m.cpu_busy,
+                "process_tree_cpu_cores": m.tree_cpu_cores,
+                "loader_workers_seen": m.workers_seen,
+                "others_cpu_cores": m.others_cpu_cores,
+                "run_delay": m.run_delay,
+                "workers_run_delay": m.workers_run_delay,
+                "disk_read_bps": m.disk_read_bps,
+                "iowait_percent": m.iowait,
+            },
+        }
+
+    @property
+    def memory(self) -> dict[str, Any] | None:
+        """The memory headroom in bytes (NOTE [ Memory headroom ] in diagnosis.py); None: not read."""
+        m = self.diagnosis.metrics
+        return _memory(m.headroom, m.gpu_in_use)
+
+    @property
+    def loaders(self) -> list[LoaderInfo]:
+        return self.run.loaders
+
+    @property
+    def environment(self) -> Environment:
+        return self.run.environment
+
+    @property
+    def limitations(self) -> list[str]:
+        return self.run.limitations
+
+    @property
+    def exit_status(self) -> str:
+        return self.run.exit_status
+
+    @property
+    def duration_s(self) -> float:
+        return self.run.duration
+
+    def to_dict(self) -> dict[str, Any]:
+        run = self.run
+        return {
+            "schema": self.schema,
             "verdict": self.verdict,
             "cause": self.cause,
-            "confidence": self.diagnosis.confidence,
-            "summary": self.diagnosis.summary,
-            "warnings": [{"id": wid, "detail": detail} for wid, detail in self.diagnosis.warnings],
-            "evidence": [asdict(e) for e in self.diagnosis.evidence],
+            "confidence": self.confidence,
+            "summary": self.summary,
+            "warnings": [w._asdict() for w in self.warnings],
+            "evidence": [asdict(e) for e in self.evidence],
             "recommendations": [r.to_dict() for r in self.recommendations],
-            "steps": {
-                "count": m.steps_total,
-                "judged": m.steps_judged,
-                "warmup": m.warmup_steps,
-                "median_s": m.step_time_median,
-                "mean_s": m.step_time_mean,
-                "compute_per_step_s": m.compute_per_step,
-            },
-            "data_wait_fraction": m.data_wait_fraction,
-            "data_wait_method": run.data_wait_method,
-            "samples": {
-                "interval_s": run.sampling.get("interval"),
-                "gpu": {
-                    "count": len(run.gpu_samples),
-                    "status": run.environment.gpu_status,
-                    "util_median": m.gpu_util_median,
-                    "memory_peak_fraction": m.gpu_memory_peak_fraction,
-                },
-                "host": {
-                    "count": len(run.host_samples),
-                    "cpu_busy": m.cpu_busy,
-                    "process_tree_cpu_cores": m.tree_cpu_cores,
-                    "loader_workers_seen": m.workers_seen,
-                    "others_cpu_cores": m.others_cpu_cores,
-                    "run_delay": m.run_delay,
-                    "workers_run_delay": m.workers_run_delay,
-                    "disk_read_bps": m.disk_read_bps,
-                    "iowait_percent": m.iowait,
-                },
-            },
-            "loaders": [asdict(li) for li in run.loaders],
-            "environment": env,
-            "limitations": list(run.limitations),
-            "exit_status": run.exit_status,
-            "duration_s": run.duration,
+            "steps": self.steps,
+            "data_wait_fraction": self.data_wait_fraction,
+            "data_wait_method": self.data_wait_method,
+            "samples": self.samples,
+            "memory": self.memory,
+            "loaders": [asdict(li) for li in self.loaders],
+            "environment": asdict(run.environment),
+            "limitations": list(self.limitations),
+            "exit_status": self.exit_status,
+            "duration_s": self.duration_s,
             "run": run.to_dict(),
         }
+
+    # -- how it shows itself ------------------------------------------------------
+    def headline(self) -> str:
+        """'DATA-STARVED (too-few-workers), confidence high'."""
+        cause = f" ({self.cause})" if self.cause else ""
+        return f"{self.verdict.upper()}{cause}, confidence {self.confidence}"
+
+    def __repr__(self) -> str:
+        ids = ", ".join(self.recommendation_ids) or "none"
+        warned = "".join(f", warning {w.id}" for w in self.warnings)
+        return (f"<loadprof Report {self.verdict}" + (f" ({self.cause})" if self.cause else "")
+                + f", confidence {self.confidence}, {self.steps['count']} steps{warned}, recommendations: {ids}>")
+
+    def __str__(self) -> str:
+        return TextRenderer().render(self)
+
+    def _repr_html_(self) -> str:
+        return HtmlRenderer().render(self)
+
+
+def _memory(h: Headroom | None, gpu_in_use: bool) -> dict[str, Any] | None:
+    """The memory headroom (NOTE [ Memory headroom ] in diagnosis.py) in bytes."""
+    if h is None:
+        return None
+    return {
+        "largest_batch": h.batch, "gpu_index": h.gpu_index, "gpu_peak_bytes": h.gpu_peak,
+        "gpu_total_bytes": h.gpu_total, "gpu_peak_fraction": h.gpu_fraction, "gpu_source": h.gpu_source,
+        "allocator_peak_bytes": h.allocator_peak, "host_available_min_bytes": h.host_available_min,
+        "host_total_bytes": h.host_total, "limit_left_min_bytes": h.limit_left_min,
+        "swap_growth_bytes": h.swap_growth, "process_peak_bytes": h.process_peak,
+        "model_state_bytes": h.model_state, "step_transient_bytes": h.step_transient,
+        "near_limit": near_limit(h, gpu_in_use=gpu_in_use),
+    }
 
 
 def build_report(run: Run) -> Report:
@@ -114,12 +238,22 @@ def failed_report(run: Run, reason: str) -> Report:
     return Report(run, Diagnosis(verdict="inconclusive", cause=None, summary=line, confidence="low"))
 
 
-def render_console(report: Report, file: IO[str] | None = None, width: int | None = None) -> None:
+def render_console(report: Any, file: IO[str] | None = None, width: int | None = None) -> None:
+    from .job import JobConsoleRenderer, JobReport
+
+    if isinstance(report, JobReport):  # a multi-process job's (report/job.py)
+        JobConsoleRenderer(file=file, width=width).render(report)
+        return
     ConsoleRenderer(file=file, width=width).render(report)
 
 
-def write_json(report: Report, path: str | os.PathLike[str]) -> None:
+def write_json(report: Any, path: str | os.PathLike[str]) -> None:
     """Write atomically (jsonio): a reader never sees half a report. Raises JsonWriteError."""
+    from .job import JobReport
+
+    if isinstance(report, JobReport):  # its raw runs compact (report/job.py)
+        write_text_atomic(path, report.to_json())
+        return
     write_text_atomic(path, JsonRenderer().render(report))
 
 
@@ -128,7 +262,7 @@ def write_json(report: Report, path: str | os.PathLike[str]) -> None:
 MAX_SAVED_BYTES = 256 * 2**20
 
 
-def load_report(path: str | os.PathLike[str]) -> Report:
+def load_report(path: str | os.PathLike[str]) -> Any:
     """Read a saved report (or bare run) and diagnose it again with this loadprof.
 
     Every way the file can be wrong is one ReportError naming it (NOTE [ Reading a
@@ -155,6 +289,13 @@ def load_report(path: str | os.PathLike[str]) -> Report:
         raise ReportError(f"{p}: not a loadprof report (JSON nested too deeply)") from None
     if not isinstance(data, dict):
         raise ReportError(f"{p}: expected a loadprof report object, got {type(data).__name__}")
+    if "job" in data:  # a multi-process job's merged report (report/job.py)
+        from .job import load_job
+
+        try:
+            return load_job(data["job"])
+        except RecordError as exc:
+            raise ReportError(f"{p}: {exc}") from None
     raw = data.get("run", data)
     if not isinstance(raw, dict) or "steps" not in raw or "environment" not in raw:
         raise ReportError(f"{p}: not a loadprof report (no 'run' with 'steps' and 'environment')")

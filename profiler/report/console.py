@@ -47,7 +47,7 @@ class ConsoleRenderer:
             f"{run.environment.usable_cores} usable cores",
             style="dim",
         )
-        for wid, detail in d.warnings:
+        for wid, detail in report.warnings:
             head.append(f"\nwarning [{wid}]: ", style="bold yellow")
             head.append(detail, style="yellow")
         c.print(Panel(head, expand=False))
@@ -74,7 +74,8 @@ class ConsoleRenderer:
                     title.append(f"  ~{r.estimated_speedup:.2f}x ({r.basis})", style="green")
                 c.print(title)
                 c.print(Text(f"   {r.detail}"))
-                c.print(Group(Syntax(r.code, "python", theme="ansi_dark", background_color="default", padding=(0, 3))))
+                c.print(Group(Syntax(r.code, "python", theme="ansi_dark", background_color="default", padding=(0, 3),
+                                         word_wrap=True)))
         elif d.verdict != "inconclusive":
             c.print(Text("No changes recommended: nothing measured points at a fix.", style="dim"))
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -106,8 +107,12 @@ class HostSource:
         self._slow: tuple[float, int, int, float] = (0.0, 0, 0, 0.0)  # mem %, available, swap, disk B/s
         self._vmstat_file = _ProcFile(self.proc_root / "vmstat")
         self._pss_files: dict[int, _ProcFile] = {}  # pid -> its smaps_rollup, kept open
-        #: process PSS, workers' PSS summed, the kernel's OOM kills so far (None: unreadable)
-        self._memory: tuple[int | None, int | None, int | None] = (None, None, None)
+        self._limits_file = _ProcFile(self.proc_root / str(self.pid) / "limits")
+        self._vm_file = _ProcFile(self.proc_root / str(self.pid) / "statm")
+        self._cgroup_files: tuple[_ProcFile, _ProcFile] | tuple[()] | None = None  # memory.max, .current
+        #: process PSS, workers' PSS summed, the kernel's OOM kills so far, bytes left
+        #: under the process's own memory limit (None: unreadable or no limit)
+        self._memory: tuple[int | None, int | None, int | None, int | None] = (None, None, None, None)
 
     # -- lifecycle -----------------------------------------------------------
     def start(self) -> None:
@@ -137,7 +142,8 @@ class HostSource:
     def close(self) -> None:
         """Close the /proc files kept open. Idempotent; a later sample opens them again."""
         for file in (self._stat_file, self._statm_file, self._meminfo_file, self._diskstats_file, self._schedstat_file,
-                     self._vmstat_file, *self._pss_files.values()):
+                     self._vmstat_file, self._limits_file, self._vm_file, *(self._cgroup_files or ()),
+            *self._pss_files.values()):
             file.close()
         for pid in list(self._child_files):
             self._close_child(pid)
@@ -189,7 +195,7 @@ class HostSource:
             self._slow = (mem_percent, available, swap, disk_bps)
             self._memory = self._read_memory()
         s.memory_percent, s.memory_available, s.swap_used, s.disk_read_bps = self._slow
-        s.process_pss, s.children_pss, s.oom_kills = self._memory
+        s.process_pss, s.children_pss, s.oom_kills, s.memory_limit_left = self._memory
         self._last_wall = now
         return s
 
@@ -357,7 +363,7 @@ class HostSource:
         except _GONE:
             return None
 
-    def _read_memory(self) -> tuple[int | None, int | None, int | None]:
+    def _read_memory(self) -> tuple[int | None, int | None, int | None, int | None]:
         """PSS of the process and of its workers together, and the kernel's count of OOM
         kills so far (Linux). PSS shares each page among the processes that map it, so
         a forked worker's pages shared with its parent are not counted once per worker,
@@ -374,7 +380,31 @@ class HostSource:
         own = pss.get(self.pid)
         workers = [v for p, v in pss.items() if p != self.pid]
         children = None if any(v is None for v in workers) else sum(v for v in workers if v is not None)
-        return own, children, _vmstat_oom_kills(self._vmstat_file)
+        return own, children, _vmstat_oom_kills(self._vmstat_file), self._limit_left()
+
+    def _limit_left(self) -> int | None:
+        """Bytes left under the tightest limit the process has below the host's memory:
+        its address-space rlimit (RLIMIT_AS, against the address space it maps: an
+        allocation past it fails though the host has memory free) or its cgroup v2's
+        memory.max (against memory.current: containers). Read anew each time: a script
+        may set its own limit after the profiler started."""
+        left = []
+        try:
+            limit = _address_space_limit(self._limits_file.read())
+            if limit is not None:
+                left.append(limit - int(self._vm_file.head(256).split()[0]) * _PAGE_SIZE)
+        except (OSError, ValueError, IndexError):
+            pass
+        if self._cgroup_files is None:
+            self._cgroup_files = _cgroup_memory_files(self.proc_root, self.pid)
+        if self._cgroup_files:
+            try:
+                limit_text = self._cgroup_files[0].head(64).strip()
+                if limit_text != b"max":
+                    left.append(int(limit_text) - int(self._cgroup_files[1].head(64)))
+            except (OSError, ValueError):
+                pass
+        return max(0, min(left)) if left else None
 
     def _close_child(self, pid: int) -> None:
         for file in self._child_files.pop(pid):
@@ -443,6 +473,47 @@ class _ProcFile:
             self.close()
         except OSError:
             pass
+
+
+def own_rss() -> int | None:
+    """Bytes resident in this process now (psutil: statm on Linux), or None."""
+    try:
+        return int(psutil.Process().memory_info().rss)
+    except (psutil.Error, OSError):
+        return None
+
+
+def own_peak_rss() -> int | None:
+    """This process's peak resident bytes since it started (getrusage), or None where
+    there is no ``resource`` module (Windows). Linux counts kB, macOS bytes."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+
+
+def _address_space_limit(limits: bytes) -> int | None:
+    """The soft RLIMIT_AS in bytes from a /proc/PID/limits, or None when unlimited."""
+    at = limits.index(b"Max address space")
+    soft = limits[at + len(b"Max address space"):].split()[0]
+    return None if soft == b"unlimited" else int(soft)
+
+
+def _cgroup_memory_files(proc_root: Path, pid: int) -> tuple[_ProcFile, _ProcFile] | tuple[()]:
+    """memory.max and memory.current of the process's cgroup v2, or () (v1, or none)."""
+    try:
+        lines = (proc_root / str(pid) / "cgroup").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ()
+    path = next((line[3:] for line in lines if line.startswith("0::")), None)
+    if path is None:
+        return ()
+    folder = Path("/sys/fs/cgroup") / path.lstrip("/")
+    if not (folder / "memory.max").exists():
+        return ()
+    return _ProcFile(folder / "memory.max"), _ProcFile(folder / "memory.current")
 
 
 def _statm_rss(file: _ProcFile) -> int:

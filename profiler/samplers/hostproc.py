@@ -48,6 +48,7 @@ import psutil
 
 from loadprof.records import HostSample
 from loadprof.samplers.host import HostSource
+from loadprof.settings import Settings
 
 #: The sampler thread reads the helper's pipe every this many intervals (1 s at
 #: 10 Hz); the pipe holds ~200 readings, so the helper never waits on a slow reader.
@@ -83,12 +84,12 @@ class HostProcess:
         self._helper_pids: set[int] | None = None
         self._helper_problems: list[str] = []
         self._notes: list[str] = []
-        self._interval = 0.1  # the helper's, followed by set_interval()
+        self._interval = Settings.interval  # the helper's, followed by set_interval()
         self._drain_at = 0.0  # the sampler's t of the next drain
         self._offset = 0.0  # a reading's t = its perf_counter + this
 
     # -- lifecycle -----------------------------------------------------------
-    def start(self, interval: float = 0.1, clock: Callable[[], float] = time.perf_counter, t0: float = 0.0) -> None:
+    def start(self, interval: float = Settings.interval, clock: Callable[[], float] = time.perf_counter, t0: float = 0.0) -> None:
         """The baseline here, and the helper started (not waited for). Never raises.
 
         A reading's ``t`` is ``clock() - t0``, the sampler's own time."""

@@ -45,8 +45,8 @@ T = TypeVar("T")
 PCIE_EVERY = 10
 
 # Errors after which a call is not retried on that GPU: the answer will not change
-# during the run (FIELD-NOTES: per-process accounting needs root; MIG and consumer
-# boards return NotSupported for several queries; older drivers lack some functions).
+# during the run (per-process accounting needs root; MIG and consumer boards return
+# NotSupported for several queries; older drivers lack some functions).
 _PERMANENT = ("NVMLError_NotSupported", "NVMLError_FunctionNotFound", "NVMLError_NoPermission")
 # Errors that mean the device itself is gone: stop sampling it, keep the others.
 _LOST = ("NVMLError_GpuIsLost", "NVMLError_GpuNotFound", "NVMLError_ResetRequired")

@@ -49,6 +49,7 @@ is full, both are halved and the interval doubles, the helper's too.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -60,6 +61,7 @@ from loadprof.records import GpuSample, HostSample
 from loadprof.samplers.host import HostSource
 from loadprof.samplers.hostproc import DRAIN_EVERY, HostProcess
 from loadprof.samplers.nvml import NvmlSource
+from loadprof.settings import Settings
 
 log = logging.getLogger("loadprof.samplers")
 
@@ -94,9 +96,9 @@ class Sampler:
 
     def __init__(
         self,
-        interval: float = 0.1,
+        interval: float = Settings.interval,
         sources: Iterable[Source] = (),
-        max_samples: int = 20000,
+        max_samples: int = Settings.max_samples,
         clock: Callable[[], float] = time.perf_counter,
         t0: float | None = None,
         on_tick: Callable[[], object] | None = None,
@@ -122,8 +124,8 @@ class Sampler:
         self._stopped = False
         # One entry per tick, so decimation drops whole ticks, never one GPU of a tick.
         self._ticks: list[tuple[HostSample | None, list[GpuSample]]] = []
-        # A HostProcess's readings: none, one or a batch per tick (NOTE [ Host readings
-        # in a helper process ] in hostproc.py), decimated apart.
+        # A HostProcess's readings: none, one or a batch per tick, decimated apart
+        # (NOTE [ Host readings in a helper process ] in hostproc.py).
         self._pushed: list[HostSample] = []
         self._taken = 0
         self._dropped = 0
@@ -287,6 +289,16 @@ class Sampler:
         """A copy of the GPU samples kept so far (one per GPU per tick), oldest first."""
         with self._locked():
             return [g for _, gs in self._ticks for g in gs]
+
+    def recent(self, n: int) -> tuple[list[HostSample], list[GpuSample]]:
+        """Copies of the newest ``n`` host readings and of the newest ``n`` ticks' GPU
+        readings, without copying the whole buffers (the live view, report/live.py)."""
+        with self._locked():
+            ticks = self._ticks[-n:]
+            pushed = self._pushed[-n:]
+            gpus = [g for _, gs in ticks for g in gs]
+        hosts = sorted([h for h, _ in ticks if h is not None] + pushed, key=lambda h: h.t)[-n:]
+        return [dataclasses.replace(h) for h in hosts], [dataclasses.replace(g) for g in gpus]
 
     @property
     def stats(self) -> dict[str, float]:
