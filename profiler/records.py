@@ -107,6 +107,8 @@ class HostSample:
     #: bytes left under the process's own memory limit (RLIMIT_AS less its address space,
     #: or its cgroup's memory.max less memory.current), read once a second; None: no limit
     memory_limit_left: int | None = None
+    #: % of a core used by loadprof's own helper process: neither the job's nor another's
+    profiler_cpu: float = 0.0
 
 
 @dataclass(slots=True)  # one per training step, made on the step's path: keep it cheap

@@ -70,7 +70,7 @@ def test_a_batch_that_outgrows_memory_gets_the_micro_batch_that_fits(tmp_path):
         opt = torch.optim.SGD(net.parameters(), lr=0.01)
         data = TensorDataset(torch.randn(256, 512, 16), torch.randint(0, 2, (256,)))
         with Profile(json=REPORT, print_report=False, interval=0.05):
-            cap(96)
+            cap(160)  # room for batch 4 (~30 MiB of attention); one 256 x 512 x 512 matrix is 256 MiB
             try:
                 for batch in (2, 2, 4, 256):
                     for x, y in DataLoader(data, batch_size=batch):
@@ -197,7 +197,9 @@ def test_a_healthy_run_with_headroom_is_not_memory_bound(tmp_path):
         data = TensorDataset(torch.randn(2048, 64), torch.randint(0, 4, (2048,)))
         with Profile(json=REPORT, print_report=False, interval=0.05):
             cap(1024)
-            for _ in range(2):
+            import time
+            until = time.monotonic() + 2  # memory is read every few readings: let some see the cap
+            while time.monotonic() < until:
                 for x, y in DataLoader(data, batch_size=32):
                     opt.zero_grad()
                     nn.functional.cross_entropy(net(x), y).backward()
@@ -232,7 +234,8 @@ def _train_under_profile() -> object:
 
     from loadprof import Profile
 
-    net = nn.Sequential(nn.Linear(32, 512), nn.ReLU(), nn.Linear(512, 4))
+    # compute well above loading, so that the input share cannot decide the verdict
+    net = nn.Sequential(nn.Linear(32, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 4))
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     data = TensorDataset(torch.randn(1024, 32), torch.randint(0, 4, (1024,)))
     with Profile(print_report=False, interval=0.05) as prof:

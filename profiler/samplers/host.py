@@ -93,6 +93,7 @@ class HostSource:
         self._last_all: tuple[float, float, float | None] = (0.0, 0.0, None)  # busy, total, iowait
         self._last_proc_cpu = 0.0
         self._last_children: dict[tuple[int, float], float] = {}  # (pid, create_time) -> cpu s
+        self._last_excluded: dict[int, float] = {}  # excluded pid (our helper) -> cpu s
         self._last_disk_read: int | None = None
         self._last_slow_wall = 0.0
         self._pids: set[int] | None = None
@@ -196,6 +197,7 @@ class HostSource:
             self._memory = self._read_memory()
         s.memory_percent, s.memory_available, s.swap_used, s.disk_read_bps = self._slow
         s.process_pss, s.children_pss, s.oom_kills, s.memory_limit_left = self._memory
+        s.profiler_cpu = self._excluded_cpu(dt)
         self._last_wall = now
         return s
 
@@ -382,6 +384,21 @@ class HostSource:
         children = None if any(v is None for v in workers) else sum(v for v in workers if v is not None)
         return own, children, _vmstat_oom_kills(self._vmstat_file), self._limit_left()
 
+    def _excluded_cpu(self, dt: float) -> float:
+        """% of a core the excluded processes (loadprof's helper) used since the last
+        reading: busy cores that are neither the job's nor another process's."""
+        used = 0.0
+        seen: dict[int, float] = {}
+        for pid in self.exclude:
+            try:
+                seen[pid] = _cpu_seconds(psutil.Process(pid))
+            except _GONE:
+                continue
+            # first seen: all of it (the helper starts with the profile, its imports included)
+            used += max(0.0, seen[pid] - self._last_excluded.get(pid, 0.0))
+        self._last_excluded = seen
+        return 100.0 * used / dt
+
     def _limit_left(self) -> int | None:
         """Bytes left under the tightest limit the process has below the host's memory:
         its address-space rlimit (RLIMIT_AS, against the address space it maps: an
@@ -484,8 +501,17 @@ def own_rss() -> int | None:
 
 
 def own_peak_rss() -> int | None:
-    """This process's peak resident bytes since it started (getrusage), or None where
-    there is no ``resource`` module (Windows). Linux counts kB, macOS bytes."""
+    """This process's peak resident bytes since it started, or None where there is no
+    ``resource`` module (Windows). On Linux VmHWM, since getrusage's ru_maxrss keeps the
+    peak of the parent a process was forked from across exec (a script started by a
+    large launcher would read the launcher's). macOS counts bytes."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         import resource
     except ImportError:
