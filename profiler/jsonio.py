@@ -117,6 +117,35 @@ def write_json(path: str | os.PathLike[str], data: Any, *, indent: int | None = 
     return replaced
 
 
+def read_json(path: str | os.PathLike[str], max_bytes: int, error: type[Exception], what: str) -> Any:
+    """Parse a JSON file someone handed us: a regular file (a FIFO would block,
+    /dev/zero never end) of at most ``max_bytes``, UTF-8, nested within Python's limit.
+    Every way it can be wrong is one ``error`` naming the file; ``what`` names what
+    the file should have been ("a loadprof report")."""
+    from pathlib import Path
+
+    p = Path(path)
+    try:
+        if not stat.S_ISREG(p.stat().st_mode):
+            raise error(f"{p}: not a regular file")
+        with p.open("rb") as f:
+            raw = f.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise error(f"{p}: no such file") from None
+    except OSError as exc:
+        raise error(f"{p}: cannot read ({exc.strerror or exc})") from None
+    if len(raw) > max_bytes:
+        raise error(f"{p}: larger than {max_bytes // 2**20} MiB: not {what}")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise error(f"{p}: not JSON (not UTF-8 text at byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise error(f"{p}: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except RecursionError:
+        raise error(f"{p}: not {what} (JSON nested too deeply)") from None
+
+
 def _resolve(target: str) -> tuple[str, bool]:
     """The file a path names through its symlinks, and whether that lies in /dev or
     /proc (``/dev/stdout`` links to ``/proc/self/fd/1``), where nothing may be replaced."""

@@ -10,13 +10,12 @@ which on one host is the same clock.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import stat
 import sys
 from pathlib import Path
 from typing import Any
 
+from ..jsonio import read_json
 from ..records import JobRun, RankRun, RecordError, rank_from_dict
 
 #: The same bound as one saved report (report/__init__.py MAX_SAVED_BYTES).
@@ -29,25 +28,7 @@ class MergeError(Exception):
 
 def read_rank_file(path: str | os.PathLike[str]) -> RankRun:
     p = Path(path)
-    try:
-        if not stat.S_ISREG(p.stat().st_mode):
-            raise MergeError(f"{p}: not a regular file")
-        with p.open("rb") as f:
-            raw = f.read(MAX_RANK_FILE_BYTES + 1)
-    except FileNotFoundError:
-        raise MergeError(f"{p}: no such file") from None
-    except OSError as exc:
-        raise MergeError(f"{p}: cannot read ({exc.strerror or exc})") from None
-    if len(raw) > MAX_RANK_FILE_BYTES:
-        raise MergeError(f"{p}: larger than {MAX_RANK_FILE_BYTES // 2**20} MiB: not a rank's report")
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise MergeError(f"{p}: not JSON (not UTF-8 text at byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise MergeError(f"{p}: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
-    except RecursionError:
-        raise MergeError(f"{p}: not a rank's report (JSON nested too deeply)") from None
+    data = read_json(p, MAX_RANK_FILE_BYTES, MergeError, "a rank's report")
     if not isinstance(data, dict) or "distributed" not in data:
         raise MergeError(f"{p}: not one rank's report (no 'distributed' object: written by "
                          "loadprof diagnose under torchrun when the exchange failed)")

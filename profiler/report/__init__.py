@@ -6,16 +6,14 @@ each output format is one renderer with ``render(report)``.
 
 from __future__ import annotations
 
-import json
 import os
-import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, ClassVar, NamedTuple
 
 from ..advice import Recommendation, recommend
 from ..diagnosis import Diagnosis, Evidence, Headroom, diagnose, near_limit
-from ..jsonio import JsonWriteError, write_text_atomic
+from ..jsonio import JsonWriteError, read_json, write_text_atomic
 from ..records import SCHEMA_VERSION, Environment, LoaderInfo, RecordError, Run
 from .console import ConsoleRenderer
 from .jsonfile import JsonRenderer
@@ -268,25 +266,7 @@ def load_report(path: str | os.PathLike[str]) -> Any:
     Every way the file can be wrong is one ReportError naming it (NOTE [ Reading a
     saved run ] in records.py)."""
     p = Path(path)
-    try:
-        if not stat.S_ISREG(p.stat().st_mode):  # a FIFO would block, /dev/zero never end
-            raise ReportError(f"{p}: not a regular file")
-        with p.open("rb") as f:
-            raw_bytes = f.read(MAX_SAVED_BYTES + 1)
-    except FileNotFoundError:
-        raise ReportError(f"{p}: no such file") from None
-    except OSError as exc:
-        raise ReportError(f"{p}: cannot read ({exc.strerror or exc})") from None
-    if len(raw_bytes) > MAX_SAVED_BYTES:
-        raise ReportError(f"{p}: larger than {MAX_SAVED_BYTES // 2**20} MiB: not a run loadprof wrote")
-    try:
-        data = json.loads(raw_bytes.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ReportError(f"{p}: not JSON (not UTF-8 text at byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise ReportError(f"{p}: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
-    except RecursionError:
-        raise ReportError(f"{p}: not a loadprof report (JSON nested too deeply)") from None
+    data = read_json(p, MAX_SAVED_BYTES, ReportError, "a loadprof report")
     if not isinstance(data, dict):
         raise ReportError(f"{p}: expected a loadprof report object, got {type(data).__name__}")
     if "job" in data:  # a multi-process job's merged report (report/job.py)
