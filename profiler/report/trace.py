@@ -163,9 +163,10 @@ def _metadata(pid: int, rank: int, run: Run, several: bool) -> list[dict[str, An
 
 def _steps(pid: int, run: Run, offset: float) -> Iterable[dict[str, Any]]:
     warmup = warmup_count(sum(s.merged for s in run.steps))
+    base = _us(offset)  # whole microseconds first: ranks' offsets then differ exactly
     for i, step in enumerate(run.steps):
-        start = _us(offset + step.start)
-        end = max(start, _us(offset + step.end))
+        start = base + _us(step.start)
+        end = max(start, base + _us(step.end))
         wait_end = min(end, start + _us(step.data_wait))
         copy_end = min(end, wait_end + _us(step.h2d))
         last = step.index + step.merged - 1
@@ -189,9 +190,9 @@ def _steps(pid: int, run: Run, offset: float) -> Iterable[dict[str, Any]]:
 
 def _evaluations(pid: int, run: Run, offset: float) -> Iterable[dict[str, Any]]:
     for i, ev in enumerate(run.evaluations):
-        start = _us(offset + ev.start)
+        start = _us(offset) + _us(ev.start)
         yield {"name": f"evaluation pass {i + 1}", "cat": "evaluation", "ph": "X", "pid": pid, "tid": EVAL_TID,
-               "ts": start, "dur": max(0, _us(offset + ev.end) - start),
+               "ts": start, "dur": max(0, _us(offset) + _us(ev.end) - start),
                "args": {"batches": ev.batches, "input wait ms": round(ev.wait * 1e3, 3)}}
 
 
@@ -205,13 +206,13 @@ def _counters(pid: int, run: Run, offset: float) -> Iterable[dict[str, Any]]:
             for g in samples:
                 value = getattr(g, attr)
                 if value is not None and math.isfinite(value):
-                    yield _counter(pid, f"GPU {index} {label}", offset + g.t, value * scale)
+                    yield _counter(pid, f"GPU {index} {label}", _us(offset) + _us(g.t), value * scale)
     for label, read in _host_counters():
         for h in run.host_samples:
             value = read(h)
             if value is not None and math.isfinite(value):
-                yield _counter(pid, label, offset + h.t, value)
+                yield _counter(pid, label, _us(offset) + _us(h.t), value)
 
 
-def _counter(pid: int, name: str, t: float, value: float) -> dict[str, Any]:
-    return {"name": name, "ph": "C", "pid": pid, "tid": 0, "ts": _us(t), "args": {"value": round(float(value), 3)}}
+def _counter(pid: int, name: str, ts: int, value: float) -> dict[str, Any]:
+    return {"name": name, "ph": "C", "pid": pid, "tid": 0, "ts": ts, "args": {"value": round(float(value), 3)}}
