@@ -1,4 +1,5 @@
-"""Time each rank spends blocked in DDP's gradient all-reduce, per step.
+"""Time each rank spends blocked in collectives, per step: DDP's gradient all-reduce, and
+every collective waited on from Python (FSDP's all-gathers and reduce-scatters).
 
 NOTE [ Collective wait ]
 Under DDP every rank's backward returns only once the gradient all-reduce has every
@@ -10,13 +11,26 @@ accumulated when this rank's backward reaches it: this rank's own compute for th
 step is over. One post-accumulate-grad hook on that parameter records the moment;
 from there until ``torch.autograd.backward`` returns, the rank waited for the others
 (and for the last bucket's transfer). Cost: one hook and one wrapper a step.
-Not seen: FSDP (its all-gathers sit in forward), collectives the script calls itself,
-a DDP module built before the profile started and never run through forward after.
+
+FSDP (``FullyShardedDataParallel`` and ``fully_shard``) gathers each unit's parameters
+in forward and backward and reduce-scatters its gradients, and waits for each of them
+in ``Work.wait`` called from Python (a synchronous ``dist.all_gather_into_tensor``
+waits there too). A rank that arrives early waits in the first all-gather of its
+forward, before any backward. So ``Work.wait`` is wrapped, and the time spent in it on
+the thread that started the profile counts as waiting: for FSDP, and for collectives
+the script calls itself (a ``dist.all_reduce`` of its loss, a barrier). Only with gloo:
+its ``wait`` blocks until the collective is done, while NCCL's only makes the current
+CUDA stream wait and returns at once (the host then blocks at its next synchronisation,
+counted as compute). A ``Work.wait`` that returns inside DDP's window above is not
+counted twice. Cost: one wrapper a collective.
+Not seen: collectives waited in C++ other than DDP's (a ``Future`` waited from Python,
+NCCL), a DDP module built before the profile started and never run through forward after.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -31,15 +45,19 @@ MAX_WAITS = 65_536
 
 
 class CollectiveTimer:
-    """Hooks on DDP's forward and on ``torch.autograd.backward``: NOTE [ Collective wait ]."""
+    """Hooks on DDP's forward, ``torch.autograd.backward`` and ``Work.wait``: NOTE [ Collective wait ]."""
 
     def __init__(self, t0: float, clock: Callable[[], float] = time.perf_counter) -> None:
         self.t0 = t0
         self.clock = clock
         self.pid = os.getpid()
-        self.waits: list[tuple[float, float]] = []  # (backward returned, seconds waited), since t0
+        self.thread = threading.get_ident()  # the loop's: a wait on another thread holds no step up
+        self.waits: list[tuple[float, float]] = []  # (wait ended, seconds waited), since t0
         self.ddp_seen = 0
+        self.work_waits = 0  # Work.wait calls timed
+        self._blocking: bool | None = None  # whether Work.wait blocks (gloo): decided at the first wait
         self._local_done: float | None = None
+        self._inside = 0.0  # Work.wait seconds inside the current DDP backward's window
         self._hooked: weakref.WeakSet[Any] = weakref.WeakSet()
         self._handles: list[Any] = []
         self._patches = Patches("collective timing")
@@ -50,6 +68,7 @@ class CollectiveTimer:
 
         self._patches.wrap(DistributedDataParallel, "forward", self._wrap_forward)
         self._patches.wrap(torch.autograd, "backward", self._wrap_backward)
+        self._patches.wrap(torch.distributed.Work, "wait", self._wrap_wait)
 
     def remove(self) -> list[str]:
         self.pid = -1  # wrappers left in a chain are inert from now on (NOTE [ One patcher ])
@@ -86,16 +105,49 @@ class CollectiveTimer:
             if os.getpid() != timer.pid:
                 return original(*args, **kwargs)
             timer._local_done = None
+            timer._inside = 0.0
             result = original(*args, **kwargs)
             done = timer._local_done
             if done is not None:
                 end = timer.clock()
-                timer.waits.append((end - timer.t0, max(0.0, end - done)))
-                if len(timer.waits) > MAX_WAITS:
-                    timer._halve()
+                timer._record(end, max(0.0, end - done - timer._inside))
             return result
 
         return backward
+
+    def _wrap_wait(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        timer = self
+
+        def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+            if os.getpid() != timer.pid or threading.get_ident() != timer.thread or not timer._waits_block():
+                return original(work, *args, **kwargs)
+            begun = timer.clock()
+            try:
+                return original(work, *args, **kwargs)
+            finally:
+                end = timer.clock()
+                timer.work_waits += 1
+                timer._record(end, end - begun)
+                done = timer._local_done
+                if done is not None and end > done:  # inside DDP's window: counted here, not there
+                    timer._inside += min(end - begun, end - done)
+
+        return wait
+
+    def _waits_block(self) -> bool:
+        if self._blocking is None:
+            import torch.distributed as dist
+
+            try:
+                self._blocking = dist.is_initialized() and dist.get_backend() == "gloo"
+            except (RuntimeError, ValueError):
+                return False  # no default group yet: decide at a later wait
+        return self._blocking
+
+    def _record(self, end: float, seconds: float) -> None:
+        self.waits.append((end - self.t0, seconds))
+        if len(self.waits) > MAX_WAITS:
+            self._halve()
 
     def _halve(self) -> None:
         w = self.waits
@@ -103,9 +155,9 @@ class CollectiveTimer:
             [w[-1]] if len(w) % 2 else [])
 
     def per_step(self, steps: list[Step]) -> list[float] | None:
-        """Seconds waited in each step record (a backward belongs to the step it returned in);
-        None when no DDP backward was seen."""
-        return per_step(self.waits, steps) if self.ddp_seen and self.waits else None
+        """Seconds waited in each step record (a wait belongs to the step it ended in);
+        None when neither a DDP backward nor a blocking ``Work.wait`` was seen."""
+        return per_step(self.waits, steps) if (self.ddp_seen or self.work_waits) and self.waits else None
 
 
 def per_step(waits: list[tuple[float, float]], steps: list[Step]) -> list[float]:

@@ -1,0 +1,107 @@
+"""Real FSDP jobs under torchrun (CPU, gloo): one merged report, stragglers named with
+their cause, and the time each rank waits in FSDP's collectives measured.
+
+Both FSDP APIs of the pinned torch train on CPU with gloo: ``FullyShardedDataParallel``
+(FSDP1, ``device_id=cpu``) and ``fully_shard`` (FSDP2). Launched through the helpers of
+test_distributed.py: each job in its own process group under a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch.distributed.fsdp")
+
+from tests.test_distributed import LOADPROF, TORCHRUN, finish, start  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+#: An FSDP loop (API chosen by FSDP=1|2) whose slow rank is chosen by the environment;
+#: steps paced by sleeps and a compute loop bounded in wall time, as in test_distributed.py.
+WORKLOAD = textwrap.dedent('''
+    import os, time
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, Dataset
+
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    env = lambda name: int(os.environ.get(name, -1))
+    STEPS = int(os.environ.get("STEPS", 30))
+
+    class Data(Dataset):
+        def __len__(self):
+            return 10**6
+
+        def __getitem__(self, i):
+            time.sleep(0.09 if rank == env("SLOW_INPUT_RANK") else 0.03)
+            return torch.randn(32), torch.randn(1)
+
+    dist.init_process_group("gloo")
+    net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    if os.environ["FSDP"] == "1":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        model = FullyShardedDataParallel(net, device_id=torch.device("cpu"))
+    else:
+        from torch.distributed.fsdp import fully_shard
+        for layer in (net[0], net[2]):
+            fully_shard(layer)
+        model = fully_shard(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for i, (x, y) in enumerate(DataLoader(Data(), batch_size=1)):
+        if i == STEPS:
+            break
+        if rank == env("SLOW_COMPUTE_RANK"):
+            end, a = time.perf_counter() + 0.06, torch.randn(128, 128)
+            while time.perf_counter() < end:
+                a = torch.tanh(a @ a)
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    dist.destroy_process_group()
+''')
+
+
+def fsdp_job(tmp_path: Path, api: str, **env: str) -> tuple[int, str, dict]:
+    (tmp_path / "fsdp.py").write_text(WORKLOAD)
+    proc = start([TORCHRUN, "--standalone", "--nproc-per-node=2", "--no-python", LOADPROF, "diagnose", "--no-gpu",
+                  "--json", "job.json", "fsdp.py"], tmp_path, FSDP=api, **env)
+    code, out = finish(proc)
+    path = tmp_path / "job.json"
+    assert path.exists(), out[-3000:]
+    return code, out, json.loads(path.read_text())
+
+
+def test_fsdp2_rank_with_slow_input_is_named_and_the_others_wait_in_its_all_gathers(tmp_path):
+    code, out, report = fsdp_job(tmp_path, "2", SLOW_INPUT_RANK="1")
+    assert code == 0, out[-3000:]
+    assert report["world_size"] == 2 and [r["rank"] for r in report["ranks"]] == [0, 1]
+    assert out.count("loadprof job verdict") == 1  # rank 1 printed nothing
+    # Rank 0 arrives early and waits in the first all-gather of its forward: without that
+    # wait timed, its own compute would hold it and the two ranks' own work would match.
+    assert [(s["rank"], s["cause"]) for s in report["stragglers"]] == [(1, "input")], report["summary"]
+    assert report["verdict"] == "data-starved" and report["pace_ranks"] == [1]
+    assert report["stragglers"][0]["others_wait"] > 0
+    assert all(r["collective_wait"] is not None for r in report["job"]["ranks"])
+    assert report["ranks"][0]["collective_s"] > report["ranks"][1]["collective_s"]
+
+
+def test_fsdp1_rank_with_slow_compute_is_named_with_cause_compute(tmp_path):
+    code, out, report = fsdp_job(tmp_path, "1", SLOW_COMPUTE_RANK="1")
+    assert code == 0, out[-3000:]
+    assert [(s["rank"], s["cause"]) for s in report["stragglers"]] == [(1, "compute")], report["summary"]
+    assert report["stragglers"][0]["others_wait"] > 0
+    assert all(r["collective_wait"] is not None for r in report["job"]["ranks"])
+
+
+def test_fsdp1_balanced_job_names_no_straggler(tmp_path):
+    code, out, report = fsdp_job(tmp_path, "1")
+    assert code == 0, out[-3000:]
+    assert report["world_size"] == 2 and report["missing_ranks"] == []
+    assert report["stragglers"] == [], report["summary"]
+    assert all(r["collective_wait"] is not None for r in report["job"]["ranks"])
