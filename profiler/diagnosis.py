@@ -734,7 +734,17 @@ def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:
     if not m.gpu_available and m.gpu_in_use:
         confidence = "low" if confidence == "medium" else "medium"
 
-    if m.data_wait_fraction >= th.input_high:
+    # CUDA runs ahead of the host: the GPU idles at most (100 - busy)% of the time, so
+    # host-side waits beyond that overlapped kernels already queued and starved nothing.
+    overlapped = (m.gpu_in_use and m.gpu_util_median is not None and m.data_wait_fraction >= th.input_high
+                  and 100 - m.gpu_util_median < 100 * th.input_high)
+    if overlapped:
+        ev.append(Evidence(
+            "gpu_idle_bound", "GPU idle time that input waits could have caused", 1 - m.gpu_util_median / 100,
+            f"at most {_pct(1 - m.gpu_util_median / 100)} (GPU busy {m.gpu_util_median:.0f}%)",
+            f"< {_pct(th.input_high)}: the waits overlapped queued GPU work", "loadprof",
+        ))
+    if m.data_wait_fraction >= th.input_high and not overlapped:
         cause = _data_cause(m, th, ev)
         if m.h2d_fraction:
             ev.append(Evidence("h2d_fraction", "Step time in host-to-device copies", m.h2d_fraction, _pct(m.h2d_fraction)))
@@ -781,6 +791,8 @@ def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:
         )
     where = "the GPU" if m.gpu_in_use else "the CPU (no GPU in use)"
     summary = f"{where} is doing the model's work; input takes {_pct(m.data_wait_fraction)} of step time"
+    if overlapped:
+        summary += f", while the GPU stayed busy ({m.gpu_util_median:.0f}%): the waits overlapped queued GPU work"
     if m.gpu_in_use and m.gpu_util_median is None:
         summary += " (GPU utilization unavailable)"
         confidence = "low" if confidence == "medium" else "medium"

@@ -235,13 +235,26 @@ def test_fp16_with_grad_scaler_on_volta():
     assert "GradScaler" in rec["mixed_precision"].code
 
 
+def test_waits_while_the_gpu_stays_busy_overlapped_queued_work_and_starve_nothing():
+    # CUDA queues kernels ahead of the host: a host blocked half of each step while
+    # the GPU is busy 97% of the time cannot have left it waiting more than 3%.
+    d = diagnose(make_run(wait=0.05, gpu_util=97, gpu_mem=0.5, cuda=True))
+    assert (d.verdict, d.cause) == ("compute-bound", "gpu")
+    assert "overlapped queued GPU work" in d.summary
+    assert any(e.key == "gpu_idle_bound" and e.value == pytest.approx(0.03) for e in d.evidence)
+    # idle often enough for the waits to matter: starved as measured
+    d = diagnose(make_run(wait=0.05, gpu_util=70, gpu_mem=0.5, cuda=True))
+    assert d.verdict == "data-starved"
+    assert not any(e.key == "gpu_idle_bound" for e in d.evidence)
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
         {"amp": True},  # autocast already in use
         {"cc": (6, 1)},  # Pascal: no tensor cores
         {"cc": None},  # unknown device
-        {"wait": 0.05},  # data-starved: compute is not the limit
+        {"wait": 0.05, "gpu_util": 40},  # data-starved: compute is not the limit
     ],
 )
 def test_mixed_precision_is_not_recommended_where_it_cannot_help(kwargs):
