@@ -12,6 +12,11 @@ over its own round's baseline, so load that drifts between rounds cancels. The
 measured speed-up is the median over rounds, the estimate the baselines' median
 estimate. Error = estimated / measured - 1. Target: within 20%.
 
+The estimate predicts the median step (``step = max(...)`` against the baseline's
+median step), so each row also gives the speed-up in median step time (the
+baseline's median measured step over the trial's) and the error against it: where
+a baseline's steps vary, its throughput (a mean) and its median step differ.
+
 Prints one row per recommendation and the mean absolute error. Not a test:
 figures are printed, never asserted.
 
@@ -82,6 +87,14 @@ def _trial(name: str, script: str, args: list[str], changes: Changes, o: argpars
     return t
 
 
+def _median_step(t: TrialResult, warmup: int) -> float | None:
+    """The median time of a run's steps after warm-up (None: too few steps)."""
+    if t.run is None:
+        return None
+    times = [st.end - st.start for st in t.run.steps[warmup:]]
+    return statistics.median(times) if times else None
+
+
 def measure(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
     rel, args = EXAMPLES[example]
     script = str(ROOT / rel)
@@ -123,10 +136,16 @@ def measure(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
                          "estimated": est}
             continue
         measured = statistics.median(good)
+        step_ratios = [b_med / t_med for b, t in runs if t.ok
+                       for b_med, t_med in [(_median_step(b, o.warmup), _median_step(t, o.warmup))]
+                       if b_med and t_med]
+        by_step = statistics.median(step_ratios) if step_ratios else None
         rows[rid] = {
             "example": example, "id": rid, "status": "measured", "change": changes_for(recs[rid]).describe(),  # type: ignore[union-attr]
             "estimated": est, "estimates": estimates.get(rid, []), "measured": measured,
             "measured_runs": good, "error": est / measured - 1 if est else None,
+            "measured_median_step": by_step,
+            "error_median_step": est / by_step - 1 if est and by_step else None,
             "baseline_samples_per_s": [b.rate for b in bases],
             "trial_samples_per_s": [t.rate for _, t in runs if t.ok],
             "diagnosed": verdicts,
@@ -160,7 +179,8 @@ def run(argv: list[str] | None = None) -> int:
         seen = next((row["diagnosed"] for row in rows if row["example"] == name), None)
         print(f"{name}: baseline diagnosed " + ("; ".join(seen) if seen else "(no baseline)"))
     print(f"{'example':<15} {'recommendation':<22} {'estimated':>9} {'measured':>9} {'error':>7}  change / status")
-    errors = []
+    errors: list[float] = []
+    step_errors: list[float] = []
     for row in rows:
         if row["status"] == "measured":
             runs = ", ".join(f"{m:.2f}x" for m in row["measured_runs"])
@@ -169,8 +189,13 @@ def run(argv: list[str] | None = None) -> int:
                       f"{row['change']} (runs {runs}; the advice gave no estimate)")
                 continue
             errors.append(abs(row["error"]))
+            if row["error_median_step"] is not None:
+                step_errors.append(abs(row["error_median_step"]))
+                by_step = f"; median step {row['measured_median_step']:.2f}x, error {row['error_median_step']:+.0%}"
+            else:
+                by_step = ""
             print(f"{row['example']:<15} {row['id']:<22} {row['estimated']:>8.2f}x {row['measured']:>8.2f}x "
-                  f"{row['error']:>+6.0%}  {row['change']} (runs {runs})")
+                  f"{row['error']:>+6.0%}  {row['change']} (runs {runs}{by_step})")
         else:
             est = f"{row['estimated']:.2f}x" if row.get("estimated") else "-"
             print(f"{row['example']:<15} {row['id']:<22} {est:>9} {'-':>9} {'-':>7}  {row['status']}")
@@ -178,6 +203,9 @@ def run(argv: list[str] | None = None) -> int:
         within = sum(e <= 0.20 for e in errors)
         print(f"mean absolute error {statistics.fmean(errors):.0%} over {len(errors)} estimate(s); "
               f"{within} of {len(errors)} within 20% (target: all)")
+        if step_errors:
+            print(f"in median step time: mean absolute error {statistics.fmean(step_errors):.0%}; "
+                  f"{sum(e <= 0.20 for e in step_errors)} of {len(step_errors)} within 20%")
     else:
         print("no estimate could be measured")
     if o.json:
