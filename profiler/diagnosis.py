@@ -736,12 +736,13 @@ def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:
 
     # CUDA runs ahead of the host: the GPU idles at most (100 - busy)% of the time, so
     # host-side waits beyond that overlapped kernels already queued and starved nothing.
-    overlapped = (m.gpu_in_use and m.gpu_util_median is not None and m.data_wait_fraction >= th.input_high
-                  and 100 - m.gpu_util_median < 100 * th.input_high)
-    if overlapped:
+    util = m.gpu_util_median
+    overlapped = (m.gpu_in_use and util is not None and m.data_wait_fraction >= th.input_high
+                  and 100 - util < 100 * th.input_high)
+    if overlapped and util is not None:
         ev.append(Evidence(
-            "gpu_idle_bound", "GPU idle time that input waits could have caused", 1 - m.gpu_util_median / 100,
-            f"at most {_pct(1 - m.gpu_util_median / 100)} (GPU busy {m.gpu_util_median:.0f}%)",
+            "gpu_idle_bound", "GPU idle time that input waits could have caused", 1 - util / 100,
+            f"at most {_pct(1 - util / 100)} (GPU busy {util:.0f}%)",
             f"< {_pct(th.input_high)}: the waits overlapped queued GPU work", "loadprof",
         ))
     if m.data_wait_fraction >= th.input_high and not overlapped:

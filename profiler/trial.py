@@ -107,6 +107,8 @@ class TrialResult:
     cause: str | None = None
     data_wait_fraction: float | None = None
     summary: str = ""
+    #: the report's warnings ({id, detail}): host-contended makes this trial's timing noisy
+    warnings: list[dict[str, str]] = field(default_factory=list)
     loaders: list[dict[str, Any]] = field(default_factory=list)
     environment: dict[str, Any] = field(default_factory=dict)
     stderr_tail: str = ""
@@ -268,6 +270,7 @@ def _measure(result: TrialResult, report: Any, warmup: int, spec: TrialSpec) -> 
     result.verdict = report.verdict
     result.cause = report.cause
     result.summary = report.diagnosis.summary
+    result.warnings = [w._asdict() for w in report.warnings]
     result.data_wait_fraction = report.data_wait_fraction
     h = report.diagnosis.metrics.headroom
     if h is not None and (h.gpu_peak or h.process_peak):

@@ -115,8 +115,25 @@ class TuneResult:
             "ideal": _summary(self.ideal) if self.ideal else None,
             "best_share_of_ideal": self.share_of_ideal(),
             "ideal_noisy": self.ideal_noisy(),
+            "warnings": self.warnings(),
             "trials": [t.to_dict() for t in [self.baseline, *self.trials]],
         }
+
+    def warnings(self) -> list[dict[str, str]]:
+        """The trials' warnings, one per id: how many runs carried it and the baseline's
+        (else the first) detail. host-contended means other processes took cores while
+        trials ran, so the speed-ups carry that noise."""
+        runs = [t for t in [self.baseline, *self.trials, *([self.ideal] if self.ideal else [])] if t.ok]
+        seen: dict[str, list[TrialResult]] = {}
+        for t in runs:
+            for w in t.warnings:
+                seen.setdefault(w["id"], []).append(t)
+        out = []
+        for wid, hit in seen.items():
+            first = next(w["detail"] for w in hit[0].warnings if w["id"] == wid)
+            where = "the baseline" if hit[0] is self.baseline else hit[0].name
+            out.append({"id": wid, "detail": f"in {len(hit)} of {len(runs)} runs ({where}: {first})"})
+        return out
 
     def share_of_ideal(self) -> float | None:
         best = self.best_or_baseline
@@ -479,6 +496,7 @@ def plan_compute(base: TrialResult, best: TrialResult | None, o: TuneOptions) ->
 # -- rendering ------------------------------------------------------------------------
 def render(result: TuneResult, file: IO[str] | None = None, width: int | None = None) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(file=file or sys.stdout, width=width or 110, highlight=False, soft_wrap=False)
@@ -489,6 +507,11 @@ def render(result: TuneResult, file: IO[str] | None = None, width: int | None = 
     console.print(f"[bold]loadprof tune[/bold] {' '.join(result.command)}: {env.get('usable_cores')} usable cores, "
                   f"{gpu}; {o.warmup} warm-up + {o.steps} measured steps per trial; {result.elapsed_s:.0f} s "
                   f"of a {o.budget:.0f} s budget")
+    for w in result.warnings():
+        console.print(f"[bold yellow]warning {w['id']}[/bold yellow] {escape(w['detail'])}")
+        if w["id"] == "host-contended":
+            console.print("  Other processes took cores while the trials ran: the speed-ups carry that "
+                          "noise; run tune again on a quieter host to confirm them.")
     table = Table(show_lines=False)
     for col, just in (("trial", "left"), ("steps/s", "right"), ("samples/s", "right"), ("speedup", "right"),
                       ("input", "right"), ("peak memory", "right"), ("loss check", "left"), ("status", "left")):

@@ -10,6 +10,7 @@ and the diff of the script.
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from loadprof.codechange import describe_changes
 from loadprof.records import Environment, GpuInfo, HostSample, LoaderInfo, Run, Step
 from loadprof.report import build_report
 from loadprof.trial import TrialResult, TrialSpec, _measure
-from loadprof.tune import Search, TuneOptions, plan_compute, plan_input
+from loadprof.tune import Search, TuneOptions, plan_compute, plan_input, render
 
 GiB = 2**30
 
@@ -40,7 +41,7 @@ LOADER_KEYS = ("num_workers", "persistent_workers", "prefetch_factor", "pin_memo
 
 def job_run(*, steps: int, compute: float, wait: float, wait_cpu: float, workers_cpu: float, cores: int,
             loaders: list[LoaderInfo], batch_size: int | None = 32, gpus: list[GpuInfo] | None = None,
-            cuda: bool = False) -> Run:
+            cuda: bool = False, others: float = 0.0) -> Run:
     """A run as the profiler records one: contiguous steps, host readings every 0.1 s."""
     step = compute + wait
     env = Environment(usable_cores=cores, logical_cores=cores, memory_total=64 * GiB, cuda_in_use=cuda)
@@ -50,7 +51,8 @@ def job_run(*, steps: int, compute: float, wait: float, wait_cpu: float, workers
                  for i in range(steps)]
     own = 100.0 * (compute + wait_cpu) / step
     children = 100.0 * workers_cpu / step
-    hosts = [HostSample(t=0.1 * (i + 1), cpu_per_core=[min(100.0, (own + children) / cores)] * cores,
+    busy = min(100.0, (own + children + 100.0 * others) / cores)  # others: cores other processes keep busy
+    hosts = [HostSample(t=0.1 * (i + 1), cpu_per_core=[busy] * cores,
                         process_cpu=own + children, children_cpu=children,
                         n_children=max((li.num_workers or 0) for li in loaders) if loaders else 0,
                         memory_available=32 * GiB)
@@ -71,6 +73,7 @@ class FakeJob:
     cacheable: bool = True
     cache_moves_loss: float = 0.0  # a cache that changes what the model sees
     crash: set[str] = field(default_factory=set)  # trial names whose child crashes
+    others: float = 0.0  # cores other processes on the host keep busy during every trial
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     def __call__(self, name: str, spec: TrialSpec, timeout: float, warmup: int) -> TrialResult:
@@ -91,7 +94,7 @@ class FakeJob:
         loader = LoaderInfo("torch", "DataLoader", batch_size=32, num_workers=workers, dataset_length=1000,
                             dataset_type="Images", iterations=1)
         run = job_run(steps=spec.max_steps or 40, compute=compute, wait=wait, wait_cpu=wait_cpu,
-                      workers_cpu=workers_cpu, cores=self.cores, loaders=[loader])
+                      workers_cpu=workers_cpu, cores=self.cores, loaders=[loader], others=self.others)
         # What the child's fixes report (result.json).
         after = {k: v for k, v in ch.items() if k in LOADER_KEYS}
         if ch.get("cache"):
@@ -247,6 +250,21 @@ def test_a_fix_that_moves_the_loss_is_unsafe_and_never_wins(script: Path) -> Non
     diff = result.code_change.splitlines()
     assert (f"+loader = DataLoader(dataset, batch_size=32, shuffle=True, "
             f"num_workers={result.best.changes['num_workers']}, persistent_workers=True)") in diff
+
+
+def test_other_processes_on_the_host_are_a_tune_warning_in_the_table_and_the_json(script: Path) -> None:
+    quiet = Search(str(script), None, [], TuneOptions(fixes=("workers",), ideal=False), runner=FakeJob(script)).run()
+    assert quiet.warnings() == [] and quiet.to_dict()["warnings"] == []
+    job = FakeJob(script, cores=4, others=2.0)  # half the usable cores busy outside the job
+    result = Search(str(script), None, [], TuneOptions(fixes=("workers",), ideal=False), runner=job).run()
+    warned = {w["id"]: w["detail"] for w in result.to_dict()["warnings"]}
+    runs = 1 + sum(t.ok for t in result.trials)
+    assert warned["host-contended"].endswith(f" of {runs} runs (the baseline: other processes kept 2.0 of the "
+                                             "4 usable cores busy: timings and the advice's estimates depend on them)")
+    out = io.StringIO()
+    render(result, file=out, width=100)
+    text = " ".join(out.getvalue().split())
+    assert "warning host-contended in" in text and "run tune again on a quieter host" in text
 
 
 def test_a_crashed_trial_is_reported_and_the_search_goes_on(script: Path) -> None:
