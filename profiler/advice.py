@@ -200,7 +200,8 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
     elif input_matters and tf and loader is not None:
         out.extend(_tf_input_advice(run, m, loader, starved, diagnosis))
     elif starved and loader is None and cause in ("io-latency", "cpu-bound-preprocessing"):
-        out.append(_loop_prefetch_advice(m, cause))
+        fw = run.environment.frameworks
+        out.append(_loop_prefetch_advice(m, cause, tf="tensorflow" in fw and "torch" not in fw))
 
     if diagnosis.verdict == "memory-bound":
         out.extend(_memory_advice(run, m, tf, diagnosis.cause))
@@ -247,12 +248,31 @@ def _contention_advice(m: Metrics, cause: bool) -> Recommendation:
     )
 
 
-def _loop_prefetch_advice(m: Metrics, cause: str) -> Recommendation:
+def _loop_prefetch_advice(m: Metrics, cause: str, tf: bool = False) -> Recommendation:
     """Input read by the loop's own code (a generator): overlap it with compute. Waiting
-    (I/O, sleeps) overlaps in a thread; CPU work needs processes (the GIL)."""
+    (I/O, sleeps) overlaps in a thread; CPU work needs processes (the GIL), or with
+    TensorFlow the preprocessing as TensorFlow ops, which tf.data runs off the GIL."""
     wait, compute = m.wait_per_step, m.compute_per_step
     step = m.step_time_mean
-    if cause == "io-latency":
+    if tf and cause == "io-latency":
+        new_step = max(compute, wait)
+        code = ("ds = tf.data.Dataset.from_generator(my_batches, output_signature=(  # the loop's own generator\n"
+                "    tf.TensorSpec(<x shape>, <x dtype>), tf.TensorSpec(<y shape>, <y dtype>)))\n"
+                "ds = ds.prefetch(tf.data.AUTOTUNE)  # read ahead on tf.data's threads while the model computes\n"
+                "for x, y in ds:\n"
+                "    ...")
+        how = "tf.data's prefetch overlaps the waits with compute"
+    elif tf:
+        workers = max(1, math.ceil(wait / max(compute, 1e-6)))
+        new_step = max(compute, wait / (workers + 1))
+        code = ("ds = tf.data.Dataset.from_tensor_slices(<raw inputs: file names or arrays>)\n"
+                "ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)  # preprocess written in tf ops\n"
+                "ds = ds.batch(<batch size>).prefetch(tf.data.AUTOTUNE)\n"
+                "for x, y in ds:\n"
+                "    ...")
+        how = ("tf.data runs preprocessing written as TensorFlow ops on parallel threads, off the GIL "
+               "(a from_generator pipeline would still run the Python on one thread)")
+    elif cause == "io-latency":
         new_step = max(compute, wait)
         code = ("import queue, threading\n"
                 "def prefetch(batches, depth=4):  # read ahead on a thread while the model computes\n"

@@ -333,6 +333,22 @@ def test_a_generator_loop_waiting_on_io_gets_prefetch_advice_that_names_no_worke
     assert rec.estimated_speedup == pytest.approx(0.1 / 0.087, abs=0.02)
 
 
+@pytest.mark.parametrize("cause", ["io-latency", "cpu-bound-preprocessing"])
+def test_a_tensorflow_loop_over_a_python_generator_gets_tf_data_advice_not_torch(cause):
+    wait_cpu = 0.002 if cause == "io-latency" else None
+    run = make_run(n=40, step=0.1, wait=0.06, wait_cpu=wait_cpu, workers=None, cores=8)
+    run.environment.frameworks = {"tensorflow": "2.20.0"}
+    d = diagnose(run)
+    assert (d.verdict, d.cause) == ("data-starved", cause)
+    rec = next(r for r in recommend(run, d) if r.id == "prefetch")
+    assert "tf.data" in rec.code and "torch" not in rec.code and "DataLoader" not in rec.code
+    if cause == "io-latency":
+        assert "from_generator" in rec.code and ".prefetch(tf.data.AUTOTUNE)" in rec.code
+        assert rec.estimated_speedup == pytest.approx(0.1 / 0.06, abs=0.02)
+    else:
+        assert "num_parallel_calls=tf.data.AUTOTUNE" in rec.code and "off the GIL" in rec.detail
+
+
 def test_a_generator_loop_doing_cpu_work_is_cpu_bound_input_not_too_few_workers():
     run = make_run(n=40, step=0.1, wait=0.06, workers=None, cores=8)
     d = diagnose(run)
