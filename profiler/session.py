@@ -242,7 +242,7 @@ class Profile:
                 snapshot=self._live_snapshot,
                 clock=lambda: time.perf_counter() - t0,
                 file=sys.stderr,
-                title=" ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(self.run.command[:4])),
+                title=" ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(self.run.command)),
                 gpu_status=self.run.environment.gpu_status,
                 warn=_warn,
             ).start()

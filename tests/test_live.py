@@ -108,6 +108,59 @@ def test_the_live_view_draws_then_leaves_the_final_report(tmux: Callable[..., st
     assert final.index("script says: epoch 0 done") < final.index("loadprof verdict:")
 
 
+# A Keras fit on a slow tf.data pipeline, epochs until STOP exists (at most 120 s).
+KERAS_SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    import numpy as np, tensorflow as tf, keras
+
+    x = np.random.default_rng(0).random((512, 8), dtype=np.float32)
+    y = (x.sum(axis=1) > 4).astype(np.int32)
+
+    def slow(a, b):
+        def wait(v):
+            time.sleep(0.002)
+            return v
+        out = tf.py_function(wait, [a], tf.float32)
+        out.set_shape([8])
+        return out, b
+
+    deadline = time.monotonic() + 120
+
+    class Stop(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            self.model.stop_training = os.path.exists(sys.argv[1]) or time.monotonic() > deadline
+
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).map(slow).batch(32)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(ds, epochs=1000, verbose=0, callbacks=[Stop()])
+""")
+
+
+@pytest.mark.tensorflow
+@pytest.mark.slow
+def test_a_keras_fit_is_judged_when_its_waits_are_measured(tmux: Callable[..., str], tmp_path: Path) -> None:
+    # under fit the waits are measured after the run: no 0% wait nor a verdict drawn from it meanwhile
+    pytest.importorskip("tensorflow")
+    script, stop = tmp_path / "fit.py", tmp_path / "STOP"
+    script.write_text(KERAS_SCRIPT)
+    command = (f"TF_CPP_MIN_LOG_LEVEL=2 {sys.executable} -m loadprof diagnose --live --no-gpu {script} {stop}; "
+               "echo EXIT=$?; sleep 600")
+    tmux("new-session", "-d", "-s", "t", "-x", "120", "-y", "50", "-c", os.getcwd(), command)
+
+    def screen() -> str:
+        return tmux("capture-pane", "-p", "-t", "t")
+
+    view = _wait_for(screen, lambda s: "steps/s" in s and "verdict     when the run ends" in s,
+                     "a live view of the fit", timeout=180)
+    assert "input wait  not timed yet (under Keras fit, measured when the run ends)" in view
+    assert not any(f"verdict     {v}" in view for v in VERDICTS)
+    stop.write_text("")
+    final = _wait_for(lambda: tmux("capture-pane", "-p", "-S", "-", "-E", "-", "-t", "t"),
+                      lambda s: "EXIT=0" in s, "the end of the run", timeout=180)
+    assert "loadprof live:" not in final and "loadprof verdict: DATA-STARVED" in final, final
+
+
 def test_without_a_terminal_live_is_one_warning_and_the_report_prints(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
@@ -119,6 +172,69 @@ def test_without_a_terminal_live_is_one_warning_and_the_report_prints(tmp_path: 
     err = done.stderr.splitlines()
     assert err[0] == "loadprof: warning: no live view: stderr is not a terminal"
     assert "loadprof verdict:" in done.stderr and "loadprof live:" not in done.stderr
+
+
+def test_each_frame_reads_only_new_steps_and_its_figures_match_the_whole_list() -> None:
+    import io
+    import random
+
+    from loadprof.records import Run, Step
+    from loadprof.report.live import RECENT, WARMUP, LiveView
+
+    rng = random.Random(0)
+    steps: list[Step] = []
+    now = [0.0]
+    view = LiveView(steps=lambda: steps, samples=lambda n: ([], []), snapshot=lambda: Run(steps=list(steps)),
+                    clock=lambda: now[0], file=io.StringIO(), title="train.py " + "--flag value " * 20)
+    t, index = 0.0, 0
+    for _ in range(300):
+        now[0] += rng.uniform(0.05, 1.5)  # frames late and early, steps slow and fast
+        while t < now[0]:
+            merged = 2 if rng.random() < 0.1 else 1
+            duration = rng.uniform(0.005, 0.3) * merged
+            steps.append(Step(index, t, t + duration, data_wait=rng.uniform(0, duration / 2),
+                              h2d=rng.uniform(0, duration / 4), merged=merged))
+            t, index = t + duration, index + merged
+        state = view.update()
+        recent = [st for st in steps if st.end >= now[0] - RECENT]
+        judged = [st for st in steps if st.index >= WARMUP]
+        assert state.steps == index
+        span = now[0] - max(0.0, min(st.start for st in recent), now[0] - RECENT)
+        assert state.steps_per_s == pytest.approx(sum(st.merged for st in recent) / span, rel=1e-9)
+        assert state.recent_share == pytest.approx(
+            sum(st.data_wait + st.h2d for st in recent) / sum(st.duration for st in recent), rel=1e-9)
+        assert state.total_share == pytest.approx(
+            sum(st.data_wait + st.h2d for st in judged) / sum(st.duration for st in judged), rel=1e-9)
+    frame = view.render().plain
+    assert frame.splitlines()[0].startswith("loadprof live: train.py --flag value") and "… " in frame
+
+
+def test_no_running_verdict_while_no_input_wait_is_timed() -> None:
+    # Keras fit: the waits are measured after the run, so the steps so far hold none
+    import io
+
+    from loadprof.records import Environment, Run, Step
+    from loadprof.report.live import LiveView
+
+    steps = [Step(i, i * 0.01, (i + 1) * 0.01) for i in range(200)]
+    method = [""]
+
+    def snapshot() -> Run:
+        return Run(environment=Environment(usable_cores=2, logical_cores=2), steps=list(steps),
+                   data_wait_method=method[0])
+
+    now = [2.0]
+    view = LiveView(steps=lambda: steps, samples=lambda n: ([], []), snapshot=snapshot, clock=lambda: now[0],
+                    file=io.StringIO(), title="fit.py")
+    view.update()
+    frame = view.render().plain
+    assert "input wait  not timed yet (under Keras fit, measured when the run ends)" in frame
+    assert "verdict     when the run ends" in frame and "compute-bound" not in frame
+    method[0] = "iterator-next"  # the same steps, their waits timed (zero): now they can be judged
+    now[0] += 10.0  # the next diagnosis is due
+    view.update()
+    frame = view.render().plain
+    assert "input wait  0% of step time" in frame and "verdict     compute-bound" in frame
 
 
 def test_the_sampler_hands_the_view_copies_of_its_newest_readings() -> None:

@@ -10,21 +10,27 @@ the training process and of its loader workers; and the running verdict, the
 report's own diagnosis of the run so far.
 
 When: only where stderr (where the report goes) is a terminal and ``TERM`` is not
-``dumb``; elsewhere (a CI log, a pipe) ``--live`` is off with one warning line. The
-view is transient: stopping erases it, so the terminal holds what the script printed
-and then the final report. While it runs, what the script prints goes above the view
+``dumb``; elsewhere (a CI log, a pipe) ``--live`` is off with one warning line. It
+first draws at the first step (or ``FIRST_DRAW`` seconds): what the script's imports
+write straight to fd 2 (TensorFlow's C++ logging), which rich cannot redirect and
+which would leave a frame behind, lands before it. The view is transient: stopping
+erases it, so the terminal holds what the script printed and then the final report.
+While it runs, what the script prints goes above the view
 (rich's redirection of stderr, and of stdout when stdout is a terminal too: a
 redirected stdout, ``> log.txt``, is left alone). A DataLoader worker forked
 meanwhile gets the real streams back (``_restore_in_child``): the redirecting
 object and its console's lock belong to this process's threads.
 
-Cost: the training thread does nothing for it. A thread of its own
-("loadprof-live") reads copies: the newest steps from the timeline (whose fold it
-may do instead of the sampler), the newest samples (``Sampler.recent``), and for the
-verdict a snapshot of the whole run, diagnosed no more often than every
-``VERDICT_EVERY`` seconds nor than ``VERDICT_COST_RATIO`` times what the last
-diagnosis took (diagnosing 20,000 steps takes ~60 ms here: then once in ~12 s).
-A failure of the view itself ends the view with one warning line, never the run.
+Cost: the training thread does nothing for it, but the view's thread
+("loadprof-live") holds the GIL while it works, and the training thread's Python
+waits that long. So a frame reads only what is new: the steps recorded since the
+last frame (the recent window and the sums so far are kept as they come, never
+rescanned), the newest samples (``Sampler.recent``), and for the verdict a snapshot
+of the whole run, diagnosed no more often than every ``VERDICT_EVERY`` seconds nor
+than ``VERDICT_COST_RATIO`` times what the last diagnosis took (diagnosing 20,000
+steps takes ~10-60 ms: then once in 5-30 s). Reading the steps may fold the
+timeline's events instead of the sampler. A failure of the view itself ends the
+view with one warning line, never the run.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -46,10 +53,12 @@ from ..records import GpuSample, HostSample, Run, Step
 PERIOD = 0.5  # seconds between redraws
 RECENT = 10.0  # seconds of the "recent" window
 WARMUP = 5  # steps left out of "so far": diagnosis.warmup_count's cap
-VERDICT_EVERY = 2.0
-VERDICT_COST_RATIO = 200  # at most 0.5% of one core on diagnosis
+VERDICT_EVERY = 5.0  # the verdict moves slowly; each diagnosis holds the GIL in one piece
+VERDICT_COST_RATIO = 500  # at most 0.2% of the time on diagnosis
 THREAD_NAME = "loadprof-live"
 JOIN_TIMEOUT = 5.0
+FIRST_DRAW = 20.0  # seconds: the view waits for the first step at most this long
+TITLE_WIDTH = 56  # characters of the command shown; a longer one ends in "…"
 
 _COLOURS = {"data-starved": "bold red", "memory-bound": "bold magenta", "host-bound": "bold yellow",
             "compute-bound": "bold green", "inconclusive": "bold white"}
@@ -83,6 +92,9 @@ class LiveState:
     verdict: str | None = None
     cause: str | None = None
     verdict_at: float = 0.0
+    #: False while the run has steps but no timed input wait: under Keras ``fit`` the
+    #: waits are measured after the run, so a verdict now would read them as zero
+    waits_timed: bool = True
 
 
 class LiveView:
@@ -102,9 +114,17 @@ class LiveView:
         self.state = LiveState(gpu_status=gpu_status)
         self.frames = 0  # frames drawn, and the CPU seconds their reading and drawing took
         self.busy = 0.0  # on the view's thread (benchmarks/overhead.py prints both)
-        self._counted = 0  # steps (by index) already in the "so far" sums
+        self._counted = 0  # steps (by index) already read into the sums below
         self._total_wait = 0.0
         self._total_time = 0.0
+        # The recent window, kept as the steps come: (start, end, steps, input wait, duration)
+        # of each record, oldest first, and their sums. A frame reads only the steps that
+        # are new since the last one: rescanning the window held the GIL ~0.25 ms a frame
+        # per 1,000 steps in it, time the training thread waited.
+        self._window: deque[tuple[float, float, int, float, float]] = deque()
+        self._win_steps = 0
+        self._win_wait = 0.0
+        self._win_time = 0.0
         self._next_verdict = 0.0
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -116,8 +136,6 @@ class LiveView:
 
     def start(self) -> LiveView:
         global _ACTIVE
-        self._live.update(self.render(), refresh=False)
-        self._live.start(refresh=True)
         _ACTIVE = self
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
@@ -140,7 +158,15 @@ class LiveView:
             began = time.thread_time()
             try:
                 self.update()
-                self._live.update(self.render(), refresh=True)
+                if not self._live.is_started:
+                    # Not before the first step (or FIRST_DRAW seconds): until then the
+                    # terminal is the script's, whose imports may write straight to fd 2.
+                    if not self.state.steps and self.state.elapsed < FIRST_DRAW:
+                        continue
+                    self._live.update(self.render(), refresh=False)
+                    self._live.start(refresh=True)
+                else:
+                    self._live.update(self.render(), refresh=True)
                 self.frames += 1
                 self.busy += time.thread_time() - began
             except Exception as err:  # the view's own failure: the run goes on without it
@@ -155,29 +181,36 @@ class LiveView:
         now = self._clock()
         s.elapsed = now
         steps = self._steps()
-        recent: list[Step] = []
         new: list[Step] = []
-        for step in reversed(steps):  # newest first: only the tail is read
-            if step.index + step.merged <= self._counted and step.end < now - RECENT:
+        for step in reversed(steps):  # newest first: only the records not yet read
+            if step.index + step.merged <= self._counted:
                 break
-            if step.end >= now - RECENT:
-                recent.append(step)
-            if step.index + step.merged > self._counted:
-                new.append(step)
-        for step in new:
+            new.append(step)
+        window = self._window
+        for step in reversed(new):
+            wait = step.data_wait + step.h2d
             if step.index >= WARMUP:
-                self._total_wait += step.data_wait + step.h2d
+                self._total_wait += wait
                 self._total_time += step.duration
-        if steps:
-            last = steps[-1]
-            self._counted = max(self._counted, last.index + last.merged)
+            window.append((step.start, step.end, step.merged, wait, step.duration))
+            self._win_steps += step.merged
+            self._win_wait += wait
+            self._win_time += step.duration
+        if new:
+            self._counted = new[0].index + new[0].merged
+        while window and window[0][1] < now - RECENT:
+            _, _, n, wait, duration = window.popleft()
+            self._win_steps -= n
+            self._win_wait -= wait
+            self._win_time -= duration
+        if not window:  # start the sums again from zero: no rounding carried over
+            self._win_steps, self._win_wait, self._win_time = 0, 0.0, 0.0
         s.steps = self._counted
-        if recent:
-            span = now - max(0.0, min(st.start for st in recent), now - RECENT)
-            n = sum(st.merged for st in recent)
-            s.steps_per_s = n / span if span > 0 else None
-            busy = sum(st.duration for st in recent)
-            s.recent_share = min(1.0, sum(st.data_wait + st.h2d for st in recent) / busy) if busy > 0 else None
+        if window:
+            span = now - max(0.0, window[0][0], now - RECENT)
+            s.steps_per_s = self._win_steps / span if span > 0 else None
+            busy = self._win_time
+            s.recent_share = min(1.0, max(0.0, self._win_wait) / busy) if busy > 0 else None
         else:
             s.steps_per_s = 0.0 if steps else None
             s.recent_share = None
@@ -197,10 +230,15 @@ class LiveView:
         from ..diagnosis import diagnose
 
         began = time.perf_counter()
-        d = diagnose(self._snapshot())
+        run = self._snapshot()
+        s = self.state
+        s.waits_timed = bool(run.data_wait_method) or not run.steps
+        if s.waits_timed:
+            d = diagnose(run)
+            s.verdict, s.cause, s.verdict_at = d.verdict, d.cause, now
         cost = time.perf_counter() - began
-        self.state.verdict, self.state.cause, self.state.verdict_at = d.verdict, d.cause, now
-        self._next_verdict = now + max(VERDICT_EVERY, VERDICT_COST_RATIO * cost)
+        # no steps yet: look again at the next frame, not to show a fit's zero waits for 5 s
+        self._next_verdict = now + max(VERDICT_EVERY, VERDICT_COST_RATIO * cost) if run.steps else now
 
     # -- drawing ------------------------------------------------------------------
     def render(self) -> Text:
@@ -208,7 +246,8 @@ class LiveView:
         every frame, several times the cost of the rest of the frame)."""
         s = self.state
         out = Text(no_wrap=True, overflow="ellipsis")
-        out.append(f"loadprof live: {self.title}   {s.elapsed:.0f} s", style="bold cyan")
+        title = self.title if len(self.title) <= TITLE_WIDTH else self.title[:TITLE_WIDTH - 1] + "…"
+        out.append(f"loadprof live: {title}   {s.elapsed:.0f} s", style="bold cyan")
 
         def row(label: str, value: str, style: str = "") -> None:
             out.append(f"\n{label:<12}", style="bold")
@@ -216,7 +255,10 @@ class LiveView:
 
         rate = f"  {s.steps_per_s:.1f} steps/s (last {RECENT:.0f} s)" if s.steps_per_s is not None else ""
         row("steps", f"{s.steps:,}{rate}")
-        row("input wait", f"{_pct(s.recent_share)} of step time (last {RECENT:.0f} s)   {_pct(s.total_share)} so far")
+        if s.waits_timed:
+            row("input wait", f"{_pct(s.recent_share)} of step time (last {RECENT:.0f} s)   {_pct(s.total_share)} so far")
+        else:
+            row("input wait", "not timed yet (under Keras fit, measured when the run ends)", "dim")
         for g in s.gpus:
             mem = ""
             if g.memory_used is not None and g.memory_total:
@@ -232,7 +274,9 @@ class LiveView:
             row("CPU", f"process {h.process_cpu:.0f}% of a core{workers}")
         else:
             row("CPU", "no readings yet", "dim")
-        if s.verdict is None:
+        if not s.waits_timed:
+            row("verdict", "when the run ends, once its input waits are measured", "dim")
+        elif s.verdict is None:
             row("verdict", "not yet", "dim")
         else:
             row("verdict", s.verdict, _COLOURS.get(s.verdict, "bold"))
