@@ -396,3 +396,34 @@ def test_a_job_page_draws_every_rank_over_time_and_marks_the_straggler(tmp_path:
     assert "4 ranks" in page and "rank 2 is a straggler" in page and "straggler: input" in page
     assert "rank 2&#x27;s (it sets the job&#x27;s pace)" in page
     assert "step time (ms)" in page and "input share of step (%)" in page
+
+
+@pytest.mark.slow
+def test_a_torchrun_job_writes_every_rank_into_its_page_and_trace(tmp_path: Path) -> None:
+    # the shipped DDP example under a real two-rank torchrun: rank 1 reads 4x slower
+    pytest.importorskip("torch.distributed")
+    from tests.test_trace import STEPS_TID, check_trace_format
+
+    launch = Path(sys.executable).parent
+    variables = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                 "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT")
+    env = {k: v for k, v in os.environ.items() if k not in variables}
+    env.update(OMP_NUM_THREADS="1", LOADPROF_DIST_TIMEOUT="30")
+    proc = subprocess.run([str(launch / "torchrun"), "--standalone", "--nproc-per-node=2", "--no-python",
+                           str(launch / "loadprof"), "diagnose", "--no-gpu", "-q", "--html", "job.html",
+                           "--trace", "job.trace.json", str(ROOT / "examples" / "ddp_starved.py")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    page = (tmp_path / "job.html").read_text(encoding="utf-8")
+    assert_self_contained(page)
+    assert "2 ranks" in page and "rank 1 is a straggler" in page and "straggler: input" in page
+    assert svg_count(page) == 2 and "step time (ms)" in page and "input share of step (%)" in page
+    assert re.search(r"rank 1\s+straggler", page)  # the heatmap's row label, in red
+    doc = json.loads((tmp_path / "job.trace.json").read_text())
+    slices = check_trace_format(doc)
+    names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"}
+    assert sorted(names) == [1, 2] and names[1].startswith("rank 0 ") and names[2].startswith("rank 1 ")
+    for pid in (1, 2):
+        steps = [e for e in slices[pid, STEPS_TID] if e["cat"].startswith("step")]
+        assert len(steps) == 60, pid
+    assert doc["otherData"]["ranks"] == 2
