@@ -14,9 +14,12 @@ test: timings are printed, never asserted.
 
     python benchmarks/overhead.py [--rounds 60] [--steps 200] [--settle 20] [--gap 0.05] [--width 576] [--threads 1] [--interval 0.1] [--device cpu|cuda] [--live]
 
-``--live`` profiles with the live view on (``Profile(live=True)``), which draws only
-where stderr is a terminal: run it in one (or in tmux), with runs long enough for
-several redraws (``--steps 2000``: ~4 s at 2 ms/step); the frames drawn are printed.
+``--live`` adds a fourth run to each round, profiled with the live view on
+(``Profile(live=True)``), and prints its ratio to the profiled run of the same round
+without the view: the view's own cost, paired round by round. The view draws only
+where stderr is a terminal: run it in one (or in tmux, or under ``script``), with
+runs long enough for several redraws (``--steps 1000``: ~2 s at 2 ms/step); the
+frames drawn and the CPU they took are printed.
 
 On a shared VM the per-round noise (a few %) is larger than the effect, so it
 also measures the parts of the cost where each can be resolved:
@@ -25,7 +28,10 @@ also measures the parts of the cost where each can be resolved:
   as on the CI VM they move the median too), and a loop of ~0.1 ms steps, plain
   and under Profile with no sampling ticks, where 5 us/step is 5%;
 - per tick, the sampler: in the profiled runs above, how much longer the steps
-  that a sampling tick fell into took than the other steps.
+  that a sampling tick fell into took than the other steps;
+- per frame, the live view (``--live``): in the runs with it, how much longer the
+  steps that a frame's work (reading, diagnosing, drawing) fell into took than the
+  other steps, leaving out the steps a tick touched.
 
 It prints the one-time cost of entering and leaving Profile (first sample, the
 report) too, which falls outside the timed loop.
@@ -60,6 +66,9 @@ from loadprof.timeline import Timeline
 #: perf_counter at the start of each sampling tick's fold of hook events (the part of
 #: a tick every configuration has), recorded by the wrapper ``record_ticks`` installs
 TICKS: list[float] = []
+#: (start, end), perf_counter, of each live-view frame's work on its thread: from reading
+#: the measurements to the frame written (``record_frames``)
+FRAMES: list[tuple[float, float]] = []
 
 
 def record_ticks() -> None:
@@ -73,6 +82,60 @@ def record_ticks() -> None:
         fold(self)
 
     Timeline.fold = timed_fold  # type: ignore[method-assign]
+
+
+def record_frames() -> None:
+    """Wrap the live view's reading (a frame's start) and rich's ``Live.update`` as the
+    view's thread calls it (the frame written, its end), to note each frame's span."""
+    from rich.live import Live
+
+    from loadprof.report.live import THREAD_NAME as LIVE_THREAD
+    from loadprof.report.live import LiveView
+
+    read, draw = LiveView.update, Live.update
+    began: list[float] = []
+
+    def timed_read(self: LiveView):  # type: ignore[no-untyped-def]
+        began.append(time.perf_counter())
+        return read(self)
+
+    def timed_draw(self: Live, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        draw(self, *args, **kwargs)
+        if threading.current_thread().name == LIVE_THREAD and began:
+            FRAMES.append((began.pop(), time.perf_counter()))
+
+    LiveView.update = timed_read  # type: ignore[method-assign]
+    Live.update = timed_draw  # type: ignore[method-assign]
+
+
+def frame_cost(runs: list[tuple[object, list[float], list[float], list[tuple[float, float]]]]) -> tuple[float, float, int]:
+    """Seconds a live-view frame adds to the loop: the mean step that overlaps a frame's
+    work minus the mean step that does not, times the overlapping steps, per frame
+    (steps a sampling tick touched left out of both); the frames per second of loop;
+    the frames seen. ``runs``: (Run, step ends, ticks, frame spans), perf_counter."""
+    hit: list[float] = []
+    other: list[float] = []
+    n_frames = 0
+    seconds = 0.0
+    for run, ends, run_ticks, frames in runs:
+        spans = list(itertools.pairwise(ends[1:]))
+        if not spans:
+            continue
+        inside = [f for f in frames if spans[0][0] <= f[0] and f[1] <= spans[-1][1]]
+        n_frames += len(inside)
+        seconds += spans[-1][1] - spans[0][0]
+        busy = run.sampling.get("mean_sample_seconds", 0.0)  # type: ignore[attr-defined]
+        ticked = touched_by_ticks(spans, [t for t in run_ticks if spans[0][0] <= t <= spans[-1][1]], busy)
+        k = 0
+        for (a, b), tick in zip(spans, ticked, strict=True):
+            while k < len(inside) and inside[k][1] < a:
+                k += 1
+            framed = k < len(inside) and inside[k][0] <= b
+            if not tick:
+                (hit if framed else other).append(b - a)
+    if not hit or not other or not n_frames:
+        return 0.0, n_frames / seconds if seconds else 0.0, n_frames
+    return (statistics.mean(hit) - statistics.mean(other)) * len(hit) / n_frames, n_frames / seconds, n_frames
 
 
 def make_loop(steps: int, batch: int, width: int, features: int = 64, workers: int = 0, device: str = "cpu"):
@@ -225,7 +288,7 @@ def main() -> None:
                         help="where the profiled runs read the host: a helper process (the default) or the "
                              "sampler thread (Profile(host_helper=False))")
     parser.add_argument("--live", action="store_true",
-                        help="profile with the live view drawing (stderr must be a terminal)")
+                        help="add a run with the live view drawing to each round (stderr must be a terminal)")
     parser.add_argument("--device", default="cpu",
                         help="where the loop trains: cpu (the default) or cuda (batches copied to it each step)")
     args = parser.parse_args()
@@ -240,29 +303,39 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     record_ticks()
+    if args.live:
+        record_frames()
     run = make_loop(args.steps, args.batch, args.width, device=args.device)
     run()  # warm-up: allocator, thread pools
-    kinds = ("plain", "profiled", "control")
+    kinds: tuple[str, ...] = ("plain", "profiled", "live", "control") if args.live else ("plain", "profiled", "control")
     whole: dict[str, list[float]] = {k: [] for k in kinds}  # the run, from the loop's start to its last step end
     start: dict[str, list[float]] = {k: [] for k in kinds}  # its first --settle steps
     median_step: dict[str, list[float]] = {k: [] for k in kinds}  # its median step after them
     first: dict[str, list[float]] = {k: [] for k in kinds}  # its first step
-    edges, ticks, profiled_runs = [], [], []
+    edges, ticks, profiled_runs, live_runs = [], [], [], []
     frames, live_seconds, frame_seconds = 0, 0.0, 0.0
     orders = list(itertools.permutations(kinds))
     for r in range(args.rounds):
         for kind in orders[r % len(orders)]:
             time.sleep(args.gap)
-            if kind == "profiled":
-                e0 = time.perf_counter()
+            if kind == "live":
                 TICKS.clear()
+                FRAMES.clear()
                 with Profile(print_report=False, gpu=True, interval=args.interval,
-                             host_helper=args.host == "helper", live=args.live) as prof:
+                             host_helper=args.host == "helper", live=True) as prof:
                     ends = run()
                 if prof._live is not None:
                     frames += prof._live.frames
                     frame_seconds += prof._live.busy
                     live_seconds += ends[-1] - ends[0]
+                steps_after = untouched_steps(prof.run, ends, list(TICKS), args.settle)
+                live_runs.append((prof.run, ends, list(TICKS), list(FRAMES)))
+            elif kind == "profiled":
+                e0 = time.perf_counter()
+                TICKS.clear()
+                with Profile(print_report=False, gpu=True, interval=args.interval,
+                             host_helper=args.host == "helper") as prof:
+                    ends = run()
                 edges.append(time.perf_counter() - e0 - (ends[-1] - ends[0]))
                 ticks.append(prof.run.sampling.get("mean_sample_seconds", 0.0))
                 profiled_runs.append((prof.run, ends, list(TICKS)))
@@ -277,12 +350,15 @@ def main() -> None:
             first[kind].append(ends[1] - ends[0])
             median_step[kind].append(statistics.median(steps_after))
         ms = {k: v[-1] / args.steps * 1e3 for k, v in whole.items()}
-        print(f"round {r:2d}: plain {ms['plain']:6.3f}  profiled {ms['profiled']:6.3f}  control {ms['control']:6.3f} "
-              f"ms/step   profiled/plain {ms['profiled'] / ms['plain']:.4f}  control/plain {ms['control'] / ms['plain']:.4f}")
+        live = f"  live {ms['live']:6.3f}" if args.live else ""
+        live_ratio = f"  live/profiled {ms['live'] / ms['profiled']:.4f}" if args.live else ""
+        print(f"round {r:2d}: plain {ms['plain']:6.3f}  profiled {ms['profiled']:6.3f}{live}  control {ms['control']:6.3f} "
+              f"ms/step   profiled/plain {ms['profiled'] / ms['plain']:.4f}  control/plain "
+              f"{ms['control'] / ms['plain']:.4f}{live_ratio}", flush=True)
     steady = {k: [w - s for w, s in zip(whole[k], start[k], strict=True)] for k in kinds}
 
-    def ratio(times: dict[str, list[float]], kind: str) -> list[float]:
-        return [p / q for p, q in zip(times[kind], times["plain"], strict=True)]
+    def ratio(times: dict[str, list[float]], kind: str, base: str = "plain") -> list[float]:
+        return [p / q for p, q in zip(times[kind], times[base], strict=True)]
 
     step_ms = statistics.median(whole["plain"]) / args.steps * 1e3
     print(f"\nstep time (plain, median): {step_ms:.3f} ms, {args.steps} steps per run, {args.rounds} rounds; "
@@ -297,10 +373,22 @@ def main() -> None:
         print(f"overhead profiled/plain, {label}: median {med:.4f}, 95% interval {low:.4f}-{high:.4f} "
               f"(per step {(med - 1) * step_ms * 1e3:+.1f} us; quartiles {q1:.4f}-{q3:.4f}); control plain/plain "
               f"{statistics.median(controls):.4f} ({c_low:.4f}-{c_high:.4f}): {against_target(low, high)}")
+        if args.live:
+            # the view's own cost: each round's run with it against the same round's run without it
+            views, lives = ratio(times, "live", "profiled"), ratio(times, "live")
+            v_low, v_high = bootstrap_median(views)
+            l_low, l_high = bootstrap_median(lives)
+            print(f"  with the live view, {label}: live/profiled median {statistics.median(views):.4f}, 95% interval "
+                  f"{v_low:.4f}-{v_high:.4f} (per step {(statistics.median(views) - 1) * step_ms * 1e3:+.1f} us); "
+                  f"live/plain {statistics.median(lives):.4f} ({l_low:.4f}-{l_high:.4f})")
     shift = [(p - q) * 1e6 for p, q in zip(median_step["profiled"], median_step["plain"], strict=True)]
     control_shift = [(c - q) * 1e6 for c, q in zip(median_step["control"], median_step["plain"], strict=True)]
     print(f"median step, profiled (steps no tick touched) - plain: {statistics.median(shift):+.1f} us "
           f"(control {statistics.median(control_shift):+.1f} us): the hooks' cost per step in this loop")
+    if args.live:
+        view_shift = [(v - p) * 1e6 for v, p in zip(median_step["live"], median_step["profiled"], strict=True)]
+        print(f"median step, with the live view - without (steps no tick touched): "
+              f"{statistics.median(view_shift):+.1f} us")
     extra = [p - q for p, q in zip(start["profiled"], start["plain"], strict=True)]
     extra_first = [p - q for p, q in zip(first["profiled"], first["plain"], strict=True)]
     print(f"start-up inside the loop, profiled - plain (median), once per run: the first {args.settle} steps "
@@ -317,6 +405,9 @@ def main() -> None:
               f"({frames / live_seconds if live_seconds else 0:.1f} per s), {per_frame * 1e3:.2f} ms CPU per frame "
               f"(its thread's, reading and drawing: Python holding the GIL): {frame_seconds / live_seconds:.2%} "
               f"of the loop's time")
+        f_s, f_rate, f_n = frame_cost(live_runs)
+        print(f"live view, from the steps its frames fell into: {f_s * 1e3:+.3f} ms of the loop per frame "
+              f"({f_n} frames inside the loops, {f_rate:.2f} per s of loop) -> {f_s * f_rate:+.2%} of the loop's time")
     print(f"entering + leaving Profile, once per run: {statistics.median(edges) * 1e3:.1f} ms (median); "
           f"sampler: {statistics.median(ticks) * 1e3:.2f} ms per tick (median wall)")
 
