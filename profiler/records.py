@@ -8,6 +8,7 @@ and the reports only read one. A saved run can be diagnosed again later
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import math
@@ -381,6 +382,23 @@ def _check_run(run: Run) -> None:
 
 
 # -- multi-process jobs ------------------------------------------------------------------
+class _RunField:
+    """``RankRun.run``: a rank that came as columns builds its run on first use
+    (NOTE [ Columns of a rank ]); setting it drops the columns."""
+
+    def __get__(self, obj: Any, owner: Any = None) -> Run | None:
+        if obj is None:
+            return None  # the field's default
+        run = obj.__dict__.get("_run")
+        if run is None and obj.__dict__.get("_columns") is not None:
+            run = obj.__dict__["_run"] = obj.__dict__["_columns"].run()
+        return typing.cast("Run | None", run)
+
+    def __set__(self, obj: Any, value: Run | None) -> None:
+        obj.__dict__["_run"] = value
+        obj.__dict__["_columns"] = None
+
+
 @dataclass
 class RankRun:
     """One process of a multi-process job (torchrun): its place in the job and its run.
@@ -404,7 +422,43 @@ class RankRun:
     collective_wait: list[float] | None = None
     steps_seen: int | None = None  # steps it had reported by its last heartbeat
     missing: str = ""  # no run: why, with what is known
-    run: Run | None = None
+    run: Run | None = _RunField()  # type: ignore[assignment]
+
+    @property
+    def columns(self) -> RunColumns | None:
+        """Its run as it came, in columns, until ``run`` is first read."""
+        return typing.cast("RunColumns | None", self.__dict__.get("_columns"))
+
+    @property
+    def present(self) -> bool:
+        """Its run arrived (without building the run from its columns)."""
+        return self.__dict__.get("_run") is not None or self.columns is not None
+
+    @property
+    def head(self) -> Run | None:
+        """Its run less steps and samples: what needs no columns."""
+        return self.columns.head if self.columns is not None else self.run
+
+    def column(self, table: str, name: str) -> list[Any]:
+        """One field of ``run.steps``, ``run.host_samples`` or ``run.gpu_samples``, in order."""
+        if self.columns is not None and self.__dict__.get("_run") is None:
+            return self.columns.column(table, name)
+        return [getattr(item, name) for item in getattr(self.run, table, [])]
+
+
+def with_columns(rank: RankRun, columns: RunColumns) -> RankRun:
+    """``rank`` holding its run as ``columns`` (read, built into a run on first use)."""
+    rank.run = None
+    rank.__dict__["_columns"] = columns
+    return rank
+
+
+def keep_columns(rank: RankRun) -> RankRun:
+    """``rank``, its run kept with that run's columns, ready for the job's file."""
+    assert rank.run is not None
+    layout, packed = encode_columns(rank.run, rank.collective_wait)
+    rank.__dict__["_columns"] = RunColumns(rank.run, {}, {}, layout, packed)  # beside the run: read from the run
+    return rank
 
 
 @dataclass
@@ -418,18 +472,58 @@ class JobRun:
     ranks: list[RankRun] = field(default_factory=list)
     limitations: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Each rank as its fields with its ``run`` in the form of a saved run (or null)."""
+    def to_dict(self, columns: bool = False) -> dict[str, Any]:
+        """Each rank as its fields and its ``run``: in the form of a saved run, or with
+        ``columns`` its steps and samples as compressed columns (NOTE [ Columns of a rank ])."""
         ranks = []
         for r in self.ranks:
-            doc = rank_to_dict(r, columns=False)
-            ranks.append({**doc["distributed"], "run": doc["run"]})
+            facts = rank_facts(r)
+            if not r.present:
+                ranks.append({**facts, "run": None})
+                continue
+            if not columns:
+                ranks.append({**facts, "run": rank_to_dict(r)["run"]})
+                continue
+            held = r.columns
+            if held is None:  # a run held as objects (rank 0's own): put in columns here
+                assert r.run is not None
+                layout, packed = encode_columns(r.run, r.collective_wait)
+                held = RunColumns(r.run, {}, {}, layout, packed)
+            ranks.append({**facts, "collective_wait": None, "run": held.to_dict()})  # in the columns
         return {"schema": self.schema, "world_size": self.world_size, "run_id": self.run_id, "merged": self.merged,
                 "ranks": ranks, "limitations": list(self.limitations)}
 
+    def to_json(self) -> str:
+        """``to_dict(columns=True)`` as compact JSON; the columns' base64 text goes in as it
+        is, not through the encoder's scan of every character (megabytes a rank)."""
+        from .jsonio import dumps
+
+        doc = self.to_dict(columns=True)
+        blobs = []
+        for entry in doc["ranks"]:
+            held = (entry.get("run") or {}).get("columns")
+            if held is not None:
+                blobs.append(held["data"])
+                held["data"] = "\x00"  # no string loadprof writes is a lone NUL: a placeholder
+        try:
+            text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
+        except ValueError:  # a number that is not finite: null, as every loadprof file writes it
+            text = dumps(doc, indent=None).rstrip("\n")
+        pieces = text.split('"\\u0000"')
+        if len(pieces) != len(blobs) + 1:  # a lone NUL of the run's own after all: the plain way
+            for entry, blob in zip((e for e in doc["ranks"] if (e.get("run") or {}).get("columns")), blobs,
+                                   strict=True):
+                entry["run"]["columns"]["data"] = blob
+            return dumps(doc, indent=None).rstrip("\n")
+        out = [pieces[0]]
+        for blob, piece in zip(blobs, pieces[1:], strict=True):
+            out += ['"', blob, '"', piece]
+        return "".join(out)
+
     @classmethod
     def from_dict(cls, data: Any) -> JobRun:
-        """A merged job from its JSON form, validated as a saved run is (RecordError)."""
+        """A merged job from its JSON form (runs as objects or as columns), validated as a
+        saved run is (RecordError)."""
         if not isinstance(data, dict):
             raise RecordError(f"job: expected an object, got {_got(data)}")
         if data.get("schema") != SCHEMA_VERSION:
@@ -440,45 +534,305 @@ class JobRun:
         job = _from_json(cls, {**data, "ranks": []}, "job")
         job.ranks = []
         for i, r in enumerate(ranks):
+            where = f"job.ranks[{i}]"
             if not isinstance(r, dict):
-                raise RecordError(f"job.ranks[{i}]: expected an object, got {_got(r)}")
-            facts = {k: v for k, v in r.items() if k != "run"}
-            job.ranks.append(rank_from_dict({"distributed": facts, "run": r.get("run")}, f"job.ranks[{i}]", flat=True))
+                raise RecordError(f"{where}: expected an object, got {_got(r)}")
+            raw = r.get("run")
+            if isinstance(raw, dict) and "columns" in raw:
+                held = raw["columns"]
+                if not isinstance(held, dict):
+                    raise RecordError(f"{where}.run.columns: expected an object, got {_got(held)}")
+                data64 = held.get("data")
+                if not isinstance(data64, str) or len(data64) > MAX_COLUMN_BYTES * 2:
+                    raise RecordError(f"{where}.run.columns.data: expected the columns' base64 text, got "
+                                      f"{_got(data64) if not isinstance(data64, str) else 'too much'}")
+                try:
+                    packed = base64.b64decode(data64, validate=True)
+                except ValueError:
+                    raise RecordError(f"{where}.run.columns.data: not base64") from None
+                job.ranks.append(_rank_from_columns(r, raw, held.get("layout"), packed, where))
+            else:
+                facts = {k: v for k, v in r.items() if k != "run"}
+                job.ranks.append(rank_from_dict({"distributed": facts, "run": raw}, where, flat=True))
         _check_job(job)
         return job
 
 
 #: More ranks than any job loadprof merges: a bound on what a saved file may claim.
 MAX_WORLD_SIZE = 2**20
+#: The same bound as a saved report's (report/__init__.py MAX_SAVED_BYTES), on one rank's columns.
+MAX_COLUMN_BYTES = 256 * 2**20
 
 # NOTE [ Columns of a rank ]
-# Rank 0 reads every rank's run at exit while torchrun waits: 16 ranks of 10,000 steps
-# as lists of objects took seconds to encode, read and check. So a rank's steps and
-# samples travel to rank 0 as columns, one list per field (``{"start": [...], ...}``),
-# which JSON encodes, and we check, a list at a time. The rest of the run keeps the
-# object form. What is saved (a job's ``job.ranks[i].run``, a rank's own file) has the
-# object form of a saved run, so every reader of saved runs reads it; ``rank_from_dict``
-# takes both.
-_COLUMNS: dict[str, type] = {"steps": Step, "host_samples": HostSample, "gpu_samples": GpuSample}
+# Rank 0 reads every rank's run at exit while torchrun waits, and writes the job's file:
+# 16 ranks of 10,000 steps as JSON numbers took seconds to parse, check, build and write
+# again (about a microsecond a number, some 250,000 numbers a rank). So a rank's steps,
+# samples and collective waits travel as binary columns: one array of little-endian
+# 8-byte numbers per field (``layout`` names them and their lengths), compressed; the
+# rest of the run is JSON. Rank 0 checks the arrays with numpy as a saved run's fields
+# are checked (NOTE [ Reading a saved run ]), builds a rank's ``Run`` only when something
+# reads it (``RankRun.run``), and writes the compressed bytes it checked, base64, into the
+# job's file (``job.ranks[i].run.columns``), which ``JobRun.from_dict`` checks the same
+# way. None is NaN in a float column and -2**63 in an integer one (neither is a value a
+# saved run may hold); a list per reading (``cpu_per_core``) is its lengths and its values
+# one after another. A float that is not finite is sent as a saved run writes it (null:
+# the field's default, or None). A rank's own file (report.rankR.json, for loadprof merge)
+# keeps the object form of a saved run.
+_TABLES: dict[str, type] = {"steps": Step, "host_samples": HostSample, "gpu_samples": GpuSample}
+_NONE_INT = -(2**63)
+_KINDS: dict[type, list[tuple[str, str, bool, Any]]] = {}
 
 
-def rank_to_dict(rank: RankRun, columns: bool = True) -> dict[str, Any]:
-    """``{"distributed": facts, "run": run}``: the run in columns (NOTE [ Columns of a rank ])."""
+def _kinds(cls: type) -> list[tuple[str, str, bool, Any]]:
+    """(field, "f" float / "i" integer / "fl" list of floats, optional, default or MISSING)."""
+    kinds = _KINDS.get(cls)
+    if kinds is None:
+        kinds = []
+        hints = _hints(cls)
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            tp = hints[f.name]
+            optional = _optional(tp)
+            inner = next(a for a in typing.get_args(tp) if a is not type(None)) if optional else tp
+            if inner is float or inner is int:
+                kind = "f" if inner is float else "i"
+            elif typing.get_origin(inner) is list and typing.get_args(inner) == (float,):
+                kind = "fl"
+            else:
+                raise TypeError(f"no column for {cls.__name__}.{f.name}")  # a field this codec does not know: our bug
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default  # type: ignore[misc]
+            kinds.append((f.name, kind, optional, default))
+        _KINDS[cls] = kinds
+    return kinds
+
+
+def encode_columns(run: Run, collective: list[float] | None = None) -> tuple[list[list[Any]], bytes]:
+    """(layout, compressed bytes) of the run's steps, samples and ``collective`` waits."""
+    import zlib
+    from itertools import chain
+    from operator import attrgetter
+
+    import numpy as np
+
+    layout: list[list[Any]] = []
+    parts: list[bytes] = []
+
+    def put(name: str, array: Any) -> None:
+        layout.append([name, int(array.size)])
+        parts.append(array.tobytes())
+
+    try:
+        for table, cls in _TABLES.items():
+            items = getattr(run, table)
+            for name, kind, optional, default in _kinds(cls):
+                values = list(map(attrgetter(name), items))
+                if kind == "fl":
+                    put(f"{table}.{name}", np.fromiter(map(len, values), "<i8", len(values)))
+                    put(f"{table}.{name}.values", np.fromiter(chain.from_iterable(values), "<f8"))
+                elif kind == "f":
+                    array = np.array(values, dtype="<f8").reshape(-1)  # None: NaN
+                    finite = np.isfinite(array)
+                    if not finite.all() and (optional or default is not dataclasses.MISSING):
+                        array = np.where(finite, array, np.nan if optional else default)  # as a saved run reads null
+                    put(f"{table}.{name}", array)
+                else:
+                    if optional and None in values:
+                        values = [_NONE_INT if v is None else v for v in values]
+                    put(f"{table}.{name}", np.array(values, dtype="<i8").reshape(-1))
+        if collective is not None:
+            put("collective_wait", np.array(collective, dtype="<f8").reshape(-1))
+    except OverflowError as exc:  # an integer past 64 bits: no saved run may hold one either
+        raise ValueError(f"a run's columns could not be encoded ({exc})") from None
+    return layout, zlib.compress(b"".join(parts), 1)
+
+
+class RunColumns:
+    """A rank's run as it came: the run less its tables (``head``), the checked arrays of its
+    steps and samples, and the compressed bytes they came in (NOTE [ Columns of a rank ])."""
+
+    def __init__(self, head: Run, arrays: dict[str, Any], counts: dict[str, int], layout: list[list[Any]],
+                 packed: bytes) -> None:
+        self.head, self.arrays, self.counts, self.layout, self.packed = head, arrays, counts, layout, packed
+
+    def column(self, table: str, name: str) -> list[Any]:
+        kind, optional = next((k, o) for n, k, o, _ in _kinds(_TABLES[table]) if n == name)
+        array = self.arrays[f"{table}.{name}"]
+        if kind == "fl":
+            lengths, values = array
+            n = len(lengths)
+            if n and (lengths == lengths[0]).all():
+                return typing.cast("list[Any]", values.reshape(n, int(lengths[0])).tolist())
+            ends = lengths.cumsum()
+            return [values[e - k:e].tolist() for k, e in zip(lengths.tolist(), ends.tolist(), strict=True)]
+        out = array.tolist()
+        if optional:
+            if kind == "f" and (array != array).any():
+                out = [None if v != v else v for v in out]
+            elif kind == "i" and (array == _NONE_INT).any():
+                out = [None if v == _NONE_INT else v for v in out]
+        return typing.cast("list[Any]", out)
+
+    def run(self) -> Run:
+        run = dataclasses.replace(self.head)
+        for table, cls in _TABLES.items():
+            columns = [self.column(table, name) for name, *_ in _kinds(cls)]
+            setattr(run, table, list(map(cls, *columns)) if self.counts[table] else [])
+        return run
+
+    def to_dict(self) -> dict[str, Any]:
+        """The run as a job's file holds it: the head as JSON, the columns as they came."""
+        head = dataclasses.replace(self.head, steps=[], host_samples=[], gpu_samples=[]).to_dict()
+        for table in _TABLES:
+            head.pop(table)
+        head["columns"] = {"layout": self.layout, "data": base64.b64encode(self.packed).decode("ascii")}
+        return head
+
+
+def decode_columns(head: Run, layout: Any, packed: bytes, where: str,
+                   collective: bool = True) -> tuple[RunColumns, list[float] | None]:
+    """``encode_columns`` read back and checked as a saved run is (RecordError naming the first
+    bad value); with the collective waits, checked against the steps, if they were sent."""
+    import zlib
+
+    import numpy as np
+
+    if not isinstance(layout, list):
+        raise RecordError(f"{where}.columns.layout: expected a list, got {_got(layout)}")
+    sizes: dict[str, int] = {}
+    for i, entry in enumerate(layout):
+        if (not isinstance(entry, list) or len(entry) != 2 or not isinstance(entry[0], str)
+                or type(entry[1]) is not int or not 0 <= entry[1] <= MAX_COLUMN_BYTES // 8):
+            raise RecordError(f"{where}.columns.layout[{i}]: expected [name, count], got {_got(entry)}")
+        if entry[0] in sizes:
+            raise RecordError(f"{where}.columns.layout[{i}]: {entry[0]!r:.40} given twice")
+        sizes[entry[0]] = entry[1]
+    total = 8 * sum(sizes.values())
+    if total > MAX_COLUMN_BYTES:
+        raise RecordError(f"{where}.columns: {total} bytes of columns, more than {MAX_COLUMN_BYTES} a rank")
+    try:
+        inflate = zlib.decompressobj()
+        raw = inflate.decompress(packed, total + 1)
+    except zlib.error as exc:
+        raise RecordError(f"{where}.columns.data: not compressed columns ({exc})") from None
+    if len(raw) != total or not inflate.eof:
+        raise RecordError(f"{where}.columns.data: {len(raw)}{'+' if len(raw) > total else ''} bytes for a "
+                          f"layout of {total}")
+    ints = {f"{t}.{n}" for t, cls in _TABLES.items() for n, k, _, _ in _kinds(cls) if k in ("i", "fl")}
+    found: dict[str, Any] = {}
+    offset = 0
+    for name, count in sizes.items():
+        found[name] = np.frombuffer(raw, "<i8" if name in ints else "<f8", count, offset)
+        offset += 8 * count
+
+    arrays: dict[str, Any] = {}
+    counts: dict[str, int] = {}
+    for table, cls in _TABLES.items():
+        n: int | None = None
+        for name, kind, optional, default in _kinds(cls):
+            key, at = f"{table}.{name}", f"{where}.{table}"
+            array = found.get(key)
+            if array is None:
+                if default is dataclasses.MISSING:
+                    raise RecordError(f"{at}.{name}: missing")
+                continue  # an older loadprof's columns: filled with the default below
+            if n is not None and len(array) != n:
+                raise RecordError(f"{at}.{name}: {len(array)} values, other columns have {n}")
+            n = len(array)
+            if kind == "fl":
+                values = found.get(f"{key}.values")
+                if values is None:
+                    raise RecordError(f"{at}.{name}: its values are missing")
+                if (array < 0).any():
+                    i = int(np.argmax(array < 0))
+                    raise RecordError(f"{at}[{i}].{name}: a list of {int(array[i])} values")
+                if int(array.sum()) != len(values):
+                    raise RecordError(f"{at}.{name}: {len(values)} values for lists of {int(array.sum())}")
+                bad = ~np.isfinite(values)
+                if bad.any():
+                    j = int(np.argmax(bad))
+                    i = int(np.searchsorted(array.cumsum(), j, side="right"))
+                    raise RecordError(f"{at}[{i}].{name}[{j - int(array[:i].sum())}]: expected a finite number, "
+                                      f"got {_got(float(values[j]))}")
+                arrays[key] = (array, values)
+                continue
+            bad = (np.isinf(array) if optional else ~np.isfinite(array)) if kind == "f" else (
+                None if optional else array == _NONE_INT)
+            if bad is not None and bad.any():
+                i = int(np.argmax(bad))
+                got = "null" if kind == "i" else _got(float(array[i]))
+                raise RecordError(f"{at}[{i}].{name}: expected a {'finite' if kind == 'f' else 'whole'} number, "
+                                  f"got {got}")
+            arrays[key] = array
+        counts[table] = n or 0
+        for name, kind, _, default in _kinds(cls):  # fields an older loadprof did not send
+            key = f"{table}.{name}"
+            if key not in arrays:
+                if kind == "fl":
+                    arrays[key] = (np.zeros(counts[table], "<i8"), np.zeros(0, "<f8"))
+                else:
+                    fill = default if default is not None else np.nan if kind == "f" else _NONE_INT
+                    arrays[key] = np.full(counts[table], fill, "<f8" if kind == "f" else "<i8")
+    _check_step_columns(arrays, f"{where}.steps")
+    waits = found.get("collective_wait") if collective else None
+    if waits is not None:
+        waits = _check_waits(waits, arrays, where.rsplit(".", 1)[0])
+    return RunColumns(head, arrays, counts, [[k, v] for k, v in sizes.items()], packed), waits
+
+
+def _check_step_columns(arrays: dict[str, Any], where: str) -> None:
+    """``_check_run``'s checks of the steps, an array at a time."""
+    import numpy as np
+
+    start, end = arrays["steps.start"], arrays["steps.end"]
+    if (end < start).any():
+        i = int(np.argmax(end < start))
+        raise RecordError(f"{where}[{i}]: ends ({float(end[i])}) before it starts ({float(start[i])})")
+    merged = arrays["steps.merged"]
+    if (merged < 1).any():
+        i = int(np.argmax(merged < 1))
+        raise RecordError(f"{where}[{i}].merged: expected >= 1, got {int(merged[i])}")
+    for name in ("data_wait", "data_wait_cpu", "h2d"):
+        if (arrays[f"steps.{name}"] < 0).any():
+            raise RecordError(f"{where}[{int(np.argmax(arrays[f'steps.{name}'] < 0))}].{name}: negative")
+    sizes = arrays["steps.batch_size"]
+    bad = (sizes < 0) & (sizes != _NONE_INT)
+    if bad.any():
+        raise RecordError(f"{where}[{int(np.argmax(bad))}].batch_size: negative")
+
+
+def _check_waits(waits: Any, arrays: dict[str, Any], where: str) -> list[float]:
+    """``check_rank``'s checks of the collective waits, an array at a time."""
+    import numpy as np
+
+    durations = arrays["steps.end"] - arrays["steps.start"]
+    if len(waits) != len(durations):
+        raise RecordError(f"{where}.collective_wait: {len(waits)} values for {len(durations)} step records")
+    bad = ~np.isfinite(waits) | (waits < 0) | (waits > durations + 1e-6)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise RecordError(f"{where}.collective_wait[{i}]: expected 0 to the step's {float(durations[i]):.6g} s, "
+                          f"got {float(waits[i])}")
+    return typing.cast("list[float]", waits.tolist())
+
+
+def rank_facts(rank: RankRun) -> dict[str, Any]:
+    """A rank's fields less its run, as JSON holds them."""
     facts = {f.name: getattr(rank, f.name) for f in dataclasses.fields(RankRun) if f.name != "run"}
     if facts["collective_wait"] is not None:
         facts["collective_wait"] = list(facts["collective_wait"])
-    if rank.run is None:
-        return {"distributed": facts, "run": None}
+    return facts
+
+
+def rank_to_dict(rank: RankRun) -> dict[str, Any]:
+    """``{"distributed": facts, "run": run}``, the run in the form of a saved run: a rank's own file."""
+    facts = rank_facts(rank)
     run = rank.run
+    if run is None:
+        return {"distributed": facts, "run": None}
     rest = dataclasses.replace(run, steps=[], host_samples=[], gpu_samples=[]).to_dict()
-    for name, cls in _COLUMNS.items():
-        items, names = getattr(run, name), [f.name for f in dataclasses.fields(cls)]
-        if columns:
-            rest[name] = {n: [_plain(getattr(item, n)) for item in items] for n in names}
-        else:  # what Run.to_dict writes, without asdict's deep copies (seconds for a long run)
-            rest[name] = [{n: _plain(getattr(item, n)) for n in names} for item in items]
-    if columns:
-        rest["columns"] = True
+    for name, cls in _TABLES.items():
+        names = [f.name for f in dataclasses.fields(cls)]
+        # what Run.to_dict writes, without asdict's deep copies (seconds for a long run)
+        rest[name] = [{n: _plain(getattr(item, n)) for n in names} for item in getattr(run, name)]
     return {"distributed": facts, "run": rest}
 
 
@@ -486,46 +840,68 @@ def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, list) else value
 
 
-def _column(values: Any, tp: Any, where: str, name: str) -> list[Any]:
-    """One column checked as ``_value`` checks each element, fast for plain numbers."""
-    if not isinstance(values, list):
-        raise RecordError(f"{where}.{name}: expected a list, got {_got(values)}")
-    optional = _optional(tp)
-    inner = next((a for a in typing.get_args(tp) if a is not type(None)), tp) if optional else tp
-    if inner is float:
-        ok = all((type(v) is float and math.isfinite(v)) or (type(v) is int and abs(v) < _INT_LIMIT)
-                 or (v is None and optional) for v in values)
-        if ok:
-            return [float(v) if type(v) is int else v for v in values]
-    elif inner is int:
-        if all((type(v) is int and abs(v) < _INT_LIMIT) or (v is None and optional) for v in values):
-            return values
-    elif typing.get_origin(inner) is list and typing.get_args(inner) == (float,):  # per-core readings
-        if all(type(row) is list and all(type(v) is float and math.isfinite(v) for v in row) for row in values):
-            return values
-    return [_value(v, tp, f"{where}[{i}].{name}") for i, v in enumerate(values)]
+_DOC_MAGIC = b"loadprof-rank-1\n"
 
 
-def _from_columns(cls: type[T], data: Any, where: str) -> list[T]:
-    if not isinstance(data, dict):
-        raise RecordError(f"{where}: expected an object of columns, got {_got(data)}")
-    hints = _hints(cls)
-    columns = []
-    length: int | None = None
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        values = data.get(f.name)
-        if values is None:
-            raise RecordError(f"{where}.{f.name}: missing")
-        values = _column(values, hints[f.name], where, f.name)
-        if length is not None and len(values) != length:
-            raise RecordError(f"{where}.{f.name}: {len(values)} values, other columns have {length}")
-        length = len(values)
-        columns.append(values)
-    return [cls(*row) for row in zip(*columns, strict=True)]
+def rank_to_bytes(rank: RankRun, extra: dict[str, Any] | None = None) -> bytes:
+    """What a rank sends to rank 0: its facts and the head of its run as JSON (with
+    ``extra``), its steps, samples and collective waits as columns (NOTE [ Columns of a rank ])."""
+    assert rank.run is not None
+    layout, packed = encode_columns(rank.run, rank.collective_wait)
+    run = dataclasses.replace(rank.run, steps=[], host_samples=[], gpu_samples=[]).to_dict()
+    for table in _TABLES:
+        run.pop(table)
+    head = {**(extra or {}), "distributed": {**rank_facts(rank), "collective_wait": None}, "run": run,
+            "layout": layout}
+    try:
+        text = json.dumps(head, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError:  # a number that is not finite: null, as every loadprof file writes it
+        from .jsonio import dumps
+
+        text = dumps(head, indent=None).encode()
+    return _DOC_MAGIC + len(text).to_bytes(8, "little") + text + packed
+
+
+def rank_from_bytes(blob: bytes, where: str = "rank") -> tuple[RankRun, dict[str, Any]]:
+    """``rank_to_bytes`` read back and checked (RecordError): the rank, holding its run as
+    columns, and the document's JSON part (for what ``extra`` added)."""
+    start = len(_DOC_MAGIC) + 8
+    if not blob.startswith(_DOC_MAGIC) or len(blob) < start:
+        raise RecordError(f"{where}: not a rank's document from this loadprof")
+    size = int.from_bytes(blob[len(_DOC_MAGIC):start], "little")
+    try:
+        head = json.loads(blob[start:start + size].decode()) if size <= len(blob) - start else None
+    except (ValueError, RecursionError):
+        head = None
+    if not isinstance(head, dict):
+        raise RecordError(f"{where}: its JSON part is not an object")
+    return _rank_from_columns(head.get("distributed"), head.get("run"), head.get("layout"),
+                              blob[start + size:], where, flat=False), head
+
+
+def _rank_from_columns(facts: Any, raw: Any, layout: Any, packed: bytes, where: str, flat: bool = True) -> RankRun:
+    at = where if flat else f"{where}.distributed"
+    if not isinstance(facts, dict):
+        raise RecordError(f"{at}: expected an object, got {_got(facts)}")
+    if not isinstance(raw, dict):
+        raise RecordError(f"{where}.run: expected an object, got {_got(raw)}")
+    if raw.get("schema") != SCHEMA_VERSION:
+        raise RecordError(f"{where}.run.schema: {raw.get('schema')!r:.40}, this loadprof reads {SCHEMA_VERSION}")
+    rank = _from_json(RankRun, {**facts, "run": None, "collective_wait": None}, at)
+    head = _from_json(Run, {k: v for k, v in raw.items() if k not in _TABLES and k != "columns"}, f"{where}.run")
+    try:
+        _check_run(head)
+    except RecordError as exc:
+        raise RecordError(f"{where}.{exc}") from None
+    columns, rank.collective_wait = decode_columns(head, layout, packed, f"{where}.run")
+    rank.missing = ""
+    _check_facts(rank, where)
+    return with_columns(rank, columns)
 
 
 def rank_from_dict(data: Any, where: str = "rank", flat: bool = False) -> RankRun:
-    """One rank's document (``rank_to_dict``, or a rank's own report file), validated (RecordError)."""
+    """One rank's document in the object form of a saved run (a rank's own report file,
+    a job's file from before columns), validated (RecordError)."""
     if not isinstance(data, dict):
         raise RecordError(f"{where}: expected an object, got {_got(data)}")
     facts = data.get("distributed")
@@ -538,13 +914,6 @@ def rank_from_dict(data: Any, where: str = "rank", flat: bool = False) -> RankRu
             raise RecordError(f"{where}.run: missing, and the rank is not listed as missing")
     elif not isinstance(raw, dict):
         raise RecordError(f"{where}.run: expected an object, got {_got(raw)}")
-    elif raw.get("columns") is True:
-        if raw.get("schema") != SCHEMA_VERSION:
-            raise RecordError(f"{where}.run.schema: {raw.get('schema')!r:.40}, this loadprof reads {SCHEMA_VERSION}")
-        run = _from_json(Run, {k: v for k, v in raw.items() if k not in _COLUMNS}, f"{where}.run")
-        for name, cls in _COLUMNS.items():
-            setattr(run, name, _from_columns(cls, raw.get(name), f"{where}.run.{name}"))
-        rank.run = run
     else:
         rank.run = _from_json(Run, raw, f"{where}.run")
     if rank.run is not None:
@@ -553,8 +922,7 @@ def rank_from_dict(data: Any, where: str = "rank", flat: bool = False) -> RankRu
     return rank
 
 
-def check_rank(rank: RankRun, where: str) -> None:
-    """What diagnosis across ranks relies on in one rank (NOTE [ Reading a saved run ])."""
+def _check_facts(rank: RankRun, where: str) -> None:
     if not 1 <= rank.world_size <= MAX_WORLD_SIZE:
         raise RecordError(f"{where}.world_size: expected 1 to {MAX_WORLD_SIZE}, got {rank.world_size}")
     if not 0 <= rank.rank < rank.world_size:
@@ -565,6 +933,11 @@ def check_rank(rank: RankRun, where: str) -> None:
             raise RecordError(f"{where}.{name}: negative ({value})")
     if rank.clock_rtt is not None and rank.clock_rtt < 0:
         raise RecordError(f"{where}.clock_rtt: negative ({rank.clock_rtt})")
+
+
+def check_rank(rank: RankRun, where: str) -> None:
+    """What diagnosis across ranks relies on in one rank (NOTE [ Reading a saved run ])."""
+    _check_facts(rank, where)
     if rank.run is None:
         if rank.collective_wait is not None:
             raise RecordError(f"{where}.collective_wait: given for a rank with no run")
@@ -583,6 +956,11 @@ def check_rank(rank: RankRun, where: str) -> None:
             if wait < 0 or wait > step.duration + 1e-6:
                 raise RecordError(f"{where}.collective_wait[{i}]: expected 0 to the step's "
                                   f"{step.duration:.6g} s, got {wait}")
+
+
+def check_record(cls: type[T], data: Any, where: str) -> T:
+    """``data`` as a ``cls`` record, every field checked against its declared type (RecordError)."""
+    return _from_json(cls, data, where)
 
 
 def _check_job(job: JobRun) -> None:

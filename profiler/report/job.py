@@ -8,7 +8,6 @@ the raw ``job`` that ``loadprof report`` diagnoses again).
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
@@ -19,7 +18,7 @@ from rich.text import Text
 
 from ..advice import Recommendation, recommend
 from ..diagnosis import DEFAULT_THRESHOLDS
-from ..jobdiagnosis import JobDiagnosis, RankFigures, diagnose_job, where
+from ..jobdiagnosis import JobDiagnosis, OwnVerdict, RankFigures, diagnose_job, where
 from ..jsonio import dumps
 from ..records import SCHEMA_VERSION, JobRun
 
@@ -64,10 +63,13 @@ class JobReport:
     def recommendation_ids(self) -> list[str]:
         return [r.recommendation.id for r in self.recommendations]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, columns: bool | None = False) -> dict[str, Any]:
+        """The report's JSON form; ``job`` holds every rank's run as a saved run, or with
+        ``columns`` as the job's file keeps it (NOTE [ Columns of a rank ] in records.py);
+        None: no ``job``."""
         d = self.diagnosis
         pace = d.per_rank.get(d.pace_ranks[0]) if d.pace_ranks else None
-        rank0 = next((r.run for r in self.job.ranks if r.rank == 0 and r.run is not None), None)
+        rank0 = next((r.head for r in self.job.ranks if r.rank == 0 and r.head is not None), None)
         return {
             "schema": SCHEMA_VERSION,
             "verdict": d.verdict,
@@ -87,19 +89,15 @@ class JobReport:
             "limitations": list(self.job.limitations),
             "exit_status": rank0.exit_status if rank0 else "",
             "duration_s": rank0.duration if rank0 else None,
-            "job": self.job.to_dict(),
+            **({} if columns is None else {"job": self.job.to_dict(columns=columns)}),
         }
 
-
     def to_json(self) -> str:
-        """Strict JSON: the summary indented, the ranks' raw runs (``job``) compact, so that
-        a job of many ranks writes and reads in a fraction of a second (NOTE [ Columns of a rank ])."""
-        data = self.to_dict()
-        job = data.pop("job")
-        try:
-            raw = json.dumps(job, separators=(",", ":"), allow_nan=False)
-        except ValueError:  # a non-finite number somewhere: null, as every loadprof file writes it
-            raw = dumps(job, indent=None).rstrip("\n")
+        """Strict JSON: the summary indented, the ranks' raw runs (``job``) compact and in
+        columns, so that a job of many ranks writes and reads in a fraction of a second
+        (NOTE [ Columns of a rank ])."""
+        data = self.to_dict(columns=None)
+        raw = self.job.to_json()
         head = dumps(data, indent=2).rstrip().rstrip("}").rstrip()
         return f'{head},\n  "job": {raw}\n}}\n'
 
@@ -116,16 +114,22 @@ def _row_dict(row: RankFigures) -> dict[str, Any]:
     }
 
 
-def build_job_report(job: JobRun) -> JobReport:
-    d = diagnose_job(job)
-    runs = {r.rank: r.run for r in job.ranks if r.run is not None}
+def build_job_report(job: JobRun, own: dict[int, OwnVerdict] | None = None) -> JobReport:
+    """The job's report; ``own``: verdicts the ranks made of themselves (``diagnose_job``)."""
+    d = diagnose_job(job, own_verdicts=own)
+    by_rank = {r.rank: r for r in job.ranks}
     hosts = {row.rank: row.host for row in d.ranks}
     grouped: dict[str, JobRecommendation] = {}
     for rank in d.pace_ranks:
-        run, diagnosis = runs.get(rank), d.per_rank.get(rank)
-        if run is None or diagnosis is None:
-            continue
-        for rec in recommend(run, diagnosis, d.thresholds.get(rank, DEFAULT_THRESHOLDS)):
+        diagnosis = d.per_rank.get(rank)
+        if rank in d.own:
+            recs = d.own[rank].recommendations
+        else:
+            run = by_rank[rank].run if rank in by_rank else None
+            if run is None or diagnosis is None:
+                continue
+            recs = recommend(run, diagnosis, d.thresholds.get(rank, DEFAULT_THRESHOLDS))
+        for rec in recs:
             entry = grouped.setdefault(rec.id, JobRecommendation(rec))
             entry.ranks.append(rank)
             if hosts.get(rank) and hosts[rank] not in entry.hosts:
