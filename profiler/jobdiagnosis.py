@@ -20,9 +20,12 @@ import dataclasses
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
+from operator import add
+from typing import Any
 
-from .diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Thresholds, diagnose
-from .records import GpuSample, JobRun, RankRun
+from .advice import Recommendation, recommend
+from .diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Thresholds, diagnose, main_loader
+from .records import GpuSample, JobRun, RankRun, RecordError, check_record
 
 #: Straggler causes, as the JSON names them.
 STRAGGLER_CAUSES = {
@@ -108,6 +111,23 @@ class JobDiagnosis:
     #: each present rank's own diagnosis, by rank, and the thresholds it was judged with
     per_rank: dict[int, Diagnosis] = field(default_factory=dict)
     thresholds: dict[int, Thresholds] = field(default_factory=dict)
+    #: the ranks whose own verdict (made on the rank) stands for their diagnosis
+    own: dict[int, OwnVerdict] = field(default_factory=dict)
+
+
+def rank_cores(rank: RankRun) -> float | None:
+    """The rank's process and workers' CPU over the whole run, in cores (None: no host readings)."""
+    process, children = rank.column("host_samples", "process_cpu"), rank.column("host_samples", "children_cpu")
+    return sum(map(add, process, children)) / len(process) / 100.0 if process else None
+
+
+def sibling_thresholds(rank: int, host: str, usable_cores: int, cores: dict[int, tuple[str, float]]) -> Thresholds:
+    """A rank's thresholds given the CPU (host, cores) of ranks that share hosts: its sibling
+    ranks' CPU is not counted as contention (``rank_thresholds``). The sum runs in rank order,
+    so a rank and rank 0 that know the same figures get the very same thresholds."""
+    siblings = sum(c for k, (h, c) in sorted(cores.items()) if k != rank and h == host)
+    return dataclasses.replace(DEFAULT_THRESHOLDS, contended_others=DEFAULT_THRESHOLDS.contended_others
+                               + siblings / max(1, usable_cores))
 
 
 def rank_thresholds(job: JobRun) -> dict[int, Thresholds]:
@@ -116,28 +136,81 @@ def rank_thresholds(job: JobRun) -> dict[int, Thresholds]:
     A rank's host sampler sees the other ranks on its host as "other processes";
     they are the job's own work, so the share they use is added to the contention
     cut-off (``Thresholds.contended_others``) of that rank."""
-    present = [r for r in job.ranks if r.run is not None]
+    present = [r for r in job.ranks if r.present]
     hosts = Counter(r.host for r in present if r.host)
     out: dict[int, Thresholds] = {r.rank: DEFAULT_THRESHOLDS for r in present}
     if not any(n > 1 for n in hosts.values()):
         return out
-    cores: dict[int, float] = {}
+    cores: dict[int, tuple[str, float]] = {}
     for r in present:
-        if hosts.get(r.host, 0) > 1 and r.run is not None and r.run.host_samples:
-            samples = r.run.host_samples  # the whole run's mean: a share of the host, not a verdict
-            cores[r.rank] = sum(h.process_cpu + h.children_cpu for h in samples) / len(samples) / 100.0
+        if hosts.get(r.host, 0) > 1:
+            mean = rank_cores(r)  # the whole run's mean: a share of the host, not a verdict
+            if mean is not None:
+                cores[r.rank] = (r.host, mean)
     for r in present:
-        if r.rank not in cores or r.run is None:
-            continue
-        siblings = sum(c for k, c in cores.items() if k != r.rank and _host_of(job, k) == r.host)
-        usable = max(1, r.run.environment.usable_cores)
-        out[r.rank] = dataclasses.replace(
-            DEFAULT_THRESHOLDS, contended_others=DEFAULT_THRESHOLDS.contended_others + siblings / usable)
+        head = r.head
+        if r.rank in cores and head is not None:
+            out[r.rank] = sibling_thresholds(r.rank, r.host, head.environment.usable_cores, cores)
     return out
 
 
-def _host_of(job: JobRun, rank: int) -> str:
-    return next((r.host for r in job.ranks if r.rank == rank), "")
+@dataclass
+class OwnVerdict:
+    """A rank's own diagnosis, made on the rank before it sends its run, so that rank 0 need
+    not diagnose every rank in turn: with the thresholds it was made with (its sibling ranks'
+    CPU as the rank knew it); rank 0 uses it only where its own thresholds for the rank agree."""
+
+    contended_others: float
+    diagnosis: Diagnosis
+    figures: RankFigures
+    recommendations: list[Recommendation] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"contended_others": self.contended_others, "diagnosis": self.diagnosis.to_dict(),
+                "figures": dataclasses.asdict(self.figures),
+                "recommendations": [r.to_dict() for r in self.recommendations]}
+
+    @classmethod
+    def from_dict(cls, data: Any, rank: RankRun, where: str) -> OwnVerdict:
+        """Read back and checked as a saved run's fields are (RecordError)."""
+        if not isinstance(data, dict):
+            raise RecordError(f"{where}: expected an object")
+        recs = data.get("recommendations")
+        if not isinstance(recs, list) or not all(isinstance(r, dict) and _plain_values(r.get("values")) for r in recs):
+            raise RecordError(f"{where}.recommendations: expected a list of recommendations")
+        d = check_record(Diagnosis, data.get("diagnosis"), f"{where}.diagnosis")
+        head = rank.head
+        d.metrics.loader = main_loader(head) if head is not None else None
+        figures = check_record(RankFigures, data.get("figures"), f"{where}.figures")
+        # where it sits in the job and its clock are rank 0's to say
+        figures = dataclasses.replace(figures, rank=rank.rank, local_rank=rank.local_rank, node_rank=rank.node_rank,
+                                      host=rank.host, missing="")
+        out = [dataclasses.replace(check_record(Recommendation, {**r, "values": {}}, f"{where}.recommendations[{i}]"),
+                                   values=dict(r.get("values") or {})) for i, r in enumerate(recs)]
+        threshold = check_record(_Cut, {"value": data.get("contended_others")}, f"{where}.contended_others").value
+        return cls(threshold, d, figures, out)
+
+
+@dataclass
+class _Cut:
+    value: float
+
+
+def _plain_values(values: Any) -> bool:
+    """A recommendation's ``values``: an object of numbers, strings, booleans and nulls."""
+    return values is None or isinstance(values, dict) and all(
+        isinstance(v, str | int | float | bool) or v is None for v in values.values())
+
+
+def own_verdict(rank: RankRun, cores: dict[int, tuple[str, float]]) -> OwnVerdict:
+    """The verdict a rank sends with its run, judged with the thresholds ``cores`` give (its
+    own and the sibling ranks' CPU it knows of)."""
+    assert rank.run is not None
+    th = DEFAULT_THRESHOLDS
+    if rank.rank in cores and any(k != rank.rank and h == rank.host for k, (h, _) in cores.items()):
+        th = sibling_thresholds(rank.rank, rank.host, rank.run.environment.usable_cores, cores)
+    d = diagnose(rank.run, th)
+    return OwnVerdict(th.contended_others, d, rank_figures(rank, d), recommend(rank.run, d, th))
 
 
 def _own_gpu(rank: RankRun) -> list[GpuSample]:
@@ -234,17 +307,26 @@ def where(row: RankFigures) -> str:
     return parts[0] + (f" ({', '.join(facts)})" if facts else "")
 
 
-def diagnose_job(job: JobRun, th: JobThresholds = DEFAULT_JOB_THRESHOLDS) -> JobDiagnosis:
-    """The job's verdict from the ranks that set the pace, with the per-rank table."""
+def diagnose_job(job: JobRun, th: JobThresholds = DEFAULT_JOB_THRESHOLDS,
+                 own_verdicts: dict[int, OwnVerdict] | None = None) -> JobDiagnosis:
+    """The job's verdict from the ranks that set the pace, with the per-rank table. A rank's
+    own verdict stands for its diagnosis where it was made with the thresholds used here."""
     per_rank: dict[int, Diagnosis] = {}
     rows: list[RankFigures] = []
     by_rank = {r.rank: r for r in job.ranks}
     thresholds = rank_thresholds(job)
+    accepted: dict[int, OwnVerdict] = {}
     for r in range(job.world_size):
         rank = by_rank.get(r)
         if rank is None:
             rank = RankRun(rank=r, world_size=job.world_size, missing="no report for this rank")
-        if rank.run is not None:
+        sent = (own_verdicts or {}).get(r)
+        if rank.present and sent is not None and thresholds[r] == dataclasses.replace(
+                DEFAULT_THRESHOLDS, contended_others=sent.contended_others):
+            accepted[r] = sent
+            per_rank[r] = sent.diagnosis
+            rows.append(dataclasses.replace(sent.figures, clock_offset=rank.clock_offset))
+        elif rank.run is not None:
             per_rank[r] = diagnose(rank.run, thresholds[r])
             rows.append(rank_figures(rank, per_rank[r]))
         else:
@@ -254,7 +336,7 @@ def diagnose_job(job: JobRun, th: JobThresholds = DEFAULT_JOB_THRESHOLDS) -> Job
     step_times = [row.step_time for row in judged if row.step_time is not None]
     out = JobDiagnosis("inconclusive", None, "", "low", job.world_size, rows, missing=missing,
                        step_time=_median(step_times) if step_times else None, per_rank=per_rank,
-                       thresholds=thresholds)
+                       thresholds=thresholds, own=accepted)
     if missing:
         out.warnings.append(("missing-ranks", f"{len(missing)} of {job.world_size} ranks sent no report: "
                              + ", ".join(str(r) for r in missing[:16]) + (" ..." if len(missing) > 16 else "")))
@@ -307,18 +389,20 @@ def diagnose_job(job: JobRun, th: JobThresholds = DEFAULT_JOB_THRESHOLDS) -> Job
 
 def aligned_ends(rank: RankRun, origin: float) -> list[float]:
     """Ends of this rank's unmerged step records, in seconds since ``origin`` on rank 0's clock."""
-    if rank.run is None or rank.clock_offset is None:
+    head = rank.head
+    if head is None or rank.clock_offset is None:
         return []
-    shift = rank.run.started_at + rank.clock_offset - origin
-    return [shift + s.end for s in rank.run.steps if s.merged == 1]
+    shift = head.started_at + rank.clock_offset - origin
+    return [shift + end for end, merged in zip(rank.column("steps", "end"), rank.column("steps", "merged"),
+                                               strict=True) if merged == 1]
 
 
 def step_end_spread(job: JobRun) -> float | None:
     """Median over step indices of (latest - earliest) end across ranks, on one clock."""
-    ranks = [r for r in job.ranks if r.run is not None and r.clock_offset is not None]
+    ranks = [r for r in job.ranks if r.head is not None and r.clock_offset is not None]
     if len(ranks) < 2:
         return None
-    origin = min(r.run.started_at + (r.clock_offset or 0.0) for r in ranks if r.run is not None)
+    origin = min(r.head.started_at + (r.clock_offset or 0.0) for r in ranks if r.head is not None)
     series = [aligned_ends(r, origin) for r in ranks]
     n = min(len(s) for s in series)
     if n == 0:

@@ -3,21 +3,33 @@ the saved job report read as hostile input. No torchrun here (tests/test_distrib
 
 from __future__ import annotations
 
+import base64
 import io
 import json
+import re
 import threading
 import time
+import zlib
 from dataclasses import replace
 
 import pytest
 
 from loadprof.cli import main
-from loadprof.dist import rank_document, rank_path
+from loadprof.dist import rank_document, rank_message, rank_path, read_message
 from loadprof.dist.collectives import per_step
 from loadprof.dist.exchange import Exchange, JobContext, Timeouts
 from loadprof.dist.merge import MergeError, merge_ranks
-from loadprof.jobdiagnosis import diagnose_job
-from loadprof.records import Environment, HostSample, JobRun, LoaderInfo, RankRun, Run, Step
+from loadprof.jobdiagnosis import diagnose_job, rank_cores
+from loadprof.records import (
+    Environment,
+    HostSample,
+    JobRun,
+    LoaderInfo,
+    RankRun,
+    RecordError,
+    Run,
+    Step,
+)
 from loadprof.report import load_report, render_console, write_json
 from loadprof.report.job import build_job_report
 
@@ -163,22 +175,144 @@ def test_a_hostile_saved_job_is_one_line_and_exit_2(tmp_path, capsys, mutate, me
     assert err.count("\n") == 0 and message in err, err
 
 
+def split_message(blob: bytes) -> tuple[dict, bytes]:
+    """A rank's message (dist.rank_message) as its JSON part and its compressed columns."""
+    start = blob.index(b"\n") + 1 + 8
+    size = int.from_bytes(blob[start - 8:start], "little")
+    return json.loads(blob[start:start + size]), blob[start + size:]
+
+
+def join_message(head: dict, packed: bytes) -> bytes:
+    text = json.dumps(head).encode()
+    return b"loadprof-rank-1\n" + len(text).to_bytes(8, "little") + text + packed
+
+
+def test_a_rank_message_gives_back_the_same_run_and_its_own_verdict_stands_for_rank_zeros():
+    ranks = [rank_run(0, collective=0.04), rank_run(1, wait=0.05)]
+    cpu = {r.rank: (r.host, rank_cores(r)) for r in ranks}  # what its wait for its host's ranks gives it
+    got, own = read_message(1, rank_message(ranks[1], ranks[1].run, cpu))  # type: ignore[arg-type]
+    assert got.present and got.columns is not None and own is not None
+    assert got.collective_wait == ranks[1].collective_wait
+    by_rank_zero = build_job_report(job(*ranks)).to_dict()
+    with_own = build_job_report(job(ranks[0], got), {1: own})
+    assert with_own.diagnosis.own.keys() == {1}
+    assert got.columns is not None  # judged without building its run
+    assert with_own.to_dict() == by_rank_zero
+    assert got.run == ranks[1].run  # built on first use, the same as sent
+
+
+def test_a_verdict_made_without_the_sibling_ranks_cpu_is_not_used():
+    # both ranks on node0: rank 1's contention cut-off counts rank 0's CPU, which it did not know
+    ranks = [rank_run(0), rank_run(1)]
+    _, own = read_message(1, rank_message(ranks[1], ranks[1].run))  # type: ignore[arg-type]
+    assert own is not None
+    report = build_job_report(job(ranks[0], ranks[1]), {1: own})
+    assert report.diagnosis.own == {}
+    cpu = {r.rank: (r.host, rank_cores(r)) for r in ranks}
+    _, own = read_message(1, rank_message(ranks[1], ranks[1].run, cpu))  # type: ignore[arg-type]
+    assert own is not None and build_job_report(job(ranks[0], ranks[1]), {1: own}).diagnosis.own.keys() == {1}
+
+
+def _columns_of(head: dict, packed: bytes) -> dict:
+    import numpy as np
+
+    raw, out, offset = zlib.decompress(packed), {}, 0
+    for name, count in head["layout"]:
+        out[name] = np.frombuffer(raw, "<f8", count, offset).copy()
+        offset += 8 * count
+    return out
+
+
+def _packed(head: dict, columns: dict) -> bytes:
+    return zlib.compress(b"".join(columns[name].tobytes() for name, _ in head["layout"]))
+
+
+def _set(name: str, i: int, value: float):
+    def mutate(head: dict, columns: dict) -> None:
+        columns[name][i] = value
+    return mutate
+
+
+def _drop(name: str):
+    def mutate(head: dict, columns: dict) -> None:
+        head["layout"] = [e for e in head["layout"] if e[0] != name]
+    return mutate
+
+
+def _shorten(name: str):
+    def mutate(head: dict, columns: dict) -> None:
+        columns[name] = columns[name][:-1]
+        head["layout"] = [[n, c - (n == name)] for n, c in head["layout"]]
+    return mutate
+
+
 @pytest.mark.parametrize("mutate, message", [
-    (lambda r: r["steps"]["start"].__setitem__(2, "x"), "rank.run.steps[2].start: expected a number"),
-    (lambda r: r["steps"]["start"].pop(), "steps.start: 39 values, other columns have 40"),
-    (lambda r: r["host_samples"].pop("window"), "host_samples.window: missing"),
-    (lambda r: r["host_samples"]["cpu_per_core"][0].__setitem__(0, float("nan")), "cpu_per_core[0]: expected a finite"),
+    (_set("steps.start", 2, float("nan")), "rank 1.run.steps[2].start: expected a finite number"),
+    (_set("steps.end", 3, -1.0), "rank 1.run.steps[3]: ends (-1.0) before it starts"),
+    (_set("steps.data_wait", 4, -0.5), "rank 1.run.steps[4].data_wait: negative"),
+    (_shorten("steps.start"), "rank 1.run.steps.start: 39 values, other columns have 40"),
+    (_drop("host_samples.t"), "rank 1.run.host_samples.t: missing"),
+    (_set("host_samples.cpu_per_core.values", 9, float("inf")), "host_samples[1].cpu_per_core[1]: expected a finite"),
+    (_set("collective_wait", 5, -1.0), "rank 1.collective_wait[5]: expected 0 to the step's"),
+    (_shorten("collective_wait"), "rank 1.collective_wait: 39 values for 40 step records"),
 ])
 def test_a_rank_sent_as_columns_is_checked_column_by_column(mutate, message):
-    from loadprof.records import RecordError, rank_from_dict
+    r = rank_run(1, wait=0.05, collective=0.001)
+    head, packed = split_message(rank_message(r, r.run))  # type: ignore[arg-type]
+    columns = _columns_of(head, packed)  # integer columns read as floats: their bytes pass unchanged
+    mutate(head, columns)
+    with pytest.raises(RecordError, match=re.escape(message)):
+        read_message(1, join_message(head, _packed(head, columns)))
 
-    r = rank_run(1, wait=0.05)
-    assert r.run is not None
-    doc = rank_document(r, r.run)
-    assert rank_from_dict(doc).run == r.run  # the columns give back the same run
-    mutate(doc["run"])
-    with pytest.raises(RecordError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        rank_from_dict(doc)
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda head, packed: (head, packed[:-10]), "bytes for a layout of"),
+    (lambda head, packed: (head, zlib.compress(b"\0" * 2**20)), "bytes for a layout of"),
+    (lambda head, packed: (head, b"not zlib"), "not compressed columns"),
+    (lambda head, packed: ({**head, "layout": [["steps.start", 2**40]]}, packed), "expected [name, count]"),
+    (lambda head, packed: ({**head, "layout": {}}, packed), "layout: expected a list"),
+    (lambda head, packed: ({**head, "distributed": {**head["distributed"], "rank": 5}}, packed), "rank: expected 0 to 1"),
+    (lambda head, packed: ({**head, "run": {**head["run"], "duration": "long"}}, packed), "run.duration: expected a number"),
+])
+def test_a_hostile_rank_message_is_one_record_error(mutate, message):
+    r = rank_run(1)
+    head, packed = mutate(*split_message(rank_message(r, r.run)))  # type: ignore[arg-type]
+    with pytest.raises(RecordError) as err:
+        read_message(1, join_message(head, packed))
+    assert message in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(RecordError, match="not a rank's document"):
+        read_message(1, b"garbage")
+
+
+def test_a_job_file_keeps_the_runs_in_columns_and_reads_them_back(tmp_path):
+    ranks = [rank_run(0, collective=0.04), rank_run(1, wait=0.05)]
+    report = build_job_report(job(*ranks))
+    path = tmp_path / "job.json"
+    write_json(report, path)
+    data = json.loads(path.read_text())
+    assert all("columns" in r["run"] and "steps" not in r["run"] for r in data["job"]["ranks"])
+    again = load_report(path)
+    assert [r.run for r in again.job.ranks] == [r.run for r in ranks]
+    assert [r.collective_wait for r in again.job.ranks] == [r.collective_wait for r in ranks]
+    assert again.to_dict() == report.to_dict()
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda r: r["run"]["columns"].update(data="!!!"), "run.columns.data: not base64"),
+    (lambda r: r["run"]["columns"].update(data=base64.b64encode(b"x" * 12).decode()), "not compressed columns"),
+    (lambda r: r["run"]["columns"]["layout"].pop(), "bytes for a layout of"),
+    (lambda r: r["run"].update(columns=[]), "run.columns: expected an object"),
+    (lambda r: r.update(rank="zero"), "job.ranks[1].rank: expected a whole number"),
+])
+def test_a_hostile_job_file_in_columns_is_one_line_and_exit_2(tmp_path, capsys, mutate, message):
+    path = tmp_path / "job.json"
+    write_json(build_job_report(job(rank_run(0, collective=0.04), rank_run(1, wait=0.05))), path)
+    data = json.loads(path.read_text())
+    mutate(data["job"]["ranks"][1])
+    path.write_text(json.dumps(data))
+    assert main(["report", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err, err
 
 
 def test_terminal_table_is_compact_from_64_ranks():
@@ -247,13 +381,16 @@ def test_exchange_over_a_real_store_carries_reports_offsets_and_names_a_silent_r
         ranks[r] = Exchange(ctx, quick, progress=lambda: 12)
         ranks[r].start()
     delivered: list[str | None] = []
-    sender = threading.Thread(target=lambda: delivered.append(ranks[1].deliver({"hello": "from 1"})))
+    sender = threading.Thread(target=lambda: delivered.append(ranks[1].deliver(b"from 1")))
     sender.start()
     started = time.monotonic()
     got = ranks[0].collect()  # rank 2 never said hello: given up on after stale_after
-    sender.join(timeout=30)
+    sender.join(timeout=1.0)
+    assert sender.is_alive()  # delivered, it stays until rank 0's report is out ...
+    ranks[0].release()
+    sender.join(timeout=3.0)  # ... and then leaves
     assert delivered == [None]
-    assert got.docs == {1: {"hello": "from 1"}}
+    assert got.docs == {1: b"from 1"}
     offset, rtt = got.offsets[1]
     assert abs(offset) <= rtt / 2 + 1e-3  # one host, one clock: the offset is within its error
     assert got.hellos[1]["local_rank"] == 1 and got.beats[1] == 12

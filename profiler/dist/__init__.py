@@ -18,10 +18,20 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from ..records import JobRun, RankRun, Run, rank_from_dict, rank_to_dict
+from ..jobdiagnosis import OwnVerdict, own_verdict, rank_cores
+from ..records import (
+    JobRun,
+    RankRun,
+    RecordError,
+    Run,
+    keep_columns,
+    rank_from_bytes,
+    rank_to_bytes,
+    rank_to_dict,
+)
 from .exchange import Exchange, JobContext, Timeouts
 
-__all__ = ["Job", "JobContext", "rank_path", "rank_document"]
+__all__ = ["Job", "JobContext", "rank_path", "rank_document", "rank_message", "read_message"]
 
 
 def rank_path(path: str, rank: int) -> str:
@@ -30,10 +40,38 @@ def rank_path(path: str, rank: int) -> str:
     return f"{root}.rank{rank}{ext or '.json'}"
 
 
-def rank_document(facts: RankRun, run: Run, columns: bool = True) -> dict[str, Any]:
-    """What a rank sends to rank 0 (columns: NOTE [ Columns of a rank ] in records.py), and,
-    in object form, what its own file adds to its report for ``loadprof merge``."""
-    return rank_to_dict(replace(facts, run=run), columns=columns)
+def rank_document(facts: RankRun, run: Run) -> dict[str, Any]:
+    """What a rank's own file adds to its report for ``loadprof merge`` (a saved run's form)."""
+    return rank_to_dict(replace(facts, run=run))
+
+
+def judge_self(facts: RankRun, run: Run, siblings: dict[int, tuple[str, float]] | None = None) -> OwnVerdict:
+    """A rank's own verdict, judged with ``siblings``' CPU (the ranks on its host: rank -> (host, cores))."""
+    rank = replace(facts, run=run)
+    cores = dict(siblings or {})
+    own = rank_cores(rank)
+    if own is not None:
+        cores[rank.rank] = (rank.host, own)
+    return own_verdict(rank, cores)
+
+
+def rank_message(facts: RankRun, run: Run, siblings: dict[int, tuple[str, float]] | None = None) -> bytes:
+    """What a rank sends to rank 0: its run in columns (NOTE [ Columns of a rank ] in records.py)
+    and its own verdict (``judge_self``)."""
+    verdict = judge_self(facts, run, siblings)
+    return rank_to_bytes(replace(facts, run=run), {"verdict": verdict.to_dict()})
+
+
+def read_message(r: int, blob: bytes) -> tuple[RankRun, OwnVerdict | None]:
+    """``rank_message`` read back at rank 0 and checked (RecordError); a verdict that does
+    not check is left out (rank 0 then diagnoses the rank itself)."""
+    rank, head = rank_from_bytes(blob, f"rank {r}")
+    if rank.rank != r:
+        raise RecordError(f"rank {r}: its report says it is rank {rank.rank}")
+    try:
+        return rank, OwnVerdict.from_dict(head.get("verdict"), rank, f"rank {r}.verdict")
+    except RecordError:
+        return rank, None
 
 
 class Job:
@@ -50,6 +88,7 @@ class Job:
         self.sigterm = False  # a SIGTERM arrived while held (hold_sigterm)
         self._held_from: Any = None
         self._exchange_for_signal: Exchange | None = None
+        self._to_release: Exchange | None = None  # rank 0: says when the report is out
 
     def start(self, progress: Any) -> None:
         """Connect to the job's store and time collectives; a failure is a limitation, not an error."""
@@ -98,14 +137,26 @@ class Job:
         self._exchange_for_signal = exchange
         try:
             exchange.stop_beating()
+            exchange.post_cpu(facts.host, rank_cores(replace(facts, run=run)))
+            siblings = exchange.sibling_cpu(terminated)
             if self.ctx.rank != 0:
-                why = exchange.deliver(rank_document(facts, run), terminated)
+                why = exchange.deliver(rank_message(facts, run, siblings), terminated)
                 if why is not None:
                     self._keep_own(report, facts, run, json_path, why)
                 return report, None, False
-            return self._merge(report, facts, run, exchange, terminated, json_path), json_path, print_report
+            # rank 0 judges itself and puts its run in columns while the others do the same
+            verdict = judge_self(facts, run, siblings)
+            facts.run = run
+            try:
+                keep_columns(facts)
+            except ValueError:  # a number past 64 bits: the job's file refuses it in its own time
+                pass
+            self._to_release = exchange
+            return (self._merge(report, facts, run, verdict, exchange, terminated, json_path), json_path,
+                    print_report)
         finally:
-            exchange.close()
+            if self._to_release is None:
+                exchange.close()
 
     def hold_sigterm(self) -> None:
         """From the end of the run until the report is out, SIGTERM (torchrun ending the job
@@ -125,7 +176,12 @@ class Job:
             self._held_from = None
 
     def release_sigterm(self) -> None:
-        """Put back the handler ``hold_sigterm`` replaced, and deliver a SIGTERM it held."""
+        """Put back the handler ``hold_sigterm`` replaced, and deliver a SIGTERM it held. Rank 0's
+        report is out by now: the ranks waiting for it may leave (``Exchange.release``)."""
+        if self._to_release is not None and os.getpid() == self._pid:
+            self._to_release.release()
+            self._to_release.close()
+            self._to_release = None
         if self._held_from is None or os.getpid() != self._pid:
             return
         try:
@@ -146,7 +202,7 @@ class Job:
             _warn(f"{line} (run with --json to keep each rank's report)")
             return
         path = rank_path(json_path, self.ctx.rank)
-        doc = {**report.to_dict(), **rank_document(facts, run, columns=False)}
+        doc = {**report.to_dict(), **rank_document(facts, run)}
         try:
             write_json(path, doc)
         except JsonWriteError as exc:
@@ -154,21 +210,29 @@ class Job:
             return
         _warn(f"{line}; written to {path} for loadprof merge")
 
-    def _merge(self, report: Any, facts: RankRun, run: Run, exchange: Exchange, terminated: bool,
-               json_path: str | None) -> Any:
+    def _merge(self, report: Any, facts: RankRun, run: Run, verdict: OwnVerdict, exchange: Exchange,
+               terminated: bool, json_path: str | None) -> Any:
         from ..report.job import build_job_report
 
-        collected = exchange.collect(terminated)
-        facts.run = run
+        got: dict[int, RankRun] = {}
+        own: dict[int, OwnVerdict] = {0: verdict}
+        unread: dict[int, str] = {}
+
+        def receive(r: int, blob: bytes) -> None:  # checked while rank r wakes for the clock pings
+            try:
+                got[r], sent = read_message(r, blob)
+            except RecordError as exc:
+                unread[r] = f"its report could not be read ({exc})"
+                return
+            if sent is not None:
+                own[r] = sent
+
+        collected = exchange.collect(terminated, receive)
+        collected.missing.update(unread)
         facts.clock_offset, facts.clock_rtt = 0.0, 0.0
         ranks = [facts]
         problems = list(collected.problems)
-        for r, doc in sorted(collected.docs.items()):
-            try:
-                rank = rank_from_dict(doc, f"rank {r}")
-            except ValueError as exc:
-                collected.missing[r] = f"its report could not be read ({exc})"
-                continue
+        for r, rank in sorted(got.items()):
             if r in collected.offsets:
                 rank.clock_offset, rank.clock_rtt = collected.offsets[r]
             ranks.append(rank)
@@ -180,12 +244,12 @@ class Job:
             from ..jsonio import JsonWriteError, write_json
 
             try:  # the others keep their own files: this one completes the set for loadprof merge
-                write_json(rank_path(json_path, 0), {**report.to_dict(), **rank_document(facts, run, columns=False)})
+                write_json(rank_path(json_path, 0), {**report.to_dict(), **rank_document(facts, run)})
             except JsonWriteError as exc:
                 problems.append(f"rank 0's own report not written: {exc}")
         job = JobRun(world_size=self.ctx.world_size, run_id=self.ctx.run_id, merged="at exit",
                      ranks=ranks, limitations=problems)
-        return build_job_report(job)
+        return build_job_report(job, own)
 
 
 def _missing_rank(r: int, ctx: JobContext, hello: dict[str, Any], steps: int | None, why: str) -> RankRun:

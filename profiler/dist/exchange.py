@@ -15,12 +15,20 @@ the job. Store keys are plain requests to the agent.
 - At start each rank connects (bounded by ``connect_timeout``), writes ``hello/R``
   (host, local rank, pid, start time) and a heartbeat thread, on a connection of its
   own, rewrites ``beat/R`` every ``beat_interval`` with the steps seen so far.
-- At exit rank R != 0 writes ``report/R`` (the run, compressed JSON) and waits for
-  rank 0 to ping it, which means rank 0 has the report; it answers a few pings with
-  its clock (the clock offset, below) and returns. It gives up, and its report goes
+- At exit every rank posts ``cpu/R`` (its host and the CPU its process and workers
+  used); rank R != 0 waits up to ``siblings`` for those of the other ranks on its node,
+  judges itself with them (jobdiagnosis.own_verdict: the work done on every rank at once,
+  not on rank 0 in turn), writes ``report/R`` (its verdict and its run in columns: NOTE
+  [ Columns of a rank ] in records.py) and waits for rank 0 to ping it, which means
+  rank 0 has the report; it answers a few pings with its clock (the clock offset,
+  below) and returns. Rank 0 pings a rank as soon as it sees its report and checks the
+  report while the rank wakes up (it polls). It gives up, and its report goes
   to ``report.rankR.json`` instead, when rank 0 says it is done without it, when rank
   0's heartbeat stops (rank 0 died first: its store lives on in the agent, so this is
   seen, not a hang), when the store is gone, or after ``timeout``.
+- Then it stays (polling, for at most ``release``) until rank 0 says its report is out
+  (``released``), and leaves at once on SIGTERM: on a host with fewer cores than ranks,
+  ranks tearing down their processes at once would take the CPU rank 0 merges with.
 - Rank 0 polls for every other rank's report until it has all, or until
   ``timeout``; a rank whose heartbeat has not moved for ``stale_after`` (crashed,
   killed) or that never said hello is given up on earlier and listed as missing
@@ -56,7 +64,6 @@ import os
 import socket
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -78,6 +85,8 @@ class Timeouts:
     beat_interval: float = 1.0
     stale_after: float = 8.0  # a heartbeat this old: the rank is gone
     poll: float = 0.02
+    siblings: float = 2.0  # a rank waiting for the CPU figures of the ranks on its host
+    release: float = 5.0  # a rank that delivered, waiting for rank 0's report to be out
 
     @classmethod
     def from_env(cls) -> Timeouts:
@@ -103,6 +112,7 @@ class JobContext:
     run_id: str
     restart: str
     agent_store: bool
+    local_world_size: int | None = None  # ranks on this node (torchrun's LOCAL_WORLD_SIZE)
 
     @classmethod
     def from_env(cls, env: Any = None) -> JobContext | None:
@@ -125,26 +135,18 @@ class JobContext:
 
         return cls(rank, world, maybe("LOCAL_RANK"), maybe("GROUP_RANK"), addr, port,
                    env.get("TORCHELASTIC_RUN_ID", "") or "none", env.get("TORCHELASTIC_RESTART_COUNT", "0"),
-                   env.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
+                   env.get("TORCHELASTIC_USE_AGENT_STORE") == "True", maybe("LOCAL_WORLD_SIZE"))
 
     @property
     def prefix(self) -> str:
         return f"loadprof/{self.run_id}/{self.restart}/"
 
 
-def encode(doc: dict[str, Any]) -> bytes:
-    return zlib.compress(json.dumps(doc, separators=(",", ":"), allow_nan=False).encode(), 1)
-
-
-def decode(blob: bytes) -> Any:
-    return json.loads(zlib.decompress(blob).decode())
-
-
 @dataclass
 class Collected:
     """What rank 0 gathered: each rank's document, and what is known of the others."""
 
-    docs: dict[int, Any] = field(default_factory=dict)  # rank -> its decoded document
+    docs: dict[int, bytes] = field(default_factory=dict)  # rank -> its document as it came
     offsets: dict[int, tuple[float, float]] = field(default_factory=dict)  # rank -> (offset, rtt)
     missing: dict[int, str] = field(default_factory=dict)  # rank -> why, with what is known
     hellos: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -173,6 +175,7 @@ class Exchange:
         #: set by a SIGTERM during the exchange (dist/__init__.py): cut the waits short
         self.terminating = threading.Event()
         self._thread: threading.Thread | None = None
+        self._unreachable: BaseException | None = None  # the error connecting at exit gave
         self.problems: list[str] = []
 
     # -- start -------------------------------------------------------------------
@@ -217,19 +220,62 @@ class Exchange:
 
     def _ensure_store(self) -> Any:
         if self._store is None:
-            self._store = self._connect()
+            if self._unreachable is not None:
+                raise self._unreachable  # tried at this exit already: not once more per step of it
+            try:
+                self._store = self._connect()
+            except _errors() as exc:
+                self._unreachable = exc
+                raise
         return self._store
 
+    # -- exit: every rank ---------------------------------------------------------
+    def post_cpu(self, host: str, cores: float | None) -> None:
+        """Tell the ranks on this host what CPU this rank's process and workers used (cores, the
+        run's mean), for the thresholds they judge themselves with (jobdiagnosis.own_verdict)."""
+        try:
+            self._ensure_store().set(self._key(f"cpu/{self.ctx.rank}"), json.dumps({"host": host, "cores": cores}))
+        except _errors():
+            pass  # rank 0 judges this rank's siblings itself then
+
+    def sibling_cpu(self, terminated: bool = False) -> dict[int, tuple[str, float]]:
+        """The CPU the other ranks on this node posted (``post_cpu``), rank -> (host, cores):
+        torchrun numbers a node's ranks one after another. Waits up to ``siblings`` for them
+        (under DDP the ranks end together); a figure that comes later only costs rank 0 a
+        diagnosis of its own of this rank."""
+        ctx = self.ctx
+        if ctx.local_rank is None or not ctx.local_world_size or terminated or self.terminating.is_set():
+            return {}
+        first = ctx.rank - ctx.local_rank
+        pending = {r for r in range(first, first + ctx.local_world_size) if r != ctx.rank and 0 <= r < ctx.world_size}
+        out: dict[int, tuple[str, float]] = {}
+        deadline = time.monotonic() + self.timeouts.siblings
+        try:
+            store = self._ensure_store()
+            while pending and time.monotonic() < deadline:
+                for r in sorted(pending):
+                    if store.check([self._key(f"cpu/{r}")]):
+                        pending.discard(r)
+                        value = _json_or_empty(store, self._key(f"cpu/{r}"))
+                        host, cores = value.get("host"), value.get("cores")
+                        if isinstance(host, str) and isinstance(cores, float) and cores >= 0:
+                            out[r] = (host, cores)
+                if pending:
+                    time.sleep(self.timeouts.poll)
+        except _errors():
+            pass
+        return out
+
     # -- exit: every rank but 0 --------------------------------------------------
-    def deliver(self, doc: dict[str, Any] | bytes, terminated: bool = False) -> str | None:
-        """Send this rank's document (or its ``encode``) to rank 0; None once rank 0 has it, else why not."""
+    def deliver(self, doc: bytes, terminated: bool = False) -> str | None:
+        """Send this rank's document to rank 0; None once rank 0 has it, else why not."""
         errors = _errors()
         limit = self.timeouts.terminated if terminated else self.timeouts.exchange
         deadline = time.monotonic() + limit
         me = self.ctx.rank
         try:
             store = self._ensure_store()
-            store.set(self._key(f"report/{me}"), doc if isinstance(doc, bytes) else encode(doc))
+            store.set(self._key(f"report/{me}"), doc)
             watch = _Liveness(store, self._key("beat/0"), self.timeouts.stale_after, agent=self.ctx.agent_store)
             ping = self._key(f"ping/{me}/0")
             while not store.check([ping]):  # rank 0 pings once it has the report
@@ -251,11 +297,25 @@ class Exchange:
                 store.set(self._key(f"pong/{me}/{k}"), repr(time.time()))
         except errors as exc:
             return f"the job's store could not be used ({type(exc).__name__}: {_first_line(exc)})"
+        try:
+            released, give_up = self._key("released"), time.monotonic() + self.timeouts.release
+            while not self.terminating.is_set() and time.monotonic() < give_up and not store.check([released]):
+                time.sleep(self.timeouts.poll)
+        except errors:
+            pass  # delivered all the same
         return None
 
+    def release(self) -> None:
+        """Rank 0: the job's report is out; the ranks waiting in ``deliver`` may leave."""
+        try:
+            self._ensure_store().set(self._key("released"), "1")
+        except _errors():
+            pass
+
     # -- exit: rank 0 -----------------------------------------------------------
-    def collect(self, terminated: bool = False) -> Collected:
-        """Every other rank's document, or what is known of it, within the timeouts."""
+    def collect(self, terminated: bool = False, receive: Callable[[int, bytes], None] | None = None) -> Collected:
+        """Every other rank's document, or what is known of it, within the timeouts. ``receive``
+        is called with each document as it comes, while its rank wakes for the clock pings."""
         out = Collected()
         errors = _errors()
         limit = self.timeouts.terminated if terminated else self.timeouts.exchange
@@ -269,15 +329,15 @@ class Exchange:
             while pending:
                 for r in sorted(pending):
                     if store.check([self._key(f"report/{r}")]):
-                        blob = store.get(self._key(f"report/{r}"))
-                        try:
-                            out.docs[r] = decode(blob)
-                        except (ValueError, zlib.error) as exc:
-                            out.missing[r] = f"its report could not be read ({exc})"
-                        else:
-                            offset = self._ping(store, r)
-                            if offset is not None:
-                                out.offsets[r] = offset
+                        # wake it first: it polls, and reading its report covers the wait
+                        woken = time.time()
+                        store.set(self._key(f"ping/{r}/0"), "")
+                        out.docs[r] = store.get(self._key(f"report/{r}"))
+                        if receive is not None:
+                            receive(r, out.docs[r])
+                        offset = self._ping(store, r, woken)
+                        if offset is not None:
+                            out.offsets[r] = offset
                         pending.discard(r)
                     elif watches[r].stale():
                         out.missing[r] = watches[r].why()
@@ -303,13 +363,17 @@ class Exchange:
                 out.missing[r] = "unknown: the job's store could not be reached"
         return out
 
-    def _ping(self, store: Any, r: int) -> tuple[float, float] | None:
-        """(seconds to add to rank r's clock to read ours, round trip): NOTE [ Merging a job's reports ]."""
+    def _ping(self, store: Any, r: int, woken: float) -> tuple[float, float] | None:
+        """(seconds to add to rank r's clock to read ours, round trip): NOTE [ Merging a job's reports ].
+        The first ping went out at ``woken``; its round trip holds the rank's wake-up and is the
+        longest, so the shortest of the others gives the offset."""
         best: tuple[float, float] | None = None
         for k in range(PINGS):
             pong = self._key(f"pong/{r}/{k}")
-            t1 = time.time()
-            store.set(self._key(f"ping/{r}/{k}"), "")
+            t1 = woken
+            if k:
+                t1 = time.time()
+                store.set(self._key(f"ping/{r}/{k}"), "")
             give_up = time.monotonic() + 2.0
             while not store.check([pong]):
                 if time.monotonic() > give_up:
