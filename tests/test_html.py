@@ -411,7 +411,7 @@ def test_a_torchrun_job_writes_every_rank_into_its_page_and_trace(tmp_path: Path
     env.update(OMP_NUM_THREADS="1", LOADPROF_DIST_TIMEOUT="30")
     proc = subprocess.run([str(launch / "torchrun"), "--standalone", "--nproc-per-node=2", "--no-python",
                            str(launch / "loadprof"), "diagnose", "--no-gpu", "-q", "--html", "job.html",
-                           "--trace", "job.trace.json", str(ROOT / "examples" / "ddp_starved.py")],
+                           "--trace", "job.trace.json", "--json", "job.json", str(ROOT / "examples" / "ddp_starved.py")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     page = (tmp_path / "job.html").read_text(encoding="utf-8")
@@ -427,3 +427,9 @@ def test_a_torchrun_job_writes_every_rank_into_its_page_and_trace(tmp_path: Path
         steps = [e for e in slices[pid, STEPS_TID] if e["cat"].startswith("step")]
         assert len(steps) == 60, pid
     assert doc["otherData"]["ranks"] == 2
+    # the saved job gives the same trace and a page with the same ranks
+    assert main(["report", str(tmp_path / "job.json"), "--trace", str(tmp_path / "again.trace.json"),
+                 "--html", str(tmp_path / "again.html")]) == 0
+    assert json.loads((tmp_path / "again.trace.json").read_text()) == doc
+    again = (tmp_path / "again.html").read_text(encoding="utf-8")
+    assert svg_count(again) == 2 and "rank 1 is a straggler" in again
