@@ -30,7 +30,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("check")
     torch.manual_seed(0)
     fast = _profiled(d / "fast.json", in_memory_loader(n=8 * 30, batch_size=8), heavy_model(width=384))
-    starved = _profiled(d / "starved.json", DataLoader(Sleepy(n=8 * 30, delay=0.004), batch_size=8),
+    starved = _profiled(d / "starved.json", DataLoader(Sleepy(n=8 * 30, delay=0.01), batch_size=8),
                         small_model())
     other_batch = _profiled(d / "batch16.json", in_memory_loader(n=16 * 20, batch_size=16), heavy_model(width=384))
     return {"fast": fast, "starved": starved, "batch16": other_batch}
@@ -71,20 +71,31 @@ def test_each_broken_limit_is_one_line_with_the_measured_and_the_baseline_value(
 
 
 def test_a_faster_run_than_its_baseline_holds_the_slowdown_limit(runs, capsys):
-    # The starved run's steps wait ~32 ms for storage; the heavy model's take a few ms.
+    # The starved run's steps wait ~80 ms for storage; the heavy model's take a few ms (tens on a loaded machine).
     code, out, _ = _check(capsys, str(runs["fast"]), "--baseline", str(runs["starved"]), "--max-slowdown", "0")
     assert code == 0, out
     assert "ok (1 limit held" in out[0]
 
 
-def test_a_baseline_of_another_batch_size_is_refused_unless_forced(runs, capsys):
+def test_a_baseline_of_another_batch_size_is_refused_unless_forced(runs, capsys, tmp_path):
     code, out, err = _check(capsys, str(runs["batch16"]), "--baseline", str(runs["fast"]), "--max-slowdown", "1000")
     assert code == 2 and out == []
     assert err == ["loadprof: error: the run's batch size is 16, the baseline's 8: not comparable "
                    "(--force compares anyway)"]
-    code, out, _ = _check(capsys, str(runs["batch16"]), "--baseline", str(runs["fast"]), "--max-slowdown", "1000",
-                          "--force")
-    assert code == 0, out
+    # The baseline's own measurements saved as batch 16: refused as well, and compared
+    # with --force (the same step times, so no slowdown whatever the machine's load).
+    data = _report(runs["fast"])
+    for step in data["run"]["steps"]:
+        if step["batch_size"]:
+            step["batch_size"] = 16 * step["merged"]
+    for loader in data["run"]["loaders"]:
+        loader["batch_size"] = 16
+    twin = tmp_path / "fast16.json"
+    twin.write_text(json.dumps(data))
+    code, _, err = _check(capsys, str(twin), "--baseline", str(runs["fast"]), "--max-slowdown", "5")
+    assert code == 2 and err[0].startswith("loadprof: error: the run's batch size is 16, the baseline's 8")
+    code, out, _ = _check(capsys, str(twin), "--baseline", str(runs["fast"]), "--max-slowdown", "5", "--force")
+    assert code == 0 and "ok (1 limit held" in out[0], out
 
 
 def test_a_baseline_of_another_script_is_refused_unless_forced(runs, capsys, tmp_path):
