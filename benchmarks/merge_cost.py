@@ -1,13 +1,15 @@
 """What merging a job's reports costs at exit, for 2-16 ranks of 10,000 steps each.
 
 Synthetic runs (10,000 steps, host samples at 10 Hz over the run, DDP collective waits)
-go through the real path: each rank's document is encoded (dist.rank_document, then
-exchange.encode), and posted to a real TCPStore by a process of its own, which then
-answers rank 0's clock pings (Exchange.deliver); rank 0 collects (Exchange.collect),
-checks every rank (records.rank_from_dict), diagnoses every rank and the job
-(report.job.build_job_report) and writes the job's JSON. Printed: a rank's own
-encoding (each rank does it at once, in parallel), rank 0's cost by part and in all,
-the bytes each rank sends and the size of the job's file.
+go through the real path: each rank, rank 0 too, judges itself and puts its run in
+columns (dist.rank_message, knowing its host's other ranks' CPU, as after the exchange's
+sibling wait), and a process of its own posts it to a real TCPStore and answers rank 0's
+clock pings (Exchange.deliver); rank 0 collects (Exchange.collect), checking each rank as
+it comes (dist.read_message), diagnoses the job (report.job.build_job_report) and writes
+the job's JSON, then releases the senders (they leave, as ranks do, once rank 0's report
+is out). Printed: a rank's own part (each rank does it at once, in
+parallel), rank 0's cost by part and in all, the bytes each rank sends and the size of
+the job's file.
 
     .venv/bin/python benchmarks/merge_cost.py [--steps 10000] [--ranks 2 4 8 16]
 """
@@ -26,8 +28,9 @@ from datetime import timedelta
 
 from torch.distributed import TCPStore
 
-from loadprof.dist import rank_document
-from loadprof.dist.exchange import Exchange, JobContext, Timeouts, encode
+from loadprof.dist import judge_self, rank_message, read_message
+from loadprof.dist.exchange import Exchange, JobContext, Timeouts
+from loadprof.jobdiagnosis import rank_cores
 from loadprof.records import (
     Environment,
     HostSample,
@@ -36,12 +39,13 @@ from loadprof.records import (
     RankRun,
     Run,
     Step,
-    rank_from_dict,
+    keep_columns,
 )
 from loadprof.report import write_json
 from loadprof.report.job import build_job_report
 
-#: One rank: post its encoded document, answer rank 0's pings (argv: port run_id rank world path).
+#: One rank: post its message, answer rank 0's pings, stay until rank 0 releases it
+#: (argv: port run_id rank world path).
 SENDER = """
 import sys
 from loadprof.dist.exchange import Exchange, JobContext
@@ -84,10 +88,12 @@ def measure(world: int, steps: int) -> tuple[float, tuple[float, float, float, f
     assert ctx is not None
     rank0 = Exchange(ctx, timeouts)
     rank0.start()  # its heartbeat: the others wait for rank 0 only while it beats
-    # a rank's own cost: its document encoded (every rank does this at once)
+    # what each rank's sibling wait gives it: the CPU of the ranks on its host
+    cpu = {r.rank: (r.host, rank_cores(r)) for r in ranks}
+    siblings = {k: v for k, v in cpu.items() if v[1] is not None}
+    # a rank's own cost: its verdict and its run in columns (every rank does this at once)
     t = time.perf_counter()
-    doc = rank_document(ranks[1], ranks[1].run)  # type: ignore[arg-type]
-    size = len(encode(doc))
+    size = len(rank_message(ranks[1], ranks[1].run, siblings))  # type: ignore[arg-type]
     own = time.perf_counter() - t
     # each rank is its own process, as under torchrun (threads would share rank 0's GIL;
     # a fork of this process, whose store server runs a thread, can deadlock)
@@ -96,7 +102,7 @@ def measure(world: int, steps: int) -> tuple[float, tuple[float, float, float, f
     for r in range(1, world):
         path = os.path.join(folder, f"rank{r}.bin")
         with open(path, "wb") as f:
-            f.write(encode(rank_document(ranks[r], ranks[r].run)))  # type: ignore[arg-type]
+            f.write(rank_message(ranks[r], ranks[r].run, siblings))  # type: ignore[arg-type,arg-type]
         senders.append(subprocess.Popen([sys.executable, "-c", SENDER, str(server.port), run_id, str(r), str(world),
                                          path], env={**os.environ, "LOADPROF_DIST_TIMEOUT": "600"}))
         # one at a time: 15 processes importing torch at once on 2 cores overran the connect timeout
@@ -105,18 +111,32 @@ def measure(world: int, steps: int) -> tuple[float, tuple[float, float, float, f
             if time.monotonic() > deadline or senders[-1].poll() is not None:
                 raise SystemExit(f"rank {r}'s sender did not post its report")
             time.sleep(0.05)
+    # rank 0's own part, done while the others do theirs (dist.Job.finish)
+    own_verdicts = {0: judge_self(ranks[0], ranks[0].run, siblings)}  # type: ignore[arg-type]
+    keep_columns(ranks[0])
+    got_ranks = {}
+
+    def receive(r: int, blob: bytes) -> None:
+        got_ranks[r], verdict = read_message(r, blob)
+        if verdict is not None:
+            own_verdicts[r] = verdict
+
     t0 = time.perf_counter()
-    got = rank0.collect()
+    got = rank0.collect(receive=receive)
     t1 = time.perf_counter()
-    job_ranks = [ranks[0]] + [rank_from_dict(d, f"rank {r}") for r, d in sorted(got.docs.items())]
+    job_ranks = [ranks[0]] + [got_ranks[r] for r in sorted(got_ranks)]
+    assert len(own_verdicts) == world, "a rank's verdict did not check"
     t2 = time.perf_counter()
-    report = build_job_report(JobRun(world_size=world, run_id=run_id, merged="at exit", ranks=job_ranks))
+    report = build_job_report(JobRun(world_size=world, run_id=run_id, merged="at exit", ranks=job_ranks),
+                              own_verdicts)
+    assert len(report.diagnosis.own) == world, "rank 0 diagnosed a rank that had judged itself"
     t3 = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
         write_json(report, os.path.join(out, "job.json"))
         size_job = os.path.getsize(os.path.join(out, "job.json"))
     t4 = time.perf_counter()
     parts = (t1 - t0, t2 - t1, t3 - t2, t4 - t3, size_job)
+    rank0.release()  # as Job.release_sigterm does once the outputs are written
     for p in senders:
         p.wait(timeout=60)
     shutil.rmtree(folder, ignore_errors=True)
@@ -130,9 +150,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8, 16])
     args = parser.parse_args()
-    print(f"{args.steps} steps per rank; host samples at 10 Hz; {os.cpu_count()} CPUs here")
-    print("rank: its document encoded (each rank, at once); rank 0: collect (read, decode, clock pings),")
-    print("check (validate each rank), diagnose (every rank, then the job), write (the job's JSON)")
+    print(f"{args.steps} steps per rank; host samples at 10 Hz; {os.cpu_count()} CPUs here; load average "
+          f"{os.getloadavg()[0]:.2f}")
+    print("rank: its verdict and columns (each rank, at once); rank 0: collect (read, check each rank,")
+    print("clock pings), check (what is left after collect), diagnose (the job), write (the job's JSON)")
     print(f"{'ranks':>5} {'rank':>7} {'collect':>8} {'check':>7} {'diagnose':>8} {'write':>7} {'rank 0':>7}"
           f" {'sent/rank':>10} {'job file':>10}")
     for world in args.ranks:
