@@ -222,7 +222,7 @@ class LiveView:
             newest[g.index] = g
         if newest:
             s.gpus = [newest[i] for i in sorted(newest)]
-        if now >= self._next_verdict:
+        if s.steps and now >= self._next_verdict:  # no verdict, nor a copy of the run, before a step
             self._verdict(now)
         return s
 
