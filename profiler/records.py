@@ -489,7 +489,7 @@ class JobRun:
                 assert r.run is not None
                 layout, packed = encode_columns(r.run, r.collective_wait)
                 held = RunColumns(r.run, {}, {}, layout, packed)
-            ranks.append({**facts, "collective_wait": None, "run": held.to_dict()})  # in the columns
+            ranks.append({**facts, "run": held.to_dict()})
         return {"schema": self.schema, "world_size": self.world_size, "run_id": self.run_id, "merged": self.merged,
                 "ranks": ranks, "limitations": list(self.limitations)}
 
@@ -887,13 +887,21 @@ def _rank_from_columns(facts: Any, raw: Any, layout: Any, packed: bytes, where: 
         raise RecordError(f"{where}.run: expected an object, got {_got(raw)}")
     if raw.get("schema") != SCHEMA_VERSION:
         raise RecordError(f"{where}.run.schema: {raw.get('schema')!r:.40}, this loadprof reads {SCHEMA_VERSION}")
-    rank = _from_json(RankRun, {**facts, "run": None, "collective_wait": None}, at)
+    rank = _from_json(RankRun, {**facts, "run": None}, at)
     head = _from_json(Run, {k: v for k, v in raw.items() if k not in _TABLES and k != "columns"}, f"{where}.run")
     try:
         _check_run(head)
     except RecordError as exc:
         raise RecordError(f"{where}.{exc}") from None
-    columns, rank.collective_wait = decode_columns(head, layout, packed, f"{where}.run")
+    columns, waits = decode_columns(head, layout, packed, f"{where}.run")
+    if rank.collective_wait is not None:  # a job's file: the rank's fields hold them too, for its readers
+        import numpy as np
+
+        listed = _check_waits(np.array(rank.collective_wait, "<f8"), columns.arrays, where)
+        if waits is not None and listed != waits:
+            raise RecordError(f"{where}.collective_wait: not the values of its column in run.columns")
+        waits = listed
+    rank.collective_wait = waits
     rank.missing = ""
     _check_facts(rank, where)
     return with_columns(rank, columns)

@@ -291,6 +291,7 @@ def test_a_job_file_keeps_the_runs_in_columns_and_reads_them_back(tmp_path):
     write_json(report, path)
     data = json.loads(path.read_text())
     assert all("columns" in r["run"] and "steps" not in r["run"] for r in data["job"]["ranks"])
+    assert [r["collective_wait"] for r in data["job"]["ranks"]] == [r.collective_wait for r in ranks]  # readable
     again = load_report(path)
     assert [r.run for r in again.job.ranks] == [r.run for r in ranks]
     assert [r.collective_wait for r in again.job.ranks] == [r.collective_wait for r in ranks]
@@ -303,6 +304,8 @@ def test_a_job_file_keeps_the_runs_in_columns_and_reads_them_back(tmp_path):
     (lambda r: r["run"]["columns"]["layout"].pop(), "bytes for a layout of"),
     (lambda r: r["run"].update(columns=[]), "run.columns: expected an object"),
     (lambda r: r.update(rank="zero"), "job.ranks[1].rank: expected a whole number"),
+    (lambda r: r.update(collective_wait=[0.0]), "job.ranks[1].collective_wait: 1 values for 40 step records"),
+    (lambda r: r["collective_wait"].__setitem__(3, 0.001), "collective_wait: not the values of its column"),
 ])
 def test_a_hostile_job_file_in_columns_is_one_line_and_exit_2(tmp_path, capsys, mutate, message):
     path = tmp_path / "job.json"
