@@ -576,8 +576,10 @@ MAX_COLUMN_BYTES = 256 * 2**20
 # way. None is NaN in a float column and -2**63 in an integer one (neither is a value a
 # saved run may hold); a list per reading (``cpu_per_core``) is its lengths and its values
 # one after another. A float that is not finite is sent as a saved run writes it (null:
-# the field's default, or None). A rank's own file (report.rankR.json, for loadprof merge)
-# keeps the object form of a saved run.
+# the field's default, or None). The job's file also keeps each rank's collective waits
+# as a JSON list among its fields, for readers of the JSON; it must agree with the column.
+# A rank's own file (report.rankR.json, for loadprof merge) keeps the object form of a
+# saved run.
 _TABLES: dict[str, type] = {"steps": Step, "host_samples": HostSample, "gpu_samples": GpuSample}
 _NONE_INT = -(2**63)
 _KINDS: dict[type, list[tuple[str, str, bool, Any]]] = {}
