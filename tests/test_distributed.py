@@ -141,7 +141,9 @@ def test_killed_rank_is_listed_missing_and_the_report_is_still_written(tmp_path)
     assert code != 0  # torchrun reports the job failed, as it would without loadprof
     assert report["missing_ranks"] == [1]
     missing = report["ranks"][1]
-    assert missing["missing"] and "no report" in missing["missing"]
+    # torchrun's SIGTERM to rank 0 ends the wait ("no report before torchrun ended the job"),
+    # unless the dead rank's heartbeat is seen stale first: both say why it is missing
+    assert "no report" in missing["missing"] or "heartbeat stopped" in missing["missing"], missing
     assert report["ranks"][0]["steps"] > 0
     assert (tmp_path / "r.rank0.json").exists()  # rank 0's own, for loadprof merge
 
