@@ -110,6 +110,11 @@ class HostSample:
     memory_limit_left: int | None = None
     #: % of a core used by loadprof's own helper process: neither the job's nor another's
     profiler_cpu: float = 0.0
+    #: each loader worker's pid and % of a core over the window, in the same order; they sum
+    #: to ``children_cpu``. Empty in runs saved before they were recorded. Readings with the
+    #: same workers may share one ``worker_pids`` list (memory): treat it as read-only.
+    worker_pids: list[int] = field(default_factory=list)
+    worker_cpu: list[float] = field(default_factory=list)
 
 
 @dataclass(slots=True)  # one per training step, made on the step's path: keep it cheap
@@ -333,6 +338,11 @@ def _value(value: Any, tp: Any, where: str) -> Any:
     if origin is list:
         if not isinstance(value, list):
             raise RecordError(f"{where}: expected a list, got {_got(value)}")
+        # every reading holds lists of numbers (CPU per core, per worker): checked at once when all are fine
+        if args[0] is float and all(type(v) is float for v in value) and all(map(math.isfinite, value)):
+            return list(value)
+        if args[0] is int and all(type(v) is int and -_INT_LIMIT < v < _INT_LIMIT for v in value):
+            return list(value)
         return [_value(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
     if origin is tuple:
         if not isinstance(value, list) or len(value) != len(args):
@@ -379,6 +389,22 @@ def _check_run(run: Run) -> None:
     for i, ev in enumerate(run.evaluations):
         if ev.end < ev.start:
             raise bad(f"run.evaluations[{i}]", f"ends ({ev.end}) before it starts ({ev.start})")
+    for i, h in enumerate(run.host_samples):
+        if h.worker_pids or h.worker_cpu:
+            _check_workers(h.worker_pids, h.worker_cpu, f"run.host_samples[{i}]")
+
+
+def _check_workers(pids: Sequence[int], cpu: Sequence[float], where: str) -> None:
+    """One reading's per-worker CPU: a figure per pid, none negative, pids positive and distinct."""
+    if len(pids) != len(cpu):
+        raise RecordError(f"{where}.worker_cpu: {len(cpu)} values for {len(pids)} worker_pids")
+    for j, (pid, c) in enumerate(zip(pids, cpu, strict=True)):
+        if pid <= 0:
+            raise RecordError(f"{where}.worker_pids[{j}]: expected a process id, got {pid}")
+        if c < 0:
+            raise RecordError(f"{where}.worker_cpu[{j}]: negative ({c})")
+    if len(set(pids)) != len(pids):
+        raise RecordError(f"{where}.worker_pids: a pid given twice")
 
 
 # -- multi-process jobs ------------------------------------------------------------------
@@ -574,8 +600,8 @@ MAX_COLUMN_BYTES = 256 * 2**20
 # reads it (``RankRun.run``), and writes the compressed bytes it checked, base64, into the
 # job's file (``job.ranks[i].run.columns``), which ``JobRun.from_dict`` checks the same
 # way. None is NaN in a float column and -2**63 in an integer one (neither is a value a
-# saved run may hold); a list per reading (``cpu_per_core``) is its lengths and its values
-# one after another. A float that is not finite is sent as a saved run writes it (null:
+# saved run may hold); a list per reading (``cpu_per_core``, ``worker_pids``) is its lengths
+# and its values one after another. A float that is not finite is sent as a saved run writes it (null:
 # the field's default, or None). The job's file also keeps each rank's collective waits
 # as a JSON list among its fields, for readers of the JSON; it must agree with the column.
 # A rank's own file (report.rankR.json, for loadprof merge) keeps the object form of a
@@ -586,7 +612,7 @@ _KINDS: dict[type, list[tuple[str, str, bool, Any]]] = {}
 
 
 def _kinds(cls: type) -> list[tuple[str, str, bool, Any]]:
-    """(field, "f" float / "i" integer / "fl" list of floats, optional, default or MISSING)."""
+    """(field, "f" float / "i" integer / "fl" "il" list of floats, of integers, optional, default or MISSING)."""
     kinds = _KINDS.get(cls)
     if kinds is None:
         kinds = []
@@ -597,8 +623,8 @@ def _kinds(cls: type) -> list[tuple[str, str, bool, Any]]:
             inner = next(a for a in typing.get_args(tp) if a is not type(None)) if optional else tp
             if inner is float or inner is int:
                 kind = "f" if inner is float else "i"
-            elif typing.get_origin(inner) is list and typing.get_args(inner) == (float,):
-                kind = "fl"
+            elif typing.get_origin(inner) is list and typing.get_args(inner) in ((float,), (int,)):
+                kind = "fl" if typing.get_args(inner) == (float,) else "il"
             else:
                 raise TypeError(f"no column for {cls.__name__}.{f.name}")  # a field this codec does not know: our bug
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default  # type: ignore[misc]
@@ -627,9 +653,10 @@ def encode_columns(run: Run, collective: list[float] | None = None) -> tuple[lis
             items = getattr(run, table)
             for name, kind, optional, default in _kinds(cls):
                 values = list(map(attrgetter(name), items))
-                if kind == "fl":
+                if kind in ("fl", "il"):
                     put(f"{table}.{name}", np.fromiter(map(len, values), "<i8", len(values)))
-                    put(f"{table}.{name}.values", np.fromiter(chain.from_iterable(values), "<f8"))
+                    put(f"{table}.{name}.values",
+                        np.fromiter(chain.from_iterable(values), "<f8" if kind == "fl" else "<i8"))
                 elif kind == "f":
                     array = np.array(values, dtype="<f8").reshape(-1)  # None: NaN
                     finite = np.isfinite(array)
@@ -658,7 +685,7 @@ class RunColumns:
     def column(self, table: str, name: str) -> list[Any]:
         kind, optional = next((k, o) for n, k, o, _ in _kinds(_TABLES[table]) if n == name)
         array = self.arrays[f"{table}.{name}"]
-        if kind == "fl":
+        if kind in ("fl", "il"):
             lengths, values = array
             n = len(lengths)
             if n and (lengths == lengths[0]).all():
@@ -718,7 +745,8 @@ def decode_columns(head: Run, layout: Any, packed: bytes, where: str,
     if len(raw) != total or not inflate.eof:
         raise RecordError(f"{where}.columns.data: {len(raw)}{'+' if len(raw) > total else ''} bytes for a "
                           f"layout of {total}")
-    ints = {f"{t}.{n}" for t, cls in _TABLES.items() for n, k, _, _ in _kinds(cls) if k in ("i", "fl")}
+    ints = {f"{t}.{n}" for t, cls in _TABLES.items() for n, k, _, _ in _kinds(cls) if k in ("i", "fl", "il")}
+    ints |= {f"{t}.{n}.values" for t, cls in _TABLES.items() for n, k, _, _ in _kinds(cls) if k == "il"}
     found: dict[str, Any] = {}
     offset = 0
     for name, count in sizes.items():
@@ -739,7 +767,7 @@ def decode_columns(head: Run, layout: Any, packed: bytes, where: str,
             if n is not None and len(array) != n:
                 raise RecordError(f"{at}.{name}: {len(array)} values, other columns have {n}")
             n = len(array)
-            if kind == "fl":
+            if kind in ("fl", "il"):
                 values = found.get(f"{key}.values")
                 if values is None:
                     raise RecordError(f"{at}.{name}: its values are missing")
@@ -748,7 +776,7 @@ def decode_columns(head: Run, layout: Any, packed: bytes, where: str,
                     raise RecordError(f"{at}[{i}].{name}: a list of {int(array[i])} values")
                 if int(array.sum()) != len(values):
                     raise RecordError(f"{at}.{name}: {len(values)} values for lists of {int(array.sum())}")
-                bad = ~np.isfinite(values)
+                bad = ~np.isfinite(values) if kind == "fl" else np.zeros(0, bool)
                 if bad.any():
                     j = int(np.argmax(bad))
                     i = int(np.searchsorted(array.cumsum(), j, side="right"))
@@ -768,12 +796,13 @@ def decode_columns(head: Run, layout: Any, packed: bytes, where: str,
         for name, kind, _, default in _kinds(cls):  # fields an older loadprof did not send
             key = f"{table}.{name}"
             if key not in arrays:
-                if kind == "fl":
-                    arrays[key] = (np.zeros(counts[table], "<i8"), np.zeros(0, "<f8"))
+                if kind in ("fl", "il"):
+                    arrays[key] = (np.zeros(counts[table], "<i8"), np.zeros(0, "<f8" if kind == "fl" else "<i8"))
                 else:
                     fill = default if default is not None else np.nan if kind == "f" else _NONE_INT
                     arrays[key] = np.full(counts[table], fill, "<f8" if kind == "f" else "<i8")
     _check_step_columns(arrays, f"{where}.steps")
+    _check_worker_columns(arrays, f"{where}.host_samples")
     waits = found.get("collective_wait") if collective else None
     if waits is not None:
         waits = _check_waits(waits, arrays, where.rsplit(".", 1)[0])
@@ -799,6 +828,22 @@ def _check_step_columns(arrays: dict[str, Any], where: str) -> None:
     bad = (sizes < 0) & (sizes != _NONE_INT)
     if bad.any():
         raise RecordError(f"{where}[{int(np.argmax(bad))}].batch_size: negative")
+
+
+def _check_worker_columns(arrays: dict[str, Any], where: str) -> None:
+    """``_check_workers`` on the host samples' columns: the first bad reading is checked the slow way."""
+    import numpy as np
+
+    (n_pids, pids), (n_cpu, cpu) = arrays["host_samples.worker_pids"], arrays["host_samples.worker_cpu"]
+    bad_values = (pids <= 0) | (cpu < 0) if len(pids) == len(cpu) else np.ones(max(len(pids), len(cpu)), bool)
+    if not (n_pids != n_cpu).any() and not bad_values.any():
+        pairs = np.stack([np.repeat(np.arange(len(n_pids)), n_pids), pids]) if len(pids) else None
+        if pairs is None or len(np.unique(pairs, axis=1)[0]) == len(pids):
+            return
+    pid_ends, cpu_ends = n_pids.cumsum(), n_cpu.cumsum()
+    for i in range(len(n_pids)):
+        _check_workers(pids[pid_ends[i] - n_pids[i]:pid_ends[i]].tolist(),
+                       cpu[cpu_ends[i] - n_cpu[i]:cpu_ends[i]].tolist(), f"{where}[{i}]")
 
 
 def _check_waits(waits: Any, arrays: dict[str, Any], where: str) -> list[float]:

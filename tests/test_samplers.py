@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from loadprof.records import GpuSample
+from loadprof.records import GpuSample, HostSample
 from loadprof.samplers import (
     THREAD_NAME,
     HostProcess,
@@ -426,6 +426,47 @@ def test_children_cpu_counts_a_busy_grandchild(burner_tree: subprocess.Popen[byt
     assert s.children_rss > 0
     assert burner_tree.pid in host.pids()
     assert os.getpid() in host.pids()
+
+
+def test_each_workers_cpu_is_its_own_and_they_sum_to_the_workers_total(burner_tree: subprocess.Popen[bytes]) -> None:
+    host = HostSource(pid=os.getpid())
+    host.start()
+    assert wait_until(lambda: len(psutil.Process().children(recursive=True)) >= 2)
+    time.sleep(0.5)
+    s = host.sample(1.0)
+    assert sorted(s.worker_pids) == sorted(host.pids() - {os.getpid()}) and len(s.worker_pids) == s.n_children
+    cpu = dict(zip(s.worker_pids, s.worker_cpu, strict=True))
+    (burner,) = [c.pid for c in psutil.Process(burner_tree.pid).children()]
+    assert cpu[burner] > 20.0 and cpu[burner_tree.pid] < 20.0  # the grandchild burns; its parent waits
+    assert abs(sum(s.worker_cpu) - s.children_cpu) <= 0.005 * len(s.worker_cpu) + 1e-9  # rounded to 0.01
+    again = host.sample(1.1)
+    assert again.worker_pids is s.worker_pids  # the same workers: their readings share one list
+
+
+def test_the_helper_sends_each_workers_cpu(burner_tree: subprocess.Popen[bytes]) -> None:
+    assert wait_until(lambda: len(psutil.Process().children(recursive=True)) >= 2)
+    (burner,) = [c.pid for c in psutil.Process(burner_tree.pid).children()]
+    host = HostProcess()
+    host.start(interval=0.02)
+    try:
+        got: list[HostSample] = []
+        deadline = time.monotonic() + 10
+        while len(got) < 6 and time.monotonic() < deadline:
+            time.sleep(0.02)
+            taken = host.sample(time.monotonic())  # the helper's readings, every DRAIN_EVERY intervals
+            if host.serving:
+                got += taken
+        assert host.serving
+        got += host.finish(time.monotonic())
+    finally:
+        host.close()
+    assert host.problems() == []
+    late = got[-5:]
+    for h in late:
+        assert {burner, burner_tree.pid} <= set(h.worker_pids) and len(h.worker_pids) == len(h.worker_cpu)
+        assert abs(sum(h.worker_cpu) - h.children_cpu) <= 0.005 * len(h.worker_cpu) + 1e-9
+    assert statistics.median(dict(zip(h.worker_pids, h.worker_cpu, strict=True))[burner] for h in late) > 20.0
+    assert late[1].worker_pids is late[0].worker_pids  # parsed from its lines, still one list for the same workers
 
 
 def _own_statm(proc_root: Path) -> None:

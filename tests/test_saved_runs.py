@@ -47,7 +47,8 @@ def _run() -> Run:
                                memory_total=80 * 2**30, power_w=200.0, sm_clock_mhz=1900) for i in range(45)],
         host_samples=[HostSample(t=0.1 * i, cpu_per_core=[50.0, 20.0, 90.0, 10.0], process_cpu=95.0,
                                  children_cpu=150.0, n_children=2, process_rss=2**31, memory_percent=40.0,
-                                 memory_available=2**33, disk_read_bps=1e6, iowait_percent=1.0, window=0.1)
+                                 memory_available=2**33, disk_read_bps=1e6, iowait_percent=1.0, window=0.1,
+                                 worker_pids=[4101, 4102], worker_cpu=[80.0, 70.0])
                       for i in range(45)],
         loaders=[LoaderInfo(framework="torch", kind="DataLoader", batch_size=32, num_workers=2, pin_memory=False,
                             dataset_length=1280, dataset_type="TensorDataset", sample_nbytes=4096, iterations=1)],
@@ -88,6 +89,13 @@ def test_a_saved_report_reads_back_as_it_was(tmp_path: Path) -> None:
     (["steps", 5, "start"], None, "run.steps[5].start: expected a number, got null"),
     (["probes", "x"], "fast", "run.probes.x: expected a number"),
     (["steps"], {"0": {}}, "run.steps: expected a list, got an object"),
+    (["host_samples", 2, "worker_cpu"], [80.0], "run.host_samples[2].worker_cpu: 1 values for 2 worker_pids"),
+    (["host_samples", 2, "worker_cpu"], [80.0, -5], "run.host_samples[2].worker_cpu[1]: negative (-5.0)"),
+    (["host_samples", 2, "worker_cpu"], {"4101": 80.0}, "run.host_samples[2].worker_cpu: expected a list, got an"),
+    (["host_samples", 2, "worker_cpu"], [80.0, "70%"], "run.host_samples[2].worker_cpu[1]: expected a number"),
+    (["host_samples", 2, "worker_pids"], [4101, 2.5], "run.host_samples[2].worker_pids[1]: expected a whole number"),
+    (["host_samples", 2, "worker_pids"], [0, 4102], "run.host_samples[2].worker_pids[0]: expected a process id"),
+    (["host_samples", 2, "worker_pids"], [4101, 4101], "run.host_samples[2].worker_pids: a pid given twice"),
 ])
 def test_a_bad_field_is_one_line_naming_the_file_and_field(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                             where: list[Any], value: Any, message: str) -> None:
@@ -155,6 +163,61 @@ def test_deep_nesting_and_odd_files_are_one_line(tmp_path: Path) -> None:
     binary.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(ReportError, match="not JSON"):
         load_report(binary)
+
+
+def test_a_run_saved_before_per_worker_cpu_still_renders_every_output(tmp_path: Path) -> None:
+    from loadprof.report.html import HtmlPageRenderer
+    from loadprof.report.trace import TraceRenderer
+
+    data = _report_dict()
+    for h in data["run"]["host_samples"]:
+        del h["worker_pids"], h["worker_cpu"]
+    report = load_report(_saved(tmp_path, data))
+    assert all(h.worker_pids == [] == h.worker_cpu for h in report.run.host_samples)
+    page = HtmlPageRenderer().render(report)
+    assert "per worker (mean)" in page and "worker 4101" not in page
+    names = {e["name"] for e in json.loads(TraceRenderer().render(report))["traceEvents"]}
+    assert "CPU loader workers % of a core (sum)" in names and not any(n.startswith("CPU worker ") for n in names)
+
+
+def test_per_worker_cpu_travels_in_a_ranks_columns_and_is_checked_there() -> None:
+    import zlib
+    from dataclasses import replace
+
+    from loadprof.records import (
+        RankRun,
+        decode_columns,
+        encode_columns,
+        rank_from_bytes,
+        rank_to_bytes,
+    )
+
+    run = _run()
+    run.host_samples[3] = replace(run.host_samples[3], worker_pids=[4101, 4102, 4103], worker_cpu=[1.0, 2.0, 3.5])
+    run.host_samples[4] = replace(run.host_samples[4], worker_pids=[], worker_cpu=[])
+    back, _ = rank_from_bytes(rank_to_bytes(RankRun(rank=0, world_size=1, run=run)))
+    assert back.column("host_samples", "worker_pids")[3] == [4101, 4102, 4103]
+    assert back.column("host_samples", "worker_cpu")[:5] == [[80.0, 70.0]] * 3 + [[1.0, 2.0, 3.5], []]
+    assert back.run is not None and back.run.host_samples == run.host_samples
+    # a rank of an older loadprof sent no per-worker columns: its readings have none
+    layout, packed = encode_columns(run)
+    raw, kept, offset, parts = zlib.decompress(packed), [], 0, []
+    for name, count in layout:
+        if not name.startswith("host_samples.worker_"):
+            kept.append([name, count])
+            parts.append(raw[offset:offset + 8 * count])
+        offset += 8 * count
+    old, _ = decode_columns(run, kept, zlib.compress(b"".join(parts)), "rank.run")
+    assert old.column("host_samples", "worker_pids") == [[]] * 45 == old.column("host_samples", "worker_cpu")
+    for pids, cpu, message in [([4101, 4102], [80.0, -1.0], r"host_samples\[7\]\.worker_cpu\[1\]: negative"),
+                               ([4101, -3], [80.0, 70.0], r"host_samples\[7\]\.worker_pids\[1\]: expected a process"),
+                               ([4101, 4101], [80.0, 70.0], r"host_samples\[7\]\.worker_pids: a pid given twice"),
+                               ([4101], [80.0, 70.0], r"host_samples\[7\]\.worker_cpu: 2 values for 1 worker_pids")]:
+        bad = _run()
+        bad.host_samples[7] = replace(bad.host_samples[7], worker_pids=pids, worker_cpu=cpu)
+        with pytest.raises(RecordError, match=message) as err:
+            rank_from_bytes(rank_to_bytes(RankRun(rank=0, world_size=1, run=bad)))
+        assert "\n" not in str(err.value)
 
 
 def test_record_error_is_the_one_error_type() -> None:

@@ -94,6 +94,7 @@ class HostSource:
         self._last_proc_cpu = 0.0
         self._last_children: dict[tuple[int, float], float] = {}  # (pid, create_time) -> cpu s
         self._last_excluded: dict[int, float] = {}  # excluded pid (our helper) -> cpu s
+        self._worker_pids: list[int] = []  # the last reading's, shared by readings of the same workers
         self._last_disk_read: int | None = None
         self._last_slow_wall = 0.0
         self._pids: set[int] | None = None
@@ -171,7 +172,7 @@ class HostSource:
 
         self._n += 1
         (s.process_cpu, s.process_rss, s.children_cpu, s.n_children, s.children_rss,
-         s.process_run_delay, s.children_run_delay) = self._read_tree(
+         s.process_run_delay, s.children_run_delay, s.worker_pids, s.worker_cpu) = self._read_tree(
             now, dt, relist=self._n % TREE_EVERY == 0 or self._n == 1)
 
         if self._n % SLOW_EVERY == SLOW_EVERY // 2 or self._n == 1:
@@ -258,17 +259,19 @@ class HostSource:
             found.append(child)
         return found
 
-    def _read_tree(self, now: float, dt: float, relist: bool) -> tuple[float, int, float, int, int, float | None, float]:
+    def _read_tree(self, now: float, dt: float,
+                   relist: bool) -> tuple[float, int, float, int, int, float | None, float, list[int], list[float]]:
         """CPU % and RSS of the process and its descendants; updates the baselines.
 
         ``dt == 0`` only sets baselines. ``relist`` scans for new descendants
         (NOTE [ Sampling cost ]); otherwise the last list is read again. Returns (process_cpu, process_rss,
-        children_cpu, n_children, children_rss, process_run_delay, children_run_delay).
+        children_cpu, n_children, children_rss, process_run_delay, children_run_delay, worker_pids,
+        worker_cpu).
         """
         proc = self._proc
         if proc is None:
             self._pids = set()
-            return 0.0, 0, 0.0, 0, 0, None, 0.0
+            return 0.0, 0, 0.0, 0, 0, None, 0.0, [], []
         try:
             own = self._own_cpu_rss() if self._own else None
             if own is not None:
@@ -286,7 +289,7 @@ class HostSource:
         except _GONE as exc:
             self._note(f"process {self.pid}: {type(exc).__name__}")
             self._pids = set()
-            return 0.0, 0, 0.0, 0, 0, None, 0.0
+            return 0.0, 0, 0.0, 0, 0, None, 0.0, [], []
         process_cpu = _clamp_cpu(100.0 * (cpu - self._last_proc_cpu) / dt) if dt else 0.0
         self._last_proc_cpu = cpu
         own_delay = _run_delay(self._schedstat_file)
@@ -301,6 +304,9 @@ class HostSource:
         used = 0.0
         waited = 0.0
         children_rss = 0
+        worker_pids: list[int] = []
+        worker_cpu: list[float] = []
+        scale = 100.0 / dt if dt else 0.0
         for child in children:
             got = self._child_reading(child)
             if got is None:
@@ -314,18 +320,26 @@ class HostSource:
                     waited += max(0.0, c_delay - last_delay)
             children_rss += c_rss  # RSS counts pages shared with the parent in each worker
             last = self._last_children.get(key)
+            c_used = 0.0
             if last is not None:
-                used += max(0.0, c_cpu - last)
+                c_used = max(0.0, c_cpu - last)
             elif dt:
                 # NOTE [ Short-lived loader workers ]
                 lifetime = max(wall_now - key[1], 1e-9)
-                used += c_cpu if lifetime <= dt else c_cpu * dt / lifetime
+                c_used = c_cpu if lifetime <= dt else c_cpu * dt / lifetime
+            used += c_used
+            worker_pids.append(key[0])
+            worker_cpu.append(round(c_used * scale, 2))  # 0.01% of a core: short JSON, sums within rounding
         self._last_children = seen
         self._last_delay = delays
         self._pids = {proc.pid, *(pid for pid, _ in seen)}
         children_cpu = max(0.0, 100.0 * used / dt) if dt else 0.0
         children_delay = waited / dt if dt else 0.0
-        return process_cpu, rss, children_cpu, len(seen), children_rss, process_delay, children_delay
+        if worker_pids == self._worker_pids:
+            worker_pids = self._worker_pids  # the same workers: one list for all their readings (memory)
+        self._worker_pids = worker_pids
+        return (process_cpu, rss, children_cpu, len(seen), children_rss, process_delay, children_delay,
+                worker_pids, worker_cpu)
 
     def _child_reading(self, child: psutil.Process) -> tuple[tuple[int, float], float, int, float | None] | None:
         """((pid, create time), CPU seconds, RSS bytes, run-queue wait seconds or None) of a

@@ -82,6 +82,7 @@ class HostProcess:
         self._gone = False
         self._quit_sent = False
         self._helper_pids: set[int] | None = None
+        self._worker_pids: list[int] = []  # the last reading's, shared by readings of the same workers
         self._helper_problems: list[str] = []
         self._notes: list[str] = []
         self._interval = Settings.interval  # the helper's, followed by set_interval()
@@ -246,6 +247,9 @@ class HostProcess:
                 return None
             self._helper_pids = set(msg.pop("pids", ()))
             sample = HostSample(**{k: v for k, v in msg.items() if k in _FIELDS})
+            if sample.worker_pids == self._worker_pids:
+                sample.worker_pids = self._worker_pids  # the same workers: one list for their readings (memory)
+            self._worker_pids = sample.worker_pids
         except (ValueError, TypeError, AttributeError) as exc:
             self._note(f"host sampler process: unreadable line ({type(exc).__name__})")
             return None
