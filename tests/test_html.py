@@ -5,6 +5,7 @@ NOTE [ A page that opens anywhere ] and NOTE [ Honest downsampling ] in profiler
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -115,6 +116,52 @@ def test_report_to_an_unwritable_page_is_one_line_exit_2(torch_run, tmp_path: Pa
     assert main(["report", str(json_path), "--html", str(tmp_path / "no" / "such" / "r.html")]) == 2
     err = capsys.readouterr().err.strip()
     assert "r.html" in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+# -- each loader worker's CPU -------------------------------------------------------------
+def _note_worker(folder: str, worker_id: int) -> None:
+    Path(folder, f"worker-{os.getpid()}").touch()  # which processes the DataLoader's workers were
+
+
+@pytest.fixture(scope="module")
+def workers_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, set[int]]:
+    """Two busy persistent loader workers for about a second, sampled at 20 Hz."""
+    folder = tmp_path_factory.mktemp("workers_run")
+    loader = DataLoader(loops.CpuHeavy(n=512, cost=0.002), batch_size=16, num_workers=2, persistent_workers=True,
+                        worker_init_fn=functools.partial(_note_worker, str(folder)))
+    with Profile(interval=0.05, print_report=False, gpu=False, json=folder / "run.json", html=folder / "run.html"):
+        loops.train(loader, loops.small_model(), epochs=2)
+    workers = {int(p.name.split("-")[1]) for p in folder.glob("worker-*")}
+    return folder / "run.json", folder / "run.html", workers
+
+
+def test_the_cpu_chart_draws_each_loader_worker(workers_run, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    json_path, html_path, workers = workers_run
+    page = html_path.read_text(encoding="utf-8")
+    assert len(workers) == 2
+    for pid in workers:
+        assert f"worker {pid}" in page  # its line's legend
+    assert "per worker (mean)" not in page
+    assert "draws the CPU of each loader worker as a line of its own (legend: worker PID)" in page
+    again = tmp_path / "again.html"
+    assert main(["report", str(json_path), "--html", str(again)]) == 0
+    capsys.readouterr()
+    assert all(f"worker {pid}" in again.read_text(encoding="utf-8") for pid in workers)
+
+
+def test_past_eight_workers_the_busiest_are_drawn_and_the_rest_summed() -> None:
+    run = _hand_run()
+    for i, h in enumerate(run.host_samples):
+        h.worker_pids = list(range(5001, 5013))
+        h.worker_cpu = [10.0 * (n + 1) + i % 3 for n in range(12)]  # 5012 the busiest, 5001 the least
+        h.children_cpu, h.n_children = sum(h.worker_cpu), 12
+    page = HtmlPageRenderer().render(build_report(run))
+    assert all(f"worker {pid}" in page for pid in range(5005, 5013))
+    assert not any(f"worker {pid}" in page for pid in range(5001, 5005))
+    assert "4 other workers, summed" in page
+    assert "draws the 8 busiest of 12 loader workers one line each (legend: worker PID), the other 4 workers " \
+           "summed in one line." in page
 
 
 # -- escaping ----------------------------------------------------------------------
@@ -259,6 +306,23 @@ def test_chromium_draws_the_charts_of_a_real_run(torch_run, tmp_path: Path) -> N
     assert _pixels_near(image, (0xE4, 0x57, 0x2E)) > 3000
     assert _pixels_near(image, (0x4C, 0x72, 0xB0)) > 3000
     assert _pixels_near(image, (0xFF, 0xF4, 0xCC), tolerance=3) > 20_000
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                    reason=f"{CHROMIUM} missing: install Debian's chromium (.ci/system-packages) to see the page drawn")
+def test_chromium_draws_a_line_per_loader_worker(workers_run, tmp_path: Path) -> None:
+    from PIL import Image
+
+    _, html_path, _ = workers_run
+    png = tmp_path / "page.png"
+    proc = screenshot(html_path, png, tmp_path)
+    assert proc.returncode == 0 and png.exists(), proc.stderr[-2000:]
+    with Image.open(png) as shot:
+        image = shot.convert("RGB")
+    # the two workers' lines, matplotlib's C1 (#ff7f0e) and C2 (#2ca02c), nothing else drawn in them;
+    # thin antialiased lines: few pixels are exactly their colour
+    assert _pixels_near(image, (0xFF, 0x7F, 0x0E), tolerance=25) > 100
+    assert _pixels_near(image, (0x2C, 0xA0, 0x2C), tolerance=25) > 100
 
 
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} missing (.ci/system-packages installs it)")

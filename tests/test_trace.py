@@ -6,7 +6,9 @@ NOTE [ Trace layout ] in profiler/report/trace.py.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import sys
 import time
 from collections import defaultdict
@@ -24,9 +26,9 @@ from loadprof import Profile  # noqa: E402
 from loadprof.cli import main  # noqa: E402
 from loadprof.records import Run, Step  # noqa: E402
 from loadprof.report import load_report  # noqa: E402
-from loadprof.report.trace import EVAL_TID, STEPS_TID, trace_document  # noqa: E402
+from loadprof.report.trace import EVAL_TID, STEPS_TID, WORKERS_COUNTER, trace_document  # noqa: E402
 from tests.fake_pynvml import FakeGpu, FakeNvml  # noqa: E402
-from tests.torch_loops import Sleepy, in_memory_loader, small_model  # noqa: E402
+from tests.torch_loops import CpuHeavy, Sleepy, in_memory_loader, small_model, train  # noqa: E402
 
 _METADATA = {"process_name": "name", "process_sort_index": "sort_index", "thread_name": "name",
              "thread_sort_index": "sort_index"}
@@ -145,7 +147,7 @@ def test_every_sampled_signal_is_a_counter_track(real_run: dict[str, Any]) -> No
     run: Run = real_run["run"]
     counters: dict[str, list[float]] = defaultdict(list)
     for e in doc["traceEvents"]:
-        if e["ph"] == "C":
+        if e["ph"] == "C" and e["name"] != WORKERS_COUNTER:  # a value per worker: its own test
             counters[e["name"]].append(e["args"]["value"])
     assert set(counters["GPU 0 utilization %"]) == {70}
     assert set(counters["GPU 0 memory used MiB"]) == {3 * 1024}
@@ -158,6 +160,71 @@ def test_every_sampled_signal_is_a_counter_track(real_run: dict[str, Any]) -> No
     # the tree's count as recorded (a child left by another test in this process counts too)
     assert max(counters["loader workers"]) == max(h.n_children for h in run.host_samples) >= 2
     assert max(counters["CPU loader workers % of a core (sum)"]) > 0
+
+
+def _note_worker(folder: str, worker_id: int) -> None:
+    Path(folder, f"worker-{os.getpid()}").touch()  # which processes the DataLoader's workers were
+
+
+@pytest.fixture(scope="module")
+def workers_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, dict[str, Any], set[int]]:
+    """Two busy persistent loader workers for about a second, sampled at 20 Hz."""
+    d = tmp_path_factory.mktemp("workers")
+    loader = DataLoader(CpuHeavy(n=512, cost=0.002), batch_size=16, num_workers=2, persistent_workers=True,
+                        worker_init_fn=functools.partial(_note_worker, str(d)))
+    with Profile(trace=d / "t.json", print_report=False, gpu=False, interval=0.05) as prof:
+        train(loader, small_model(), epochs=2)
+    workers = {int(p.name.split("-")[1]) for p in d.glob("worker-*")}
+    return prof.report.run, json.loads((d / "t.json").read_text()), workers
+
+
+def _worker_tracks(doc: dict[str, Any]) -> dict[int, list[tuple[int, float]]]:
+    """Each worker's series of the per-worker counter, as Perfetto makes a track of each."""
+    tracks: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for e in doc["traceEvents"]:
+        if e["ph"] == "C" and e["name"] == WORKERS_COUNTER:
+            for key, value in e["args"].items():
+                assert key.startswith("worker ")
+                tracks[int(key.split()[1])].append((e["ts"], value))
+    return tracks
+
+
+def test_each_loader_worker_has_a_cpu_track_of_its_own(workers_run: tuple[Run, dict[str, Any], set[int]]) -> None:
+    run, doc, workers = workers_run
+    check_trace_format(doc)
+    tracks = _worker_tracks(doc)
+    assert len(workers) == 2 and workers <= set(tracks)  # a child left by another test may have one too
+    assert set(tracks) == {pid for h in run.host_samples for pid in h.worker_pids}
+    first = min(e["ts"] for e in doc["traceEvents"] if e["ph"] == "C" and e["name"] == WORKERS_COUNTER)
+    assert all(points[0][0] == first for points in tracks.values())  # chrome://tracing takes series from the first
+    for pid in workers:
+        assert max(v for _, v in tracks[pid]) > 10  # busy: CpuHeavy burns CPU in each worker
+    total = {e["ts"]: e["args"]["value"] for e in doc["traceEvents"]
+             if e["ph"] == "C" and e["name"] == "CPU loader workers % of a core (sum)"}
+    at: dict[int, float] = defaultdict(float)
+    for points in tracks.values():
+        for ts, v in points:
+            at[ts] += v
+    for ts, value in total.items():  # the workers' series add up to the sum's, reading by reading
+        assert abs(at.get(ts, 0.0) - value) <= 0.005 * len(tracks) + 0.001, ts
+    for h in run.host_samples:
+        assert abs(sum(h.worker_cpu) - h.children_cpu) <= 0.005 * len(h.worker_cpu) + 1e-9
+
+
+def test_a_worker_gone_drops_its_track_to_zero() -> None:
+    from loadprof.records import HostSample
+
+    host = [HostSample(t=0.1, worker_pids=[7, 8], worker_cpu=[90.0, 40.0], children_cpu=130.0, window=0.1),
+            HostSample(t=0.2, worker_pids=[8], worker_cpu=[50.0], children_cpu=50.0, window=0.1),
+            HostSample(t=0.3, worker_pids=[8, 9], worker_cpu=[45.0, 5.0], children_cpu=50.0, window=0.1),
+            HostSample(t=0.4, window=0.1), HostSample(t=0.5, window=0.1)]
+    doc = trace_document([(0, Run(host_samples=host, duration=0.6))])
+    check_trace_format(doc)
+    # Perfetto holds a track's value until its next event: a worker that exited reads 0 from
+    # then on; the first event names worker 9 too, as chrome://tracing takes its series from it
+    assert _worker_tracks(doc) == {7: [(100_000, 90.0), (200_000, 0.0)],
+                                   8: [(100_000, 40.0), (200_000, 50.0), (300_000, 45.0), (400_000, 0.0)],
+                                   9: [(100_000, 0.0), (300_000, 5.0), (400_000, 0.0)]}
 
 
 def test_names_say_what_each_process_and_thread_is(real_run: dict[str, Any]) -> None:

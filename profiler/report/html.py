@@ -381,7 +381,7 @@ class _Binned:
     binned: bool  # False: the readings as they are (no more of them than slices)
 
 
-def _bin(t: Sequence[float], v: Sequence[float], span: float, buckets: int,
+def _bin(t: Sequence[float], v: Sequence[float] | np.ndarray, span: float, buckets: int,
          weights: Sequence[float] | None = None) -> _Binned:
     """Slice means, lows and highs (NOTE [ Honest downsampling ]); empty slices are left out."""
     ta = np.asarray(t, dtype=float)
@@ -406,12 +406,53 @@ def _bin(t: Sequence[float], v: Sequence[float], span: float, buckets: int,
     return _Binned(x, mean, lo[used], hi[used], True)
 
 
-def _line(ax: Axes, b: _Binned, label: str, colour: str, **kw: Any) -> None:
+def _line(ax: Axes, b: _Binned, label: str, colour: str, band: bool = True, linewidth: float = 1.3,
+          **kw: Any) -> None:
     if not len(b.x):
         return
-    if b.binned:
+    if b.binned and band:
         ax.fill_between(b.x, b.lo, b.hi, color=colour, alpha=0.15, linewidth=0)
-    ax.plot(b.x, b.mean, label=label, color=colour, linewidth=1.3, **kw)
+    ax.plot(b.x, b.mean, label=label, color=colour, linewidth=linewidth, **kw)
+
+
+#: Loader workers drawn one line each in the CPU chart, the busiest; the rest are summed
+#: into one line (short-lived workers, forked again every epoch, can number hundreds).
+MAX_WORKER_LINES = 8
+# Not the training process's blue (C0), nor the grey of "others" (C7).
+_WORKER_COLOURS = ("C1", "C2", "C3", "C4", "C5", "C6", "C8", "C9")
+
+
+@dataclass
+class _Workers:
+    """Each drawn worker's CPU per host reading (NaN where it was not there), busiest first."""
+
+    pids: list[int]
+    cpu: list[np.ndarray]
+    rest: np.ndarray | None  # the other workers' CPU summed, when there are others
+    seen: int  # distinct workers in the run
+
+
+def _workers(host: Sequence[Any], most: int) -> _Workers:
+    """The ``most`` busiest workers by CPU time over the run (a reading weighs its window)."""
+    total: dict[int, float] = {}
+    for h in host:
+        w = h.window or 1.0  # a run saved before windows were recorded: readings weigh alike
+        for pid, c in zip(h.worker_pids, h.worker_cpu, strict=False):
+            total[pid] = total.get(pid, 0.0) + c * w
+    if not total:
+        return _Workers([], [], None, 0)
+    pids = sorted(total, key=lambda p: -total[p])[:most]
+    slot = {pid: n for n, pid in enumerate(pids)}
+    cpu = np.full((len(pids), len(host)), math.nan)
+    rest = np.zeros(len(host)) if len(total) > len(pids) else None
+    for i, h in enumerate(host):
+        for pid, c in zip(h.worker_pids, h.worker_cpu, strict=False):
+            n = slot.get(pid)
+            if n is not None:
+                cpu[n, i] = c
+            elif rest is not None:
+                rest[i] += c
+    return _Workers(pids, list(cpu), rest, len(total))
 
 
 @dataclass
@@ -423,6 +464,8 @@ class _Downsampled:
     buckets: int = 0
     span: float = 0.0
     binned: bool = False
+    workers_seen: int = 0  # loader workers with CPU of their own recorded
+    workers_drawn: int = 0
 
 
 def _run_charts(report: Report, buckets: int) -> str:
@@ -443,9 +486,17 @@ def _run_charts(report: Report, buckets: int) -> str:
         how = "Every step record and sample is drawn as recorded. "
     merged = (" (older steps merged pairwise by the profiler to bound its memory: a record's times are "
               "the mean of its steps)" if note.steps > note.step_records else "")
+    if note.workers_seen > note.workers_drawn:
+        workers = (f" The CPU chart draws the {note.workers_drawn} busiest of {note.workers_seen} loader workers "
+                   f"one line each (legend: worker PID), the other "
+                   f"{_plural(note.workers_seen - note.workers_drawn, 'worker')} summed in one line.")
+    elif note.workers_seen:
+        workers = " The CPU chart draws the CPU of each loader worker as a line of its own (legend: worker PID)."
+    else:
+        workers = ""
     text = (f"{how}{note.steps:,} steps in {note.step_records:,} records{merged}; "
             f"{len(run.host_samples):,} host and {len(run.gpu_samples):,} GPU samples. "
-            f"The shaded yellow span is the judged window (warm-up steps left out of the verdict).")
+            f"The shaded yellow span is the judged window (warm-up steps left out of the verdict).{workers}")
     return f"<p class='muted'>{_e(text)}</p><div class='chart'>{_svg(fig, 'run')}</div>"
 
 
@@ -468,7 +519,11 @@ def _run_figure(report: Report, buckets: int, note: _Downsampled) -> Figure | No
         panels += ["cpu", "memory", "disk"]
     if not panels:
         return None
-    heights = [2.2 if p == "steps" else 1.35 for p in panels]
+    workers = _workers(host, MAX_WORKER_LINES)
+    note.workers_seen, note.workers_drawn = workers.seen, len(workers.pids)
+    # the CPU panel's legend lists each worker drawn: room for it
+    cpu_height = max(1.35, 0.14 * (4 + len(workers.pids) + (workers.rest is not None)))
+    heights = [2.2 if p == "steps" else cpu_height if p == "cpu" else 1.35 for p in panels]
     fig = Figure(figsize=(10.5, 0.55 + sum(heights) * 1.05), dpi=96)
     axes = fig.subplots(len(panels), 1, sharex=True, gridspec_kw={"height_ratios": heights})
     axes = list(np.atleast_1d(axes))
@@ -508,9 +563,18 @@ def _run_figure(report: Report, buckets: int, note: _Downsampled) -> Figure | No
             if m.workers_seen:
                 _line(ax, _bin(t, [h.children_cpu / 100 for h in host], span, buckets, weights),
                       f"loader workers, all ({m.workers_seen})", _WAIT)
-                _line(ax, _bin(t, [h.children_cpu / 100 / h.n_children if h.n_children else math.nan
-                                   for h in host], span, buckets, weights), "per worker (mean)", _WAIT,
-                      linestyle=":")
+                if workers.pids:
+                    for n, pid in enumerate(workers.pids):
+                        _line(ax, _bin(t, workers.cpu[n] / 100, span, buckets, weights), f"worker {pid}",
+                              _WORKER_COLOURS[n % len(_WORKER_COLOURS)], band=False, linewidth=1.0)
+                    if workers.rest is not None:
+                        _line(ax, _bin(t, workers.rest / 100, span, buckets, weights),
+                              f"{_plural(workers.seen - len(workers.pids), 'other worker')}, summed", "#999999",
+                              band=False, linewidth=0.9, linestyle=":")
+                else:  # a run saved before each worker's CPU was recorded
+                    _line(ax, _bin(t, [h.children_cpu / 100 / h.n_children if h.n_children else math.nan
+                                       for h in host], span, buckets, weights), "per worker (mean)", _WAIT,
+                          linestyle=":")
             ax.axhline(m.usable_cores, color="#999999", linewidth=0.8, linestyle="--", zorder=1)
             ax.annotate(f"{m.usable_cores} usable cores", (0.005, m.usable_cores), xycoords=("axes fraction", "data"),
                         fontsize=7, va="bottom")
@@ -550,6 +614,10 @@ def _run_figure(report: Report, buckets: int, note: _Downsampled) -> Figure | No
     fig.subplots_adjust(left=0.07, right=0.80, top=0.97, bottom=0.35 / (0.55 + sum(heights) * 1.05) + 0.03,
                         hspace=0.18)
     return fig
+
+
+def _plural(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 def _nan(value: float | None) -> float:

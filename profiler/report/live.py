@@ -59,6 +59,7 @@ THREAD_NAME = "loadprof-live"
 JOIN_TIMEOUT = 5.0
 FIRST_DRAW = 20.0  # seconds: the view waits for the first step at most this long
 TITLE_WIDTH = 56  # characters of the command shown; a longer one ends in "…"
+LIVE_WORKERS = 8  # loader workers shown each with its CPU; the count of the others after them
 
 _COLOURS = {"data-starved": "bold red", "memory-bound": "bold magenta", "host-bound": "bold yellow",
             "compute-bound": "bold green", "inconclusive": "bold white"}
@@ -271,6 +272,10 @@ class LiveView:
             h = s.host
             workers = f"   {h.n_children} loader worker{'s' if h.n_children != 1 else ''} {h.children_cpu:.0f}%" \
                 if h.n_children else "   no loader workers"
+            if h.worker_cpu:  # each worker's, busiest first
+                each = sorted(h.worker_cpu, reverse=True)
+                more = f" +{len(each) - LIVE_WORKERS} more" if len(each) > LIVE_WORKERS else ""
+                workers += ": " + " ".join(f"{c:.0f}%" for c in each[:LIVE_WORKERS]) + more
             row("CPU", f"process {h.process_cpu:.0f}% of a core{workers}")
         else:
             row("CPU", "no readings yet", "dim")

@@ -20,10 +20,18 @@ metadata and ordered by ``process_sort_index``; a single-process run is rank 0. 
 - counter tracks (``ph: "C"``) for every signal the samplers recorded, one track per
   signal, each event ``args: {"value": v}``: per GPU utilization, memory activity,
   memory used (device and this process), power, SM clock, PCIe; on the host the CPU of
-  the training process and of its loader workers (summed: per-worker CPU is not
-  recorded), the workers' count, cores busy, memory of both, system memory, swap, disk
-  reads, iowait, run-queue delay. A reading the driver did not give is left out, not
+  the training process and of its loader workers (summed), the workers' count, cores
+  busy, memory of both, system memory, swap, disk reads, iowait, run-queue delay. A reading the driver did not give is left out, not
   drawn as zero.
+- each loader worker's CPU: one counter, "CPU per loader worker % of a core", whose
+  events carry a value per worker ("worker PID"), one event per reading: a track per
+  worker in Perfetto (named counter and key), one stacked chart of them all (summing
+  to the workers' total) in chrome://tracing. chrome://tracing takes a counter's series
+  from its first event and reads a series missing from a later one as 0, so the first
+  event names every worker of the run (0 for those not yet started); Perfetto holds a
+  track's last value until its next event, so a worker gone is given 0 at the first
+  reading without it. One event a reading, not one per worker: 16 workers' separate
+  events would nearly double a long run's file.
 Integer microseconds keep children exactly inside their parent (floats summed in
 microseconds drift by an ulp past the parent's end, which viewers then misnest).
 """
@@ -49,6 +57,8 @@ ClockOffsets = Mapping[int, float]
 
 STEPS_TID = 1
 EVAL_TID = 2
+#: The loader workers' CPU, one series ("worker PID") per worker (NOTE [ Trace layout ])
+WORKERS_COUNTER = "CPU per loader worker % of a core"
 
 _MIB = 2**20
 
@@ -212,6 +222,24 @@ def _counters(pid: int, run: Run, offset: float) -> Iterable[dict[str, Any]]:
             value = read(h)
             if value is not None and math.isfinite(value):
                 yield _counter(pid, label, _us(offset) + _us(h.t), value)
+    yield from _worker_counters(pid, run.host_samples, offset)
+
+
+def _worker_counters(pid: int, host: Sequence[HostSample], offset: float) -> Iterable[dict[str, Any]]:
+    """One counter, a series per loader worker: each reading's event holds the workers read then,
+    and 0 for those gone since the reading before; the first names every worker of the run."""
+    everyone = sorted({w for h in host for w in h.worker_pids})
+    last: Sequence[int] = ()
+    for h in host:
+        args = dict.fromkeys(everyone, 0.0)
+        everyone = []
+        if last is not h.worker_pids:  # readings of the same workers share their list
+            args.update(dict.fromkeys(sorted(set(last).difference(h.worker_pids)), 0.0))
+        args.update(zip(h.worker_pids, h.worker_cpu, strict=False))
+        last = h.worker_pids
+        if args:
+            yield {"name": WORKERS_COUNTER, "ph": "C", "pid": pid, "tid": 0, "ts": _us(offset) + _us(h.t),
+                   "args": {f"worker {w}": round(float(v), 3) for w, v in args.items()}}
 
 
 def _counter(pid: int, name: str, ts: int, value: float) -> dict[str, Any]:
