@@ -837,8 +837,19 @@ def _check_worker_columns(arrays: dict[str, Any], where: str) -> None:
     (n_pids, pids), (n_cpu, cpu) = arrays["host_samples.worker_pids"], arrays["host_samples.worker_cpu"]
     bad_values = (pids <= 0) | (cpu < 0) if len(pids) == len(cpu) else np.ones(max(len(pids), len(cpu)), bool)
     if not (n_pids != n_cpu).any() and not bad_values.any():
-        pairs = np.stack([np.repeat(np.arange(len(n_pids)), n_pids), pids]) if len(pids) else None
-        if pairs is None or len(np.unique(pairs, axis=1)[0]) == len(pids):
+        if not len(pids):
+            return
+        rows = np.repeat(np.arange(len(n_pids), dtype="<i8"), n_pids)
+        same_row = rows[1:] == rows[:-1]
+        if not (same_row & (pids[1:] <= pids[:-1])).any():
+            return  # ascending within each reading, as the tree is usually listed: distinct
+        if int(pids.max()) < 2**23 and len(n_pids) < 2**40:  # Linux pids are below 2**22: one sort of keys
+            keys = np.sort((rows << 23) | pids)
+            twice = (keys[1:] == keys[:-1]).any()
+        else:
+            order = np.lexsort((pids, rows))
+            twice = ((rows[order][1:] == rows[order][:-1]) & (pids[order][1:] == pids[order][:-1])).any()
+        if not twice:
             return
     pid_ends, cpu_ends = n_pids.cumsum(), n_cpu.cumsum()
     for i in range(len(n_pids)):
