@@ -522,7 +522,7 @@ def _run_figure(report: Report, buckets: int, note: _Downsampled) -> Figure | No
     workers = _workers(host, MAX_WORKER_LINES)
     note.workers_seen, note.workers_drawn = workers.seen, len(workers.pids)
     # the CPU panel's legend lists each worker drawn: room for it
-    cpu_height = max(1.35, 0.14 * (4 + len(workers.pids) + (workers.rest is not None)))
+    cpu_height = max(1.35, 0.19 * (3 + len(workers.pids) + (workers.rest is not None)))
     heights = [2.2 if p == "steps" else cpu_height if p == "cpu" else 1.35 for p in panels]
     fig = Figure(figsize=(10.5, 0.55 + sum(heights) * 1.05), dpi=96)
     axes = fig.subplots(len(panels), 1, sharex=True, gridspec_kw={"height_ratios": heights})
