@@ -16,9 +16,8 @@ import pytest
 
 pytest.importorskip("torch.distributed.fsdp")
 
+from loadprof.dist.collectives import waits_block  # noqa: E402
 from tests.test_distributed import LOADPROF, TORCHRUN, finish, start  # noqa: E402
-
-pytestmark = pytest.mark.slow
 
 #: An FSDP loop (API chosen by FSDP=1|2) whose slow rank is chosen by the environment;
 #: steps paced by sleeps and a compute loop bounded in wall time, as in test_distributed.py.
@@ -41,7 +40,7 @@ WORKLOAD = textwrap.dedent('''
             time.sleep(0.09 if rank == env("SLOW_INPUT_RANK") else 0.03)
             return torch.randn(32), torch.randn(1)
 
-    dist.init_process_group("gloo")
+    dist.init_process_group(os.environ.get("BACKEND"))  # unset: torch's default for the devices there are
     net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     if os.environ["FSDP"] == "1":
         from torch.distributed.fsdp import FullyShardedDataParallel
@@ -77,7 +76,16 @@ def fsdp_job(tmp_path: Path, api: str, **env: str) -> tuple[int, str, dict]:
     return code, out, json.loads(path.read_text())
 
 
+def test_work_wait_is_timed_only_where_every_backend_is_gloo():
+    # what torch 2.13 reports for init_process_group("gloo") and for no backend on a CPU-only machine
+    assert waits_block("cpu:gloo,cuda:gloo") and waits_block("cpu:gloo") and waits_block("gloo")
+    # NCCL's wait only orders CUDA streams: the host does not block in it
+    assert not waits_block("cpu:gloo,cuda:nccl") and not waits_block("nccl") and not waits_block("undefined")
+
+
+@pytest.mark.slow
 def test_fsdp2_rank_with_slow_input_is_named_and_the_others_wait_in_its_all_gathers(tmp_path):
+    # no backend named: torch picks gloo for the CPU (config "cpu:gloo")
     code, out, report = fsdp_job(tmp_path, "2", SLOW_INPUT_RANK="1")
     assert code == 0, out[-3000:]
     assert report["world_size"] == 2 and [r["rank"] for r in report["ranks"]] == [0, 1]
@@ -91,16 +99,18 @@ def test_fsdp2_rank_with_slow_input_is_named_and_the_others_wait_in_its_all_gath
     assert report["ranks"][0]["collective_s"] > report["ranks"][1]["collective_s"]
 
 
+@pytest.mark.slow
 def test_fsdp1_rank_with_slow_compute_is_named_with_cause_compute(tmp_path):
-    code, out, report = fsdp_job(tmp_path, "1", SLOW_COMPUTE_RANK="1")
+    code, out, report = fsdp_job(tmp_path, "1", BACKEND="gloo", SLOW_COMPUTE_RANK="1")
     assert code == 0, out[-3000:]
     assert [(s["rank"], s["cause"]) for s in report["stragglers"]] == [(1, "compute")], report["summary"]
     assert report["stragglers"][0]["others_wait"] > 0
     assert all(r["collective_wait"] is not None for r in report["job"]["ranks"])
 
 
+@pytest.mark.slow
 def test_fsdp1_balanced_job_names_no_straggler(tmp_path):
-    code, out, report = fsdp_job(tmp_path, "1")
+    code, out, report = fsdp_job(tmp_path, "1", BACKEND="gloo")
     assert code == 0, out[-3000:]
     assert report["world_size"] == 2 and report["missing_ranks"] == []
     assert report["stragglers"] == [], report["summary"]

@@ -18,11 +18,12 @@ in ``Work.wait`` called from Python (a synchronous ``dist.all_gather_into_tensor
 waits there too). A rank that arrives early waits in the first all-gather of its
 forward, before any backward. So ``Work.wait`` is wrapped, and the time spent in it on
 the thread that started the profile counts as waiting: for FSDP, and for collectives
-the script calls itself (a ``dist.all_reduce`` of its loss, a barrier). Only with gloo:
-its ``wait`` blocks until the collective is done, while NCCL's only makes the current
-CUDA stream wait and returns at once (the host then blocks at its next synchronisation,
-counted as compute). A ``Work.wait`` that returns inside DDP's window above is not
-counted twice. Cost: one wrapper a collective.
+the script calls itself (a ``dist.all_reduce`` of its loss, a barrier). Only where every
+backend of the default group is gloo (``waits_block``): gloo's ``wait`` blocks until the
+collective is done, while NCCL's only makes the current CUDA stream wait and returns at
+once (the host then blocks at its next synchronisation, counted as compute). Time in
+a ``Work.wait`` that returns inside DDP's window above is not counted twice. Cost: one
+wrapper a collective.
 Not seen: collectives waited in C++ other than DDP's (a ``Future`` waited from Python,
 NCCL), a DDP module built before the profile started and never run through forward after.
 """
@@ -139,9 +140,11 @@ class CollectiveTimer:
             import torch.distributed as dist
 
             try:
-                self._blocking = dist.is_initialized() and dist.get_backend() == "gloo"
-            except (RuntimeError, ValueError):
-                return False  # no default group yet: decide at a later wait
+                if not dist.is_initialized():
+                    return False  # no default group yet: decide at a later wait
+                self._blocking = waits_block(dist.get_backend_config())
+            except (RuntimeError, ValueError, AttributeError):
+                self._blocking = False
         return self._blocking
 
     def _record(self, end: float, seconds: float) -> None:
@@ -158,6 +161,15 @@ class CollectiveTimer:
         """Seconds waited in each step record (a wait belongs to the step it ended in);
         None when neither a DDP backward nor a blocking ``Work.wait`` was seen."""
         return per_step(self.waits, steps) if (self.ddp_seen or self.work_waits) and self.waits else None
+
+
+def waits_block(config: str) -> bool:
+    """Whether ``Work.wait`` blocks until the collective is done, from the default group's
+    backend config (``"gloo"``, ``"cpu:gloo,cuda:gloo"``, ``"cpu:gloo,cuda:nccl"``): only
+    when every device's backend is gloo (``init_process_group()`` with no backend on a
+    machine without CUDA gives ``"cpu:gloo"``)."""
+    names = {part.rpartition(":")[2].strip() for part in config.split(",")}
+    return names == {"gloo"}
 
 
 def per_step(waits: list[tuple[float, float]], steps: list[Step]) -> list[float]:
