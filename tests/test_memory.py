@@ -270,7 +270,7 @@ def test_a_gpu_with_room_reads_no_memory_limit(monkeypatch):
 
 # -- hand-built runs: the rules on exact figures ---------------------------------------
 def test_near_full_gpu_on_a_data_starved_run_is_a_warning_beside_the_verdict():
-    run = make_run(n=40, wait=0.08, gpu_util=90, gpu_mem=0.95)
+    run = make_run(n=40, wait=0.08, gpu_util=30, gpu_mem=0.95)  # a starved GPU idles
     d = diagnose(run)
     assert d.verdict == "data-starved"
     assert any(wid == "memory-near-limit" and "95.0%" in text for wid, text in d.warnings)
