@@ -195,7 +195,9 @@ class HostSource:
             self._last_disk_read = read
             self._last_slow_wall = now
             self._slow = (mem_percent, available, swap, disk_bps)
-            self._memory = self._read_memory()
+            # PSS makes the kernel walk every mapping (~6 ms for a process with torch loaded):
+            # not in the first reading, which Profile's entry waits for.
+            self._memory = self._read_memory(pss=self._n > 1)
         s.memory_percent, s.memory_available, s.swap_used, s.disk_read_bps = self._slow
         s.process_pss, s.children_pss, s.oom_kills, s.memory_limit_left = self._memory
         s.profiler_cpu = self._excluded_cpu(dt)
@@ -379,22 +381,25 @@ class HostSource:
         except _GONE:
             return None
 
-    def _read_memory(self) -> tuple[int | None, int | None, int | None, int | None]:
-        """PSS of the process and of its workers together, and the kernel's count of OOM
-        kills so far (Linux). PSS shares each page among the processes that map it, so
-        a forked worker's pages shared with its parent are not counted once per worker,
-        as RSS counts them. The kernel walks the page tables for it: once a second."""
+    def _read_memory(self, pss: bool = True) -> tuple[int | None, int | None, int | None, int | None]:
+        """PSS of the process and of its workers together (None when ``pss`` is False), and
+        the kernel's count of OOM kills so far (Linux). PSS shares each page among the
+        processes that map it, so a forked worker's pages shared with its parent are not
+        counted once per worker, as RSS counts them. The kernel walks the page tables for
+        it: once a second."""
+        if not pss:
+            return None, None, _vmstat_oom_kills(self._vmstat_file), self._limit_left()
         pids = sorted(self._pids or ())
-        pss: dict[int, int | None] = {}
+        read: dict[int, int | None] = {}
         for pid in pids:
             file = self._pss_files.get(pid)
             if file is None:
                 file = self._pss_files[pid] = _ProcFile(self.proc_root / str(pid) / "smaps_rollup")
-            pss[pid] = _pss(file)
-        for pid in [p for p in self._pss_files if p not in pss]:
+            read[pid] = _pss(file)
+        for pid in [p for p in self._pss_files if p not in read]:
             self._pss_files.pop(pid).close()  # a worker gone
-        own = pss.get(self.pid)
-        workers = [v for p, v in pss.items() if p != self.pid]
+        own = read.get(self.pid)
+        workers = [v for p, v in read.items() if p != self.pid]
         children = None if any(v is None for v in workers) else sum(v for v in workers if v is not None)
         return own, children, _vmstat_oom_kills(self._vmstat_file), self._limit_left()
 
