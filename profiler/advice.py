@@ -254,8 +254,11 @@ def _loop_prefetch_advice(m: Metrics, cause: str, tf: bool = False) -> Recommend
     TensorFlow the preprocessing as TensorFlow ops, which tf.data runs off the GIL."""
     wait, compute = m.wait_per_step, m.compute_per_step
     step = m.step_time_mean
-    if tf and cause == "io-latency":
-        new_step = max(compute, wait)
+    waiting = cause == "io-latency"
+    # waits overlap whole; CPU work splits over enough parallel readers to keep pace
+    workers = max(1, math.ceil(wait / max(compute, 1e-6)))
+    new_step = max(compute, wait if waiting else wait / (workers + 1))
+    if tf and waiting:
         code = ("ds = tf.data.Dataset.from_generator(my_batches, output_signature=(  # the loop's own generator\n"
                 "    tf.TensorSpec(<x shape>, <x dtype>), tf.TensorSpec(<y shape>, <y dtype>)))\n"
                 "ds = ds.prefetch(tf.data.AUTOTUNE)  # read ahead on tf.data's threads while the model computes\n"
@@ -263,8 +266,6 @@ def _loop_prefetch_advice(m: Metrics, cause: str, tf: bool = False) -> Recommend
                 "    ...")
         how = "tf.data's prefetch overlaps the waits with compute"
     elif tf:
-        workers = max(1, math.ceil(wait / max(compute, 1e-6)))
-        new_step = max(compute, wait / (workers + 1))
         code = ("ds = tf.data.Dataset.from_tensor_slices(<raw inputs: file names or arrays>)\n"
                 "ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)  # preprocess written in tf ops\n"
                 "ds = ds.batch(<batch size>).prefetch(tf.data.AUTOTUNE)\n"
@@ -272,8 +273,7 @@ def _loop_prefetch_advice(m: Metrics, cause: str, tf: bool = False) -> Recommend
                 "    ...")
         how = ("tf.data runs preprocessing written as TensorFlow ops on parallel threads, off the GIL "
                "(a from_generator pipeline would still run the Python on one thread)")
-    elif cause == "io-latency":
-        new_step = max(compute, wait)
+    elif waiting:
         code = ("import queue, threading\n"
                 "def prefetch(batches, depth=4):  # read ahead on a thread while the model computes\n"
                 "    q = queue.Queue(depth)\n"
@@ -289,8 +289,6 @@ def _loop_prefetch_advice(m: Metrics, cause: str, tf: bool = False) -> Recommend
                 "    ...")
         how = "a background thread overlaps the waits with compute"
     else:
-        workers = max(1, math.ceil(wait / max(compute, 1e-6)))
-        new_step = max(compute, wait / (workers + 1))
         code = ("class Batches(torch.utils.data.IterableDataset):  # the loop's generator, moved here\n"
                 "    def __iter__(self):\n"
                 "        info = torch.utils.data.get_worker_info()  # shard the work by info.id\n"
@@ -301,7 +299,7 @@ def _loop_prefetch_advice(m: Metrics, cause: str, tf: bool = False) -> Recommend
         "prefetch", "Prepare the next batches while the model computes",
         f"The loop reads its own batches (no DataLoader) and waits {wait * 1000:.1f} ms per step for them "
         f"against {compute * 1000:.1f} ms of compute, one after the other: {how}.",
-        code, {"depth": 4} if cause == "io-latency" else {},
+        code, {"depth": 4} if waiting else {},
         round(step / new_step, 2) if new_step > 0 else None,
         "estimate: step = max(compute, input), input overlapped",
     )
