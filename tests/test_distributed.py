@@ -26,13 +26,13 @@ pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
 TORCHRUN, LOADPROF = str(BIN / "torchrun"), str(BIN / "loadprof")
 
-#: A DDP loop whose slow rank is chosen by the environment. Steps are paced by sleeps
-#: and by a compute loop bounded in wall time, so a loaded machine changes little.
-WORKLOAD = textwrap.dedent('''
+#: The rank's set-up and data, shared with the FSDP jobs: the slow rank is chosen by the
+#: environment. Steps are paced by sleeps and by a compute loop bounded in wall time
+#: (LOOP), so a loaded machine changes little.
+PREAMBLE = textwrap.dedent('''
     import os, signal, time
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, Dataset
 
     torch.set_num_threads(1)
@@ -47,9 +47,9 @@ WORKLOAD = textwrap.dedent('''
         def __getitem__(self, i):
             time.sleep(0.09 if rank == env("SLOW_INPUT_RANK") else 0.03)
             return torch.randn(32), torch.randn(1)
-
-    dist.init_process_group("gloo")
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+''')
+#: The training loop over ``model`` (built between PREAMBLE and it).
+LOOP = textwrap.dedent('''
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for i, (x, y) in enumerate(DataLoader(Data(), batch_size=1)):
         if i == STEPS:
@@ -66,6 +66,13 @@ WORKLOAD = textwrap.dedent('''
             os.kill(os.getpid(), signal.SIGKILL)
     dist.destroy_process_group()
 ''')
+#: A DDP job.
+WORKLOAD = PREAMBLE + textwrap.dedent('''
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo")
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+''') + LOOP
 
 
 JOB_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",

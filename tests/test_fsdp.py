@@ -17,29 +17,10 @@ import pytest
 pytest.importorskip("torch.distributed.fsdp")
 
 from loadprof.dist.collectives import waits_block  # noqa: E402
-from tests.test_distributed import LOADPROF, TORCHRUN, finish, start  # noqa: E402
+from tests.test_distributed import LOADPROF, LOOP, PREAMBLE, TORCHRUN, finish, start  # noqa: E402
 
-#: An FSDP loop (API chosen by FSDP=1|2) whose slow rank is chosen by the environment;
-#: steps paced by sleeps and a compute loop bounded in wall time, as in test_distributed.py.
-WORKLOAD = textwrap.dedent('''
-    import os, time
-    import torch
-    import torch.distributed as dist
-    from torch.utils.data import DataLoader, Dataset
-
-    torch.set_num_threads(1)
-    rank = int(os.environ["RANK"])
-    env = lambda name: int(os.environ.get(name, -1))
-    STEPS = int(os.environ.get("STEPS", 30))
-
-    class Data(Dataset):
-        def __len__(self):
-            return 10**6
-
-        def __getitem__(self, i):
-            time.sleep(0.09 if rank == env("SLOW_INPUT_RANK") else 0.03)
-            return torch.randn(32), torch.randn(1)
-
+#: An FSDP job (API chosen by FSDP=1|2) with test_distributed.py's ranks, data and loop.
+WORKLOAD = PREAMBLE + textwrap.dedent('''
     dist.init_process_group(os.environ.get("BACKEND"))  # unset: torch's default for the devices there are
     net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     if os.environ["FSDP"] == "1":
@@ -50,20 +31,7 @@ WORKLOAD = textwrap.dedent('''
         for layer in (net[0], net[2]):
             fully_shard(layer)
         model = fully_shard(net)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for i, (x, y) in enumerate(DataLoader(Data(), batch_size=1)):
-        if i == STEPS:
-            break
-        if rank == env("SLOW_COMPUTE_RANK"):
-            end, a = time.perf_counter() + 0.06, torch.randn(128, 128)
-            while time.perf_counter() < end:
-                a = torch.tanh(a @ a)
-        loss = ((model(x) - y) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    dist.destroy_process_group()
-''')
+''') + LOOP
 
 
 def fsdp_job(tmp_path: Path, api: str, **env: str) -> tuple[int, str, dict]:
