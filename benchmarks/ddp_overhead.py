@@ -301,7 +301,7 @@ def main() -> None:
     if not 0 < args.settle < args.steps:
         parser.error(f"--settle must be between 1 and --steps - 1 ({args.steps - 1}), got {args.settle}")
 
-    from overhead import against_target, bootstrap_median
+    from overhead import print_overhead
 
     load_before = os.getloadavg()
     print(f"load average at start: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}; "
@@ -345,14 +345,7 @@ def main() -> None:
     for label, times in ((f"whole loop ({args.steps} steps)", whole),
                          (f"steady state (steps {args.settle + 1}-{args.steps})", steady),
                          (f"median step (steps {args.settle + 1}-{args.steps})", median_step)):
-        ratios, controls = ratio(times, "profiled"), ratio(times, "control")
-        med = statistics.median(ratios)
-        q1, _, q3 = statistics.quantiles(ratios)
-        low, high = bootstrap_median(ratios)
-        c_low, c_high = bootstrap_median(controls)
-        print(f"overhead profiled/plain, {label}: median {med:.4f}, 95% interval {low:.4f}-{high:.4f} "
-              f"(per step {(med - 1) * step_ms * 1e3:+.1f} us; quartiles {q1:.4f}-{q3:.4f}); control plain/plain "
-              f"{statistics.median(controls):.4f} ({c_low:.4f}-{c_high:.4f}): {against_target(low, high)}")
+        print_overhead(label, ratio(times, "profiled"), ratio(times, "control"), step_ms)
     shift = [(p - q) * 1e6 for p, q in zip(median_step["profiled"], median_step["plain"], strict=True)]
     control_shift = [(c - q) * 1e6 for c, q in zip(median_step["control"], median_step["plain"], strict=True)]
     print(f"median step after the first {args.settle}, profiled - plain: {statistics.median(shift):+.1f} us "

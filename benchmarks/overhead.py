@@ -214,6 +214,18 @@ def bootstrap_median(values: list[float], resamples: int = 4000, seed: int = 0) 
     return float(low), float(high)
 
 
+def print_overhead(label: str, ratios: list[float], controls: list[float], step_ms: float) -> None:
+    """One line: the median profiled/plain ratio with its interval, quartiles and per-step
+    cost, the control's ratio, and whether the run resolves the target."""
+    med = statistics.median(ratios)
+    q1, _, q3 = statistics.quantiles(ratios)
+    low, high = bootstrap_median(ratios)
+    c_low, c_high = bootstrap_median(controls)
+    print(f"overhead profiled/plain, {label}: median {med:.4f}, 95% interval {low:.4f}-{high:.4f} "
+          f"(per step {(med - 1) * step_ms * 1e3:+.1f} us; quartiles {q1:.4f}-{q3:.4f}); control plain/plain "
+          f"{statistics.median(controls):.4f} ({c_low:.4f}-{c_high:.4f}): {against_target(low, high)}")
+
+
 def against_target(low: float, high: float, target: float = 1.01) -> str:
     """What a run's interval says about the target."""
     if high <= target:
@@ -365,14 +377,7 @@ def main() -> None:
           f"host read by the {'helper process' if args.host == 'helper' else 'sampler thread'}")
     for label, times in ((f"whole run ({args.steps} steps)", whole),
                          (f"steady state (steps {args.settle + 1}-{args.steps})", steady)):
-        ratios, controls = ratio(times, "profiled"), ratio(times, "control")
-        med = statistics.median(ratios)
-        q1, _, q3 = statistics.quantiles(ratios)
-        low, high = bootstrap_median(ratios)
-        c_low, c_high = bootstrap_median(controls)
-        print(f"overhead profiled/plain, {label}: median {med:.4f}, 95% interval {low:.4f}-{high:.4f} "
-              f"(per step {(med - 1) * step_ms * 1e3:+.1f} us; quartiles {q1:.4f}-{q3:.4f}); control plain/plain "
-              f"{statistics.median(controls):.4f} ({c_low:.4f}-{c_high:.4f}): {against_target(low, high)}")
+        print_overhead(label, ratio(times, "profiled"), ratio(times, "control"), step_ms)
         if args.live:
             # the view's own cost: each round's run with it against the same round's run without it
             views, lives = ratio(times, "live", "profiled"), ratio(times, "live")
