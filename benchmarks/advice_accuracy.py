@@ -45,10 +45,10 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES: dict[str, tuple[str, list[str]]] = {
     "torch_starved": ("examples/torch_starved.py", ["--epochs", "50"]),
     "torch_fixed": ("examples/torch_fixed.py", ["--epochs", "50"]),
-    "seed_torch": ("examples/seed_torch.py", ["--epochs", "50"]),
+    "mnist_torch": ("examples/mnist_torch.py", ["--epochs", "50"]),
     "keras_mnist": ("examples/keras_mnist.py", ["--epochs", "50"]),
 }
-DEFAULT = "torch_starved,torch_fixed,seed_torch"
+DEFAULT = "torch_starved,torch_fixed,mnist_torch"
 
 #: A trial may take this long before it is stopped (a slow, loaded machine).
 TRIAL_LIMIT_S = 300.0

@@ -1,12 +1,12 @@
-"""The seed experiment's baseline in Keras 3: a small CNN on MNIST, tf.data without cache or prefetch.
+"""A small CNN on MNIST in Keras 3, its tf.data pipeline without cache or prefetch.
 
     python examples/keras_mnist.py                       # MNIST-shaped data made here, 5 epochs
     loadprof diagnose examples/keras_mnist.py --epochs 2
     python examples/keras_mnist.py --mnist ~/mnist       # real MNIST IDX files (or LOADPROF_MNIST=~/mnist)
-    python examples/keras_mnist.py --cache-prefetch      # the seed experiment's cache + prefetch fix
+    python examples/keras_mnist.py --cache-prefetch      # the cache + prefetch fix
 
-The seed experiment timed this job (20,000 training and 5,000 test images, 5
-epochs) as written and with caching + prefetching, mixed precision and gradient
+The job: 20,000 training and 5,000 test images, 5 epochs, to be timed as
+written and with caching + prefetching, mixed precision and gradient
 accumulation; ``loadprof compare examples/keras_mnist.py`` runs those variants.
 The pipeline is the baseline on purpose: a per-element ``map`` that normalises
 each image, a shuffle and a batch, no ``.cache()`` and no ``.prefetch()``.
@@ -39,7 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n-test", type=int, default=N_TEST, help=f"test images (default {N_TEST})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache-prefetch", action="store_true",
-                        help="the seed experiment's fix: .cache() after the map, .prefetch(AUTOTUNE) at the end")
+                        help="the fix: .cache() after the map, .prefetch(AUTOTUNE) at the end")
     args = parser.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.n_train < 1 or args.n_test < 1:
         parser.error("--epochs, --batch-size, --n-train and --n-test must be >= 1")

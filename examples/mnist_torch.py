@@ -1,17 +1,16 @@
-"""The seed experiment in PyTorch: a small CNN on MNIST, a DataLoader as first written.
+"""A small CNN on MNIST in PyTorch, its DataLoader as first written.
 
-    python examples/seed_torch.py                        # MNIST-shaped data made here, 5 epochs
-    python examples/seed_torch.py --mnist ~/mnist        # real MNIST IDX files (or LOADPROF_MNIST=~/mnist)
-    loadprof compare examples/seed_torch.py --variants baseline,cache,amp,accum --png compare.png
+    python examples/mnist_torch.py                        # MNIST-shaped data made here, 5 epochs
+    python examples/mnist_torch.py --mnist ~/mnist        # real MNIST IDX files (or LOADPROF_MNIST=~/mnist)
+    loadprof compare examples/mnist_torch.py --variants baseline,cache,amp,accum --png compare.png
 
-The seed experiment timed one job (20,000 training and 5,000 test images, 28x28,
-10 classes, 5 epochs) as written and with caching + prefetching, mixed precision
-and gradient accumulation. This is that job for PyTorch, written the way a first
-version usually is: each item is converted and normalised when it is read
+The job: 20,000 training and 5,000 test images, 28x28, 10 classes, 5 epochs, to
+be timed as written and with caching + prefetching, mixed precision and gradient
+accumulation. It is written the way a first version usually is: each item is converted and normalised when it is read
 (uint8 -> float32, / 255, per-image standardisation), ``num_workers=0``, no cache.
 ``loadprof compare`` applies each variant from outside; the script never changes.
 The same model as examples/keras_mnist.py (its Keras twin, also run by
-examples/seed_keras.py). Runs on the CPU, or on a GPU when PyTorch sees one.
+examples/mnist_keras.py). Runs on the CPU, or on a GPU when PyTorch sees one.
 """
 
 from __future__ import annotations
@@ -73,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         x_train, y_train, x_test, y_test = load_mnist(args.mnist, args.n_train, args.n_test, seed=args.seed)
     except (OSError, ValueError) as exc:
-        print(f"seed_torch: {exc}", file=sys.stderr)
+        print(f"mnist_torch: {exc}", file=sys.stderr)
         return 2
     source = f"real MNIST from {args.mnist}" if args.mnist else "MNIST-shaped data made here"
     print(f"{source}: {len(x_train)} training, {len(x_test)} test images", flush=True)
