@@ -235,7 +235,7 @@ def test_profiles_do_not_nest():
 def test_json_and_console_report_are_written(tmp_path):
     out = io.StringIO()
     path = tmp_path / "run.json"
-    loader = loops.in_memory_loader(n=512)
+    loader = loops.in_memory_loader(n=2048)  # 32 steps, not 8: one slow batch wait cannot tip the share
     with Profile(json=path, output=out):
         loops.train(loader, loops.heavy_model(512))
     data = json.loads(path.read_text())
