@@ -41,12 +41,15 @@ from loadprof.trial import TrialResult, TrialSpec, run_trial
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: name -> (script, arguments): enough epochs that a bounded run never runs out of data
-EXAMPLES: dict[str, tuple[str, list[str]]] = {
-    "torch_starved": ("examples/torch_starved.py", ["--epochs", "50"]),
-    "torch_fixed": ("examples/torch_fixed.py", ["--epochs", "50"]),
-    "mnist_torch": ("examples/mnist_torch.py", ["--epochs", "50"]),
-    "keras_mnist": ("examples/keras_mnist.py", ["--epochs", "50"]),
+#: name -> (script, arguments, environment): enough epochs that a bounded run never
+#: runs out of data. The one-thread variant keeps the model on one core, so a worker
+#: gets a core of its own where the default shares the model's.
+EXAMPLES: dict[str, tuple[str, list[str], dict[str, str]]] = {
+    "torch_starved": ("examples/torch_starved.py", ["--epochs", "50"], {}),
+    "torch_starved_1thread": ("examples/torch_starved.py", ["--epochs", "50"], {"OMP_NUM_THREADS": "1"}),
+    "torch_fixed": ("examples/torch_fixed.py", ["--epochs", "50"], {}),
+    "mnist_torch": ("examples/mnist_torch.py", ["--epochs", "50"], {}),
+    "keras_mnist": ("examples/keras_mnist.py", ["--epochs", "50"], {}),
 }
 DEFAULT = "torch_starved,torch_fixed,mnist_torch"
 
@@ -78,9 +81,10 @@ def changes_for(rec: Recommendation) -> Changes | None:
     return None
 
 
-def _trial(name: str, script: str, args: list[str], changes: Changes, o: argparse.Namespace) -> TrialResult:
+def _trial(name: str, script: str, args: list[str], env: dict[str, str], changes: Changes,
+           o: argparse.Namespace) -> TrialResult:
     spec = TrialSpec(script=script, args=args, changes=changes.to_dict(), max_steps=o.warmup + o.steps,
-                     record_losses=False, gpu=o.gpu)
+                     record_losses=False, gpu=o.gpu, env=env)
     t = run_trial(name, spec, TRIAL_LIMIT_S, o.warmup)
     state = f"{t.rate:.1f} samples/s" if t.ok and t.rate else f"{t.status}: {t.detail}"
     print(f"  {name}: {state}", file=sys.stderr, flush=True)
@@ -96,9 +100,11 @@ def _median_step(t: TrialResult, warmup: int) -> float | None:
 
 
 def measure(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
-    rel, args = EXAMPLES[example]
+    rel, args, env = EXAMPLES[example]
     script = str(ROOT / rel)
-    print(f"{example}: {rel} {' '.join(args)}", file=sys.stderr, flush=True)
+    envs = "".join(f"{k}={v} " for k, v in env.items())
+    print(f"{example}: {envs}{rel} {' '.join(args)}",
+          file=sys.stderr, flush=True)
     bases: list[TrialResult] = []
     verdicts: list[str] = []
     estimates: dict[str, list[float]] = {}
@@ -106,7 +112,7 @@ def measure(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
     rows: dict[str, dict[str, Any]] = {}
     trials: dict[str, list[tuple[TrialResult, TrialResult]]] = {}  # (the round's baseline, the trial)
     for r in range(o.repeats):
-        base = _trial(f"baseline #{r + 1}", script, args, Changes(), o)
+        base = _trial(f"baseline #{r + 1}", script, args, env, Changes(), o)
         if not base.ok or not base.rate or base.run is None:
             print(f"  baseline failed: {base.detail}\n{base.stderr_tail}", file=sys.stderr)
             return []
@@ -125,7 +131,7 @@ def measure(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
             if changes is None:
                 rows[rid] = {"example": example, "id": rid, "status": "loadprof cannot apply it from outside"}
                 continue
-            t = _trial(f"{rid} ({changes.describe()}) #{r + 1}", script, args, changes, o)
+            t = _trial(f"{rid} ({changes.describe()}) #{r + 1}", script, args, env, changes, o)
             trials.setdefault(rid, []).append((base, t))
     for rid, runs in trials.items():
         # each trial against the baseline of its own round: load that drifts between rounds cancels
@@ -152,6 +158,8 @@ def measure(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
         }
     for rid in recs:
         rows.setdefault(rid, {"example": example, "id": rid, "status": "not run"})
+    if not rows:
+        rows["-"] = {"example": example, "id": "-", "status": "nothing recommended"}
     for row in rows.values():
         row.setdefault("diagnosed", verdicts)
     return list(rows.values())
@@ -178,14 +186,15 @@ def run(argv: list[str] | None = None) -> int:
     for name in names:
         seen = next((row["diagnosed"] for row in rows if row["example"] == name), None)
         print(f"{name}: baseline diagnosed " + ("; ".join(seen) if seen else "(no baseline)"))
-    print(f"{'example':<15} {'recommendation':<22} {'estimated':>9} {'measured':>9} {'error':>7}  change / status")
+    width = max(15, *(len(n) for n in names))
+    print(f"{'example':<{width}} {'recommendation':<22} {'estimated':>9} {'measured':>9} {'error':>7}  change / status")
     errors: list[float] = []
     step_errors: list[float] = []
     for row in rows:
         if row["status"] == "measured":
             runs = ", ".join(f"{m:.2f}x" for m in row["measured_runs"])
             if row["error"] is None:
-                print(f"{row['example']:<15} {row['id']:<22} {'none':>9} {row['measured']:>8.2f}x {'-':>7}  "
+                print(f"{row['example']:<{width}} {row['id']:<22} {'none':>9} {row['measured']:>8.2f}x {'-':>7}  "
                       f"{row['change']} (runs {runs}; the advice gave no estimate)")
                 continue
             errors.append(abs(row["error"]))
@@ -194,11 +203,11 @@ def run(argv: list[str] | None = None) -> int:
                 by_step = f"; median step {row['measured_median_step']:.2f}x, error {row['error_median_step']:+.0%}"
             else:
                 by_step = ""
-            print(f"{row['example']:<15} {row['id']:<22} {row['estimated']:>8.2f}x {row['measured']:>8.2f}x "
+            print(f"{row['example']:<{width}} {row['id']:<22} {row['estimated']:>8.2f}x {row['measured']:>8.2f}x "
                   f"{row['error']:>+6.0%}  {row['change']} (runs {runs}{by_step})")
         else:
             est = f"{row['estimated']:.2f}x" if row.get("estimated") else "-"
-            print(f"{row['example']:<15} {row['id']:<22} {est:>9} {'-':>9} {'-':>7}  {row['status']}")
+            print(f"{row['example']:<{width}} {row['id']:<22} {est:>9} {'-':>9} {'-':>7}  {row['status']}")
     if errors:
         within = sum(e <= 0.20 for e in errors)
         print(f"mean absolute error {statistics.fmean(errors):.0%} over {len(errors)} estimate(s); "

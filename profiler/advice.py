@@ -95,17 +95,29 @@ def compute_cpu_per_step(m: Metrics, loader: LoaderInfo | None) -> float:
 
 
 def step_with_workers(m: Metrics, loader: LoaderInfo | None, load: float, workers: int) -> tuple[float, bool]:
-    """(estimated step seconds with ``workers`` loader workers, whether the cores bind).
+    """(estimated step seconds with ``workers`` loader workers, whether they share cores with the model).
 
-    Three lower bounds: compute's own wall time; loading spread over the workers; and
-    all the CPU a step needs (compute's threads and the loading) over the cores the
-    job has, the usable ones less those other processes keep busy. Workers do not
-    get a core each when the model's intra-op threads already use them.
+    Compute takes C seconds of wall time on p threads at once (its measured CPU over C);
+    loading needs ``load`` CPU seconds a step over the workers. On K free cores (the
+    usable ones less those other processes keep busy), while the model computes, its p
+    threads and the w workers each get r = min(1, K / (p + w)) of a core, and the
+    model's threads, which wait for one another, go at that rate. If the workers keep
+    up, they run for part of the compute; otherwise compute is slowed throughout and
+    the workers finish the loading alone. A floor: all the CPU a step needs over K.
     """
     cores = max(1.0, m.usable_cores - (m.others_cpu_cores or 0.0))
-    cpu_bound = (compute_cpu_per_step(m, loader) + load) / cores
-    step = max(m.compute_per_step, load / max(1, workers), cpu_bound)
-    return step, cpu_bound >= 0.8 * step
+    compute = max(m.compute_per_step, 1e-9)
+    compute_cpu = compute_cpu_per_step(m, loader)
+    threads = min(cores, max(1.0, compute_cpu / compute))
+    w = max(1, workers)
+    rate = min(1.0, cores / (threads + w))
+    if load / w <= compute:
+        step = compute + load / (w * rate) * (1.0 - rate)
+    else:
+        step = compute / rate + (load - w * compute) / min(w, cores)
+    cpu_bound = (compute_cpu + load) / cores
+    step = max(step, cpu_bound)
+    return step, rate < 1.0 or cpu_bound >= 0.8 * step
 
 
 def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> list[Recommendation]:
@@ -138,13 +150,13 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
                 target = max(target, math.ceil(m.wait_per_step / max(m.compute_per_step, 1e-6)) + 1)
             target = min(target, cap)
             if target > workers:
-                est, cores_bind = step_with_workers(m, loader, load, target)
+                est, shares = step_with_workers(m, loader, load, target)
                 new_step = est + m.h2d_fraction * step
                 speedup = step / new_step if new_step > 0 else None
                 limited = " (capped by the usable cores; loading alone would need more)" if need[0] > cap else ""
                 shared = (f" The model's own threads use {compute_cpu_per_step(m, loader) * 1000:.1f} ms of CPU per "
-                          "step on the same cores, so the gain is bounded by the cores, not the workers: "
-                          "uncertain, `loadprof tune` measures it." if cores_bind else "")
+                          "step on the same cores, and the workers would share them: the estimate counts that "
+                          "sharing, and is uncertain; `loadprof tune` measures it." if shares else "")
                 out.append(Recommendation(
                     "num_workers", f"Load batches in {target} worker process{'es' if target > 1 else ''}",
                     f"The loop waits {diagnosis.metrics.data_wait_fraction:.0%} of each step for data. "
@@ -154,7 +166,7 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
                     + (", persistent_workers=True" if (loader.iterations or 0) > 1 else "") + ")",
                     {"num_workers": target, "current": workers, "usable_cores": cores},
                     round(speedup, 2) if speedup else None,
-                    "estimate: step = max(compute, loading CPU / workers, all CPU / free cores)",
+                    "estimate: the model's threads and the workers sharing the free cores",
                 ))
         # Cores loading alone needs to keep pace with compute (no safety worker here).
         load_cores = need[1] / max(m.compute_per_step, 1e-6) if need is not None else None

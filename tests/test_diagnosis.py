@@ -312,6 +312,23 @@ def test_the_worker_estimate_counts_the_cores_the_model_already_uses():
     assert "uncertain" not in _num_workers(one_core).detail
 
 
+def test_the_worker_estimate_counts_the_cores_the_worker_takes_from_the_models_threads():
+    # torch_starved.py on a quiet 2-core VM, no worker: a 106.7 ms step, 81 ms of it
+    # loading, the model's two threads using 61.5 ms of CPU in ~26 ms. One worker took
+    # a core from those threads: 97.6 ms a step measured (1.09x), not the 81 ms loading
+    # alone would allow (1.32x). Three threads share two cores while the model computes.
+    run = make_run(n=40, step=0.1067, wait=0.081, workers=0, cores=2, tree_cpu=133.6)
+    rec = _num_workers(run)
+    assert rec.estimated_speedup == pytest.approx(1.14, abs=0.02)
+    assert "uncertain" in rec.detail
+    # With cores to spare, nothing is shared: loading over the workers sets the step.
+    roomy = make_run(n=40, step=0.1067, wait=0.081, workers=0, cores=16, tree_cpu=133.6)
+    rec = _num_workers(roomy)
+    assert rec.values["num_workers"] == 5
+    assert rec.estimated_speedup == pytest.approx(0.1067 / 0.0257, abs=0.05)
+    assert "uncertain" not in rec.detail
+
+
 def test_offline_preprocessing_states_the_cores_loading_needs_and_names_no_canned_sizes():
     # 300 ms of CPU per step in 2 busy workers against 10 ms of compute on 8 cores:
     # loading alone needs 30 cores.
