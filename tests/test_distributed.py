@@ -184,6 +184,37 @@ def test_two_nodes_give_one_merged_report(tmp_path):
     assert sum(out.count("loadprof job verdict") for _, out in results) == 1
 
 
+def test_two_profile_blocks_in_one_job_give_two_reports_neither_read_from_the_other(tmp_path):
+    (tmp_path / "work.py").write_text(PREAMBLE + textwrap.dedent('''
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from loadprof import Profile
+
+        dist.init_process_group("gloo")
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for block, steps in enumerate((20, 12)):
+            with Profile(json=f"block{block}.json", print_report=False):
+                for i, (x, y) in enumerate(DataLoader(Data(), batch_size=1)):
+                    if i == steps:
+                        break
+                    loss = ((model(x) - y) ** 2).mean()
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                if block == 1 and rank == 1:
+                    time.sleep(1.5)  # rank 0 reaches the second exchange first
+        dist.destroy_process_group()
+    '''))
+    code, out = finish(start([TORCHRUN, "--standalone", "--nproc-per-node=2", "work.py"], tmp_path,
+                             SLOW_INPUT_RANK="1"))
+    assert code == 0, out[-3000:]
+    first, second = (json.loads((tmp_path / f"block{b}.json").read_text()) for b in (0, 1))
+    assert [r["steps"] for r in first["ranks"]] == [20, 20]
+    assert [r["steps"] for r in second["ranks"]] == [12, 12], second["summary"]
+    assert second["missing_ranks"] == []
+    assert not list(tmp_path.glob("block*.rank*.json"))
+
+
 def test_unreachable_store_each_rank_writes_its_own_file_and_merge_joins_them(tmp_path):
     (tmp_path / "plain.py").write_text(textwrap.dedent('''
         import os, time

@@ -365,7 +365,7 @@ def test_no_job_outside_torchrun_or_for_one_rank():
     assert JobContext.from_env(base) is None
     ctx = JobContext.from_env({**base, "WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1",
                                "TORCHELASTIC_RUN_ID": "abc", "TORCHELASTIC_USE_AGENT_STORE": "True"})
-    assert ctx is not None and ctx.prefix == "loadprof/abc/0/" and ctx.agent_store and ctx.local_rank == 1
+    assert ctx is not None and ctx.prefix == "loadprof/abc/0/0/" and ctx.agent_store and ctx.local_rank == 1
 
 
 def test_exchange_over_a_real_store_carries_reports_offsets_and_names_a_silent_rank():

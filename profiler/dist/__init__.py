@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import sys
+import itertools
 import threading
 from dataclasses import replace
 from typing import Any
@@ -74,11 +75,15 @@ def read_message(r: int, blob: bytes) -> tuple[RankRun, OwnVerdict | None]:
         return rank, None
 
 
+#: Profile blocks this process has entered in a job: part of the exchange's keys
+_SESSIONS = itertools.count()
+
+
 class Job:
     """This rank's part in one job's report (NOTE [ Merging a job's reports ] in exchange.py)."""
 
     def __init__(self, ctx: JobContext, t0: float, timeouts: Timeouts | None = None) -> None:
-        self.ctx = ctx
+        self.ctx = replace(ctx, session=next(_SESSIONS))
         self.t0 = t0
         self.exchange: Exchange | None = None
         self.timer: Any = None

@@ -10,8 +10,10 @@ and we connect as a client: no server of ours, no port to pick. We never issue a
 collective on the user's process group: ranks may disagree about whether the job is
 over (one crashed, one still training), and a collective there would hang or change
 the job. Store keys are plain requests to the agent.
-- Keys live under ``loadprof/<TORCHELASTIC_RUN_ID>/<TORCHELASTIC_RESTART_COUNT>/``,
-  so a restarted or second job on the same store never reads an old report.
+- Keys live under ``loadprof/<TORCHELASTIC_RUN_ID>/<TORCHELASTIC_RESTART_COUNT>/<S>/``,
+  so a restarted or second job on the same store never reads an old report; S counts
+  the Profile blocks this process entered before (each rank enters them in the same
+  order), so a script profiling two phases gets two reports, neither read from the other.
 - At start each rank connects (bounded by ``connect_timeout``), writes ``hello/R``
   (host, local rank, pid, start time) and a heartbeat thread, on a connection of its
   own, rewrites ``beat/R`` every ``beat_interval`` with the steps seen so far.
@@ -113,6 +115,7 @@ class JobContext:
     restart: str
     agent_store: bool
     local_world_size: int | None = None  # ranks on this node (torchrun's LOCAL_WORLD_SIZE)
+    session: int = 0  # Profile blocks this process entered in the job before this one
 
     @classmethod
     def from_env(cls, env: Any = None) -> JobContext | None:
@@ -139,7 +142,7 @@ class JobContext:
 
     @property
     def prefix(self) -> str:
-        return f"loadprof/{self.run_id}/{self.restart}/"
+        return f"loadprof/{self.run_id}/{self.restart}/{self.session}/"
 
 
 @dataclass
