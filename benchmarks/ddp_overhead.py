@@ -27,6 +27,14 @@ the ranks even where the times cannot resolve it. Not a test: timings are printe
 never asserted.
 
     python benchmarks/ddp_overhead.py [--rounds 30] [--steps 1500] [--settle 50] [--width 256] [--via diagnose|profile] [--save runs.json]
+    python benchmarks/ddp_overhead.py --in-job 60 --steps 300
+    python benchmarks/ddp_overhead.py --parts 12 --steps 1000 --width 32 --batch 16
+
+``--in-job N`` runs one job instead, N rounds of three passes over the loader (plain,
+inside ``Profile()``, plain again, in rotating order), so what differs from one job to
+the next (where the scheduler puts the ranks, gloo's threads) is the same for all
+three; entering and leaving ``Profile`` (the helper's start, the report's exchange:
+once per job) are outside the timed passes. The same ratios, and rank 0's CPU by part.
 
 ``--parts N`` runs one job instead: a fast DDP loop, N rounds of plain / with the
 collective timer's hooks alone / plain again (wall time and the main thread's CPU
@@ -49,7 +57,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 BIN = Path(sys.executable).parent
 KINDS = ("plain", "profiled", "control")
@@ -93,10 +103,9 @@ def cpu_parts() -> dict[str, float]:
     return out
 
 
-def worker(args: argparse.Namespace) -> None:
-    """One rank of the job (run by torchrun): train, and on rank 0 write the step times."""
-    import contextlib
-
+def setup(args: argparse.Namespace) -> tuple[int, Any, Callable[[], list[float]]]:
+    """This rank's part of the job: (rank, its DataLoader, a function that trains one pass
+    over it and returns the clock after each step, starting with the clock at the start)."""
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -116,15 +125,10 @@ def worker(args: argparse.Namespace) -> None:
         nn.Linear(args.width, 10)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
-    profile: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
-    if args.profile_json:
-        from loadprof import Profile
-
-        profile = Profile(json=args.profile_json, print_report=False, gpu=False)
     clock = time.perf_counter
-    with profile:
-        dist.barrier()  # both ranks start the loop together, whatever their start-up took
-        wall0, cpu0 = time.time(), cpu_parts()
+
+    def train() -> list[float]:
+        dist.barrier()  # both ranks start the loop together, whatever came before took
         ends = [clock()]
         mark = ends.append
         for x, y in loader:
@@ -132,12 +136,108 @@ def worker(args: argparse.Namespace) -> None:
             loss_fn(model(x), y).backward()
             opt.step()
             mark(clock())
-        wall1, cpu1 = time.time(), cpu_parts()
+        return ends
+
+    return rank, loader, train
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One rank of the job (run by torchrun): train, and on rank 0 write the step times."""
+    import contextlib
+
+    import torch.distributed as dist
+
+    rank, _, train = setup(args)
+    profile: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+    if args.profile_json:
+        from loadprof import Profile
+
+        profile = Profile(json=args.profile_json, print_report=False, gpu=False)
+    with profile:
+        cpu0 = cpu_parts()
+        ends = train()
+        cpu1 = cpu_parts()
+        wall1 = time.time()
+    wall0 = wall1 - (ends[-1] - ends[0])
     if rank == 0:
         Path(args.out).write_text(json.dumps({
             "ends": ends, "loop_start": wall0, "loop_end": wall1,
             "cpu": {k: cpu1[k] - cpu0.get(k, 0.0) for k in cpu1}}))
     dist.destroy_process_group()
+
+
+def in_job_worker(args: argparse.Namespace) -> None:
+    """One rank of the in-job comparison: ``--in-job`` rounds of three passes over the
+    loader, plain, inside ``Profile()`` and plain again, in rotating order; rank 0
+    writes each pass's step clocks and its CPU by part."""
+    import torch.distributed as dist
+
+    from loadprof import Profile
+
+    rank, _, train = setup(args)
+    train()  # warm: the first pass pays for allocation, gloo's connections, the loader
+    passes: dict[str, list[dict[str, Any]]] = {k: [] for k in KINDS}
+    orders = list(itertools.permutations(KINDS))
+    for r in range(args.in_job):
+        for kind in orders[r % len(orders)]:
+            if kind == "profiled":
+                # entering and leaving (the helper's start, the report's exchange) are
+                # outside the timed pass: measured once per job by the whole-job rounds.
+                # The pass waits out the helper's start (its imports: ~70 ms of CPU).
+                with Profile(json=args.out + ".job.json", print_report=False, gpu=False):
+                    time.sleep(1.0)
+                    cpu0 = cpu_parts()
+                    ends = train()
+                    cpu1 = cpu_parts()
+            else:
+                cpu0 = cpu_parts()
+                ends = train()
+                cpu1 = cpu_parts()
+            passes[kind].append({"ends": ends, "cpu": {k: cpu1[k] - cpu0.get(k, 0.0) for k in cpu1}})
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(passes))
+    dist.destroy_process_group()
+
+
+def in_job(args: argparse.Namespace) -> None:
+    """The profiled/plain ratio from passes inside one job: what varies between jobs (where
+    the scheduler puts the ranks, gloo's threads) is the same for all three."""
+    with tempfile.TemporaryDirectory(prefix="ddp_overhead") as tmp:
+        out = Path(tmp) / "injob.json"
+        cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", str(Path(__file__).resolve()),
+               "--in-job-worker", "--in-job", str(args.in_job), "--steps", str(args.steps), "--width",
+               str(args.width), "--batch", str(args.batch), "--out", str(out)]
+        env = {k: v for k, v in os.environ.items() if k not in JOB_VARIABLES}
+        env["OMP_NUM_THREADS"] = "1"
+        load_before = os.getloadavg()
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=3600)
+        if proc.returncode != 0 or not out.exists():
+            sys.exit(f"the in-job run failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
+        passes = json.loads(out.read_text())
+    from overhead import print_overhead
+
+    whole = {k: [p["ends"][-1] - p["ends"][0] for p in passes[k]] for k in KINDS}
+    steady = {k: [p["ends"][-1] - p["ends"][args.settle] for p in passes[k]] for k in KINDS}
+    median_step = {k: [statistics.median(b - a for a, b in itertools.pairwise(p["ends"][args.settle:]))
+                       for p in passes[k]] for k in KINDS}
+
+    def ratio(times: dict[str, list[float]], kind: str) -> list[float]:
+        return [p / q for p, q in zip(times[kind], times["plain"], strict=True)]
+
+    step_ms = statistics.median(whole["plain"]) / args.steps * 1e3
+    print(f"load average {load_before[0]:.2f} at start, {os.getloadavg()[0]:.2f} at end; {os.cpu_count()} CPUs")
+    print(f"step time (plain, rank 0, median): {step_ms:.3f} ms; 2 ranks; one job, {args.in_job} rounds of "
+          f"three passes of {args.steps} steps (plain, profiled, plain again, rotating)")
+    for label, times in ((f"whole pass ({args.steps} steps)", whole),
+                         (f"steady state (steps {args.settle + 1}-{args.steps})", steady),
+                         (f"median step (steps {args.settle + 1}-{args.steps})", median_step)):
+        print_overhead(label, ratio(times, "profiled"), ratio(times, "control"), step_ms)
+    # over all the passes of a kind: a part using under a 10 ms clock tick a pass still adds up
+    print("CPU of rank 0 during the passes, in % of a core (all passes of a kind together; /proc, 10 ms ticks):")
+    for part in passes["plain"][0]["cpu"] if passes["plain"] else ():
+        p, q, c = (100 * sum(run["cpu"][part] for run in passes[k]) / sum(whole[k]) for k in ("profiled", "plain", "control"))
+        print(f"  {part:17s} plain {q:6.2f}%  profiled {p:6.2f}%  control {c:6.2f}%   profiled - plain {p - q:+.2f}%")
 
 
 def parts_worker(args: argparse.Namespace) -> None:
@@ -282,7 +382,11 @@ def main() -> None:
     parser.add_argument("--parts", type=int, default=0,
                         help="instead: one job that runs a fast DDP loop this many rounds, plain and with the "
                              "collective timer's hooks, and times a heartbeat (use --width 32 --batch 16)")
+    parser.add_argument("--in-job", type=int, default=0, metavar="ROUNDS",
+                        help="instead: one job that alternates plain and profiled passes of --steps steps this "
+                             "many rounds (use --steps 300)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--in-job-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--parts-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--profile-json", help=argparse.SUPPRESS)
@@ -293,13 +397,21 @@ def main() -> None:
     if args.parts_worker:
         parts_worker(args)
         return
+    if args.in_job_worker:
+        in_job_worker(args)
+        return
     if args.parts:
         parts(args)
         return
-    if args.rounds < 2:
-        parser.error(f"--rounds must be >= 2, got {args.rounds}")
     if not 0 < args.settle < args.steps:
         parser.error(f"--settle must be between 1 and --steps - 1 ({args.steps - 1}), got {args.settle}")
+    if args.in_job:
+        if args.in_job < 2:
+            parser.error(f"--in-job must be >= 2 rounds, got {args.in_job}")
+        in_job(args)
+        return
+    if args.rounds < 2:
+        parser.error(f"--rounds must be >= 2, got {args.rounds}")
 
     from overhead import print_overhead
 

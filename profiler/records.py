@@ -100,7 +100,8 @@ class HostSample:
     #: the same summed over loader workers' main threads (in threads: 2.0 = two waiting throughout)
     children_run_delay: float = 0.0
     #: proportional set size (bytes): shared pages split among the processes that map
-    #: them, read once a second; None where /proc/PID/smaps_rollup cannot be read
+    #: them, read once a second at most (less often where the read is costly: PSS_BUDGET in
+    #: samplers/host.py); None where /proc/PID/smaps_rollup cannot be read
     process_pss: int | None = None
     children_pss: int | None = None  # summed over loader workers
     #: processes the kernel's OOM killer had killed since boot (Linux /proc/vmstat), or None

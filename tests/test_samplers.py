@@ -1137,3 +1137,23 @@ def test_with_the_helper_serving_and_no_gpu_read_the_thread_waits_a_drain_betwee
     finally:
         s.stop()
         nv.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="PSS needs Linux's smaps_rollup")
+@pytest.mark.parametrize("budget, rereads", [(1e9, True), (1e-9, False)])
+def test_pss_is_read_again_only_within_its_cpu_budget(monkeypatch, budget, rereads):
+    # A budget nothing exceeds: read at every slow reading; one any read exceeds: the
+    # figures stand for PSS_MAX_PERIOD, while RSS, read every time, follows the memory.
+    from loadprof.samplers import host as host_module
+
+    monkeypatch.setattr(host_module, "PSS_BUDGET", budget)
+    src = HostSource()
+    src.start()
+    before = [src.sample(float(i)) for i in range(host_module.SLOW_EVERY)][-1]
+    assert before.process_pss
+    block = b"x" * (256 * 2**20)  # written, so resident
+    after = [src.sample(float(i)) for i in range(host_module.SLOW_EVERY)][-1]
+    src.close()
+    assert after.process_rss - before.process_rss > 200 * 2**20
+    assert (after.process_pss - before.process_pss > 200 * 2**20) is rereads
+    del block

@@ -49,11 +49,16 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /p
 # out: the tree is relisted every ``TREE_EVERY`` readings, memory, swap and disk
 # every ``SLOW_EVERY`` (1 s each at 10 Hz, half a second apart), so a new loader
 # worker is seen within a second, its CPU since creation still counted (NOTE
-# [ Short-lived loader workers ]). Profile takes these readings in a helper
+# [ Short-lived loader workers ]), and PSS within PSS_BUDGET. Profile takes these readings in a helper
 # process (NOTE [ Host readings in a helper process ] in hostproc.py). The
 # measured costs behind each choice are in docs/overhead.md.
 TREE_EVERY = 10
 SLOW_EVERY = 10
+#: PSS makes the kernel walk every mapping (3.5 ms of CPU for a process with torch
+#: loaded, more with CUDA's): read at most this share of a core on it, and at least
+#: every PSS_MAX_PERIOD seconds. Between reads the last figures stand.
+PSS_BUDGET = 0.001
+PSS_MAX_PERIOD = 5.0
 _GONE = (psutil.NoSuchProcess, psutil.AccessDenied)  # ZombieProcess is a NoSuchProcess
 
 
@@ -115,6 +120,7 @@ class HostSource:
         #: process PSS, workers' PSS summed, the kernel's OOM kills so far, bytes left
         #: under the process's own memory limit (None: unreadable or no limit)
         self._memory: tuple[int | None, int | None, int | None, int | None] = (None, None, None, None)
+        self._next_pss = 0.0  # time.monotonic() from which PSS is read again (PSS_BUDGET)
 
     # -- lifecycle -----------------------------------------------------------
     def start(self) -> None:
@@ -195,9 +201,8 @@ class HostSource:
             self._last_disk_read = read
             self._last_slow_wall = now
             self._slow = (mem_percent, available, swap, disk_bps)
-            # PSS makes the kernel walk every mapping (~6 ms for a process with torch loaded):
-            # not in the first reading, which Profile's entry waits for.
-            self._memory = self._read_memory(pss=self._n > 1)
+            # not in the first reading, which Profile's entry waits for (PSS_BUDGET)
+            self._memory = self._read_memory(pss=self._n > 1 and now >= self._next_pss)
         s.memory_percent, s.memory_available, s.swap_used, s.disk_read_bps = self._slow
         s.process_pss, s.children_pss, s.oom_kills, s.memory_limit_left = self._memory
         s.profiler_cpu = self._excluded_cpu(dt)
@@ -278,13 +283,18 @@ class HostSource:
             own = self._own_cpu_rss() if self._own else None
             if own is not None:
                 cpu, rss = own
-            else:
+            elif self._own:
                 with proc.oneshot():
                     cpu = _cpu_seconds(proc)
                     rss = int(proc.memory_info().rss)
+            else:  # another process (the helper reads the training process): as its workers are read
+                got = self._child_reading(proc)
+                if got is None:
+                    raise psutil.NoSuchProcess(proc.pid)
+                _, cpu, rss, _ = got
             if relist:
                 self._children = self._list_descendants(proc)
-                listed = {c.pid for c in self._children}
+                listed = {c.pid for c in self._children} | {proc.pid}
                 for pid in [pid for pid in self._child_files if pid not in listed]:
                     self._close_child(pid)
             children = self._children
@@ -386,9 +396,10 @@ class HostSource:
         the kernel's count of OOM kills so far (Linux). PSS shares each page among the
         processes that map it, so a forked worker's pages shared with its parent are not
         counted once per worker, as RSS counts them. The kernel walks the page tables for
-        it: once a second."""
+        it: within PSS_BUDGET; without ``pss``, the last PSS figures stand."""
         if not pss:
-            return None, None, _vmstat_oom_kills(self._vmstat_file), self._limit_left()
+            return (*self._memory[:2], _vmstat_oom_kills(self._vmstat_file), self._limit_left())
+        began = time.thread_time()
         pids = sorted(self._pids or ())
         read: dict[int, int | None] = {}
         for pid in pids:
@@ -398,6 +409,8 @@ class HostSource:
             read[pid] = _pss(file)
         for pid in [p for p in self._pss_files if p not in read]:
             self._pss_files.pop(pid).close()  # a worker gone
+        cost = time.thread_time() - began
+        self._next_pss = time.monotonic() + min(PSS_MAX_PERIOD, cost / PSS_BUDGET)
         own = read.get(self.pid)
         workers = [v for p, v in read.items() if p != self.pid]
         children = None if any(v is None for v in workers) else sum(v for v in workers if v is not None)
@@ -410,7 +423,7 @@ class HostSource:
         seen: dict[int, float] = {}
         for pid in self.exclude:
             try:
-                seen[pid] = _cpu_seconds(psutil.Process(pid))
+                seen[pid] = time.process_time() if pid == os.getpid() else _cpu_seconds(psutil.Process(pid))
             except _GONE:
                 continue
             # first seen: all of it (the helper starts with the profile, its imports included)
