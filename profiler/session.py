@@ -73,8 +73,10 @@ class Profile:
 
     The training loop runs unchanged: a measurement that fails is listed in
     ``report.limitations`` and the run goes on (NOTE [ Never break the run ]).
-    One Profile at a time per process; a forked child (a DataLoader worker)
-    records and reports nothing.
+    A Profile started inside another (a script that profiles itself, run under
+    ``loadprof diagnose``) measures nothing itself: its report is cut from the
+    outer one's measurements of its span (NOTE [ A Profile inside another ]). A
+    forked child (a DataLoader worker) records and reports nothing.
 
     Arguments (all keyword-only):
 
@@ -181,6 +183,7 @@ class Profile:
         self._live: Any = None  # report/live.py's LiveView while --live draws
         self._job: Any = None  # a torchrun job's part: dist/__init__.py (None: single process)
         self._rank_report: Any = None  # in a job, this rank's own report (``_report`` is the job's on rank 0)
+        self._outer: Profile | None = None  # the Profile already running when this one started
 
     # -- lifecycle ------------------------------------------------------------
     def __enter__(self) -> Profile:
@@ -195,9 +198,12 @@ class Profile:
     def start(self) -> None:
         global _active
         with _active_lock:
-            if _active is not None:
-                raise RuntimeError("a loadprof Profile is already active in this process; profiles do not nest")
-            _active = self
+            outer = _active
+            if outer is None:
+                _active = self
+        if outer is not None:
+            self._start_inside(outer)
+            return
         self._started = True
         self._t0 = time.perf_counter()
         self.run.started_at = time.time()
@@ -248,6 +254,53 @@ class Profile:
             ).start()
         except Exception as err:  # NOTE [ Never break the run ]
             _warn(f"no live view ({type(err).__name__}: {_first_line(err)})")
+
+    def _start_inside(self, outer: Profile) -> None:
+        """Start as a view of ``outer``'s measurements.
+
+        NOTE [ A Profile inside another ]
+        A script that profiles itself may be run under ``loadprof diagnose``, ``tune`` or
+        ``compare``, which profile it already. Failing there would break the run, and
+        hooking twice would count every step twice. So the inner block measures nothing
+        itself: at its end its report is cut from the outer profile's measurements of the
+        same span (the steps that ended inside it, the samples taken meanwhile), and
+        written and printed as its arguments ask; in a torchrun job only rank 0 writes or
+        prints it. ``apply`` and ``max_steps`` are the outer profile's to act on."""
+        self._outer = outer
+        self._started = True
+        self._t0 = time.perf_counter()
+        self.run.started_at = time.time()
+        _note("a Profile is already running in this process (loadprof diagnose, tune or compare start one): "
+              "this block's report is cut from its measurements")
+
+    def _stop_inside(self, exc: BaseException | None) -> None:
+        outer = self._outer
+        assert outer is not None
+        end = time.perf_counter()
+        self._stopped = True
+        run = self._guard("the outer profile's measurements could not be read", outer._live_snapshot) or Run()
+        low, high = self._t0 - outer._t0, end - outer._t0
+        self.run = Run(
+            command=self.run.command, started_at=self.run.started_at, environment=run.environment,
+            # a step ending inside the block, begun before it: from the block's start, as a
+            # Profile of its own would have timed it (its wait came after the start)
+            steps=[st if st.start >= low else dataclasses.replace(st, start=low)
+                   for st in run.steps if low < st.end <= high and st.merged == 1],
+            host_samples=[h for h in run.host_samples if low <= h.t <= high],
+            gpu_samples=[g for g in run.gpu_samples if low <= g.t <= high],
+            loaders=run.loaders, data_wait_method=run.data_wait_method, amp_in_use=run.amp_in_use,
+            duration=end - self._t0, exit_status=_exit_status(exc),
+        )
+        self.run.limitations.append("measured by the Profile already running in this process: its steps and "
+                                    "samples from this block's span")
+        ignored = [name for name, on in (("apply", self._applier is not None),
+                                         ("max_steps", self.settings.max_steps is not None)) if on]
+        if ignored:
+            self.run.limitations.append(f"{' and '.join(ignored)} left to the outer Profile")
+        job = outer._job
+        if job is not None and job.ctx.rank != 0:
+            self.settings = dataclasses.replace(self.settings, json=None, print_report=False, trace=None, html=None)
+        self._finish()
 
     def _live_snapshot(self) -> Run:
         """The run so far for the live view's running verdict: copies of the lists, read
@@ -336,6 +389,9 @@ class Profile:
     def stop(self, exc: BaseException | None = None) -> None:
         global _active
         if self._stopped or not self._started or os.getpid() != self._pid:
+            return
+        if self._outer is not None:
+            self._stop_inside(exc)
             return
         self._stopped = True
         if self._job is not None:
@@ -485,12 +541,16 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0][:300] if text else ""
 
 
-def _warn(line: str) -> None:
+def _note(line: str) -> None:
     """One line on stderr, which may itself be gone (a closed pipe): never raises."""
     try:
-        print(f"loadprof: warning: {line}", file=sys.stderr, flush=True)
+        print(f"loadprof: {line}", file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
+
+
+def _warn(line: str) -> None:
+    _note(f"warning: {line}")
 
 
 def _exit_status(exc: BaseException | None) -> str:

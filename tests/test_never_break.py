@@ -223,6 +223,52 @@ def test_hooks_failing_inside_the_scripts_import_torch(tmp_path: Path) -> None:
     assert any(line.startswith("torch: hooks could not be installed") for line in _limitations(out))
 
 
+PROFILES_ITSELF = """
+import sys
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from loadprof import Profile
+
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(512, 16), torch.randint(0, 4, (512,)))
+model = nn.Linear(16, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def epoch():
+    for x, y in DataLoader(data, batch_size=32):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+    return round(loss.item(), 6)
+
+
+print("before", epoch())
+with Profile(json=sys.argv[1], print_report=False) as prof:
+    print("inside", epoch())
+print("its steps", len(prof.report.run.steps), prof.report.verdict != "inconclusive")
+"""
+
+
+@pytest.mark.slow
+def test_a_script_that_profiles_itself_runs_unchanged_under_diagnose(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(PROFILES_ITSELF)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    plain = subprocess.run([sys.executable, str(script), str(tmp_path / "alone.json")], capture_output=True,
+                           text=True, env=env, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    proc = subprocess.run([sys.executable, "-m", "loadprof", "diagnose", "--json", str(tmp_path / "outer.json"),
+                           str(script), str(tmp_path / "inner.json")], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout == plain.stdout and "its steps 16 True" in proc.stdout
+    assert json.loads((tmp_path / "outer.json").read_text())["steps"]["count"] == 32
+    assert json.loads((tmp_path / "inner.json").read_text())["steps"]["count"] == 16
+
+
 EXITS = """
 import sys
 print("training", flush=True)

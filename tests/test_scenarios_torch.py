@@ -226,10 +226,18 @@ def test_user_exception_propagates_and_is_recorded():
     assert prof.report.run.exit_status.startswith("exception: ValueError")
 
 
-def test_profiles_do_not_nest():
-    with Profile(print_report=False):
-        with pytest.raises(RuntimeError, match="already active"):
-            Profile(print_report=False).start()
+def test_a_profile_inside_another_reports_its_span_from_the_outer_ones_measurements(tmp_path, capsys):
+    loader = loops.in_memory_loader(n=512)  # 8 steps an epoch
+    model = loops.small_model()
+    with Profile(print_report=False) as outer:
+        loops.train(loader, model)
+        with Profile(json=tmp_path / "inner.json", print_report=False) as inner:
+            loops.train(loader, model, epochs=2)
+    assert len(outer.report.run.steps) == 24
+    assert len(inner.report.run.steps) == 16
+    assert json.loads((tmp_path / "inner.json").read_text())["steps"]["count"] == 16
+    assert inner.report.run.steps[0].start >= outer.report.run.steps[7].end
+    assert "already running in this process" in capsys.readouterr().err
 
 
 def test_json_and_console_report_are_written(tmp_path):
