@@ -192,8 +192,9 @@ class Profile:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         self.stop(exc)
-        # Swallow only our own StopRun (max_steps reached); user exceptions propagate.
-        return exc_type is not None and issubclass(exc_type, StopRun)
+        # Swallow only our own StopRun (max_steps reached); user exceptions propagate, and
+        # so does the outer profile's StopRun out of an inner block, to the outer one.
+        return exc_type is not None and issubclass(exc_type, StopRun) and self._outer is None
 
     def start(self) -> None:
         global _active

@@ -240,6 +240,17 @@ def test_a_profile_inside_another_reports_its_span_from_the_outer_ones_measureme
     assert "already running in this process" in capsys.readouterr().err
 
 
+def test_the_outer_profiles_max_steps_stops_the_run_through_an_inner_block():
+    loader = loops.in_memory_loader(n=512)
+    after: list[str] = []
+    with Profile(print_report=False, max_steps=5) as outer:
+        with Profile(print_report=False) as inner:
+            loops.train(loader, loops.small_model(), epochs=2)
+        after.append("the script went on past its max_steps")
+    assert after == []
+    assert len(outer.report.run.steps) == 5 and len(inner.report.run.steps) == 5
+
+
 def test_json_and_console_report_are_written(tmp_path):
     out = io.StringIO()
     path = tmp_path / "run.json"
