@@ -10,11 +10,11 @@ None) never creates a ``Job``: single-process runs are untouched.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
 import sys
-import itertools
 import threading
 from dataclasses import replace
 from typing import Any

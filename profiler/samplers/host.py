@@ -49,9 +49,9 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /p
 # out: the tree is relisted every ``TREE_EVERY`` readings, memory, swap and disk
 # every ``SLOW_EVERY`` (1 s each at 10 Hz, half a second apart), so a new loader
 # worker is seen within a second, its CPU since creation still counted (NOTE
-# [ Short-lived loader workers ]), and PSS within PSS_BUDGET. Profile takes these readings in a helper
-# process (NOTE [ Host readings in a helper process ] in hostproc.py). The
-# measured costs behind each choice are in docs/overhead.md.
+# [ Short-lived loader workers ]), and PSS within ``PSS_BUDGET``. Profile takes
+# these readings in a helper process (NOTE [ Host readings in a helper process ]
+# in hostproc.py). The measured costs behind each choice are in docs/overhead.md.
 TREE_EVERY = 10
 SLOW_EVERY = 10
 #: PSS makes the kernel walk every mapping (3.5 ms of CPU for a process with torch

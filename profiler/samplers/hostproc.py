@@ -22,9 +22,9 @@ stop, and the report says what happened. ``finish()`` (from ``Sampler.stop``)
 asks the helper for a final reading with a ``q`` line and reads the pipe to its
 end. The helper is told to stop by that line, not by its stdin closing: loader
 workers forked meanwhile hold copies of the pipe's write end. It exits by itself
-when the training process is gone (checked once a second), ignores SIGINT (Ctrl-C in a terminal reaches
-the whole process group; the training process decides what a Ctrl-C means), and
-never prints: its stderr is discarded. It appears in the training process tree,
+when the training process is gone (checked once a second), ignores SIGINT
+(Ctrl-C in a terminal reaches the whole process group; the training process
+decides what a Ctrl-C means), and never prints: its stderr is discarded. It appears in the training process tree,
 so the readings leave its pid out (``HostSource.exclude``): it is no loader
 worker. Its time base is ``time.perf_counter``, the same system-wide monotonic
 clock in both processes; readings carry the raw clock and are placed on the
