@@ -590,13 +590,17 @@ def _idle_or_contended(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
     if delays:
         ev.append(Evidence(
             "run_delay", "Time the training thread (and each worker) waited for a CPU", max(delays),
-            " / ".join(_pct(d) for d in delays), f">= {_pct(th.contended_run_delay)} = waiting for CPU",
+            " / ".join(_pct(d) for d in delays),
+            f">= {_pct(th.contended_run_delay)} with the cores >= {_pct(th.cpu_saturated)} busy = waiting for CPU",
             "Linux schedstat",
         ))
     if _contended(m, th):
         return "host-contended"
-    if delays and max(delays) >= th.contended_run_delay:
-        return "cpu-bound-preprocessing"  # the job's own threads queue for the cores
+    # The job's own threads queue for the cores only where the cores are busy: on idle
+    # ones the queueing is each wake-up's latency, which a thread waking for every read
+    # (a sleeping or I/O-bound loader) piles up to ~10% of its time on a VM.
+    if delays and max(delays) >= th.contended_run_delay and (m.cpu_busy or 0.0) >= th.cpu_saturated:
+        return "cpu-bound-preprocessing"
     return "io-latency"
 
 

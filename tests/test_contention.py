@@ -46,8 +46,13 @@ def test_in_process_loading_that_waits_for_a_core_is_not_io_latency() -> None:
     run = make_run(n=40, wait=0.06, wait_cpu=0.01, workers=0)
     assert diagnose(run).cause == "io-latency"
     # the job's own threads fill the cores: no other process to blame
-    d = diagnose(contended(make_run(n=40, wait=0.06, wait_cpu=0.01, workers=0), others_per_core=0.0, run_delay=0.5))
+    full = make_run(n=40, wait=0.06, wait_cpu=0.01, workers=0, cores=2, tree_cpu=200.0)
+    d = diagnose(contended(full, others_per_core=0.0, run_delay=0.5))
     assert (d.cause, d.warnings) == ("cpu-bound-preprocessing", [])
+    # the same queueing with the cores mostly idle is each wake-up's latency: a thread
+    # sleeping on reads, not one short of a core
+    d = diagnose(contended(make_run(n=40, wait=0.06, wait_cpu=0.01, workers=0), others_per_core=0.0, run_delay=0.5))
+    assert d.cause == "io-latency"
     d = diagnose(contended(make_run(n=40, wait=0.06, wait_cpu=0.01, workers=0), run_delay=0.5))
     assert d.cause == "host-contended"
 
