@@ -27,7 +27,7 @@ the ranks even where the times cannot resolve it. Not a test: timings are printe
 never asserted.
 
     python benchmarks/ddp_overhead.py [--rounds 30] [--steps 1500] [--settle 50] [--width 256] [--via diagnose|profile] [--save runs.json]
-    python benchmarks/ddp_overhead.py --in-job 60 --steps 300
+    python benchmarks/ddp_overhead.py --in-job 60 --steps 300 [--pin] [--profile-args '{"interval": 1.0}']
     python benchmarks/ddp_overhead.py --parts 12 --steps 1000 --width 32 --batch 16
 
 ``--in-job N`` runs one job instead, N rounds of three passes over the loader (plain,
@@ -103,6 +103,13 @@ def cpu_parts() -> dict[str, float]:
     return out
 
 
+def pin(args: argparse.Namespace) -> None:
+    """With ``--pin``: this rank (its threads, and the helper it starts) on a core of its own."""
+    if args.pin and hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[int(os.environ["LOCAL_RANK"]) % len(cores)]})
+
+
 def setup(args: argparse.Namespace) -> tuple[int, Any, Callable[[], list[float]]]:
     """This rank's part of the job: (rank, its DataLoader, a function that trains one pass
     over it and returns the clock after each step, starting with the clock at the start)."""
@@ -113,6 +120,7 @@ def setup(args: argparse.Namespace) -> tuple[int, Any, Callable[[], list[float]]
     from torch.utils.data import DataLoader
 
     torch.set_num_threads(1)
+    pin(args)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(rank)
@@ -184,7 +192,8 @@ def in_job_worker(args: argparse.Namespace) -> None:
                 # entering and leaving (the helper's start, the report's exchange) are
                 # outside the timed pass: measured once per job by the whole-job rounds.
                 # The pass waits out the helper's start (its imports: ~70 ms of CPU).
-                with Profile(json=args.out + ".job.json", print_report=False, gpu=False):
+                with Profile(**{"json": args.out + ".job.json", "print_report": False, "gpu": False,
+                                **json.loads(args.profile_args)}):
                     time.sleep(1.0)
                     cpu0 = cpu_parts()
                     ends = train()
@@ -206,7 +215,8 @@ def in_job(args: argparse.Namespace) -> None:
         out = Path(tmp) / "injob.json"
         cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", str(Path(__file__).resolve()),
                "--in-job-worker", "--in-job", str(args.in_job), "--steps", str(args.steps), "--width",
-               str(args.width), "--batch", str(args.batch), "--out", str(out)]
+               str(args.width), "--batch", str(args.batch), "--out", str(out), "--profile-args", args.profile_args,
+               *(["--pin"] if args.pin else [])]
         env = {k: v for k, v in os.environ.items() if k not in JOB_VARIABLES}
         env["OMP_NUM_THREADS"] = "1"
         load_before = os.getloadavg()
@@ -253,6 +263,7 @@ def parts_worker(args: argparse.Namespace) -> None:
     from loadprof.dist.exchange import Exchange, JobContext
 
     torch.set_num_threads(1)
+    pin(args)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(rank)
@@ -308,7 +319,7 @@ def parts(args: argparse.Namespace) -> None:
         out = Path(tmp) / "parts.json"
         cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", str(Path(__file__).resolve()),
                "--parts-worker", "--parts", str(args.parts), "--steps", str(args.steps), "--width", str(args.width),
-               "--batch", str(args.batch), "--out", str(out)]
+               "--batch", str(args.batch), "--out", str(out), *(["--pin"] if args.pin else [])]
         env = {k: v for k, v in os.environ.items() if k not in JOB_VARIABLES}
         env["OMP_NUM_THREADS"] = "1"
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
@@ -385,6 +396,10 @@ def main() -> None:
     parser.add_argument("--in-job", type=int, default=0, metavar="ROUNDS",
                         help="instead: one job that alternates plain and profiled passes of --steps steps this "
                              "many rounds (use --steps 300)")
+    parser.add_argument("--pin", action="store_true",
+                        help="with --in-job or --parts: each rank on a core of its own (sched_setaffinity)")
+    parser.add_argument("--profile-args", default="{}", metavar="JSON",
+                        help='with --in-job: more Profile arguments for the profiled passes, e.g. \'{"interval": 1.0}\'')
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--in-job-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--parts-worker", action="store_true", help=argparse.SUPPRESS)
