@@ -15,7 +15,7 @@ import time
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, TensorDataset
 
 from loadprof import Profile, StopRun
 from tests import torch_loops as loops
@@ -334,3 +334,25 @@ def test_no_nvml_says_so_and_carries_on(monkeypatch):
     assert report.run.environment.gpu_status.startswith("unavailable")
     assert report.verdict == "compute-bound"
 
+
+
+def test_a_loader_built_where_a_freed_one_was_gets_a_record_of_its_own():
+    # A DataLoader made per epoch often lands at the address of the last one, freed:
+    # its id is the same, its settings are not.
+    data = TensorDataset(torch.randn(64, 32), torch.randint(0, 4, (64,)))
+    model = loops.small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ids = []
+    with Profile(print_report=False) as prof:
+        for batch in (2, 4, 8, 16):
+            loader = DataLoader(data, batch_size=batch)
+            ids.append(id(loader))
+            for x, y in loader:
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+            del loader
+    if len(set(ids)) == len(ids):
+        pytest.skip("no loader's id was reused here: the case this test is for did not arise")
+    assert [li.batch_size for li in prof.report.run.loaders] == [2, 4, 8, 16]
+    assert [li.iterations for li in prof.report.run.loaders] == [1, 1, 1, 1]

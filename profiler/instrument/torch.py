@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -81,8 +82,10 @@ class TorchHooks:
         self._patches = Patches("torch hooks")
         self._handles: list[Any] = []
         self._forward_handle: Any = None
-        self._loaders: dict[int, LoaderInfo] = {}
-        self._checked: set[int] = set()  # optimizers whose parameter dtype was looked at
+        # Keyed by id() with a weak reference to tell a new object from a freed one
+        # whose id it reuses (a DataLoader built per epoch often lands at the same address).
+        self._loaders: dict[int, tuple[Callable[[], Any] | None, LoaderInfo]] = {}
+        self._checked: dict[int, Callable[[], Any] | None] = {}  # optimizers whose parameter dtype was looked at
         self._nexts = 0  # batches fetched through the next() wrapper
         self._facts_pending = False  # a loader whose batch size and bytes are unknown began an iteration
         self._memory_countdown = MEMORY_STEP  # optimizer steps until the between-steps reading
@@ -233,8 +236,10 @@ class TorchHooks:
             if ThisProcess.pid != hooks.pid:
                 return
             t = clock()
-            if not run.amp_in_use and id(optimizer) not in checked:
-                check(optimizer)
+            if not run.amp_in_use:
+                key = id(optimizer)
+                if key not in checked or ((seen := checked[key]) is not None and seen() is not optimizer):
+                    check(optimizer)
             if hooks._memory_countdown:
                 hooks._memory_countdown -= 1
                 if not hooks._memory_countdown:
@@ -245,7 +250,7 @@ class TorchHooks:
         return on_optimizer_post
 
     def _check_half_precision(self, optimizer: Any) -> None:
-        self._checked.add(id(optimizer))
+        self._checked[id(optimizer)] = _ref(optimizer)
         # Half-precision parameters count as mixed precision already in use.
         for group in optimizer.param_groups:
             for p in group["params"][:1]:
@@ -311,9 +316,9 @@ class TorchHooks:
 
     # -- facts ----------------------------------------------------------------
     def _loader_info(self, loader: Any) -> LoaderInfo:
-        info = self._loaders.get(id(loader))
-        if info is not None:
-            return info
+        entry = self._loaders.get(id(loader))
+        if entry is not None and (entry[0] is None or entry[0]() is loader):
+            return entry[1]
         dataset = getattr(loader, "dataset", None)
         try:
             length: int | None = len(dataset)  # type: ignore[arg-type]
@@ -331,7 +336,7 @@ class TorchHooks:
             dataset_length=length,
             dataset_type=type(dataset).__module__ + "." + type(dataset).__qualname__ if dataset is not None else None,
         )
-        self._loaders[id(loader)] = info
+        self._loaders[id(loader)] = (_ref(loader), info)
         self.run.loaders.append(info)
         return info
 
@@ -347,3 +352,11 @@ class TorchHooks:
                 self.run.probes[f"cuda{i}_peak_allocated_bytes"] = float(torch.cuda.max_memory_allocated(i))
                 self.run.probes[f"cuda{i}_total_bytes"] = float(total)
 
+
+def _ref(obj: Any) -> Callable[[], Any] | None:
+    """A weak reference to ``obj``, or None for an object that takes none (``__slots__``
+    without ``__weakref__``): then its id alone stands for it."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return None
