@@ -12,8 +12,8 @@ over its own round's baseline, so load that drifts between rounds cancels. The
 measured speed-up is the median over rounds, the estimate the baselines' median
 estimate. Error = estimated / measured - 1. Target: within 20%.
 
-The estimate predicts the median step (``step = max(...)`` against the baseline's
-median step), so each row also gives the speed-up in median step time (the
+The estimate divides the baseline's mean step (over the steps its diagnosis judges)
+by the predicted one; each row also gives the speed-up in median step time (the
 baseline's median measured step over the trial's) and the error against it: where
 a baseline's steps vary, its throughput (a mean) and its median step differ.
 
