@@ -103,7 +103,9 @@ def step_with_workers(m: Metrics, loader: LoaderInfo | None, load: float, worker
     threads and the w workers each get r = min(1, K / (p + w)) of a core, and the
     model's threads, which wait for one another, go at that rate. If the workers keep
     up, they run for part of the compute; otherwise compute is slowed throughout and
-    the workers finish the loading alone. A floor: all the CPU a step needs over K.
+    the workers finish the loading alone. Two floors: all the CPU a step needs over K,
+    and the loading's wall time over the workers (a batch that waits on storage or
+    sleeps takes its time whatever the CPU: each worker delivers one per batch time).
     """
     cores = max(1.0, m.usable_cores - (m.others_cpu_cores or 0.0))
     compute = max(m.compute_per_step, 1e-9)
@@ -116,8 +118,20 @@ def step_with_workers(m: Metrics, loader: LoaderInfo | None, load: float, worker
     else:
         step = compute / rate + (load - w * compute) / min(w, cores)
     cpu_bound = (compute_cpu + load) / cores
-    step = max(step, cpu_bound)
+    step = max(step, cpu_bound, loading_wall(m, loader, load) / w)
     return step, rate < 1.0 or cpu_bound >= 0.8 * step
+
+
+def loading_wall(m: Metrics, loader: LoaderInfo | None, load: float) -> float:
+    """Wall seconds of loading a step needs from one process: in-process, the loop's wait
+    for each batch; with workers on a starved loop, each worker is at a batch all the
+    time, so a batch takes workers x step. Never less than its CPU ``load``."""
+    workers = loader.num_workers if loader else 0
+    if not workers:
+        return max(load, m.wait_per_step)
+    if m.data_wait_fraction >= DEFAULT_THRESHOLDS.input_high:
+        return max(load, workers * m.step_time_mean)
+    return load
 
 
 def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> list[Recommendation]:

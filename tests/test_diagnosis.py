@@ -329,6 +329,22 @@ def test_the_worker_estimate_counts_the_cores_the_worker_takes_from_the_models_t
     assert "uncertain" not in rec.detail
 
 
+def test_the_worker_estimate_for_loading_that_waits_counts_each_batchs_wait():
+    # A rank of examples/ddp_starved.py: 66.6 ms of each 68.9 ms step waiting for a batch
+    # that sleeps, 1.9 ms of it CPU. Four workers each take 66.6 ms a batch: a step of
+    # ~16.7 ms (~4.1x), not the compute's 2.3 ms (~30x) that CPU alone would allow.
+    run = make_run(n=40, step=0.0689, wait=0.0666, wait_cpu=0.0019, workers=0, cores=2, tree_cpu=6.1)
+    d = diagnose(run)
+    assert (d.verdict, d.cause) == ("data-starved", "io-latency")
+    rec = _num_workers(run)
+    assert rec.values["num_workers"] == 4
+    assert rec.estimated_speedup == pytest.approx(0.0689 / (0.0666 / 4), abs=0.05)
+    # two starved workers already: each batch took 2 steps; four halve that
+    two = make_run(n=40, step=0.0689, wait=0.0666, workers=2, cores=8, tree_cpu=5.0, children_cpu=4.0)
+    rec = _num_workers(two)
+    assert rec.estimated_speedup == pytest.approx(rec.values["num_workers"] / 2, abs=0.05)
+
+
 def test_offline_preprocessing_states_the_cores_loading_needs_and_names_no_canned_sizes():
     # 300 ms of CPU per step in 2 busy workers against 10 ms of compute on 8 cores:
     # loading alone needs 30 cores.
