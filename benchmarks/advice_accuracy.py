@@ -51,7 +51,7 @@ EXAMPLES: dict[str, tuple[str, list[str], dict[str, str]]] = {
     "mnist_torch": ("examples/mnist_torch.py", ["--epochs", "50"], {}),
     "keras_mnist": ("examples/keras_mnist.py", ["--epochs", "50"], {}),
 }
-DEFAULT = "torch_starved,torch_fixed,mnist_torch"
+DEFAULT = "torch_starved,torch_starved_1thread,torch_fixed,mnist_torch"
 
 #: A trial may take this long before it is stopped (a slow, loaded machine).
 TRIAL_LIMIT_S = 300.0
@@ -103,8 +103,7 @@ def measure(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
     rel, args, env = EXAMPLES[example]
     script = str(ROOT / rel)
     envs = "".join(f"{k}={v} " for k, v in env.items())
-    print(f"{example}: {envs}{rel} {' '.join(args)}",
-          file=sys.stderr, flush=True)
+    print(f"{example}: {envs}{rel} {' '.join(args)}", file=sys.stderr, flush=True)
     bases: list[TrialResult] = []
     verdicts: list[str] = []
     estimates: dict[str, list[float]] = {}
