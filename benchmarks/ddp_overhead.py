@@ -133,18 +133,11 @@ def setup(args: argparse.Namespace) -> tuple[int, Any, Callable[[], list[float]]
         nn.Linear(args.width, 10)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
-    clock = time.perf_counter
+    from overhead import timed_steps
 
     def train() -> list[float]:
         dist.barrier()  # both ranks start the loop together, whatever came before took
-        ends = [clock()]
-        mark = ends.append
-        for x, y in loader:
-            opt.zero_grad()
-            loss_fn(model(x), y).backward()
-            opt.step()
-            mark(clock())
-        return ends
+        return timed_steps(loader, model, opt, loss_fn)
 
     return rank, loader, train
 
@@ -225,24 +218,17 @@ def in_job(args: argparse.Namespace) -> None:
         if proc.returncode != 0 or not out.exists():
             sys.exit(f"the in-job run failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
         passes = json.loads(out.read_text())
-    from overhead import print_overhead
 
     whole = {k: [p["ends"][-1] - p["ends"][0] for p in passes[k]] for k in KINDS}
     steady = {k: [p["ends"][-1] - p["ends"][args.settle] for p in passes[k]] for k in KINDS}
     median_step = {k: [statistics.median(b - a for a, b in itertools.pairwise(p["ends"][args.settle:]))
                        for p in passes[k]] for k in KINDS}
 
-    def ratio(times: dict[str, list[float]], kind: str) -> list[float]:
-        return [p / q for p, q in zip(times[kind], times["plain"], strict=True)]
-
     step_ms = statistics.median(whole["plain"]) / args.steps * 1e3
     print(f"load average {load_before[0]:.2f} at start, {os.getloadavg()[0]:.2f} at end; {os.cpu_count()} CPUs")
     print(f"step time (plain, rank 0, median): {step_ms:.3f} ms; 2 ranks; one job, {args.in_job} rounds of "
           f"three passes of {args.steps} steps (plain, profiled, plain again, rotating)")
-    for label, times in ((f"whole pass ({args.steps} steps)", whole),
-                         (f"steady state (steps {args.settle + 1}-{args.steps})", steady),
-                         (f"median step (steps {args.settle + 1}-{args.steps})", median_step)):
-        print_overhead(label, ratio(times, "profiled"), ratio(times, "control"), step_ms)
+    print_ratios(args, "whole pass", whole, steady, median_step, step_ms)
     # over all the passes of a kind: a part using under a 10 ms clock tick a pass still adds up
     print("CPU of rank 0 during the passes, in % of a core (all passes of a kind together; /proc, 10 ms ticks):")
     for part in passes["plain"][0]["cpu"] if passes["plain"] else ():
@@ -377,6 +363,21 @@ def launch(kind: str, args: argparse.Namespace, folder: Path, r: int) -> dict:
     return doc
 
 
+def print_ratios(args: argparse.Namespace, whole_label: str, whole: dict[str, list[float]],
+                 steady: dict[str, list[float]], median_step: dict[str, list[float]], step_ms: float) -> None:
+    """The profiled/plain and control/plain ratios, run by run, over the whole loop, its
+    steady state and the median step (overhead.py's print_overhead)."""
+    from overhead import print_overhead
+
+    def ratio(times: dict[str, list[float]], kind: str) -> list[float]:
+        return [p / q for p, q in zip(times[kind], times["plain"], strict=True)]
+
+    for label, times in ((f"{whole_label} ({args.steps} steps)", whole),
+                         (f"steady state (steps {args.settle + 1}-{args.steps})", steady),
+                         (f"median step (steps {args.settle + 1}-{args.steps})", median_step)):
+        print_overhead(label, ratio(times, "profiled"), ratio(times, "control"), step_ms)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=30)
@@ -428,7 +429,6 @@ def main() -> None:
     if args.rounds < 2:
         parser.error(f"--rounds must be >= 2, got {args.rounds}")
 
-    from overhead import print_overhead
 
     load_before = os.getloadavg()
     print(f"load average at start: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}; "
@@ -463,16 +463,10 @@ def main() -> None:
                   f"control/plain {ms['control'] / ms['plain']:.4f}   load {os.getloadavg()[0]:.2f}", flush=True)
     steady = {k: [w - s for w, s in zip(whole[k], start[k], strict=True)] for k in KINDS}
 
-    def ratio(times: dict[str, list[float]], kind: str) -> list[float]:
-        return [p / q for p, q in zip(times[kind], times["plain"], strict=True)]
-
     step_ms = statistics.median(whole["plain"]) / args.steps * 1e3
     print(f"\nstep time (plain, rank 0, median): {step_ms:.3f} ms; 2 ranks, {args.steps} steps per job, "
           f"{args.rounds} rounds")
-    for label, times in ((f"whole loop ({args.steps} steps)", whole),
-                         (f"steady state (steps {args.settle + 1}-{args.steps})", steady),
-                         (f"median step (steps {args.settle + 1}-{args.steps})", median_step)):
-        print_overhead(label, ratio(times, "profiled"), ratio(times, "control"), step_ms)
+    print_ratios(args, "whole loop", whole, steady, median_step, step_ms)
     shift = [(p - q) * 1e6 for p, q in zip(median_step["profiled"], median_step["plain"], strict=True)]
     control_shift = [(c - q) * 1e6 for c, q in zip(median_step["control"], median_step["plain"], strict=True)]
     print(f"median step after the first {args.settle}, profiled - plain: {statistics.median(shift):+.1f} us "

@@ -170,17 +170,23 @@ def make_loop(steps: int, batch: int, width: int, features: int = 64, workers: i
         return run_device
 
     def run() -> list[float]:
-        """The loop's start and the end of each step (perf_counter)."""
-        ends = [clock()]
-        mark = ends.append
-        for x, y in loader:
-            opt.zero_grad()
-            loss_fn(model(x), y).backward()
-            opt.step()
-            mark(clock())
-        return ends
+        return timed_steps(loader, model, opt, loss_fn)
 
     return run
+
+
+def timed_steps(loader, model, opt, loss_fn) -> list[float]:
+    """One pass of training over ``loader``: the loop's start and the end of each step
+    (perf_counter)."""
+    clock = time.perf_counter
+    ends = [clock()]
+    mark = ends.append
+    for x, y in loader:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+        mark(clock())
+    return ends
 
 
 def hook_cost_per_step(rounds: int, gap: float, steps: int = 2000) -> float:
