@@ -279,6 +279,7 @@ class HostSource:
         if proc is None:
             self._pids = set()
             return 0.0, 0, 0.0, 0, 0, None, 0.0, [], []
+        own_delay: float | None = None
         try:
             own = self._own_cpu_rss() if self._own else None
             if own is not None:
@@ -291,7 +292,7 @@ class HostSource:
                 got = self._child_reading(proc)
                 if got is None:
                     raise psutil.NoSuchProcess(proc.pid)
-                _, cpu, rss, _ = got
+                _, cpu, rss, own_delay = got  # its schedstat read there too
             if relist:
                 self._children = self._list_descendants(proc)
                 listed = {c.pid for c in self._children} | {proc.pid}
@@ -304,7 +305,8 @@ class HostSource:
             return 0.0, 0, 0.0, 0, 0, None, 0.0, [], []
         process_cpu = _clamp_cpu(100.0 * (cpu - self._last_proc_cpu) / dt) if dt else 0.0
         self._last_proc_cpu = cpu
-        own_delay = _run_delay(self._schedstat_file)
+        if self._own:
+            own_delay = _run_delay(self._schedstat_file)
         process_delay = None
         if own_delay is not None and self._last_own_delay is not None and dt:
             process_delay = min(1.0, max(0.0, (own_delay - self._last_own_delay) / dt))
