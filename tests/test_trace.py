@@ -28,7 +28,7 @@ from loadprof.records import Run, Step  # noqa: E402
 from loadprof.report import load_report  # noqa: E402
 from loadprof.report.trace import EVAL_TID, STEPS_TID, WORKERS_COUNTER, trace_document  # noqa: E402
 from tests.fake_pynvml import FakeGpu, FakeNvml  # noqa: E402
-from tests.torch_loops import CpuHeavy, Sleepy, in_memory_loader, small_model, train  # noqa: E402
+from tests.torch_loops import CpuHeavy, in_memory_loader, small_model, train  # noqa: E402
 
 _METADATA = {"process_name": "name", "process_sort_index": "sort_index", "thread_name": "name",
              "thread_sort_index": "sort_index"}
@@ -80,12 +80,14 @@ def _steps_and_children(track: list[dict[str, Any]]) -> list[tuple[dict[str, Any
 
 
 def _train_and_evaluate(epochs: int = 2) -> None:
-    """Training reads a slow-storage dataset in two worker processes; after each epoch an
-    evaluation pass reads a validation loader with gradients off."""
+    """Training reads a dataset whose loading is CPU work in two worker processes (a
+    sleeping one used less than a 10 ms clock tick between readings, now and then in
+    every reading); after each epoch an evaluation pass reads a validation loader with
+    gradients off."""
     torch.manual_seed(0)
     model = small_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    train = DataLoader(Sleepy(n=8 * 16, delay=0.003), batch_size=8, num_workers=2)
+    train = DataLoader(CpuHeavy(n=8 * 16, cost=0.002), batch_size=8, num_workers=2)
     val = in_memory_loader(n=8 * 6, batch_size=8)
     for _ in range(epochs):
         for x, y in train:
