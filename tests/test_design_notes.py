@@ -1,5 +1,5 @@
 """The named design notes (``NOTE [ ... ]``): each one the code refers to exists, and
-docs/architecture.md says where each lives."""
+docs/dev/architecture.md says where each lives."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_every_note_the_code_refers_to_is_defined() -> None:
 
 
 def test_architecture_doc_lists_every_note_where_it_lives() -> None:
-    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    doc = (ROOT / "docs" / "dev" / "architecture.md").read_text(encoding="utf-8")
     rows = dict(re.findall(r"^\| ([^|]+?) \| `([^`]+)` \|$", doc, flags=re.M))
     problems = []
     for name, files in sorted(_defined().items()):
@@ -44,4 +44,4 @@ def test_architecture_doc_lists_every_note_where_it_lives() -> None:
             problems.append(f"NOTE [ {name} ] ({', '.join(sorted(files))}) is not in the table")
         elif rows[name] not in files:
             problems.append(f"NOTE [ {name} ] is listed in {rows[name]}, defined in {', '.join(sorted(files))}")
-    assert not problems, "docs/architecture.md: " + "; ".join(problems)
+    assert not problems, "docs/dev/architecture.md: " + "; ".join(problems)

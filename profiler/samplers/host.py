@@ -51,7 +51,7 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /p
 # worker is seen within a second, its CPU since creation still counted (NOTE
 # [ Short-lived loader workers ]), and PSS within ``PSS_BUDGET``. Profile takes
 # these readings in a helper process (NOTE [ Host readings in a helper process ]
-# in hostproc.py). The measured costs behind each choice are in docs/overhead.md.
+# in hostproc.py). The measured costs behind each choice are in docs/dev/overhead.md.
 TREE_EVERY = 10
 SLOW_EVERY = 10
 #: PSS makes the kernel walk every mapping (3.5 ms of CPU for a process with torch

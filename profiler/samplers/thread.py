@@ -20,7 +20,7 @@ NOTE [ First reading before the loop ]
 The thread's first tick would otherwise run beside the first steps of the
 training loop, and the host part of it is Python that holds the GIL: the first
 reading builds psutil's process object and opens the /proc files, and the loop's
-first steps, already slow with cold caches, would wait on it (docs/overhead.md
+first steps, already slow with cold caches, would wait on it (docs/dev/overhead.md
 has the figures). So ``start()`` takes the first tick's host reading itself,
 before the loop (the sources' baselines are read there already, so a /proc that
 hangs would hang it anyway), and stores it at once; the thread then takes that
