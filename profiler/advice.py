@@ -22,6 +22,7 @@ tune`` measures them for real.
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -158,7 +159,10 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
             # Waiting on I/O does not use a core: more workers than cores can hide latency.
             cap = max(cap, 2 * cores)
         need = workers_needed(m, loader)
-        if not saturated and need is not None and cause not in ("host-to-device", "workers-unmeasured", "host-contended"):
+        # On a contended host more workers still win a larger share of the cores (the
+        # scheduler is fair per thread), so the advice stands; only its estimate goes.
+        contended = cause == "host-contended" or any(wid == "host-contended" for wid, _ in diagnosis.warnings)
+        if not saturated and need is not None and cause not in ("host-to-device", "workers-unmeasured"):
             target, load = need
             if cause == "io-latency":
                 target = max(target, math.ceil(m.wait_per_step / max(m.compute_per_step, 1e-6)) + 1)
@@ -171,6 +175,10 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
                 shared = (f" The model's own threads use {compute_cpu_per_step(m, loader) * 1000:.1f} ms of CPU per "
                           "step on the same cores, and the workers would share them: the estimate counts that "
                           "sharing, and is uncertain; `loadprof tune` measures it." if shares else "")
+                if contended:
+                    speedup = None
+                    shared = (f" Other processes kept {m.others_cpu_cores or 0.0:.1f} of the {cores} cores busy: "
+                              "the gain depends on them, so no estimate is given; `loadprof tune` measures it.")
                 out.append(Recommendation(
                     "num_workers", f"Load batches in {target} worker process{'es' if target > 1 else ''}",
                     f"The loop waits {diagnosis.metrics.data_wait_fraction:.0%} of each step for data. "
@@ -180,7 +188,8 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
                     + (", persistent_workers=True" if (loader.iterations or 0) > 1 else "") + ")",
                     {"num_workers": target, "current": workers, "usable_cores": cores},
                     round(speedup, 2) if speedup else None,
-                    "estimate: the model's threads and the workers sharing the free cores",
+                    "estimate: the model's threads and the workers sharing the free cores" if speedup else
+                    "no estimate: other processes share the cores; measure it with `loadprof tune`",
                 ))
         # Cores loading alone needs to keep pace with compute (no safety worker here).
         load_cores = need[1] / max(m.compute_per_step, 1e-6) if need is not None else None
@@ -252,25 +261,25 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
         if mp is not None:
             out.append(mp)
     if cause == "host-contended" or any(wid == "host-contended" for wid, _ in diagnosis.warnings):
-        out.insert(0, _contention_advice(m, cause == "host-contended"))
+        out.insert(0, _contention_advice(run, m, cause == "host-contended"))
     return out
 
 
-def _contention_advice(m: Metrics, cause: bool) -> Recommendation:
+def _contention_advice(run: Run, m: Metrics, cause: bool) -> Recommendation:
     others = m.others_cpu_cores or 0.0
-    free = max(1, round(m.usable_cores - others))
     why = (f"Other processes keep {others:.1f} of the {m.usable_cores} usable cores busy"
            + (f", and the training thread waits for a CPU {m.run_delay:.0%} of the time" if m.run_delay else "")
            + ". ")
-    why += ("The input pipeline is waiting for cores, not for I/O: more workers would queue for the same cores."
-            if cause else "Every figure here, and each estimate below, holds only while they keep running.")
+    why += ("The input pipeline is waiting for cores, not for I/O. "
+            if cause else "") + "Every figure here, and each estimate below, holds only while they keep running."
+    command = " ".join(shlex.quote(a) for a in run.command) or "train.py"
     return Recommendation(
         "contention", "Give the job cores of its own",
         why,
-        "# measure again on a quiet host, or give the other jobs fewer cores or a lower priority:\n"
+        "# lower the other jobs' priority (or give them fewer cores), then measure again:\n"
         "renice -n 10 -p <PID of the other job>\n"
-        f"taskset -c 0-{free - 1} python train.py  # the job alone on cores no other job is pinned to",
-        {"others_cpu_cores": round(others, 2), "free_cores": free},
+        f"loadprof diagnose {command}",
+        {"others_cpu_cores": round(others, 2)},
     )
 
 

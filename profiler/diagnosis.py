@@ -594,7 +594,9 @@ def _idle_or_contended(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
             f">= {_pct(th.contended_run_delay)} with the cores >= {_pct(th.cpu_saturated)} busy = waiting for CPU",
             "Linux schedstat",
         ))
-    if _contended(m, th):
+    # Other processes are to blame only when the pipeline's own threads were seen
+    # queued for a core: with schedstat saying they rarely waited, the wait is I/O.
+    if _contended(m, th) and (not delays or max(delays) >= th.contended_run_delay):
         return "host-contended"
     # The job's own threads queue for the cores only where the cores are busy: on idle
     # ones the queueing is each wake-up's latency, which a thread waking for every read

@@ -37,6 +37,7 @@ def test_idle_looking_loaders_on_a_contended_host_wait_for_cpu_not_io() -> None:
     assert d.confidence == "medium"  # high on the quiet run
     advice = [r.id for r in recommend(busy, d)]
     assert advice[0] == "contention"
+    # the workers use 5% of a core each: more of them is not what the loop needs
     assert not {"num_workers", "convert_format", "prefetch"} & set(advice)
 
 
@@ -55,6 +56,33 @@ def test_in_process_loading_that_waits_for_a_core_is_not_io_latency() -> None:
     assert d.cause == "io-latency"
     d = diagnose(contended(make_run(n=40, wait=0.06, wait_cpu=0.01, workers=0), run_delay=0.5))
     assert d.cause == "host-contended"
+
+
+def test_a_loader_seen_rarely_queued_waits_for_io_even_on_a_busy_host() -> None:
+    # Others hold the cores, but schedstat says the pipeline's threads hardly ever
+    # waited for one: the cause follows that evidence, the contention is a warning.
+    busy = contended(make_run(n=40, wait=0.06, workers=2, tree_cpu=50.0, children_cpu=10.0),
+                     run_delay=0.006, workers_delay=0.006)
+    d = diagnose(busy)
+    assert d.cause == "io-latency"
+    assert [w for w, _ in d.warnings] == ["host-contended"]
+
+
+def test_contention_keeps_the_worker_fix_without_an_estimate() -> None:
+    # num_workers=0 on a busy host: the training thread queues for a core inside its waits
+    run = contended(make_run(n=40, wait=0.06, wait_cpu=0.05, workers=0, cores=2, tree_cpu=100.0),
+                    others_per_core=60.0, run_delay=0.4)
+    run.command = ["my train.py", "--epochs", "1"]
+    d = diagnose(run)
+    assert d.verdict == "data-starved"
+    advice = {r.id: r for r in recommend(run, d)}
+    assert list(advice)[0] == "contention"
+    workers = advice["num_workers"]
+    assert workers.values["num_workers"] >= 1 and workers.estimated_speedup is None
+    assert "loadprof tune" in workers.basis and "loadprof tune" in workers.detail
+    # the snippet names the user's own command, quoted for a shell, and pins nothing
+    code = advice["contention"].code
+    assert "loadprof diagnose 'my train.py' --epochs 1" in code and "taskset" not in code
 
 
 def test_a_compute_bound_run_on_a_busy_host_keeps_its_verdict_with_a_warning() -> None:
