@@ -190,6 +190,8 @@ class Environment:
     gpus: list[GpuInfo] = field(default_factory=list)
     gpu_status: str = "unavailable"  # "available" or "unavailable (reason)"
     cuda_in_use: bool = False  # the training process put work on a GPU
+    cpu_features: list[str] = field(default_factory=list)  # cpufeatures.KNOWN_FLAGS present
+    intra_op_threads: int | None = None  # torch.get_num_threads() at the end of the run
 
 
 @dataclass

@@ -44,6 +44,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 import psutil
 
 from . import __version__
+from .cpufeatures import cpu_features
 from .instrument import FrameworkWatch, Hooks
 from .jsonio import JsonWriteError
 from .oom import classify as classify_oom
@@ -441,6 +442,7 @@ class Profile:
                 self.run.probes["gc_seconds"] = self._timeline.gc_seconds
                 self.run.probes["gc_in_wait_seconds"] = self._timeline.gc_in_waits
             self.run.duration = end - self._t0
+            self.run.environment.intra_op_threads = _intra_op_threads()  # as the script left them
             self.run.exit_status = _exit_status(exc)
             if exc is not None and classify_oom(record_line(exc)) is not None:
                 self.run.oom_errors.append(record_line(exc))
@@ -583,4 +585,14 @@ def _environment() -> Environment:
         usable_cores=usable_cores(),
         logical_cores=psutil.cpu_count(logical=True) or 1,
         memory_total=psutil.virtual_memory().total,
+        cpu_features=cpu_features(),
     )
+
+
+def _intra_op_threads() -> int | None:
+    torch = sys.modules.get("torch")
+    get = getattr(torch, "get_num_threads", None)
+    try:
+        return int(get()) if get is not None else None
+    except (RuntimeError, TypeError, ValueError):
+        return None

@@ -263,11 +263,58 @@ def test_mixed_precision_is_not_recommended_where_it_cannot_help(kwargs):
     assert "mixed_precision" not in ids(run)
 
 
-def test_compute_bound_cpu_run_gets_no_input_advice():
+def test_compute_bound_cpu_run_gets_compute_advice_and_no_input_advice():
     run = make_run(wait=0.001)
     d = diagnose(run)
     assert (d.verdict, d.cause) == ("compute-bound", "cpu")
-    assert ids(run) == []
+    # no bf16 instructions recorded: bf16 would be emulated, slower than float32
+    assert ids(run) == ["compile"]
+    run.environment.cpu_features = ["avx512f", "amx_bf16"]
+    advice = {r.id: r for r in recommend(run, diagnose(run))}
+    assert list(advice) == ["mixed_precision", "compile"]
+    mp = advice["mixed_precision"]
+    assert "torch.autocast('cpu', dtype=torch.bfloat16)" in mp.code and "amx_bf16" in mp.detail
+    assert mp.estimated_speedup is None and "loadprof tune" in mp.basis
+    run.amp_in_use = True
+    assert ids(run) == ["compile"]
+
+
+def test_a_compute_bound_gpu_run_with_memory_to_spare_gets_a_larger_batch():
+    run = make_run(wait=0.001, gpu_util=85, gpu_mem=0.3, cuda=True)
+    assert ids(run) == ["mixed_precision", "compile", "larger_batch"]
+    assert "larger_batch" not in ids(make_run(wait=0.001, gpu_util=85, gpu_mem=0.7, cuda=True))
+
+
+@pytest.mark.parametrize(
+    "kwargs, threads, expected",
+    [
+        ({"workers": 1, "children_cpu": 100.0}, 2, 1),  # a busy worker beside two model threads on 2 cores
+        ({"workers": 1, "children_cpu": 20.0}, 2, None),  # a mostly idle worker leaves both cores
+        ({"workers": 0}, 8, 2),  # more threads than cores
+        ({"workers": 0}, 2, None),  # torch's default on an idle host
+    ],
+)
+def test_threads_advice_counts_model_threads_and_busy_workers_against_the_cores(kwargs, threads, expected):
+    run = make_run(wait=0.001, cores=2, tree_cpu=200.0, **kwargs)
+    run.environment.intra_op_threads = threads
+    advice = {r.id: r for r in recommend(run, diagnose(run))}
+    if expected is None:
+        assert "threads" not in advice
+    else:
+        rec = advice["threads"]
+        assert rec.values == {"threads": expected, "current": threads, "usable_cores": 2}
+        assert f"torch.set_num_threads({expected})" in rec.code and rec.estimated_speedup is None
+
+
+def test_the_workers_advised_leave_the_model_fewer_threads():
+    # starved in-process on 2 cores: one worker is advised, so one thread is left to the model
+    run = make_run(wait=0.07, cores=2, tree_cpu=200.0, workers=0)
+    run.environment.intra_op_threads = 2
+    advice = [r for r in recommend(run, diagnose(run))]
+    by_id = {r.id: r for r in advice}
+    assert by_id["num_workers"].values["num_workers"] == 1
+    assert by_id["threads"].values["threads"] == 1
+    assert "1 loader worker(s) as advised" in by_id["threads"].detail
 
 
 def test_evidence_cites_the_threshold_sources():
