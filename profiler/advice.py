@@ -358,6 +358,8 @@ def _offline_snippet(loader: LoaderInfo) -> str:
 def _cache_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, tf: bool) -> list[Recommendation]:
     if not starved or loader.dataset_length is None or loader.sample_nbytes is None:
         return []
+    if loader.items_repeat is False:
+        return []  # random augmentation in the items: a cache would freeze one draw of it
     size = loader.dataset_length * loader.sample_nbytes
     avail = min((h.memory_available for h in run.host_samples), default=0)
     if not avail or size > 0.25 * avail:
@@ -370,8 +372,10 @@ def _cache_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, tf: b
     return [Recommendation(
         "cache", "Cache the decoded dataset in memory",
         f"The dataset is about {_size(size)} as loaded ({loader.dataset_length} samples of "
-        f"{_size(loader.sample_nbytes)}), {'under 0.1%' if size < 0.001 * avail else f'{size / avail:.1%}'} of available memory. Cache after "
-        "deterministic steps only: caching a random augmentation freezes it.",
+        f"{_size(loader.sample_nbytes)}), {'under 0.1%' if size < 0.001 * avail else f'{size / avail:.1%}'} of available memory. "
+        + ("Two reads of an item gave the same data, so a cache changes nothing the model sees."
+           if loader.items_repeat else
+           "Cache after deterministic steps only: caching a random augmentation freezes it."),
         code, {"dataset_bytes": size}, framework="tf" if tf else "torch",
     )]
 

@@ -42,6 +42,7 @@ from ..records import LoaderInfo, Run
 from ..samplers.host import own_peak_rss, own_rss
 from ..timeline import CPU_READ_ALL, CPU_READ_EVERY, Timeline
 from . import ThisProcess
+from .itemcheck import items_repeat
 
 
 def _batch_facts(batch: Any) -> tuple[int | None, int]:
@@ -63,6 +64,9 @@ def _batch_facts(batch: Any) -> tuple[int | None, int]:
             stack.extend(item)
     return size, nbytes
 
+
+#: Training loaders whose items are checked for repeatability at the end (each costs a fork).
+MAX_ITEM_CHECKS = 2
 
 #: The optimizer step after which what stays held between steps is read: the optimizer
 #: has made its state by then, and the first steps' one-time allocations are done.
@@ -121,6 +125,7 @@ class TorchHooks:
         self._handles.clear()
         self._drop_forward_hook()
         self.run.limitations.extend(f"torch: {line}" for line in self._patches.restore())
+        self._check_items()
         self._collect_cuda_facts()
         self._collect_peak()
 
@@ -339,6 +344,19 @@ class TorchHooks:
         self._loaders[id(loader)] = (_ref(loader), info)
         self.run.loaders.append(info)
         return info
+
+    def _check_items(self) -> None:
+        """Whether the training loaders' items repeat, for the cache advice
+        (NOTE [ Reading items in a forked child ] in itemcheck.py)."""
+        checked = 0
+        for ref, info in self._loaders.values():
+            loader = ref() if ref is not None else None
+            dataset = getattr(loader, "dataset", None)
+            if (dataset is None or not info.dataset_length or info.iterations <= info.eval_iterations
+                    or isinstance(dataset, torch.utils.data.IterableDataset) or checked >= MAX_ITEM_CHECKS):
+                continue
+            checked += 1
+            info.items_repeat = items_repeat(dataset)
 
     def _collect_cuda_facts(self) -> None:
         if not torch.cuda.is_available() or not torch.cuda.is_initialized():

@@ -1,0 +1,106 @@
+"""Whether a dataset's items repeat, told without touching the training process's state,
+and the cache advice that follows from it."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from loadprof import Profile
+from loadprof.advice import recommend
+from loadprof.diagnosis import diagnose
+from loadprof.instrument.itemcheck import items_repeat
+from tests import torch_loops as loops
+from tests.test_diagnosis import make_run
+
+
+class Fixed(Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        return torch.full((4,), float(i)), i
+
+
+class RandomCrop(Dataset):
+    """Draws from every global generator a script's augmentation may use."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        random.random()
+        np.random.rand()
+        return torch.rand(4), i
+
+
+class Broken(Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        raise OSError("storage gone")
+
+
+class Stuck(Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        time.sleep(60)
+        return i
+
+
+def test_items_repeat_tells_fixed_from_random_items() -> None:
+    assert items_repeat(Fixed()) is True
+    assert items_repeat(RandomCrop()) is False
+
+
+def test_the_check_leaves_the_training_process_random_state_as_it_was() -> None:
+    states = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state())
+    assert items_repeat(RandomCrop()) is False
+    assert random.getstate() == states[0]
+    assert (np.random.get_state()[1] == states[1]).all()
+    assert torch.equal(torch.get_rng_state(), states[2])
+
+
+def test_a_dataset_that_fails_or_hangs_is_not_checked() -> None:
+    assert items_repeat(Broken()) is None
+    assert items_repeat(Stuck(), timeout=0.3) is None
+
+
+@pytest.mark.parametrize("repeat, cached", [(False, False), (True, True), (None, True)])
+def test_the_cache_advice_follows_the_check(repeat, cached) -> None:
+    run = make_run(wait=0.07, cores=8, workers=0)
+    run.loaders[0].dataset_length, run.loaders[0].sample_nbytes = 1000, 4096
+    run.loaders[0].items_repeat = repeat
+    advice = {r.id: r for r in recommend(run, diagnose(run))}
+    assert ("cache" in advice) is cached
+    if repeat:
+        assert "gave the same data" in advice["cache"].detail
+    elif cached:
+        assert "Cache after deterministic steps only" in advice["cache"].detail
+
+
+@pytest.mark.slow
+def test_a_real_loop_over_random_items_gets_no_cache_snippet() -> None:
+    class SlowRandom(loops.CpuHeavy):
+        def __getitem__(self, i: int):
+            x, y = super().__getitem__(i)
+            return x + torch.rand(32), y  # a random augmentation
+
+    loader = DataLoader(SlowRandom(n=256, cost=0.003), batch_size=16)
+    with Profile(print_report=False, gpu=False) as prof:
+        loops.train(loader, loops.small_model())
+    assert prof.run.loaders[0].items_repeat is False
+    assert "cache" not in prof.report.recommendation_ids()
+
+    loader = DataLoader(loops.CpuHeavy(n=256, cost=0.003), batch_size=16)
+    with Profile(print_report=False, gpu=False) as prof:
+        loops.train(loader, loops.small_model())
+    assert prof.run.loaders[0].items_repeat is True
