@@ -240,10 +240,25 @@ def main_loader(run: Run) -> LoaderInfo | None:
     return max(run.loaders, key=lambda li: (li.iterations - li.eval_iterations, li.iterations))
 
 
+#: Steps a changed loader must run (after its own warm-up) for the report to judge it alone.
+MIN_STEPS_AFTER_CHANGE = 5
+
+
+def _after_change(steps: list[Step], when: float) -> int:
+    """The records to leave out so that only the steps after a change at ``when`` (with
+    their own warm-up: new workers start) are judged; none where too few came after."""
+    first = next((i for i, s in enumerate(steps) if s.start >= when), len(steps))
+    after = sum(s.merged for s in steps[first:])
+    skip = first + warmup_count(after)
+    return skip if sum(s.merged for s in steps[skip:]) >= MIN_STEPS_AFTER_CHANGE else 0
+
+
 def compute_metrics(run: Run) -> Metrics:
     total_steps = sum(s.merged for s in run.steps)
     m = Metrics(steps_total=total_steps, usable_cores=max(1, run.environment.usable_cores))
     m.warmup_steps = warmup_count(total_steps)
+    if run.judge_after is not None:
+        m.warmup_steps = max(m.warmup_steps, _after_change(run.steps, run.judge_after))
     # Warm-up records are never merged (Timeline keeps its first records as they are).
     steps: list[Step] = run.steps[m.warmup_steps:]
     m.steps_judged = sum(s.merged for s in steps)

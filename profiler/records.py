@@ -213,6 +213,9 @@ class Run:
     command: list[str] = field(default_factory=list)
     environment: Environment = field(default_factory=Environment)
     steps: list[Step] = field(default_factory=list)
+    #: judge only the steps that start at or after this time (seconds since the run
+    #: started): Profile(apply=True) changed the loader then
+    judge_after: float | None = None
     gpu_samples: list[GpuSample] = field(default_factory=list)
     host_samples: list[HostSample] = field(default_factory=list)
     loaders: list[LoaderInfo] = field(default_factory=list)

@@ -414,10 +414,15 @@ class Profile:
                     self._applier.stop()
                 except Exception as err:  # NOTE [ Never break the run ]
                     self.run.limitations.append(f"apply: could not undo every fix ({type(err).__name__}: {err})")
-                self.applied = list(self._applier.messages)
+                self.applied = list(self._applier.messages) + [f"not applied: {m}" for m in self._applier.skipped]
                 self.run.limitations.extend(f"apply: {line}" for line in self._applier.limitations)
                 for info, note in self._applier.loader_notes:  # NOTE [ Live loader tuning ] in fixes/live.py
                     info.notes.append(note)
+                for info, values, when in self._applier.loader_changes:
+                    # The report judges the loader as it ran last, on the steps after the change.
+                    for key, value in values.items():
+                        setattr(info, key, value)
+                    self.run.judge_after = max(self.run.judge_after or 0.0, when)
             if self._watch is not None:
                 self._guard("framework hooks could not be removed", self._watch.stop)
             if self._job is not None:

@@ -86,6 +86,47 @@ def test_apply_true_says_what_it_changed_when_it_prints() -> None:
     assert "num_workers" in out.getvalue()
 
 
+def test_the_report_after_apply_judges_the_loader_as_changed() -> None:
+    with Profile(apply=True, print_report=False, gpu=False) as prof:
+        _, loader, _ = train(epochs=4)
+    assert loader.num_workers >= 1, prof.applied
+    info = prof.run.loaders[0]
+    # the record and the judgement are of the loader as it ran last
+    assert info.num_workers == loader.num_workers
+    assert prof.run.judge_after is not None and prof.report.steps["judged"] < prof.report.steps["count"] - 12
+    advised = [r for r in prof.report.recommendations if r.id == "num_workers"]
+    assert all(r.values["num_workers"] > loader.num_workers for r in advised), advised
+
+
+class Fast(Dataset):
+    def __len__(self) -> int:
+        return 256
+
+    def __getitem__(self, i: int):
+        return torch.full((16,), float(i)), i % 3
+
+
+def test_apply_says_why_it_kept_a_loader_as_written() -> None:
+    out = io.StringIO()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Profile(apply=True, gpu=False, output=out) as prof:
+        loader = DataLoader(Fast(), batch_size=32)
+        for _ in range(3):
+            for x, y in loader:
+                for _ in range(40):  # compute far above the in-memory batch's loading
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                    loss.backward()
+                opt.step()
+                opt.zero_grad()
+    assert loader.num_workers == 0
+    kept = [line for line in prof.applied if line.startswith("not applied:")]
+    assert kept and "settings kept: compute-bound" in kept[0], prof.applied
+    assert "settings kept" in out.getvalue()
+    assert any("settings kept" in note for note in prof.run.loaders[0].notes)
+
+
 def test_without_apply_nothing_changes() -> None:
     with Profile(print_report=False, gpu=False) as prof:
         _, loader, _ = train(epochs=2)

@@ -150,6 +150,8 @@ class Applier:
         self.batch_sizes: list[int] = []  # tf.data batch sizes requested by the script
         #: (a loader's record, a line for its notes): what live tuning changed, for the session to add.
         self.loader_notes: list[tuple[LoaderInfo, str]] = []
+        #: settings live tuning changed on a loader's record, and when (the run's clock)
+        self.loader_changes: list[tuple[LoaderInfo, dict[str, Any], float]] = []
         #: A copy of the run so far (steps, host samples, environment), for live tuning.
         self.snapshot: Callable[[], Run] | None = None
         self._watch: ImportWatch | None = None

@@ -97,8 +97,10 @@ class LiveTuner:
         if d.verdict == "inconclusive":
             return  # too few steps yet: judge again at the next iteration
         state["done"] = True
+        where = f"DataLoader {state.get('where') or ''}".rstrip()
         values: dict[str, Any] = {}
-        for rec in recommend(so_far, d):
+        advice = recommend(so_far, d)
+        for rec in advice:
             if rec.id in ("num_workers", "persistent_workers", "prefetch", "pin_memory"):
                 values.update({k: v for k, v in rec.values.items() if k in LOADER_SETTINGS})
         # Not persistent_workers: a reused iterator skips the base-seed draw a new one takes
@@ -109,13 +111,19 @@ class LiveTuner:
         current = {k: getattr(loader, k) for k in LOADER_SETTINGS}
         values = {k: v for k, v in values.items() if current.get(k) != v}
         if not values:
+            others = ", ".join(r.id for r in advice) or "none"
+            why = (f"{d.verdict}{f' ({d.cause})' if d.cause else ''} after {d.metrics.steps_judged} judged "
+                   f"steps, and the advice holds no loader setting it may change (advice: {others})")
+            self.a.skip(f"{where}: settings kept: {why}")
+            self.a.loader_notes.append((info, f"loadprof apply: settings kept: {why}"))
             return
         if values.get("num_workers") and current["prefetch_factor"] is None and "prefetch_factor" not in values:
             values["prefetch_factor"] = 2  # torch's default once workers exist
         set_loader(loader, values)
         state["revert"] = current
         m = d.metrics
-        self.a.say(f"DataLoader {state.get('where') or ''} from iteration {state['iterations']}: " + ", ".join(
+        self.a.loader_changes.append((info, dict(values), so_far.steps[-1].end if so_far.steps else 0.0))
+        self.a.say(f"{where} from iteration {state['iterations']}: " + ", ".join(
             f"{k} {fmt(current.get(k))} -> {fmt(v)}" for k, v in values.items())
             + f" (input {m.data_wait_fraction:.0%} of step time over {m.steps_judged} steps)")
         self.a.loader_notes.append((info, "loadprof apply: " + ", ".join(f"{k}={v}" for k, v in values.items())
