@@ -437,6 +437,7 @@ def _tf_input_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, d:
     def speedup(new_step: float) -> float | None:
         return round(step / new_step, 2) if new_step > 0 and step > 0 else None
 
+    late_prefetch: Recommendation | None = None
     if loader.has_prefetch is False:
         if injected:
             detail = ("The pipeline has no prefetch(). TensorFlow already appends one by itself "
@@ -451,16 +452,24 @@ def _tf_input_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, d:
             wait = m.wait_per_step
             estimate = speedup(max(compute, wait)) if starved else None
             basis = "estimate: step = max(compute, input) once they overlap"
-        out.append(Recommendation(
+        rec = Recommendation(
             "prefetch", "Prefetch batches with AUTOTUNE", detail,
             "ds = ds.prefetch(tf.data.AUTOTUNE)  # the last transformation",
             {"buffer_size": "AUTOTUNE"}, estimate, basis, framework="tf",
-        ))
+        )
+        if estimate:
+            out.append(rec)
+        else:
+            late_prefetch = rec  # it adds nothing measurable: after the changes that do
 
     cpu_heavy_python = python_map and cause in ("too-few-workers", "cpu-bound-preprocessing")
     if loader.parallel_map is False and starved and not cpu_heavy_python and cause != "cpu-bound-preprocessing":
-        parallel = cores if cause == "too-few-workers" else max(cores, 4)
-        estimate = speedup(max(compute, pipeline / parallel)) if pipeline else None
+        # AUTOTUNE's parallelism is bounded by its CPU budget, the schedulable cores
+        # (tf.data.experimental.AutotuneOptions.cpu_budget), even for calls that wait.
+        parallel = cores
+        # A Python map's own CPU runs one call at a time under the GIL however many overlap.
+        serial = (m.wait_cpu_cores or 0.0) * m.wait_per_step if python_map else 0.0
+        estimate = speedup(max(compute, pipeline / parallel, serial)) if pipeline else None
         why = ("It calls Python, which holds the GIL: parallel calls overlap its waiting (sleep, I/O), "
                "not its computing. " if python_map else
                "TensorFlow leaves a stateful map (random ops, Python) sequential. ")
@@ -470,7 +479,9 @@ def _tf_input_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, d:
             f"each step for input. {why}",
             "ds = ds.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)",
             {"num_parallel_calls": "AUTOTUNE"}, estimate,
-            f"estimate: pipeline time / {parallel} parallel calls, if the map dominates it",
+            f"estimate: pipeline time / {parallel} parallel calls (AUTOTUNE's CPU budget: the usable cores)"
+            + (", floored by the map's Python CPU, which the GIL serialises" if python_map else "")
+            + ", if the map dominates it",
             framework="tf",
         ))
 
@@ -522,6 +533,8 @@ def _tf_input_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, d:
         rec.code = ("loadprof convert <your data folder> data.tfrecord --to tfrecord\n"
                     "ds = tf.data.TFRecordDataset(['data.tfrecord'], num_parallel_reads=tf.data.AUTOTUNE)")
         out.append(rec)
+    if late_prefetch is not None:
+        out.append(late_prefetch)
     return out
 
 

@@ -118,6 +118,21 @@ def test_python_map_that_waits_gets_parallel_calls():
     assert "parallel_map" in recs and "offline_preprocessing" not in recs
 
 
+def test_parallel_calls_are_estimated_at_autotunes_budget_and_the_gil():
+    waits = tf_loader(transformations=["from_tensor_slices", "map[python]", "batch[32]"], has_prefetch=True)
+    # 2 cores: AUTOTUNE runs at most 2 calls at once (its CPU budget), never 4
+    rec = advice(tf_run(waits, wait=0.06, cpu_cores=0.05, cores=2))["parallel_map"]
+    assert rec.estimated_speedup == 2.0 and "2 parallel calls" in rec.basis
+    # a Python map busy half the time it runs: that half stays serial under the GIL
+    half = advice(tf_run(waits, wait=0.09, cpu_cores=0.5, cores=4))["parallel_map"]
+    assert half.estimated_speedup == round(0.1 / (0.5 * 0.09), 2) and "GIL" in half.basis
+
+
+def test_a_prefetch_tensorflow_already_injects_comes_after_the_changes_that_help():
+    recs = list(advice(tf_run(tf_loader(notes=["prefetch_injected"]), wait=0.06)))
+    assert recs[-1] == "prefetch" and len(recs) > 1
+
+
 def test_saturated_cores_get_offline_preprocessing_and_no_more_parallelism():
     recs = advice(tf_run(wait=0.06, cpu_cores=3.8))
     assert "offline_preprocessing" in recs and "parallel_map" not in recs and "interleave" not in recs
