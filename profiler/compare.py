@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import io
 import math
 import os
 import statistics
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from .fixes.spec import Changes
-from .jsonio import JsonWriteError, write_json
+from .jsonio import JsonWriteError, write_bytes_atomic, write_json
 from .options import (
     UsageError,
     add_output_options,
@@ -357,7 +358,10 @@ def render(cmp: Comparison, file: IO[str] | None = None, width: int | None = Non
 
 
 def write_png(cmp: Comparison, path: str) -> None:
-    bar_figure(cmp).savefig(path)
+    """Drawn in memory, then written by jsonio's writer: atomic, never through a planted link."""
+    buf = io.BytesIO()
+    bar_figure(cmp).savefig(buf, format="png")
+    write_bytes_atomic(path, buf.getvalue())
 
 
 def bar_figure(cmp: Comparison) -> Any:
@@ -453,8 +457,8 @@ class CompareCommand:
         if args.png:
             try:
                 write_png(cmp, args.png)
-            except OSError as exc:
-                print(f"loadprof: error: --png {args.png}: cannot write ({exc.strerror or exc})", file=sys.stderr)
+            except JsonWriteError as exc:  # one line naming the file
+                print(f"loadprof: error: --png: {exc}", file=sys.stderr)
                 code = 1
         if args.html:
             from .report.html import ComparePageRenderer, write_html

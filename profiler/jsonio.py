@@ -9,9 +9,23 @@ Atomic: the text goes to a temporary file in the target's folder, is flushed and
 fsynced, and replaces the target with ``os.replace``; on any failure the
 temporary is removed and the target is as it was (absent, or the previous
 version). A reader never sees half a file, and a full disk leaves nothing behind.
-Only a regular file (or nothing) is ever replaced: a device or a pipe
-(``--json /dev/stdout``) is written through, not swapped for a file, and a
+Only a regular file, a symbolic link (or nothing) is ever replaced: a device or a
+pipe (``--json /dev/stdout``) is written through, not swapped for a file, and a
 folder is refused.
+
+NOTE [ Output paths and symbolic links ]
+A link at the output path is never followed into another place: ``os.replace``
+onto the link's own path replaces the link, and the file it pointed to (or the
+nothing a dangling link names) is untouched. Following it ourselves (resolving,
+then replacing the resolved file) let a link planted in a shared sticky folder
+overwrite someone else's file, since the kernel's protected_symlinks rule only
+guards links the kernel follows; in such a folder the rename onto another user's
+link fails instead (sticky bit), a one-line error. The one exception is a stream:
+a link whose chain reaches one of our own descriptors (``/dev/stdout`` ->
+``/proc/self/fd/1``, ``/dev/fd/N``), or that ends at a pipe, a device or a socket,
+is written through with an ordinary ``open`` (the kernel follows it, so its rule
+applies); a regular file is written through only when reached through our own
+descriptors (``--json /dev/stdout > run.json``).
 """
 
 from __future__ import annotations
@@ -19,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import secrets
 import stat
 from collections.abc import Callable
@@ -52,31 +67,39 @@ def dumps(data: Any, *, indent: int | None = 2, default: Callable[[Any], Any] | 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` to ``path`` atomically (see the module doc); raises JsonWriteError."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (see the module doc); raises JsonWriteError."""
     target = os.fspath(path)
-    real, special = _resolve(target)
-    if special:
-        _write_stream(target, text)  # /dev/stdout and the like: written through, never replaced
-        return
-    folder = os.path.dirname(real) or "."
     mode: int | None = None  # a file replaced keeps its permissions
     try:
-        st = os.stat(real)
+        st = os.lstat(target)
     except FileNotFoundError:
         pass
     except OSError as exc:
         raise JsonWriteError(f"{target}: cannot write ({exc.strerror or exc})") from None
     else:
-        if stat.S_ISDIR(st.st_mode):
+        if stat.S_ISLNK(st.st_mode):
+            through = _link_writes_through(target)
+            if through is not None:
+                _write_stream(target, data, regular_ok=through)
+                return
+            # any other link is replaced itself (NOTE [ Output paths and symbolic links ])
+        elif stat.S_ISDIR(st.st_mode):
             raise JsonWriteError(f"{target}: is a directory")
-        if not stat.S_ISREG(st.st_mode):
-            _write_stream(target, text)  # a pipe, a device: written through, never replaced
+        elif not stat.S_ISREG(st.st_mode):
+            _write_stream(target, data, regular_ok=False)  # a pipe, a device: written through, never replaced
             return
-        mode = stat.S_IMODE(st.st_mode)
+        else:
+            mode = stat.S_IMODE(st.st_mode)
+    folder = os.path.dirname(target) or "."
     fd = -1
     tmp = ""
     try:
         for _ in range(100):
-            name = os.path.join(folder, f".{os.path.basename(real)}.{secrets.token_hex(4)}.tmp")
+            name = os.path.join(folder, f".{os.path.basename(target)}.{secrets.token_hex(4)}.tmp")
             try:
                 # 0o666 less the umask, as open(path, "w") would create the target itself.
                 fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -88,12 +111,12 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
             raise FileExistsError(f"no free temporary name in {folder}")
         if mode is not None:
             os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "wb") as f:
             fd = -1  # the file object owns it now
-            f.write(text)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, real)  # a symlink to a file keeps pointing at the new one
+        os.replace(tmp, target)  # onto a link: the link is replaced, never what it points to
         tmp = ""
         _sync_folder(folder)
     except OSError as exc:
@@ -146,26 +169,52 @@ def read_json(path: str | os.PathLike[str], max_bytes: int, error: type[Exceptio
         raise error(f"{p}: not {what} (JSON nested too deeply)") from None
 
 
-def _resolve(target: str) -> tuple[str, bool]:
-    """The file a path names through its symlinks, and whether that lies in /dev or
-    /proc (``/dev/stdout`` links to ``/proc/self/fd/1``), where nothing may be replaced."""
+#: Our own descriptors, as a path names them: /dev/stdout links to /proc/self/fd/1.
+_OWN_FD = re.compile(r"/dev/(fd/\d+|stdout|stderr)|/proc/(self|thread-self|(?P<pid>\d+))(/task/\d+)?/fd/\d+")
+
+
+def _link_writes_through(target: str) -> bool | None:
+    """Whether the link ``target`` leads to a stream to write through: True when its chain
+    reaches one of our own descriptors (whatever that is open on), False when it ends at a
+    pipe, a device or a socket; None when the link itself is to be replaced."""
     path = os.path.abspath(target)
     for _ in range(40):
-        if path.startswith(("/dev/", "/proc/")):
-            return path, True
+        own = _OWN_FD.fullmatch(path)
+        if own and (own["pid"] is None or int(own["pid"]) == os.getpid()):
+            return True
         if not os.path.islink(path):
             break
         try:
             path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
         except OSError:
             break
-    return path, False
-
-
-def _write_stream(target: str, text: str) -> None:
     try:
-        with open(target, "w", encoding="utf-8") as f:
-            f.write(text)
+        st = os.stat(target)
+    except OSError:
+        return None  # dangling, a loop: replaced
+    if stat.S_ISDIR(st.st_mode):
+        raise JsonWriteError(f"{target}: is a directory")
+    return None if stat.S_ISREG(st.st_mode) else False
+
+
+def _write_stream(target: str, data: bytes, regular_ok: bool) -> None:
+    """Write through an existing pipe, device or descriptor; never creates a file. A regular
+    file is truncated and written only where ``regular_ok`` (our own stdout redirected)."""
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_NOCTTY)
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode):
+                if not regular_ok:  # it changed under us: a file is never written through a link
+                    raise JsonWriteError(f"{target}: changed while being written; not written")
+                os.ftruncate(fd, 0)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+    except JsonWriteError:
+        raise
     except OSError as exc:
         raise JsonWriteError(f"{target}: cannot write ({exc.strerror or exc})") from None
 

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from loadprof.jsonio import JsonWriteError, dumps, write_json
+from loadprof.jsonio import JsonWriteError, dumps, write_json, write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,17 +53,100 @@ def test_a_folder_is_refused_not_replaced(tmp_path: Path) -> None:
     assert (folder / "keep").read_text() == "k"
 
 
-def test_replacing_keeps_the_permissions_and_follows_a_symlink(tmp_path: Path) -> None:
+def test_replacing_a_file_keeps_its_permissions(tmp_path: Path) -> None:
     real = tmp_path / "real.json"
     real.write_text("old")
     os.chmod(real, 0o600)
-    link = tmp_path / "link.json"
-    link.symlink_to(real)
-    write_json(link, {"new": True})
-    assert link.is_symlink() and os.readlink(link) == str(real)
+    write_json(real, {"new": True})
     assert _strict(real.read_text()) == {"new": True}
     assert stat.S_IMODE(real.stat().st_mode) == 0o600
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "real.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["real.json"]
+
+
+def test_a_link_to_a_file_is_replaced_and_the_file_it_points_to_untouched(tmp_path: Path) -> None:
+    # A link in a shared folder may have been planted by someone else: following it
+    # would overwrite whatever file it names (NOTE [ Output paths and symbolic links ]).
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    victim = elsewhere / "precious.txt"
+    victim.write_text("precious\n")
+    os.chmod(victim, 0o600)
+    link = tmp_path / "report.json"
+    link.symlink_to(victim)
+    write_json(link, {"new": True})
+    assert not link.is_symlink() and _strict(link.read_text()) == {"new": True}
+    assert victim.read_text() == "precious\n" and stat.S_IMODE(victim.stat().st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "report.json"]
+    assert [p.name for p in elsewhere.iterdir()] == ["precious.txt"]
+
+
+def test_a_dangling_link_is_replaced_and_nothing_is_created_where_it_points(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / "report.html"
+    link.symlink_to(elsewhere / "created.html")
+    write_text_atomic(link, "<p>page</p>")
+    assert not link.is_symlink() and link.read_text() == "<p>page</p>"
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_link_to_a_folder_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "out"
+    folder.mkdir()
+    link = tmp_path / "run.json"
+    link.symlink_to(folder)
+    with pytest.raises(JsonWriteError, match="is a directory"):
+        write_json(link, {"a": 1})
+    assert link.is_symlink() and list(folder.iterdir()) == []
+
+
+PLANTED = """
+import os, sys
+from loadprof.jsonio import JsonWriteError, write_json
+os.setgid(int(sys.argv[2]))
+os.setuid(int(sys.argv[2]))
+try:
+    write_json(sys.argv[1], {"report": 1})
+except JsonWriteError as exc:
+    print("error:", exc)
+else:
+    print("written")
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="planting a link as another user needs root (to run the writer as a third uid)")
+def test_a_link_planted_by_another_user_in_a_sticky_folder_is_not_followed(tmp_path: Path) -> None:
+    # The case of a shared /tmp: uid 64001 owns the file, uid 64002 plants a link to it
+    # where 64001 writes its report.
+    owner, planter = 64001, 64002
+    shared = Path(tempfile.mkdtemp(prefix="loadprof-shared-", dir="/tmp"))
+    try:
+        os.chmod(shared, 0o1777)
+        home = shared / "home"
+        home.mkdir()
+        os.chown(home, owner, owner)
+        victim = home / "secret.txt"
+        victim.write_text("secret\n")
+        os.chown(victim, owner, owner)
+        os.chmod(victim, 0o600)
+        links = {"report.json": victim, "dangling.json": home / "created.json"}
+        for name, to in links.items():
+            (shared / name).symlink_to(to)
+            os.lchown(shared / name, planter, planter)
+        for name in links:
+            proc = subprocess.run([sys.executable, "-c", PLANTED, str(shared / name), str(owner)],
+                                  capture_output=True, text=True, timeout=60,
+                                  env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd="/")
+            assert proc.returncode == 0, proc.stderr
+            # the sticky bit forbids replacing another user's link: one line, nothing written
+            assert proc.stdout.startswith("error: ") and str(shared / name) in proc.stdout, proc.stdout
+            assert (shared / name).is_symlink()
+        assert victim.read_text() == "secret\n" and stat.S_IMODE(victim.stat().st_mode) == 0o600
+        assert sorted(p.name for p in home.iterdir()) == ["secret.txt"]
+        assert sorted(p.name for p in shared.iterdir()) == ["dangling.json", "home", "report.json"]
+    finally:
+        shutil.rmtree(shared)
 
 
 def test_a_link_to_an_open_descriptor_is_written_through_not_replaced(tmp_path: Path) -> None:
