@@ -14,6 +14,7 @@ from typing import Protocol
 from . import __version__
 from .options import (
     UsageError,
+    add_price_option,
     add_profile_options,
     add_target_arguments,
     option_strings,
@@ -56,6 +57,7 @@ class DiagnoseCommand:
                 trace=args.trace,
                 live=args.live,
                 html=args.html,
+                gpu_hour_price=args.gpu_hour_price,
             )
         except TargetError as exc:
             raise UsageError(str(exc)) from None
@@ -70,12 +72,13 @@ class ReportCommand:
         parser.add_argument("--json", metavar="PATH", help="write the re-diagnosed report here")
         parser.add_argument("--trace", metavar="PATH", help="write the run as a Chrome trace-event file")
         parser.add_argument("--html", metavar="PATH", help="write the report as one self-contained HTML page")
+        add_price_option(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         from .report import JsonWriteError, ReportError, load_report, render_console, write_json
 
         try:
-            report = load_report(args.path)
+            report = load_report(args.path, args.gpu_hour_price)
         except ReportError as exc:
             raise UsageError(str(exc)) from None
         render_console(report, file=sys.stdout)

@@ -64,6 +64,23 @@ def add_profile_options(parser: argparse.ArgumentParser) -> None:
                         help="write the report as one self-contained HTML page with charts (opens offline)")
     parser.add_argument("--live", action="store_true",
                         help="redraw a live view on the terminal while the script runs (stderr a terminal)")
+    add_price_option(parser)
+
+
+def add_price_option(parser: argparse.ArgumentParser) -> None:
+    """``--gpu-hour-price``: the report's cost in money too (cost.py); no default price."""
+    parser.add_argument("--gpu-hour-price", type=price, metavar="PRICE",
+                        help="what one GPU-hour costs (any currency): the cost of input wait in money too")
+
+
+def price(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a price per GPU-hour such as 2.50, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite price >= 0, got {text!r}")
+    return value
 
 
 def option_strings(add: Callable[[argparse.ArgumentParser], None]) -> tuple[str, ...]:

@@ -73,6 +73,9 @@ class GpuSample:
     sm_clock_mhz: int | None = None
     pcie_rx_kbs: float | None = None  # KB/s host -> device
     pcie_tx_kbs: float | None = None  # KB/s device -> host
+    #: NVML's total energy counter (millijoules since the driver loaded; Volta and later),
+    #: moving about every 100 ms; cost.py takes differences of it
+    energy_mj: int | None = None
 
 
 @dataclass

@@ -122,6 +122,10 @@ class Profile:
         Redraw a live view (steps/s, input share, GPU, CPU, running verdict) on
         the terminal about twice a second while the block runs (default False);
         only when stderr is a terminal. The final report still prints.
+    gpu_hour_price
+        What one GPU-hour costs you (any currency): ``report.cost`` then says what the
+        input wait costs a day and an epoch in money too. No default price: None gives
+        GPU-hours and energy only (docs/trackers.md).
 
     After the block: ``prof.report`` (a ``loadprof.Report``: the JSON report's
     shape as attributes), ``prof.run`` (the raw measurements), ``prof.applied``.
@@ -142,11 +146,14 @@ class Profile:
         trace: str | os.PathLike[str] | None = None,
         live: bool = Settings.live,
         html: str | os.PathLike[str] | None = None,
+        gpu_hour_price: float | None = Settings.gpu_hour_price,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
         if max_steps is not None and max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps!r}")
+        if gpu_hour_price is not None and not gpu_hour_price >= 0:
+            raise ValueError(f"gpu_hour_price must be >= 0, got {gpu_hour_price!r}")
         self.settings = Settings(
             interval=interval,
             max_steps=max_steps,
@@ -158,6 +165,7 @@ class Profile:
             trace=os.fspath(trace) if trace is not None else None,
             live=live,
             html=os.fspath(html) if html is not None else None,
+            gpu_hour_price=gpu_hour_price,
         )
         self.output = output
         # apply=True: measured safe loader fixes; a fixes.Applier: the fixes of a tune/compare trial.
@@ -475,7 +483,7 @@ class Profile:
 
         try:
             self._fault("report")
-            self._report = build_report(self.run)
+            self._report = build_report(self.run, self.settings.gpu_hour_price)
         except Exception as err:  # NOTE [ Never break the run ]
             self._report = failed_report(self.run, f"{type(err).__name__}: {_first_line(err)}")
         json_path, print_report, outputs = self.settings.json, self.settings.print_report, True

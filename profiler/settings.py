@@ -28,3 +28,5 @@ class Settings:
     #: read the host from a helper process, off the training process's GIL; False: on the
     #: sampler thread (NOTE [ Host readings in a helper process ] in samplers/hostproc.py)
     host_helper: bool = True
+    #: the price of one GPU-hour, for the cost's money figures (cost.py); no default price
+    gpu_hour_price: float | None = None

@@ -178,6 +178,7 @@ def test_two_gpus_static_facts_and_scripted_values(monkeypatch: pytest.MonkeyPat
         sm_clock_mhz=1980,
         pcie_rx_kbs=12_000.0,
         pcie_tx_kbs=3_000.0,
+        energy_mj=700_000,  # the energy counter: 350 W for 2 s
     )
     assert (t4.index, t4.util_gpu, t4.memory_used, t4.power_w, t4.sm_clock_mhz) == (1, 55.0, 3 * GiB, 70.0, 1590)
     assert nv.problems() == []

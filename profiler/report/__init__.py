@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import IO, Any, ClassVar, NamedTuple
 
 from ..advice import Recommendation, recommend
+from ..cost import Cost, cost_of
 from ..diagnosis import Diagnosis, Evidence, Headroom, diagnose, near_limit
 from ..jsonio import JsonWriteError, read_json, write_text_atomic
 from ..records import SCHEMA_VERSION, Environment, LoaderInfo, RecordError, Run
@@ -49,7 +50,7 @@ class Report:
     of the same name: ``verdict``, ``cause``, ``confidence``, ``summary``,
     ``warnings``, ``evidence``, ``recommendations``, ``steps``,
     ``data_wait_fraction``, ``data_wait_method``, ``samples``, ``memory``, ``loaders``,
-    ``environment``, ``limitations``, ``exit_status``, ``duration_s``, ``run``.
+    ``environment``, ``limitations``, ``exit_status``, ``duration_s``, ``cost``, ``run``.
     Objects stay objects (``recommendations[0].estimated_speedup``,
     ``environment.usable_cores``); ``to_dict()`` is the JSON. ``repr`` is one line,
     ``str`` the verdict with its warnings and recommendations, and a notebook shows
@@ -59,6 +60,7 @@ class Report:
     run: Run
     diagnosis: Diagnosis
     recommendations: list[Recommendation] = field(default_factory=list)
+    gpu_hour_price: float | None = None  # the user's, for ``cost``'s money figures (no default)
 
     schema: ClassVar[int] = SCHEMA_VERSION
 
@@ -165,6 +167,11 @@ class Report:
     def duration_s(self) -> float:
         return self.run.duration
 
+    @property
+    def cost(self) -> Cost:
+        """Energy and GPU-hours lost to input wait (cost.py); ``measured`` False says why not."""
+        return cost_of(self.run, self.diagnosis.metrics, self.gpu_hour_price)
+
     def to_dict(self) -> dict[str, Any]:
         run = self.run
         return {
@@ -186,6 +193,7 @@ class Report:
             "limitations": list(self.limitations),
             "exit_status": self.exit_status,
             "duration_s": self.duration_s,
+            "cost": self.cost.to_dict(),
             "run": run.to_dict(),
         }
 
@@ -223,9 +231,9 @@ def _memory(h: Headroom | None, gpu_in_use: bool) -> dict[str, Any] | None:
     }
 
 
-def build_report(run: Run) -> Report:
+def build_report(run: Run, gpu_hour_price: float | None = None) -> Report:
     diagnosis = diagnose(run)
-    return Report(run, diagnosis, recommend(run, diagnosis))
+    return Report(run, diagnosis, recommend(run, diagnosis), gpu_hour_price=gpu_hour_price)
 
 
 def failed_report(run: Run, reason: str) -> Report:
@@ -260,7 +268,7 @@ def write_json(report: Any, path: str | os.PathLike[str]) -> None:
 MAX_SAVED_BYTES = 256 * 2**20
 
 
-def load_report(path: str | os.PathLike[str]) -> Any:
+def load_report(path: str | os.PathLike[str], gpu_hour_price: float | None = None) -> Any:
     """Read a saved report (or bare run) and diagnose it again with this loadprof.
 
     Every way the file can be wrong is one ReportError naming it (NOTE [ Reading a
@@ -283,4 +291,4 @@ def load_report(path: str | os.PathLike[str]) -> Any:
         run = Run.from_dict(raw)
     except RecordError as exc:
         raise ReportError(f"{p}: {exc}") from None
-    return build_report(run)
+    return build_report(run, gpu_hour_price)

@@ -10,6 +10,8 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from ..cost import cost_line
+
 if TYPE_CHECKING:
     from . import Report
 
@@ -64,6 +66,10 @@ class ConsoleRenderer:
                     label.append(f"\n{rule}", style="dim")
                 table.add_row(label, e.display)
             c.print(table)
+
+        cost = getattr(report, "cost", None)
+        if cost is not None:
+            c.print(Text(cost_line(cost), style="dim" if not cost.measured else ""))
 
         if report.recommendations:
             c.print(Text("Recommendations", style="bold"))

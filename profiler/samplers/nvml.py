@@ -217,6 +217,9 @@ class NvmlSource:
         power = self._call(index, "power", nv.nvmlDeviceGetPowerUsage, handle)
         if power is not None:
             s.power_w = power / 1000.0  # NVML reports milliwatts
+        energy = self._call(index, "energy", nv.nvmlDeviceGetTotalEnergyConsumption, handle)
+        if energy is not None:
+            s.energy_mj = int(energy)  # NotSupported before Volta: cost.py integrates power_w instead
         clock = self._call(index, "sm_clock", nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_SM)
         if clock is not None:
             s.sm_clock_mhz = int(clock)

@@ -1,0 +1,180 @@
+"""The cost of a stall (cost.py): energy from NVML's counter or its power readings,
+GPU-hours and money lost to input wait, on hand-built runs and through a fake NVML."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import time
+
+import pytest
+
+from loadprof import Profile
+from loadprof.diagnosis import compute_metrics
+from loadprof.records import Environment, GpuInfo, GpuSample, LoaderInfo, Run, Step
+from loadprof.report import build_report, load_report, render_console, write_json
+from loadprof.samplers import NvmlSource
+from tests.fake_pynvml import FakeGpu, FakeNvml
+
+GiB = 2**30
+IDLE_W, BUSY_W = 75.0, 663.0  # an H100's, read from its energy counter (docs/dev/gpu-validation.md)
+WAIT, STEP = 0.6, 1.0  # each step: 0.6 s waiting for its batch (GPU idle), then 0.4 s of compute
+
+
+def _power(t: float) -> float:
+    return IDLE_W if (t % STEP) < WAIT - 1e-9 else BUSY_W
+
+
+def _energy_j(t: float) -> float:
+    """The exact integral of ``_power`` from 0 to t."""
+    whole, part = divmod(t, STEP)
+    per_step = WAIT * IDLE_W + (STEP - WAIT) * BUSY_W
+    return whole * per_step + min(part, WAIT) * IDLE_W + max(0.0, part - WAIT) * BUSY_W
+
+
+def starved_run(n: int = 20, counter: bool = True, power: bool = True, offset: float = 0.0,
+                period: float = 0.1, busy_util: float = 100.0) -> Run:
+    """A run whose GPU idles at 75 W while the loop waits and draws 663 W while it computes;
+    the energy counter moves every ``period`` s, read every 0.1 s from ``offset``."""
+    env = Environment(usable_cores=4, logical_cores=4, memory_total=64 * GiB, gpu_status="available",
+                      gpus=[GpuInfo(0, "NVIDIA H100 80GB HBM3", 80 * GiB, (9, 0))], cuda_in_use=True)
+    steps = [Step(i, i * STEP, (i + 1) * STEP, data_wait=WAIT, batch_size=32) for i in range(n)]
+    samples = []
+    for k in range(int(n * STEP / 0.1) + 1):
+        t = offset + k * 0.1
+        tq = period * round(t / period - 0.5 + 1e-9) if period else t  # the counter's last update
+        samples.append(GpuSample(
+            t=t, index=0, util_gpu=0.0 if _power(t) == IDLE_W else busy_util, memory_used=GiB,
+            memory_total=80 * GiB, process_memory_used=GiB,
+            power_w=_power(t) if power else None,
+            energy_mj=int(_energy_j(tq) * 1000) + 10**9 if counter else None))  # counts since driver load
+    loader = LoaderInfo(framework="torch", kind="DataLoader", batch_size=32, num_workers=0, dataset_length=3200)
+    return Run(environment=env, steps=steps, gpu_samples=samples, loaders=[loader], data_wait_method="iterator-next")
+
+
+def test_energy_from_the_counter_and_the_energy_spent_waiting():
+    run = starved_run()
+    m = compute_metrics(run)
+    report = build_report(run)
+    cost = report.cost
+    judged = run.steps[m.warmup_steps:]
+    expected = _energy_j(judged[-1].end) - _energy_j(judged[0].start)
+    assert cost.measured and cost.gpus == [0] and cost.energy_source == "counter"
+    assert cost.energy_j == pytest.approx(expected, rel=0.01)
+    assert cost.joules_per_step == pytest.approx(WAIT * IDLE_W + (STEP - WAIT) * BUSY_W, rel=0.01)  # 310.2 J
+    assert cost.joules_per_sample == pytest.approx(cost.joules_per_step / 32)
+    # The waits drew idle power: 45 J a step of 310, not 60% of it.
+    assert cost.input_wait_energy_j == pytest.approx(WAIT * IDLE_W * len(judged), rel=0.02)
+    assert cost.input_wait_energy_fraction == pytest.approx(45 / 310.2, rel=0.02)
+
+
+def test_a_counter_that_moves_every_100ms_read_off_its_beat_still_sums_exactly():
+    run = starved_run(offset=0.05)  # read half way between the counter's updates
+    cost = build_report(run).cost
+    judged = run.steps[compute_metrics(run).warmup_steps:]
+    expected = _energy_j(judged[-1].end) - _energy_j(judged[0].start)
+    assert cost.energy_j == pytest.approx(expected, rel=0.02)
+
+
+def test_power_is_integrated_where_the_counter_is_missing():
+    run = starved_run(counter=False)  # a pre-Volta board: NotSupported
+    cost = build_report(run).cost
+    assert cost.energy_source == "power"
+    assert cost.joules_per_step == pytest.approx(310.2, rel=0.1)
+    # A reading the counter missed now and then: the counter spans the gap, exactly.
+    gaps = starved_run()
+    for s in gaps.gpu_samples[1::2]:
+        s.energy_mj = None
+    assert build_report(gaps).cost.energy_source == "counter"
+    assert build_report(gaps).cost.energy_j == pytest.approx(build_report(starved_run()).cost.energy_j, rel=0.01)
+    # The counter failing half way: power before, the counter after.
+    mixed = starved_run()
+    for s in mixed.gpu_samples[:100]:
+        s.energy_mj = None
+    assert build_report(mixed).cost.energy_source == "counter+power"
+    assert build_report(mixed).cost.joules_per_step == pytest.approx(310.2, rel=0.1)
+
+
+def test_gpu_hours_per_day_and_epoch_and_money_at_the_users_price():
+    run = starved_run(busy_util=80.0)  # busy stretches with 20% gaps: other idle time
+    cost = build_report(run, gpu_hour_price=3.0).cost
+    assert cost.input_wait_fraction == pytest.approx(0.6)
+    assert cost.other_idle_fraction == pytest.approx(1 - 0.4 * 0.8 - 0.6, abs=0.02)
+    assert cost.gpu_hours_input_per_day == pytest.approx(0.6 * 24)
+    assert cost.steps_per_epoch == 100  # 3200 samples / batch 32
+    assert cost.gpu_hours_input_per_epoch == pytest.approx(0.6 * 100 * STEP / 3600)
+    assert cost.money_input_per_day == pytest.approx(0.6 * 24 * 3.0)
+    assert cost.money_input_per_epoch == pytest.approx(0.6 * 100 / 3600 * 3.0)
+    assert build_report(run).cost.money_input_per_day is None  # no default price
+
+
+def test_input_wait_the_gpu_spent_on_queued_work_costs_no_gpu_time():
+    run = starved_run()
+    for s in run.gpu_samples:
+        s.util_gpu = 90.0  # the GPU ran queued kernels through the waits
+    cost = build_report(run).cost
+    assert cost.input_wait_fraction == pytest.approx(0.1)
+    assert cost.other_idle_fraction == pytest.approx(0.0)
+
+
+def test_no_gpu_says_the_cost_is_not_measured_and_why(tmp_path):
+    run = starved_run()
+    run.gpu_samples = []
+    run.environment.gpu_status = "unavailable (pynvml not installed)"
+    report = build_report(run, gpu_hour_price=2.0)
+    write_json(report, tmp_path / "r.json")
+    cost = json.loads((tmp_path / "r.json").read_text())["cost"]
+    assert cost["measured"] is False
+    assert cost["why_not"] == "no GPU readings: GPU unavailable (pynvml not installed)"
+    assert cost["money_input_per_day"] is None
+    out = io.StringIO()
+    render_console(report, file=out, width=200)
+    assert "Cost: not measured (no GPU readings: GPU unavailable (pynvml not installed))" in out.getvalue()
+
+
+def test_the_terminal_summary_has_one_cost_line_and_a_saved_report_keeps_the_figures(tmp_path):
+    report = build_report(starved_run(), gpu_hour_price=2.5)
+    out = io.StringIO()
+    render_console(report, file=out, width=300)
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("Cost:")]
+    assert lines == ["Cost: input wait 14.40 GPU-h/day on 1 GPU (0.0167 an epoch); other idle 0.05 GPU-h/day; "
+                     "310 J/step, 810 J of 5.58 kJ while waiting; at 2.5/GPU-h: 36.00/day lost to input"]
+    write_json(report, tmp_path / "r.json")
+    again = load_report(tmp_path / "r.json", gpu_hour_price=2.5)
+    assert again.cost == report.cost
+
+
+def test_nvml_reads_the_energy_counter_and_says_when_a_board_has_none(monkeypatch):
+    fake = FakeNvml(gpus=[FakeGpu(power_mw=200_000, energy_period=0.0),
+                          FakeGpu(name="Tesla P100", cc=(6, 0), not_supported={"energy"})]).install(monkeypatch)
+    src = NvmlSource()
+    src.start()
+    first = src.sample(0.0)
+    fake.advance(2.0)
+    second = src.sample(2.0)
+    src.close()
+    assert second[0].energy_mj - first[0].energy_mj == 400_000  # 200 W for 2 s = 400 J
+    assert first[1].energy_mj is None and second[1].energy_mj is None
+    assert fake.calls["nvmlDeviceGetTotalEnergyConsumption", 1] == 1  # NotSupported: not asked again
+    assert src.problems() == ["energy: Not Supported on GPU 1"]
+
+
+def test_a_profiled_loop_on_a_fake_gpu_reports_its_energy_and_no_gpu_reports_none(monkeypatch):
+    fake = FakeNvml(gpus=[FakeGpu(power_mw=250_000, util=50, processes=[(os.getpid(), GiB)])], clock=time.monotonic)
+    fake.install(monkeypatch)
+    with Profile(print_report=False, interval=0.05, host_helper=False) as prof:
+        for _ in range(12):
+            time.sleep(0.05)
+            prof.step()
+    cost = prof.report.cost
+    assert cost.measured and cost.energy_source == "counter"
+    assert cost.mean_power_w == pytest.approx(250, rel=0.25)  # the counter moves every 0.1 s
+    with Profile(print_report=False, gpu=False, host_helper=False, gpu_hour_price=1.0) as prof:
+        for _ in range(6):
+            time.sleep(0.01)
+            prof.step()
+    assert prof.report.cost.to_dict()["measured"] is False
+    assert prof.report.cost.why_not == "no GPU readings: GPU unavailable (GPU sampling turned off)"
+    with pytest.raises(ValueError, match="gpu_hour_price"):
+        Profile(gpu_hour_price=-1)
