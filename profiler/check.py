@@ -12,6 +12,12 @@ A slowdown is only meaningful between runs of the same script and batch size, so
 other pairs are refused (exit 2) unless ``--force``. The script is compared by file
 name (argv[0]'s last part, or the ``-m`` module name): a CI checkout and a laptop
 hold the same script at different paths.
+
+A multi-process job's report (torchrun, ``loadprof merge``) is gated on its ranks:
+its data wait is the worst rank's input share and its median step the slowest
+rank's (the job goes at that rank's pace), over the ranks that reported; the lines
+name the rank. A job and a single process, or jobs of different sizes, are not
+comparable without ``--force``.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from .diagnosis import VERDICTS, main_loader
 if TYPE_CHECKING:
     from .records import Run
     from .report import Report
+    from .report.job import JobReport
 
 
 @dataclass
@@ -50,23 +57,84 @@ class CheckError(Exception):
     """The check cannot be made (a mismatched baseline, nothing measured): exit 2."""
 
 
-def check(report: Report, limits: Limits, baseline: Report | None = None, force: bool = False) -> list[Broken]:
+@dataclass
+class Figures:
+    """What the limits read from a report: one run's figures, or a job's from its ranks."""
+
+    verdict: str
+    cause: str | None
+    steps_judged: int
+    data_wait_fraction: float
+    step_time_median: float
+    script: str = ""
+    batch_size: int | None = None
+    world_size: int = 1
+    wait_rank: int | None = None  # a job: the rank whose input share is the job's (the worst)
+    step_rank: int | None = None  # a job: the rank whose median step is the job's (the slowest)
+
+    @property
+    def kind(self) -> str:
+        return "a single process" if self.world_size == 1 else f"a job of {self.world_size} ranks"
+
+    def data_wait(self, which: bool = True) -> str:
+        """'40.2%', in a job with its rank: 'on rank 1 (the job's worst)'."""
+        if not self.steps_judged:
+            return "not measured (no judged steps)"
+        return f"{self.data_wait_fraction:.1%}{_on(self.wait_rank, 'worst' if which else '')}"
+
+    def median_step(self, which: bool = True) -> str:
+        if not self.steps_judged:
+            return "not measured (no judged steps)"
+        return f"{_ms(self.step_time_median)}{_on(self.step_rank, 'slowest' if which else '')}"
+
+
+def _on(rank: int | None, which: str) -> str:
+    if rank is None:
+        return ""
+    return f" on rank {rank}" + (f" (the job's {which})" if which else "")
+
+
+def figures(report: Report | JobReport) -> Figures:
+    """A single run's figures, or a job's: the worst input share and the slowest median step
+    of the ranks with judged steps (the module doc says why)."""
+    from .report.job import JobReport
+
+    if not isinstance(report, JobReport):
+        m = report.diagnosis.metrics
+        return Figures(report.verdict, report.cause, m.steps_judged, m.data_wait_fraction, m.step_time_median,
+                       script_name(report.run), batch_size(report.run))
+    d = report.diagnosis
+    judged = {r: diag.metrics for r, diag in sorted(d.per_rank.items()) if diag.metrics.steps_judged}
+    first = next((r for r in sorted(report.job.ranks, key=lambda r: r.rank) if r.run is not None), None)
+    out = Figures(report.verdict, report.cause, min((m.steps_judged for m in judged.values()), default=0),
+                  0.0, 0.0, script_name(first.run) if first and first.run else "",
+                  batch_size(first.run) if first and first.run else None, report.job.world_size)
+    if judged:
+        out.wait_rank = max(judged, key=lambda r: judged[r].data_wait_fraction)
+        out.step_rank = max(judged, key=lambda r: judged[r].step_time_median)
+        out.data_wait_fraction = judged[out.wait_rank].data_wait_fraction
+        out.step_time_median = judged[out.step_rank].step_time_median
+    return out
+
+
+def check(report: Report | JobReport, limits: Limits, baseline: Report | JobReport | None = None,
+          force: bool = False) -> list[Broken]:
     """The broken limits of ``report`` (empty: every limit holds). Pure: no I/O."""
     if limits.max_slowdown is not None and baseline is None:
         raise CheckError("--max-slowdown needs --baseline BASE.json")
-    if baseline is not None and not force:
-        _same_kind(report, baseline)
+    m = figures(report)
+    base = figures(baseline) if baseline is not None else None
+    if base is not None and not force:
+        _same_kind(m, base)
     broken: list[Broken] = []
-    m = report.diagnosis.metrics
-    base = baseline.diagnosis.metrics if baseline is not None else None
     if limits.max_data_wait is not None:
         if not m.steps_judged:
             raise CheckError("--max-data-wait: the run has no judged steps to measure its input share on")
-        share = m.data_wait_fraction
-        if share > limits.max_data_wait:
-            was = f" (baseline {base.data_wait_fraction:.1%})" if base is not None and base.steps_judged else ""
-            broken.append(Broken("max-data-wait", f"data wait {share:.1%} of step time > limit "
-                                                  f"{limits.max_data_wait:.1%}{was}"))
+        if m.data_wait_fraction > limits.max_data_wait:
+            was = f" (baseline {base.data_wait(False)})" if base is not None and base.steps_judged else ""
+            on = _on(m.wait_rank, "worst")
+            broken.append(Broken("max-data-wait", f"data wait {m.data_wait_fraction:.1%} of step time{on} > "
+                                                  f"limit {limits.max_data_wait:.1%}{was}"))
     if limits.max_slowdown is not None:
         assert base is not None
         if not m.steps_judged or not base.steps_judged or base.step_time_median <= 0:
@@ -74,13 +142,13 @@ def check(report: Report, limits: Limits, baseline: Report | None = None, force:
             raise CheckError(f"--max-slowdown: {which} has no judged steps to take a median step time from")
         slowdown = 100.0 * (m.step_time_median / base.step_time_median - 1.0)
         if slowdown > limits.max_slowdown:
-            broken.append(Broken("max-slowdown", f"median step {_ms(m.step_time_median)} is {slowdown:.1f}% "
-                                                 f"slower than the baseline's {_ms(base.step_time_median)} > "
+            broken.append(Broken("max-slowdown", f"median step {m.median_step()} is {slowdown:.1f}% "
+                                                 f"slower than the baseline's {base.median_step(False)} > "
                                                  f"limit {limits.max_slowdown:g}%"))
-    if report.verdict in limits.fail_on:
-        was = f" (baseline {baseline.verdict})" if baseline is not None else ""
-        reason = f" ({report.cause})" if report.cause else ""
-        broken.append(Broken("fail-on", f"verdict {report.verdict}{reason} is in --fail-on{was}"))
+    if m.verdict in limits.fail_on:
+        was = f" (baseline {base.verdict})" if base is not None else ""
+        reason = f" ({m.cause})" if m.cause else ""
+        broken.append(Broken("fail-on", f"verdict {m.verdict}{reason} is in --fail-on{was}"))
     return broken
 
 
@@ -100,14 +168,16 @@ def batch_size(run: Run) -> int | None:
     return loader.batch_size if loader is not None else None
 
 
-def _same_kind(report: Report, baseline: Report) -> None:
-    ours, theirs = script_name(report.run), script_name(baseline.run)
-    if ours and theirs and ours != theirs:
-        raise CheckError(f"the run is of {ours}, the baseline of {theirs}: not comparable (--force compares anyway)")
-    ours_b, theirs_b = batch_size(report.run), batch_size(baseline.run)
-    if ours_b is not None and theirs_b is not None and ours_b != theirs_b:
-        raise CheckError(f"the run's batch size is {ours_b}, the baseline's {theirs_b}: not comparable "
+def _same_kind(ours: Figures, theirs: Figures) -> None:
+    if ours.world_size != theirs.world_size:
+        raise CheckError(f"the run is {ours.kind}, the baseline {theirs.kind}: not comparable "
                          "(--force compares anyway)")
+    if ours.script and theirs.script and ours.script != theirs.script:
+        raise CheckError(f"the run is of {ours.script}, the baseline of {theirs.script}: not comparable "
+                         "(--force compares anyway)")
+    if ours.batch_size is not None and theirs.batch_size is not None and ours.batch_size != theirs.batch_size:
+        raise CheckError(f"the run's batch size is {ours.batch_size}, the baseline's {theirs.batch_size}: "
+                         "not comparable (--force compares anyway)")
 
 
 def _ms(seconds: float) -> str:
@@ -175,7 +245,7 @@ class CheckCommand:
             print(f"loadprof check: {args.path}: {b.line}", file=sys.stdout)
         if not broken:
             held = sum(x is not None for x in (limits.max_data_wait, limits.max_slowdown)) + bool(limits.fail_on)
+            m = figures(report)
             print(f"loadprof check: {args.path}: ok ({held} limit{'s' if held > 1 else ''} held; verdict "
-                  f"{report.verdict}, data wait {report.data_wait_fraction:.1%}, median step "
-                  f"{_ms(report.diagnosis.metrics.step_time_median)})")
+                  f"{m.verdict}, data wait {m.data_wait()}, median step {m.median_step()})")
         return 1 if broken else 0
