@@ -191,6 +191,21 @@ def _hand_run(steps: int = 40, merged: int = 1, samples: int = 45, command: list
     )
 
 
+@pytest.mark.parametrize("started_at", [1e300, 1e17, -5.0])
+def test_a_saved_run_starting_at_no_renderable_time_is_one_line_exit_2(tmp_path: Path, capsys,
+                                                                      started_at: float) -> None:
+    saved = tmp_path / "far.json"
+    data = build_report(_hand_run()).to_dict()
+    data["run"]["started_at"] = started_at
+    saved.write_text(json.dumps(data))
+    page = tmp_path / "far.html"
+    assert main(["report", str(saved), "--html", str(page)]) == 2
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [f"loadprof: error: {saved}: run.started_at: expected a unix time from 0 to 1e+10, "
+                                f"got {started_at:g}"]
+    assert out == "" and not page.exists()
+
+
 def test_everything_from_the_run_is_escaped() -> None:
     run = _hand_run(command=[f"/tmp/{EVIL}.py", "--name", '"><b>x</b>'])
     run.environment.hostname = EVIL
