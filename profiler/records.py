@@ -295,6 +295,10 @@ def _hints(cls: type) -> dict[str, Any]:
 
 _HINTS: dict[type, dict[str, Any]] = {}
 
+#: Nulls that may not read as the field's default: a step's data wait is what every verdict
+#: and ``check --max-data-wait`` read, and 0 would claim the loop never waited.
+_NO_DEFAULT_FOR_NULL = {(Step, "data_wait"): "the step has no data-wait measurement"}
+
 
 def _from_json(cls: type[T], data: Any, where: str) -> T:
     if not isinstance(data, dict):
@@ -305,6 +309,8 @@ def _from_json(cls: type[T], data: Any, where: str) -> T:
         has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
         value = data.get(f.name)
         if value is None and has_default and not _optional(hints[f.name]):
+            if f.name in data and (cls, f.name) in _NO_DEFAULT_FOR_NULL:  # missing is not zero there
+                raise RecordError(f"{where}.{f.name}: null: {_NO_DEFAULT_FOR_NULL[cls, f.name]}")
             continue  # missing, or null where a NaN was written: the default
         if f.name not in data and has_default:
             continue
@@ -372,6 +378,10 @@ def _value(value: Any, tp: Any, where: str) -> Any:
     raise TypeError(f"no JSON reader for {tp!r}")  # a field type this module does not know: our bug
 
 
+#: Seconds since 1970 of the latest start a saved run may claim (the year 2286).
+_LATEST_TIME = 1e10
+
+
 def _check_run(run: Run) -> None:
     """What diagnosis relies on, beyond types (NOTE [ Reading a saved run ])."""
     def bad(where: str, what: str) -> RecordError:
@@ -379,6 +389,8 @@ def _check_run(run: Run) -> None:
 
     if run.duration < 0:
         raise bad("run.duration", f"negative ({run.duration})")
+    if not 0 <= run.started_at < _LATEST_TIME:  # 0: not known; past it, dates do not render
+        raise bad("run.started_at", f"expected a unix time from 0 to {_LATEST_TIME:.0e}, got {run.started_at:g}")
     env = run.environment
     for name in ("usable_cores", "logical_cores"):
         if getattr(env, name) < 1:
