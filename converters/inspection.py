@@ -24,6 +24,7 @@ from . import hdf5, tfrecord, watchdog
 from .errors import ConvertError
 from .example_proto import ExampleDecodeError, decode_example
 from .files import describe_mode, open_regular
+from .manifest import dataset_files
 from .schema import SampleDigest
 from .sizes import format_size
 
@@ -135,8 +136,8 @@ def _describe_raw(example: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def _inspect_tfrecord(p: Path) -> Summary:
-    shards = tfrecord.expand_paths(p)
-    info = tfrecord.read_info(shards[0])
+    # Checked against their info file: NOTE [ The info file is the manifest ].
+    shards, info = dataset_files(p)
     schema = tfrecord.schema_from_info(info)
     expected_counts = tfrecord.expected_counts(info)
     # Totals and checksums describe the whole dataset: compare them only when given all of it.

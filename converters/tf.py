@@ -18,6 +18,7 @@ import tensorflow as tf
 from . import tfrecord
 from .errors import ConvertError
 from .hdf5 import HDF5Reader
+from .manifest import dataset_files
 from .schema import Schema
 
 __all__ = ["tfrecord_dataset", "hdf5_dataset", "feature_spec", "parse_fn"]
@@ -75,14 +76,15 @@ def tfrecord_dataset(
     ``features``: a parse spec for files we did not write (without our
     ``<split>.info.json``); by default the schema from that file is used.
     """
-    shards = tfrecord.expand_paths(paths)
+    # Checked against their info file: NOTE [ The info file is the manifest ].
+    shards, info = dataset_files(paths)
     if features is not None:
         spec = dict(features)
 
         def parse(record: tf.Tensor) -> dict[str, tf.Tensor]:
             return tf.io.parse_single_example(record, spec)  # type: ignore[no-any-return]
     else:
-        schema = tfrecord.schema_from_info(tfrecord.read_info(shards[0]))
+        schema = tfrecord.schema_from_info(info)
         if schema is None:
             raise ConvertError(f"{shards[0]}: no <split>.info.json beside it; pass features= to parse its records")
         parse = parse_fn(schema)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import array
 import contextlib
 import functools
-import json
 import mmap
 import os
 import re
@@ -55,6 +54,7 @@ __all__ = [
     "index_problem",
     "index_size_limit",
     "shard_name",
+    "parse_shard_name",
     "info_path_for",
     "read_info",
     "check_info",
@@ -116,6 +116,12 @@ def shard_name(split: str, index: int, count: int) -> str:
     return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
 
 
+def parse_shard_name(name: str) -> tuple[str, int, int] | None:
+    """``(split, index, count)`` of a name as ``shard_name`` makes it, else None."""
+    m = _SHARD_RE.match(name)
+    return (m.group("split"), int(m.group("index")), int(m.group("count"))) if m else None
+
+
 def info_path_for(directory: str | os.PathLike[str], split: str) -> Path:
     return Path(directory) / f"{split}.info.json"
 
@@ -151,10 +157,18 @@ class TFRecordFileWriter:
 
     _FLUSH_AT = 1 << 20
 
-    def __init__(self, path: str | os.PathLike[str], index_path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        index_path: str | os.PathLike[str] | None = None,
+        *,
+        exclusive: bool = False,
+    ) -> None:
         self.path = Path(path)
         self.index_path = Path(index_path) if index_path is not None else index_path_for(path)
-        self._file: BinaryIO = open(self.path, "wb")
+        # exclusive: create both files, never open one already there (or a link planted there).
+        self._mode = "xb" if exclusive else "wb"
+        self._file: BinaryIO = _open_new(self.path, self._mode)
         self._pending: list[bytes] = []
         self._pending_bytes = 0  # framed size of the queued records
         self._flushed = 0
@@ -210,9 +224,9 @@ class TFRecordFileWriter:
         pairs = np.empty(2 * len(framed), dtype=np.int64)
         pairs[0::2] = np.cumsum(framed) - framed  # offsets
         pairs[1::2] = framed
-        with open(self.index_path, "w", encoding="ascii") as idx:
+        with _open_new(self.index_path, self._mode) as idx:
             # One %-format over all pairs: half the time of an f-string per line.
-            idx.write(("%d %d\n" * len(framed)) % tuple(pairs.tolist()))
+            idx.write((("%d %d\n" * len(framed)) % tuple(pairs.tolist())).encode("ascii"))
 
     def abort(self) -> None:
         # Closing flushes Python's buffer, which fails again on a full disk; the
@@ -225,6 +239,13 @@ class TFRecordFileWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _open_new(path: Path, mode: str) -> BinaryIO:
+    if mode == "wb":
+        return open(path, "wb")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    return open(os.open(path, flags, 0o666), "wb")
 
 
 @dataclass(frozen=True)
@@ -261,7 +282,7 @@ class ShardedTFRecordWriter:
             self._finish_shard()
         if self._writer is None:
             path = self.directory / f"{self.split}-{len(self._done):05d}.partial"
-            self._writer = TFRecordFileWriter(path, Path(str(path) + ".idx"))
+            self._writer = TFRecordFileWriter(path, Path(str(path) + ".idx"), exclusive=True)
         self._writer.write(data)
         self.count += 1
 
@@ -566,11 +587,6 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
     return out
 
 
-# Far above what a conversion writes (a few KB, plus class names); parsing more JSON
-# than this would take memory out of proportion to any real dataset description.
-_MAX_INFO_BYTES = 16 << 20
-
-
 def _count(value: Any) -> bool:
     return type(value) is int and value >= 0
 
@@ -620,26 +636,11 @@ def check_info(data: Any) -> str | None:
 
 
 def read_info(shard: Path) -> dict[str, Any] | None:
-    """The ``<split>.info.json`` written beside our shards, if there is one; checked (``check_info``)."""
-    m = _SHARD_RE.match(shard.name)
-    if not m:
-        return None
-    info = info_path_for(shard.parent, m.group("split"))
-    if not os.path.lexists(info):
-        return None
-    with open_regular(info, "an info file") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size > _MAX_INFO_BYTES:
-            raise ConvertError(f"{info}: {size} bytes, too large for an info file (at most {_MAX_INFO_BYTES})")
-        raw = f.read()
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise ConvertError(f"{info}: not valid JSON: {exc}") from None
-    problem = check_info(data)
-    if problem is not None:
-        raise ConvertError(f"{info}: {problem}")
-    return data  # type: ignore[no-any-return]
+    """The ``<split>.info.json`` written beside our shards, if there is one, checked as their
+    manifest (``manifest.info_beside``); None for another writer's shard."""
+    from .manifest import info_beside  # it builds on this module
+
+    return info_beside(shard)
 
 
 def expected_counts(info: Mapping[str, Any] | None) -> dict[str, int]:

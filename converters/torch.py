@@ -22,6 +22,7 @@ from .errors import ConvertError
 from .example_proto import ExampleDecodeError
 from .files import open_regular
 from .hdf5 import HDF5Reader
+from .manifest import dataset_files
 from .schema import Schema
 
 __all__ = ["HDF5Dataset", "TFRecordDataset"]
@@ -94,7 +95,8 @@ class TFRecordDataset(IterableDataset[Any]):
         world_size: int | None = None,
         transform: Transform | None = None,
     ) -> None:
-        self.paths = tfrecord.expand_paths(paths)
+        # Checked against their info file: NOTE [ The info file is the manifest ].
+        self.paths, info = dataset_files(paths)
         self.verify = verify
         self.shuffle = shuffle
         self.seed = seed
@@ -102,7 +104,6 @@ class TFRecordDataset(IterableDataset[Any]):
         self.world_size = world_size
         self.transform = transform
         self.epoch = 0
-        info = tfrecord.read_info(self.paths[0])
         # Each .idx is checked against its shard and the counts taken at conversion:
         # a stale one is set aside and the shard scanned (tfrecord.load_index).
         counts = tfrecord.expected_counts(info)

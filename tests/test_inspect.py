@@ -153,7 +153,10 @@ def test_non_regular_files_are_refused_in_one_line(capsys, shards, tmp_path):
 
     (shards[0].parent / "sub.tfrecord").mkdir()  # a directory among the shards
     line = one_line_error(*run(capsys, shards[0].parent)[::2])
-    assert line == f"loadprof: error: {shards[0].parent / 'sub.tfrecord'}: is a directory, not a TFRecord file"
+    assert line == (f"loadprof: error: {shards[0].parent}: holds sub.tfrecord, not listed in train.info.json: "
+                    "not part of this output")
+    line = one_line_error(*run(capsys, shards[0].parent / "sub.tfrecord")[::2])
+    assert line == f"loadprof: error: {shards[0].parent / 'sub.tfrecord'}: no *.tfrecord files in this directory"
     (shards[0].parent / "sub.tfrecord").rmdir()
     os.mkfifo(tmp_path / "pipe.tfrecord")  # opening it for reading would wait for a writer for ever
     line = one_line_error(*run(capsys, tmp_path / "pipe.tfrecord")[::2])
@@ -223,6 +226,7 @@ def test_int64_varint_past_64_bits_is_one_line_not_an_overflow(capsys, tmp_path)
     with tfrecord.TFRecordFileWriter(first) as w:
         for data in [records[2], *records[:2], *records[3:]]:
             w.write(data)
+    tfrecord.index_path_for(first).unlink()  # another writer's shard: no info file, no .idx
     rc, out, err = run(capsys, first)
     assert rc == 0 and err == ""
     assert "(payload)  not a tf.train.Example  (from the first record)" in out
@@ -337,3 +341,36 @@ def test_watched_child_stops_hangs_and_reports_crashes_memory_and_errors(tmp_pat
             watchdog.run_watched(_fails, ("bug",), path="f.h5")
     finally:
         stop.set()
+
+
+def test_damaged_root_attributes_are_one_line_naming_file_and_attribute(capsys, tmp_path):
+    """One byte of the root group's header changed (found by benchmarks/fuzz_inputs.py): h5py
+    raises KeyError opening the root's attributes; it came out as a traceback, exit 1."""
+    import shutil
+
+    from loadprof.converters import HDF5Reader
+
+    path = tmp_path / "root.h5"
+    shutil.copy(DATA / "hdf5_root_unreadable.h5", path)
+    rc, out, err = run(capsys, path)
+    line = one_line_error(rc, err)
+    assert line.startswith(f"loadprof: error: {path}: cannot read attribute 'schema': ") and out == ""
+    with pytest.raises(ConvertError, match=rf"^{path}: cannot read attribute 'schema': "):
+        HDF5Reader(path)
+
+
+def test_a_reader_that_stops_early_ends_inspect_quietly(tmp_path):
+    """`loadprof inspect big | head` gave a BrokenPipeError traceback."""
+    import os
+    import subprocess
+    import sys
+
+    from loadprof.converters.example_proto import encode_example
+
+    path = tmp_path / "wide.tfrecord"  # another tool's file: one line per feature, ~600 KB in all
+    path.write_bytes(tfrecord.frame_record(encode_example({f"feature_{i:05d}": [b"x"] for i in range(20000)})))
+    script = f"{sys.executable} -c 'from loadprof.cli import main_entry; main_entry()' inspect {path} | head -n 2"
+    proc = subprocess.run(["bash", "-c", f"set -o pipefail; {script}"], capture_output=True, text=True,
+                          env=os.environ, timeout=120)
+    assert proc.stderr == "" and proc.returncode == 141  # 128 + SIGPIPE, as `yes | head` gives
+    assert proc.stdout.splitlines()[0].startswith(f"{path}: TFRecord")
