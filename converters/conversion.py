@@ -3,8 +3,9 @@
 NOTE [ No partial output ]
 Output is written under a hidden temporary name beside ``out`` (a file for HDF5,
 a directory of shards for TFRecord), verified if asked, and renamed into place
-only at the end. Any failure, Ctrl-C included, removes the temporary output, so
-``out`` is either absent, untouched (the old one), or complete.
+only at the end, in one step (NOTE [ Replacing OUT in one step ] in swap.py). Any
+failure, Ctrl-C included, removes the temporary output, so ``out`` is either absent,
+untouched (the old one), or complete.
 
 NOTE [ Signals during a conversion ]
 SIGTERM and SIGHUP would end the process without running any cleanup, leaving the
@@ -16,20 +17,18 @@ handler first and exits 128 + signal number with one line (130 for Ctrl-C). Crea
 the temporaries, removing them and putting the output in place run with these signals
 blocked, so none of them is cut in half. A SIGKILL cannot be caught: each temporary is
 named ``.OUT.tmp-PID-HOST-XXXXXXXX`` and the next conversion into the same directory
-removes those of processes on this host that no longer exist.
+deals with those of processes on this host that no longer exist (swap.clean_leftovers).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
-import re
 import shutil
 import signal
-import socket
+import stat
 import sys
 import tempfile
 import threading
@@ -43,7 +42,7 @@ from typing import Any, Literal
 import h5py
 import numpy as np
 
-from . import hdf5, tfrecord
+from . import hdf5, manifest, swap, tfrecord
 from .errors import ConvertError
 from .schema import Field, Sample, SampleDigest, Schema
 from .sources import Source, SourceOptions, open_source
@@ -62,7 +61,7 @@ Format = Literal["hdf5", "tfrecord"]
 
 # TF's performance guide suggests 100-200 MB per file; TFDS uses 64 MiB-1 GiB.
 DEFAULT_SHARD_SIZE = 128 << 20
-TFRECORD_FORMAT = "loadprof-tfrecord"
+TFRECORD_FORMAT = manifest.FORMAT
 
 
 @dataclass(frozen=True)
@@ -142,25 +141,31 @@ def _same(a: os.stat_result, b: os.stat_result) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def _replaceable(out: Path, options: ConvertOptions, inputs: list[Path]) -> frozenset[str] | None:
-    """What of an existing OUT may be replaced: None when OUT does not exist, else the names
-    inside a TFRecord output directory that are ours (empty for a file or an empty directory).
+def _replaceable(out: Path, options: ConvertOptions, inputs: list[Path]) -> swap.Previous | None:
+    """What of an existing OUT may be replaced: None when OUT does not exist, else OUT's identity
+    and the names inside a TFRecord output directory that are ours (none for a file or an
+    empty directory).
 
     NOTE [ What --overwrite replaces ]
     --overwrite replaces only a previous output of loadprof, recognised by what loadprof
     writes: an HDF5 file that starts with the HDF5 signature and carries the root attribute
     loadprof_format = "loadprof-hdf5"; or a directory holding exactly one
-    ``SPLIT.info.json`` with "format": "loadprof-tfrecord" and regular files it lists as
-    shards (and their ``.idx``), nothing else. An empty directory is fine for TFRecord.
-    Never a symbolic link, the source, a directory containing the source, or anything
-    inside a source directory, compared by device and inode so that other spellings
-    (relative paths, ``.``, links, hard links) are caught too. Anything else is refused
-    with one line: loadprof deletes nothing it did not write.
+    ``SPLIT.info.json``, a complete manifest with "format": "loadprof-tfrecord", and regular
+    files it lists as shards (and their ``.idx``), nothing else, each shard of the size the
+    info file records and with valid framing at its first and last record (``manifest.owned``:
+    a hand-edited info file cannot make a user's file one of ours). An empty directory is
+    fine for TFRecord. Never a symbolic link, the current directory or a mount point (they
+    cannot be renamed: NOTE [ Replacing OUT in one step ]), the source, a directory
+    containing the source, or anything inside a source directory, compared by device and
+    inode so that other spellings (relative paths, ``.``, links, hard links) are caught too.
+    Anything else is refused with one line: loadprof deletes nothing it did not write.
     """
     if not os.path.lexists(out):
         return None
-    if options.to == "tfrecord" and out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
-        return frozenset()
+    out_lstat = out.lstat()
+    if stat.S_ISDIR(out_lstat.st_mode) and options.to == "tfrecord" and not any(out.iterdir()):
+        _check_renamable(out, out_lstat)
+        return swap.Previous(out_lstat.st_dev, out_lstat.st_ino, frozenset())
     if not options.overwrite:
         raise ConvertError(f"{out}: already exists (pass --overwrite to replace it)")
     refuse = f"{out}: not replaced: --overwrite replaces only a previous loadprof output"
@@ -185,19 +190,27 @@ def _replaceable(out: Path, options: ConvertOptions, inputs: list[Path]) -> froz
         why = _not_our_hdf5(out)
         if why:
             raise ConvertError(f"{refuse}, and this is {why}")
-        return frozenset()
+        return swap.Previous(out_stat.st_dev, out_stat.st_ino, frozenset())
     if not out.is_dir():
         raise ConvertError(f"{refuse}, and this is a file, not a TFRecord output directory")
-    ours, why = _our_tfrecord_entries(out)
-    if ours is None:
-        raise ConvertError(f"{refuse}, and this directory {why}")
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise ConvertError(f"{out}: cannot replace its files: {os.strerror(errno.EACCES)}")
-    return ours
+    _check_renamable(out, out_stat)
+    ours = manifest.owned(out)
+    if ours.files is None:
+        raise ConvertError(f"{refuse}, and this directory {ours.why}")
+    if not os.access(out.parent, os.W_OK | os.X_OK):
+        raise ConvertError(f"{out}: cannot replace it: {out.parent}: {os.strerror(errno.EACCES)}")
+    return swap.Previous(out_stat.st_dev, out_stat.st_ino, ours.files)
+
+
+def _check_renamable(out: Path, out_stat: os.stat_result) -> None:
+    """Refuse a directory that cannot be renamed (NOTE [ Replacing OUT in one step ])."""
+    if _same(out_stat, os.stat(os.curdir)):
+        raise ConvertError(f"{out}: is the current directory, which cannot be replaced in one step; run from its parent")
+    if out_stat.st_dev != out.parent.stat().st_dev:
+        raise ConvertError(f"{out}: is a mount point, which cannot be replaced in one step; write to a directory inside it")
 
 
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
-_INFO_MAX_BYTES = 64 << 20  # an info file of ours lists shards: far smaller than this
 
 
 def _not_our_hdf5(path: Path) -> str | None:
@@ -219,43 +232,6 @@ def _not_our_hdf5(path: Path) -> str | None:
     if found != hdf5.FORMAT:
         return "an HDF5 file not written by loadprof (no loadprof_format attribute)"
     return None
-
-
-def _our_tfrecord_entries(path: Path) -> tuple[frozenset[str] | None, str]:
-    """The names in a TFRecord output directory of ours, or None and why it is not one."""
-    try:
-        with os.scandir(path) as it:
-            entries = {e.name: (e.is_file(follow_symlinks=False), e.is_dir(follow_symlinks=False)) for e in it}
-    except OSError as exc:
-        return None, f"cannot be listed ({exc.strerror})"
-    shown = {name: name + "/" if is_dir else name for name, (_, is_dir) in entries.items()}
-    infos = [name for name in entries if name.endswith(".info.json")]
-    if len(infos) != 1:
-        return None, (
-            f"holds {_names(sorted(shown.values()))}, not one loadprof output (no SPLIT.info.json)"
-            if not infos
-            else f"holds {len(infos)} info files ({_names(infos)}), not one loadprof output"
-        )
-    info_path = path / infos[0]
-    listed: set[str] = set()
-    info: Any = None
-    try:
-        if entries[infos[0]][0] and info_path.stat().st_size <= _INFO_MAX_BYTES:
-            info = json.loads(info_path.read_bytes())
-    except (OSError, ValueError):
-        info = None
-    if not isinstance(info, dict) or info.get("format") != TFRECORD_FORMAT:
-        return None, f"holds {infos[0]}, which is not a loadprof info file"
-    for shard in info.get("shards") or []:
-        name = shard.get("file") if isinstance(shard, dict) else None
-        if isinstance(name, str):
-            listed |= {name, name + ".idx"}
-    foreign = sorted(
-        shown[name] for name, (is_file, _) in entries.items() if name != infos[0] and (not is_file or name not in listed)
-    )
-    if foreign:
-        return None, f"holds {_names(foreign)}, not written by loadprof"
-    return frozenset(entries), ""
 
 
 def _names(names: list[str], most: int = 3) -> str:
@@ -355,91 +331,39 @@ def _signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _host_tag() -> str:
-    return hashlib.blake2s(socket.gethostname().encode(), digest_size=4).hexdigest()
-
-
-def _temp_prefix(out: Path, kind: str) -> str:
-    return f".{out.name}.{kind}-{os.getpid()}-{_host_tag()}-"
-
-
-# mkstemp/mkdtemp add 8 characters from [a-z0-9_].
-_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d{1,10})-(?P<host>[0-9a-f]{8})-[a-z0-9_]{8}(?:\.h5)?$")
-
-
-def _process_gone(pid: int) -> bool:
-    if os.name != "posix" or pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except (OSError, OverflowError):  # EPERM: it exists, as another user's
-        return False
-    return False
-
-
-def _remove_stale_temporaries(directory: Path) -> list[str]:
-    """Remove temporary outputs of loadprof in ``directory`` left by processes of this host that
-    no longer exist (NOTE [ Signals during a conversion ]); return their names."""
-    try:
-        with os.scandir(directory) as it:
-            candidates = [e for e in it if e.name.startswith(".") and _TEMP_NAME.match(e.name)]
-    except OSError:
-        return []
-    host = _host_tag()
-    removed = []
-    for entry in sorted(candidates, key=lambda e: e.name):
-        m = _TEMP_NAME.match(entry.name)
-        assert m is not None
-        if m.group("host") != host or not _process_gone(int(m.group("pid"))):
-            continue
-        path = Path(entry.path)
-        try:
-            if entry.is_file(follow_symlinks=False):
-                path.unlink()
-            elif entry.is_dir(follow_symlinks=False):
-                # Only what loadprof puts there: plain files, no subdirectories or links.
-                with os.scandir(path) as inner:
-                    files = list(inner)
-                if not all(f.is_file(follow_symlinks=False) for f in files):
-                    continue
-                for f in files:
-                    os.unlink(f.path)
-                path.rmdir()
-            else:
-                continue
-        except OSError:
-            continue
-        removed.append(entry.name)
-    return removed
+_host_tag = swap.host_tag  # the HOST part of temporary names
 
 
 class _Output:
     """The temporary output and its writer; see NOTE [ No partial output ]."""
 
-    def __init__(self, out: Path, options: ConvertOptions, replaces: frozenset[str] | None = None) -> None:
+    def __init__(self, out: Path, options: ConvertOptions, replaces: swap.Previous | None = None) -> None:
         self.out = out
         self.options = options
-        # None: OUT did not exist; else the names in an existing OUT directory to move aside.
+        # None: OUT did not exist; else the existing OUT and what in it is ours.
         self.replaces = replaces
         self.published = False
-        prefix = _temp_prefix(out, "tmp")
-        with _signals_held():  # not stopped between creating the temporary and knowing its name
-            try:
-                if options.to == "hdf5":
-                    fd, name = tempfile.mkstemp(prefix=prefix, suffix=".h5", dir=out.parent)
-                    os.close(fd)
-                else:
-                    name = tempfile.mkdtemp(prefix=prefix, dir=out.parent)
-            except OSError as exc:
-                raise ConvertError(f"{out}: cannot create output in {out.parent}: {exc.strerror}") from exc
-            self.tmp = Path(name)
+        self.notes: list[str] = []
+        prefix = swap.temp_prefix(out, "tmp")
         # mkstemp/mkdtemp create 0600/0700; the published output should get the usual
         # permissions, as if created with open()/mkdir() under the current umask.
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(name, (0o666 if options.to == "hdf5" else 0o777) & ~umask)
+        with _signals_held():  # not stopped between creating the temporary and knowing its name
+            try:
+                # Both create a new name (O_EXCL, mkdir): never a file or link planted there.
+                if options.to == "hdf5":
+                    fd, name = tempfile.mkstemp(prefix=prefix, suffix=".h5", dir=out.parent)
+                else:
+                    name = tempfile.mkdtemp(prefix=prefix, dir=out.parent)
+                    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            except OSError as exc:
+                raise ConvertError(f"{out}: cannot create output in {out.parent}: {exc.strerror}") from exc
+            self.tmp = Path(name)
+            try:
+                os.fchmod(fd, (0o666 if options.to == "hdf5" else 0o777) & ~umask)
+            finally:
+                os.close(fd)
         self.h5: hdf5.HDF5Writer | None = None
         self.tf: tfrecord.ShardedTFRecordWriter | None = None
         self.schema: Schema | None = None
@@ -478,7 +402,8 @@ class _Output:
             **meta,
         }
         info_path = tfrecord.info_path_for(self.tmp, self.options.split)
-        info_path.write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+        with open(info_path, "x", encoding="utf-8") as f:  # a new file, never one planted there
+            f.write(json.dumps(info, indent=1) + "\n")
         names = [s.file for s in shards]
         return [self.out / n for n in names] + [self.out / (n + ".idx") for n in names] + [self.out / info_path.name]
 
@@ -496,46 +421,12 @@ class _Output:
                     self.tmp.unlink()
 
     def publish(self) -> None:
-        out = self.out
         with _signals_held():
-            if self.options.to == "hdf5" or self.replaces is None:
-                os.replace(self.tmp, out)  # atomic; for a directory, OUT did not exist
+            if self.options.to == "hdf5":
+                os.replace(self.tmp, self.out)  # atomic
             else:
-                self._publish_into(out, self.replaces)
+                self.notes = swap.put_in_place(self.tmp, self.out, self.replaces)
             self.published = True
-
-    def _publish_into(self, out: Path, replaces: frozenset[str]) -> None:
-        """Swap the files of an existing OUT directory for ours, keeping the directory itself
-        (it may be the current directory or a mount point, which cannot be renamed). Old files
-        go to a hidden directory beside OUT first, the info file first of all and back last,
-        so a directory without its info file is visibly incomplete; any failure puts back
-        what was moved."""
-        old = Path(tempfile.mkdtemp(prefix=_temp_prefix(out, "old"), dir=out.parent))
-        new = sorted(os.listdir(self.tmp), key=lambda n: n.endswith(".info.json"))
-        moved_old: list[str] = []
-        moved_new: list[str] = []
-        try:
-            for name in sorted(replaces, key=lambda n: not n.endswith(".info.json")):
-                try:
-                    os.rename(out / name, old / name)
-                except FileNotFoundError:
-                    continue
-                moved_old.append(name)
-            for name in new:
-                os.rename(self.tmp / name, out / name)
-                moved_new.append(name)
-        except OSError:
-            for name in reversed(moved_new):
-                with contextlib.suppress(OSError):
-                    os.rename(out / name, self.tmp / name)
-            for name in reversed(moved_old):
-                with contextlib.suppress(OSError):
-                    os.rename(old / name, out / name)
-            with contextlib.suppress(OSError):
-                old.rmdir()
-            raise
-        os.rmdir(self.tmp)
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _read_back(tmp: Path, options: ConvertOptions, schema: Schema) -> Iterator[Sample]:
@@ -603,16 +494,23 @@ def _convert(src: str | os.PathLike[str], out: str | os.PathLike[str], options: 
     out_path = _target(out)
     _check(options, out_path)
     inputs = [Path(p) for p in (src, options.source.labels) if p is not None and os.path.exists(p)]
-    replaces = _replaceable(out_path, options, inputs)
+    # Before OUT is looked at: a whole output left aside by a conversion cut short may be put back as OUT.
+    stale, notes = swap.clean_leftovers(out_path.parent)
+    if stale:
+        shown = _names([str(out_path.parent / name) for name in stale])
+        notes.insert(0, f"removed {shown}: temporary output left by a conversion that did not finish")
+    try:
+        replaces = _replaceable(out_path, options, inputs)
+    except ConvertError as exc:
+        restored = [n for n in notes if n.startswith("restored ")]
+        if restored:  # the refusal must not hide that OUT came back
+            raise ConvertError(f"{exc} (note: {'; '.join(restored)})") from None
+        raise
     source = open_source(src, options.source)
     total = len(source)
     if total == 0:
         raise ConvertError(f"{src}: holds no samples")
-    notes = list(source.notes)
-    stale = _remove_stale_temporaries(out_path.parent)
-    if stale:
-        shown = _names([str(out_path.parent / name) for name in stale])
-        notes.append(f"removed {shown}: temporary output left by a conversion that did not finish")
+    notes = list(source.notes) + notes
     output = _Output(out_path, options, replaces)
     digest: SampleDigest | None = None
     count = 0
@@ -679,5 +577,5 @@ def _convert(src: str | os.PathLike[str], out: str | os.PathLike[str], options: 
         checksums=digest.result(),
         verified=options.verify,
         seconds=time.perf_counter() - started,
-        notes=tuple(notes),
+        notes=tuple(notes + output.notes),
     )

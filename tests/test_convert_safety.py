@@ -88,7 +88,8 @@ def test_our_tfrecord_output_with_a_users_file_added_is_not_replaced(tmp_path):
     # A file for a directory output, and an info file that is not ours, are refused too.
     (tmp_path / "out" / "README").unlink()
     (tmp_path / "out" / "train.info.json").write_text('{"format": "something-else"}')
-    with pytest.raises(ConvertError, match=r"holds train.info.json, which is not a loadprof info file$"):
+    with pytest.raises(ConvertError, match=r"holds train.info.json, which is not a complete loadprof info file "
+                                           r"\('format' is \"something-else\", not \"loadprof-tfrecord\"\)$"):
         convert(tmp_path / "x.npy", tmp_path / "out", ConvertOptions(to="tfrecord", overwrite=True))
     (tmp_path / "plain").write_text("x")
     with pytest.raises(ConvertError, match=r"plain: not replaced: .*, and this is a file, not a TFRecord output directory$"):
@@ -96,21 +97,24 @@ def test_our_tfrecord_output_with_a_users_file_added_is_not_replaced(tmp_path):
     assert (tmp_path / "plain").read_text() == "x"
 
 
-def test_a_previous_output_is_replaced_even_as_dot(tmp_path):
-    """The current directory cannot be renamed: its files are swapped, and nothing is left beside it."""
+def test_the_current_directory_is_refused_as_out_and_replaced_from_its_parent(tmp_path):
+    """OUT is replaced by one rename, and the current directory cannot be renamed: `.` is refused
+    in one line, empty or not; from the parent, OUT is replaced whole and nothing is left beside it."""
     np.save(tmp_path / "x.npy", np.arange(40))
     make_image_folder(tmp_path / "imgs", {"a": 3})
-    out = tmp_path / "out"
-    proc = loadprof("convert", "../imgs", ".", "--to", "tfrecord", cwd=_mkdir(out))  # empty: no --overwrite needed
+    out = _mkdir(tmp_path / "out")
+    for extra in ([], ["--overwrite"]):
+        proc = loadprof("convert", "../imgs", ".", "--to", "tfrecord", *extra, cwd=out)
+        refused(proc, f"{out}: is the current directory, which cannot be replaced in one step; run from its parent")
+        assert list(out.iterdir()) == []
+    proc = loadprof("convert", "imgs", "out", "--to", "tfrecord", cwd=tmp_path)  # empty: no --overwrite needed
     assert proc.returncode == 0, proc.stderr
-    inode = out.stat().st_ino
-    proc = loadprof("convert", "../x.npy", ".", "--to", "tfrecord", "--split", "val", "--overwrite", "--verify",
-                    cwd=out)
+    proc = loadprof("convert", "x.npy", "out", "--to", "tfrecord", "--split", "val", "--overwrite", "--verify",
+                    cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith(f"wrote 40 records to {out} (1 shard)")
+    assert proc.stdout.startswith("wrote 40 records to out (1 shard)")
     assert sorted(p.name for p in out.iterdir()) == [
         "val-00000-of-00001.tfrecord", "val-00000-of-00001.tfrecord.idx", "val.info.json"]
-    assert out.stat().st_ino == inode
     assert leftovers(tmp_path) == [] and leftovers(out) == []
 
 
