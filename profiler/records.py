@@ -297,7 +297,7 @@ _HINTS: dict[type, dict[str, Any]] = {}
 
 #: Nulls that may not read as the field's default: a step's data wait is what every verdict
 #: and ``check --max-data-wait`` read, and 0 would claim the loop never waited.
-_NO_DEFAULT_FOR_NULL = {(Step, "data_wait"): "the step has no data-wait measurement"}
+_NO_DEFAULT_FOR_NULL: dict[tuple[type, str], str] = {(Step, "data_wait"): "the step has no data-wait measurement"}
 
 
 def _from_json(cls: type[T], data: Any, where: str) -> T:
