@@ -15,7 +15,11 @@ NOTE [ Trial lifecycle ]
   workers are in it too. At the time limit the parent sends SIGTERM to the group
   (the runner unwinds the script and still writes the report: partial steps
   survive), waits ``GRACE_S``, then SIGKILLs the group. Ctrl-C in the parent
-  kills the group before it propagates.
+  kills the group before it propagates; so does SIGTERM inside ``stopping()``
+  (``tune`` and ``compare``), which raises ``Terminated`` instead of ending the
+  parent where it stands, which left the child and its folder behind. While the
+  group is stopped and the folder removed, SIGINT and SIGTERM are held, so a
+  second Ctrl-C cannot cut the clean-up short.
 - The script's stdout and stderr go to files in that folder; the tail of stderr
   is kept for a trial that crashed. The folder is removed afterwards.
 - ``LOADPROF_TRIAL=1`` and the variant's own environment are set in the child;
@@ -32,7 +36,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +48,7 @@ from .diagnosis import main_loader
 from .jsonio import write_json
 from .records import Run
 from .settings import Settings
+from .signals import Terminated
 
 #: Seconds between SIGTERM and SIGKILL for a trial past its time limit.
 GRACE_S = 5.0
@@ -179,13 +187,45 @@ def child_main(spec_path: str) -> int:
 
 
 # -- parent side ----------------------------------------------------------------
+@contextmanager
+def stopping() -> Iterator[None]:
+    """SIGTERM raises ``Terminated`` inside the block, so that a trial running then is
+    stopped and its folder removed (NOTE [ Trial lifecycle ]); the previous handler after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def _held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block is done (delivered after it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def run_trial(name: str, spec: TrialSpec, timeout: float, warmup: int = 0) -> TrialResult:
     """Run one trial in a child process; never raises for the script's own failures."""
     folder = Path(tempfile.mkdtemp(prefix="loadprof-trial-"))
     try:
         return _run_in(folder, name, spec, timeout, warmup)
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        with _held():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _run_in(folder: Path, name: str, spec: TrialSpec, timeout: float, warmup: int) -> TrialResult:
@@ -212,7 +252,8 @@ def _run_in(folder: Path, name: str, spec: TrialSpec, timeout: float, warmup: in
             timed_out = True
             _stop_group(proc)
     except BaseException:
-        _stop_group(proc, grace=0.5)
+        with _held():
+            _stop_group(proc, grace=0.5)
         raise
     finally:
         out.close()
