@@ -26,6 +26,7 @@ from typing import Any
 
 from .oom import OutOfMemory, classify, describe
 from .records import GpuSample, HostSample, LoaderInfo, Run, Step
+from .stagemodel import loading, top_stage_line
 
 VERDICTS = ("data-starved", "compute-bound", "memory-bound", "host-bound", "inconclusive")
 
@@ -783,6 +784,7 @@ def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:
         else:
             words = CAUSES[cause]
         summary = f"{_pct(m.data_wait_fraction)} of step time waits for input; cause: {words}"
+        summary += top_stage_line(loading(run, m.loader))
         return Diagnosis("data-starved", cause, summary, confidence, ev, m)
 
     moderate = m.data_wait_fraction >= th.input_moderate

@@ -154,6 +154,24 @@ class EvalPass:
 
 
 @dataclass
+class StageTime:
+    """One stage of making batches, summed over the processes that ran it
+    (instrument/stages.py): exclusive time, less the hooked stages inside it."""
+
+    kind: str  # "read", "decode", "transform", "user", "collate", "pin", "copy"
+    name: str  # e.g. "PIL PNG decode", "RandomResizedCrop(size=224)", "slow_fn (data.py:12)"
+    seconds: float  # wall seconds, over every batch and process
+    cpu: float | None = None  # CPU seconds of the thread that ran it; None: not read (file reads)
+    calls: int = 0
+    where: str = ""  # "workers" or "main"
+    random: bool | None = None  # a transform's draws differ call to call; None: unknown
+    order: int = 0  # a transform's place in its Compose
+    nbytes: int = 0  # read: bytes read
+    files: int = 0  # read: files opened
+    samples: int = 0  # user: stack samples the function (or the rest) was seen in
+
+
+@dataclass
 class LoaderInfo:
     """What the input pipeline is configured to do, as seen by the hooks."""
 
@@ -177,6 +195,11 @@ class LoaderInfo:
     parallel_map: bool | None = None
     file_based: bool | None = None
     notes: list[str] = field(default_factory=list)
+    #: what making its batches took, stage by stage (empty: not timed), over
+    #: ``stage_batches`` batches whose fetches took ``stage_seconds`` in all
+    stages: list[StageTime] = field(default_factory=list)
+    stage_batches: int = 0
+    stage_seconds: float = 0.0
 
 
 @dataclass

@@ -43,6 +43,7 @@ from ..samplers.host import own_peak_rss, own_rss
 from ..timeline import CPU_READ_ALL, CPU_READ_EVERY, Timeline
 from . import ThisProcess
 from .itemcheck import items_repeat
+from .stagepipe import StageCollector
 
 
 def _batch_facts(batch: Any) -> tuple[int | None, int]:
@@ -95,6 +96,7 @@ class TorchHooks:
         self._memory_countdown = MEMORY_STEP  # optimizer steps until the between-steps reading
         self._memory_device: Any = None  # the parameters' device at that reading
         self._peak_before: int | None = None  # the process's peak RSS when the hooks went in
+        self._stages = StageCollector()  # stage by stage, in workers too (stagepipe.py)
         self.installed = False
 
     # -- install / remove -----------------------------------------------------
@@ -107,6 +109,7 @@ class TorchHooks:
         wrap = self._patches.wrap
         wrap(_dl.DataLoader, "__iter__", self._wrap_iter)
         wrap(_dl._BaseDataLoaderIter, "__next__", self._wrap_next)
+        self._stages.install_pin(self._patches)
         self._handles.append(_optim.register_optimizer_step_post_hook(self._make_optimizer_post()))
         self._forward_handle = torch.nn.modules.module.register_module_forward_pre_hook(self._on_forward)
         autocast_cls = torch.amp.autocast_mode.autocast
@@ -125,6 +128,8 @@ class TorchHooks:
         self._handles.clear()
         self._drop_forward_hook()
         self.run.limitations.extend(f"torch: {line}" for line in self._patches.restore())
+        self._stages.finish([info for _, info in self._loaders.values()])
+        self.run.limitations.extend(self._stages.limitations)
         self._check_items()
         self._collect_cuda_facts()
         self._collect_peak()
@@ -139,7 +144,8 @@ class TorchHooks:
         hooks = self
 
         def __iter__(loader: Any) -> Any:
-            it = original(loader)
+            it = (hooks._stages.iterate(loader, hooks._loader_info(loader), original)  # NOTE [ Stage timing in workers ]
+                  if ThisProcess.pid == hooks.pid else original(loader))
             if ThisProcess.pid == hooks.pid:
                 info = hooks._loader_info(loader)
                 info.iterations += 1
@@ -164,6 +170,7 @@ class TorchHooks:
         batch_wait = self.timeline.batch_wait
         eval_wait = self.timeline.eval_wait
         grad_enabled = torch.is_grad_enabled
+        stage_drain = self._stages.maybe_drain
 
         def __next__(it: Any) -> Any:
             if ThisProcess.pid != hooks.pid:
@@ -194,6 +201,7 @@ class TorchHooks:
                 batch_wait(t0, t1, cpu, size)
             else:
                 eval_wait(t0, t1)  # NOTE [ Evaluation batches ] in timeline.py
+            stage_drain(t1)
             if hooks._forward_handle is not None:
                 # A DataLoader times input directly: the forward hook is no longer needed.
                 hooks._drop_forward_hook()

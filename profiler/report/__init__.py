@@ -16,9 +16,11 @@ from ..cost import Cost, cost_of
 from ..diagnosis import Diagnosis, Evidence, Headroom, diagnose, near_limit
 from ..jsonio import JsonWriteError, read_json, write_text_atomic
 from ..records import SCHEMA_VERSION, Environment, LoaderInfo, RecordError, Run
+from ..stagemodel import Loading, loading
 from .console import ConsoleRenderer
 from .jsonfile import JsonRenderer
 from .notebook import HtmlRenderer, TextRenderer
+from .stages import loading_dict
 
 __all__ = ["Report", "ReportWarning", "build_report", "failed_report", "load_report", "render_console", "write_json",
            "ConsoleRenderer", "HtmlRenderer", "JsonRenderer", "JsonWriteError", "ReportError", "TextRenderer"]
@@ -148,6 +150,11 @@ class Report:
         return _memory(m.headroom, m.gpu_in_use)
 
     @property
+    def stages(self) -> Loading | None:
+        """The training loader's batches, stage by stage (stagemodel.py); None: not timed."""
+        return loading(self.run, self.diagnosis.metrics.loader)
+
+    @property
     def loaders(self) -> list[LoaderInfo]:
         return self.run.loaders
 
@@ -188,6 +195,7 @@ class Report:
             "data_wait_method": self.data_wait_method,
             "samples": self.samples,
             "memory": self.memory,
+            "loading": loading_dict(self.stages),
             "loaders": [asdict(li) for li in self.loaders],
             "environment": asdict(run.environment),
             "limitations": list(self.limitations),

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..cost import cost_line
+from .stages import stage_table
 
 if TYPE_CHECKING:
     from . import Report
@@ -66,6 +67,8 @@ class ConsoleRenderer:
                     label.append(f"\n{rule}", style="dim")
                 table.add_row(label, e.display)
             c.print(table)
+        if report.stages is not None:  # report/stages.py
+            c.print(stage_table(report.stages))
 
         cost = getattr(report, "cost", None)
         if cost is not None:

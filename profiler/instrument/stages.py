@@ -1,0 +1,565 @@
+"""Stage timing inside the process that makes batches: a loader worker, or the
+training process itself for ``num_workers=0``.
+
+One ``StageRecorder`` per producing process and loader holds exclusive times: a
+hooked call's time less the hooked calls inside it, so that nested stages (PIL's
+decode reading its file, a transform converting its image) are each counted once
+and the stages add up to the batch's fetch time. The hooks, installed once per
+process by ``install()`` and inert outside a fetch:
+
+- the fetch: ``_MapDatasetFetcher.fetch`` / ``_IterableDatasetFetcher.fetch`` (the
+  whole batch; what no hook below claims is the user's own ``__getitem__`` /
+  ``__iter__``), and the fetcher's ``collate_fn``;
+- read: ``open`` (``builtins``/``io``) in binary read mode returns a reader whose
+  reads are timed (bytes and files counted); ``np.load``; h5py dataset reads;
+- decode: PIL ``Image.open``, ``ImageFile.load``, ``Image.convert``;
+  ``np.frombuffer``; ``torchvision.io.decode_*``; ``cv2.imread``/``imdecode``
+  (modules already imported only: loadprof imports none of them);
+- transforms: each element of a Compose-like object the dataset holds (anything
+  callable with a ``transforms`` list of callables: torchvision v1/v2,
+  albumentations, a user's own), replaced in its list by a timing wrapper that
+  pickles as the transform it wraps (``random_by_name`` says which are random);
+- the user's own code: a sampler thread reads the fetching thread's stack every
+  ``SAMPLE_INTERVAL`` while no hooked stage runs, and counts the innermost
+  function outside the standard library, site-packages and loadprof.
+
+Every wrapper records into ``_state.current``, the recorder of the fetch running
+on this thread now, and calls straight through otherwise: hooks inherited by a
+forked worker, or left in the training process, record nothing until a fetch of
+their own process begins (NOTE [ Fork safety ] in torch.py; how the workers'
+figures reach the training process: NOTE [ Stage timing in workers ] in
+stagepipe.py).
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import os
+import sys
+import sysconfig
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..patch import Patches
+
+#: Seconds between two readings of the fetching thread's stack (user-code sites), and
+#: the GIL switch interval while a batch is made (NOTE [ Sampling the user's code ]).
+SAMPLE_INTERVAL = 0.005
+SWITCH_INTERVAL = 0.0002
+#: The read stage of ``open``'s reader: wall time, bytes and files, no CPU clock.
+READ_SLOT = "file reads"
+#: Stage names are cut to this many characters (a transform's repr can run long).
+NAME_CHARS = 72
+
+#: Class names of transforms that draw random parameters although their name does not
+#: start with "Random" (torchvision v1/v2, albumentations).
+RANDOM_NAMES = frozenset({
+    "ColorJitter", "GaussianBlur", "AutoAugment", "RandAugment", "TrivialAugmentWide", "AugMix",
+    "ElasticTransform", "ScaleJitter", "MixUp", "CutMix", "JPEG", "GaussianNoise", "OneOf", "SomeOf",
+    "ShiftScaleRotate", "Affine", "CoarseDropout", "HueSaturationValue",
+})
+#: Class names of transforms known to give the same output for the same input.
+DETERMINISTIC_NAMES = frozenset({
+    "Resize", "CenterCrop", "ToTensor", "PILToTensor", "ToImage", "ToDtype", "ConvertImageDtype",
+    "Normalize", "Grayscale", "Pad", "ToPILImage", "ToPureTensor", "LongestMaxSize", "SmallestMaxSize",
+    "PadIfNeeded", "ToTensorV2", "ToFloat", "FromFloat",
+})
+
+
+def random_by_name(transform: Any) -> bool | None:
+    """Whether a transform is random, from what it is: True for a class named Random*
+    or in ``RANDOM_NAMES``, or applied with a probability ``p`` under 1 (albumentations,
+    torchvision v2's Random* carry one); False for a class in ``DETERMINISTIC_NAMES``
+    applied always; None (unknown) otherwise."""
+    name = type(transform).__name__
+    if name.startswith("Random") or name in RANDOM_NAMES:
+        return True
+    p = getattr(transform, "p", None)
+    if isinstance(p, (int, float)) and not isinstance(p, bool) and 0 < p < 1:
+        return True
+    if name in DETERMINISTIC_NAMES:
+        return False
+    return None
+
+
+def short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= NAME_CHARS else text[:NAME_CHARS - 3] + "..."
+
+
+class StageRecorder:
+    """Exclusive stage times of one producing process for one loader.
+
+    ``totals[(kind, name)]`` is ``[wall, cpu, calls, nbytes, files, order, random]``:
+    seconds not spent in a nested hooked call. File reads read no CPU clock (it would
+    cost more than most reads take): their CPU, if any, stays with the stage around
+    them, and their cpu reads 0 (``READ_SLOT``)."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.thread = 0  # the fetching thread's ident
+        self.depth = 0  # hooked calls open on the fetching thread; 1: in the fetch itself
+        self.child_wall = 0.0
+        self.child_cpu = 0.0
+        self.totals: dict[tuple[str, str], list[Any]] = {}
+        self.batches = 0
+        self.fetch_wall = 0.0
+        self.fetch_cpu = 0.0
+        self.user_samples = 0
+        self.sites: dict[str, int] = {}
+
+    def slot(self, kind: str, name: str, order: int = 0, random: bool | None = None) -> list[Any]:
+        key = (kind, name)
+        acc = self.totals.get(key)
+        if acc is None:
+            acc = self.totals[key] = [0.0, 0.0, 0, 0, 0, order, random]
+        return acc
+
+
+class _State:
+    """This process's stage hooks: installed once; ``current`` is the recorder of the
+    fetch in progress (None outside one); ``worker`` the recorder of a loader worker."""
+
+    def __init__(self) -> None:
+        self.patches: Patches | None = None
+        self.pid = 0
+        self.current: StageRecorder | None = None
+        self.worker: StageRecorder | None = None
+        self.wrapped: list[tuple[Any, Any]] = []  # (compose, its transforms before the wrap)
+        self.sampler: _SiteSampler | None = None
+        self.limitations: list[str] = []
+        self.hooked: set[str] = set()  # the modules hooked (hook_modules)
+
+
+_state = _State()
+_perf = time.perf_counter
+_cpu = time.thread_time
+_ident = threading.get_ident
+_getswitch = sys.getswitchinterval
+_setswitch = sys.setswitchinterval
+
+
+def _active() -> StageRecorder | None:
+    rec = _state.current
+    if rec is not None and rec.thread == _ident():
+        return rec
+    return None
+
+
+def _timed(kind: str, name: str, fn: Callable[..., Any], order: int = 0, random: bool | None = None,
+           named: Callable[[Any], str] | None = None) -> Callable[..., Any]:
+    """``fn`` timed as stage (kind, name) while a fetch runs on this thread; ``named(first
+    argument)`` names the stage per call instead (PIL's decode: by image format)."""
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        rec = _state.current
+        if rec is None or rec.thread != _ident():
+            return fn(*args, **kwargs)
+        saved_w, saved_c = rec.child_wall, rec.child_cpu
+        rec.child_wall = rec.child_cpu = 0.0
+        rec.depth += 1
+        c0 = _cpu()
+        t0 = _perf()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            dw = _perf() - t0
+            dc = _cpu() - c0
+            rec.depth -= 1
+            acc = rec.slot(kind, named(args[0]) if named is not None and args else name, order, random)
+            acc[0] += dw - rec.child_wall
+            acc[1] += dc - rec.child_cpu
+            acc[2] += 1
+            rec.child_wall = saved_w + dw
+            rec.child_cpu = saved_c + dc
+
+    timed.__wrapped__ = fn  # type: ignore[attr-defined]
+    timed.__name__ = getattr(fn, "__name__", "timed")
+    timed.__doc__ = getattr(fn, "__doc__", None)
+    return timed
+
+
+# -- read ------------------------------------------------------------------------------
+class TimedReader(io.BufferedReader):
+    """A buffered binary reader whose reads are timed as the read stage of the fetch
+    that opened it (``open`` returns one in ``rb`` mode while a fetch runs)."""
+
+    def _timed_read(self, method: Callable[..., Any], *args: Any) -> Any:
+        rec = _state.current
+        if rec is None or rec.thread != _ident():
+            return method(self, *args)
+        rec.depth += 1
+        t0 = _perf()
+        try:
+            out = method(self, *args)
+        finally:
+            dw = _perf() - t0
+            rec.depth -= 1
+        acc = rec.slot("read", READ_SLOT)
+        acc[0] += dw
+        acc[2] += 1
+        acc[3] += out if isinstance(out, int) else len(out or b"")
+        rec.child_wall += dw
+        return out
+
+    def read(self, size: int | None = -1) -> bytes:
+        return self._timed_read(io.BufferedReader.read, size)  # type: ignore[no-any-return]
+
+    def read1(self, size: int = -1) -> bytes:
+        return self._timed_read(io.BufferedReader.read1, size)  # type: ignore[no-any-return]
+
+    def readinto(self, buffer: Any) -> int:
+        return self._timed_read(io.BufferedReader.readinto, buffer)  # type: ignore[no-any-return]
+
+    def readline(self, size: int | None = -1) -> bytes:
+        return self._timed_read(io.BufferedReader.readline, size)  # type: ignore[no-any-return]
+
+
+def _wrap_open(original: Callable[..., Any]) -> Callable[..., Any]:
+    def open(file: Any, mode: str = "r", buffering: int = -1, *args: Any, **kwargs: Any) -> Any:  # noqa: A001
+        rec = _state.current
+        if rec is None or rec.thread != _ident():
+            return original(file, mode, buffering, *args, **kwargs)
+        plain = (mode in ("rb", "br") and buffering == -1 and not args and not kwargs
+                 and isinstance(file, (str, bytes, os.PathLike)))
+        rec.depth += 1
+        t0 = _perf()
+        try:
+            if plain:
+                raw = io.FileIO(file, "r")
+                try:
+                    out = TimedReader(raw, io.DEFAULT_BUFFER_SIZE)
+                except BaseException:
+                    raw.close()
+                    raise
+            else:
+                out = original(file, mode, buffering, *args, **kwargs)
+        finally:
+            dw = _perf() - t0
+            rec.depth -= 1
+        acc = rec.slot("read", READ_SLOT)
+        acc[0] += dw
+        acc[4] += 1
+        rec.child_wall += dw
+        return out
+
+    open.__wrapped__ = original  # type: ignore[attr-defined]
+    return open
+
+
+# -- transforms ------------------------------------------------------------------------
+class TimedTransform:
+    """One transform of a Compose, timed as its own stage; pickles as the transform
+    itself (a spawned worker gets the user's object, and wraps it again there)."""
+
+    def __init__(self, inner: Any, order: int) -> None:
+        self.inner = inner
+        self._name = short(repr(inner))
+        self._order = order
+        self._random = random_by_name(inner)
+        self._call = _timed("transform", self._name, inner, order, self._random)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        rec = _state.current
+        if args and rec is not None and rec.thread == _ident():
+            acc = rec.slot("transform", self._name, self._order, self._random)
+            if not acc[3]:  # its input's size, once: what a cache up to here would hold per sample
+                acc[3] = _nbytes(args[0])
+        return self._call(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (unpickling): never recurse
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __repr__(self) -> str:
+        return repr(self.inner)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_same, (self.inner,))
+
+
+def _same(obj: Any) -> Any:
+    return obj
+
+
+def _nbytes(x: Any) -> int:
+    """Bytes of an array, tensor or PIL image (1 byte a band), else 0 (unknown)."""
+    n = getattr(x, "nbytes", None)
+    if isinstance(n, int):
+        return n
+    if hasattr(x, "element_size") and hasattr(x, "nelement"):
+        return int(x.element_size() * x.nelement())
+    size, bands = getattr(x, "size", None), getattr(x, "getbands", None)
+    if isinstance(size, tuple) and len(size) == 2 and callable(bands):
+        return int(size[0] * size[1] * len(bands()))
+    return 0
+
+
+def compose_like(obj: Any) -> bool:
+    """An object that applies a list of callables in turn: ``obj.transforms``."""
+    ts = getattr(obj, "transforms", None) if not isinstance(obj, type) else None
+    return callable(obj) and isinstance(ts, (list, tuple)) and bool(ts) and all(callable(t) for t in ts)
+
+
+def _composes(dataset: Any) -> list[Any]:
+    """The Compose-like objects a dataset holds: its attributes, and those of the
+    datasets it wraps (``Subset.dataset``, ``ConcatDataset.datasets``), two levels."""
+    found: list[Any] = []
+    seen: set[int] = set()
+    todo = [(dataset, 0)]
+    while todo:
+        obj, level = todo.pop()
+        for value in list(getattr(obj, "__dict__", {}).values()):
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            if compose_like(value):
+                found.append(value)
+            elif level < 2 and hasattr(value, "__getitem__") and hasattr(value, "__dict__") and not isinstance(value, type):
+                todo.append((value, level + 1))
+            elif level < 2 and isinstance(value, (list, tuple)) and len(value) <= 16:
+                todo.extend((v, level + 1) for v in value if hasattr(v, "__dict__") and not isinstance(v, type))
+    return found
+
+
+def wrap_transforms(dataset: Any) -> int:
+    """Wrap each transform of the dataset's Composes in place; how many were wrapped.
+    The Compose keeps its identity (a ``StandardTransform`` holding it sees the wraps)."""
+    wrapped = 0
+    order = 0
+    for compose in _composes(dataset):
+        ts = compose.transforms
+        if any(isinstance(t, TimedTransform) for t in ts):
+            continue
+        before = ts if isinstance(ts, tuple) else list(ts)
+        new = [TimedTransform(t, order + i) for i, t in enumerate(ts)]
+        order += len(new)
+        try:
+            if isinstance(ts, list):
+                ts[:] = new
+            else:
+                compose.transforms = tuple(new)
+        except (AttributeError, TypeError) as exc:  # a read-only attribute: its time stays the user's
+            _state.limitations.append(f"the transforms of {type(compose).__name__} could not be timed apart ({exc})")
+            continue
+        _state.wrapped.append((compose, before))
+        wrapped += len(new)
+    return wrapped
+
+
+def unwrap_transforms() -> None:
+    """Put back the transforms this process wrapped (the training process's, at the end)."""
+    for compose, before in reversed(_state.wrapped):
+        try:
+            if isinstance(before, tuple):
+                compose.transforms = before
+            else:
+                compose.transforms[:] = before
+        except (AttributeError, TypeError):
+            pass
+    _state.wrapped.clear()
+
+
+# -- the user's own code: a stack sampler ----------------------------------------------
+def _not_user_paths() -> tuple[str, ...]:
+    paths = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}  # loadprof itself
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        p = sysconfig.get_paths().get(key)
+        if p:
+            paths.add(os.path.abspath(p))
+    return tuple(sorted(paths))
+
+
+class _SiteSampler:
+    """Reads the fetching thread's stack every ``SAMPLE_INTERVAL`` while it runs the
+    user's own code (depth 1: in the fetch, in no hooked stage), and counts the
+    innermost function of the user's.
+
+    NOTE [ Sampling the user's code ]
+    A thread reads another's stack only while it holds the GIL, and it gets the GIL
+    when the fetching thread lets go of it: at a blocking call, or when asked to
+    after the switch interval (5 ms by default). Pure-Python work shorter than that
+    would be seen only where it next releases the GIL, never inside it, so each
+    batch's fetch runs with the switch interval lowered to ``SWITCH_INTERVAL`` and
+    put back after. Only threads that want the GIL during a fetch notice (the
+    sampler, every ``SAMPLE_INTERVAL``); in a worker that is all there is. Waiting
+    up to the interval still lets a sample slip to the next place the fetching thread
+    releases the GIL by itself (a torch op in ``__getitem__``), so the interval is
+    short: at 1 ms, a 4 ms function lost a fifth of its samples to its caller. The
+    samples split the user's time, which itself is exact (the fetch's time less
+    the hooked stages in it): a function's share is its samples over the user's.
+    """
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._skip = _not_user_paths()
+        self._user: dict[str, bool] = {}
+        self._thread = threading.Thread(target=self._loop, name="loadprof-stage-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(SAMPLE_INTERVAL):
+            rec = _state.current
+            if rec is None or rec.depth != 1:
+                continue
+            frame = sys._current_frames().get(rec.thread)
+            site = self._site(frame)
+            if rec is _state.current and rec.depth == 1:
+                rec.user_samples += 1
+                if site is not None:
+                    rec.sites[site] = rec.sites.get(site, 0) + 1
+
+    def _site(self, frame: Any) -> str | None:
+        while frame is not None:
+            code = frame.f_code
+            path = code.co_filename
+            user = self._user.get(path)
+            if user is None:
+                full = os.path.abspath(path)
+                user = self._user[path] = not path.startswith("<") and not full.startswith(self._skip)
+            if user:
+                return f"{short(getattr(code, 'co_qualname', code.co_name))} ({os.path.basename(path)}:{code.co_firstlineno})"
+            if path == __file__:
+                return None  # reached the fetch wrapper: no function of the user's below it
+            frame = frame.f_back
+        return None
+
+
+# -- the fetch -------------------------------------------------------------------------
+def _wrap_fetch(rest: str) -> Callable[[Any], Any]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def fetch(fetcher: Any, index: Any) -> Any:
+            rec = fetcher.__dict__.get("_loadprof_stages") or _state.worker
+            if rec is None or _state.current is not None:
+                return original(fetcher, index)
+            if "_loadprof_collate" not in fetcher.__dict__:
+                fetcher._loadprof_collate = True
+                collate = fetcher.collate_fn
+                name = short(getattr(collate, "__qualname__", None) or type(collate).__name__)
+                fetcher.collate_fn = _timed("collate", name, collate)
+                wrap_transforms(fetcher.dataset)
+            rec.thread = _ident()
+            rec.depth = 1
+            rec.child_wall = rec.child_cpu = 0.0
+            _state.current = rec
+            switch = _getswitch()
+            if switch > SWITCH_INTERVAL:
+                _setswitch(SWITCH_INTERVAL)  # NOTE [ Sampling the user's code ]
+            c0 = _cpu()
+            t0 = _perf()
+            done = False
+            try:
+                out = original(fetcher, index)
+                done = True
+                return out
+            finally:
+                dw = _perf() - t0
+                dc = _cpu() - c0
+                _state.current = None
+                rec.depth = 0
+                if switch > SWITCH_INTERVAL:
+                    _setswitch(switch)
+                acc = rec.slot("user", rest)
+                acc[0] += dw - rec.child_wall
+                acc[1] += dc - rec.child_cpu
+                acc[2] += 1
+                rec.fetch_wall += dw
+                rec.fetch_cpu += dc
+                if done:
+                    rec.batches += 1
+                    if rec.batches <= 3 or not rec.batches % 64:
+                        hook_modules()
+                    after = _after_fetch
+                    if after is not None:
+                        after(rec)
+        return fetch
+    return make
+
+
+#: Called after each batch a worker made (stagepipe sends its figures from there).
+_after_fetch: Callable[[StageRecorder], None] | None = None
+
+
+def install() -> None:
+    """Install the stage hooks in this process (once)."""
+    if _state.patches is not None:
+        # here already, or inherited by a forked worker: the wrappers work in any
+        # process (they record into this process's ``_state``), so none goes on twice
+        _state.pid = os.getpid()
+        return
+    from torch.utils.data._utils import fetch as _fetch
+
+    _state.patches = patches = Patches("stage hooks")
+    _state.pid = os.getpid()
+    wrap = patches.wrap
+    wrap(_fetch._MapDatasetFetcher, "fetch", _wrap_fetch("rest of __getitem__"))
+    wrap(_fetch._IterableDatasetFetcher, "fetch", _wrap_fetch("rest of __iter__"))
+    wrap(builtins, "open", _wrap_open)
+    wrap(io, "open", lambda f: builtins.open)
+    hook_modules()
+
+
+def hook_modules() -> None:
+    """Hook the decoders and readers imported since the last call (a dataset may import
+    PIL in its first ``__getitem__``, in a spawned worker after its init)."""
+    patches = _state.patches
+    if patches is None:
+        return
+    wrap = patches.wrap
+    done = _state.hooked
+    np = sys.modules.get("numpy") if "numpy" not in done else None
+    if np is not None:
+        done.add("numpy")
+        wrap(np, "load", lambda f: _timed("read", "np.load", f))
+        wrap(np, "frombuffer", lambda f: _timed("decode", "np.frombuffer", f))
+    image = sys.modules.get("PIL.Image") if "PIL" not in done else None
+    if image is not None:
+        done.add("PIL")
+        from PIL import ImageFile
+
+        wrap(image, "open", lambda f: _timed("decode", "PIL Image.open (header)", f))
+        wrap(ImageFile.ImageFile, "load",
+             lambda f: _timed("decode", "", f, named=lambda im: f"PIL {getattr(im, 'format', None) or 'image'} decode"))
+        wrap(image.Image, "convert", lambda f: _timed("decode", "PIL Image.convert", f))
+    h5 = sys.modules.get("h5py") if "h5py" not in done else None
+    if h5 is not None:
+        done.add("h5py")
+        wrap(h5.Dataset, "__getitem__", lambda f: _timed("read", "h5py dataset read", f))
+    tvio = sys.modules.get("torchvision.io") if "torchvision" not in done else None
+    if tvio is not None:
+        done.add("torchvision")
+        for name in ("decode_jpeg", "decode_png", "decode_image", "decode_webp", "read_image"):
+            wrap(tvio, name, _decoder(f"torchvision.io.{name}"))
+    cv2 = sys.modules.get("cv2") if "cv2" not in done else None
+    if cv2 is not None:
+        done.add("cv2")
+        for name in ("imread", "imdecode"):
+            wrap(cv2, name, _decoder(f"cv2.{name}"))
+
+
+def _decoder(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return lambda f: _timed("decode", name, f)
+
+
+def start_sampler() -> None:
+    if _state.sampler is None:
+        _state.sampler = _SiteSampler()
+
+
+def uninstall() -> list[str]:
+    """Undo this process's stage hooks and transform wraps; what had to stay."""
+    if _state.sampler is not None:
+        _state.sampler.stop()
+        _state.sampler = None
+    unwrap_transforms()
+    problems = _state.patches.restore() if _state.patches is not None else []
+    _state.patches = None
+    _state.hooked.clear()
+    _state.current = None
+    return problems
