@@ -44,7 +44,8 @@ from .options import (
     positive_int,
     target_from,
 )
-from .trial import TrialResult, TrialSpec, run_trial
+from .signals import Terminated
+from .trial import TrialResult, TrialSpec, run_trial, stopping
 
 DEFAULT_VARIANTS = ("baseline", "cache", "amp", "accum")
 
@@ -442,10 +443,19 @@ class CompareCommand:
                 check_writable(getattr(args, opt), f"--{opt}")
         if args.png and importlib.util.find_spec("matplotlib") is None:
             # Said before the runs, not after them.
-            raise UsageError("--png needs matplotlib: pip install 'loadprof[plot]' (or matplotlib)")
+            raise UsageError("--png needs matplotlib: pip install matplotlib")
         progress = None if args.quiet else (lambda line: print(f"loadprof compare: {line}", file=sys.stderr, flush=True))
-        cmp = compare(target.script, target.module, target.args, variants, repeat=args.repeat,
-                      timeout=args.timeout, gpu=not args.no_gpu, progress=progress)
+        try:
+            with stopping():
+                cmp = compare(target.script, target.module, target.args, variants, repeat=args.repeat,
+                              timeout=args.timeout, gpu=not args.no_gpu, progress=progress)
+        except KeyboardInterrupt:  # the running trial was stopped and its folder removed (trial.py)
+            print("loadprof: compare: interrupted; the run that was going is stopped and removed", file=sys.stderr)
+            return 130
+        except Terminated:
+            print("loadprof: compare: stopped by SIGTERM; the run that was going is stopped and removed",
+                  file=sys.stderr)
+            return 143
         render(cmp)
         code = 0 if all(cmp.status(r) == "ok" for r in cmp.results) else 1
         if args.json:

@@ -1,5 +1,5 @@
-"""Ctrl-C and SIGTERM during `loadprof tune`: one line, exit 130 / 143, no trial left behind
-(its process group stopped, its temporary folder removed)."""
+"""Ctrl-C and SIGTERM during `loadprof tune` and `loadprof compare`: one line, exit 130 / 143,
+no trial left behind (its process group stopped, its temporary folder removed)."""
 
 from __future__ import annotations
 
@@ -52,15 +52,25 @@ def _alive(pid: int) -> bool:
     return True
 
 
+COMMANDS = {
+    "tune": (["tune", "--steps", "400", "--warmup", "1", "--budget", "300", "--no-gpu"],
+             "the trial that was running is stopped and removed"),
+    "compare": (["compare", "--variants", "baseline,cache", "--timeout", "300", "--no-gpu"],
+                "the run that was going is stopped and removed"),
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
 @pytest.mark.parametrize("sig, code, says", [(signal.SIGINT, 130, "interrupted"),
                                              (signal.SIGTERM, 143, "stopped by SIGTERM")])
-def test_a_signal_during_a_trial_ends_tune_with_one_line_and_no_trial_left(tmp_path: Path, sig: int, code: int,
-                                                                           says: str) -> None:
+def test_a_signal_during_a_trial_ends_with_one_line_and_no_trial_left(tmp_path: Path, sig: int, code: int,
+                                                                      says: str, command: str) -> None:
+    argv, left = COMMANDS[command]
     script, marker, tmp = tmp_path / "slow.py", tmp_path / "trial.pid", tmp_path / "tmp"
     script.write_text(SLOW)
     tmp.mkdir()
     proc = subprocess.Popen(
-        [LOADPROF, "tune", "--steps", "400", "--warmup", "1", "--budget", "300", "--no-gpu", str(script), str(marker)],
+        [LOADPROF, *argv, str(script), str(marker)],
         cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, start_new_session=True,
         # Python leaves SIGINT ignored when it starts ignored (a background job): Ctrl-C as at a terminal
@@ -81,7 +91,7 @@ def test_a_signal_during_a_trial_ends_tune_with_one_line_and_no_trial_left(tmp_p
             proc.communicate()
     assert proc.returncode == code, err
     assert "Traceback" not in err, err
-    assert err.splitlines()[-1] == (f"loadprof: tune: {says}; the trial that was running is stopped and removed")
+    assert err.splitlines()[-1] == f"loadprof: {command}: {says}; {left}"
     assert list(tmp.glob("loadprof-trial-*")) == []
     for _ in range(50):  # the trial's group got SIGTERM, then SIGKILL after half a second
         if not _alive(child):

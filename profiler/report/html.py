@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 #: series to tens of KB and are finer than a 1,000-pixel-wide chart can show.
 BUCKETS = 500
 
-PLOT_HINT = "Charts need matplotlib: pip install 'loadprof[plot]'"
+PLOT_HINT = "Charts need matplotlib: pip install matplotlib"
 
 _VERDICT_COLOURS = {  # as the terminal's (console.py)
     "data-starved": "#c62828", "memory-bound": "#8e24aa", "host-bound": "#a67c00",
