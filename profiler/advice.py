@@ -27,10 +27,19 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .cpufeatures import has_bf16
-from .diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Metrics, Thresholds, is_tf, steady_wait
-from .loaderhost import cores_per_rank, restart_cost, shm_fit
+from .diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Metrics, Thresholds, is_tf
 from .oom import OutOfMemory, classify
 from .records import GpuInfo, LoaderInfo, Run
+from .stagemodel import (
+    Loading,
+    Pipeline,
+    StageRow,
+    deterministic_prefix,
+    estimate,
+    loading,
+    pipeline,
+    prefix_output_bytes,
+)
 
 IDS = (
     "num_workers", "pin_memory", "persistent_workers", "prefetch", "cache",
@@ -42,8 +51,8 @@ IDS = (
     "contention", "loader_memory",
     # the model's intra-op threads against the cores the loader and other processes use
     "threads",
-    # /dev/shm too small for the batches in flight (loaderhost.py)
-    "shared_memory",
+    # from the loader's stages (stagemodel.py)
+    "gpu_transforms", "gpu_decode", "batched_getitems",
 )
 
 
@@ -159,13 +168,11 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
     if input_matters and loader is not None and not tf:
         tree = (m.tree_cpu_cores or 0.0) / cores
         saturated = workers > 0 and tree >= th.cpu_saturated
-        # Leave one core to the training process itself (Lightning's max(1, cpus - 1)); the
-        # ranks on a node (torchrun's LOCAL_WORLD_SIZE) share its cores: each has its part.
-        per_rank = cores_per_rank(run.environment)
-        cap = max(1, per_rank - 1)
+        # Leave one core to the training process itself (Lightning's max(1, cpus - 1)).
+        cap = max(1, cores - 1)
         if cause == "io-latency":
             # Waiting on I/O does not use a core: more workers than cores can hide latency.
-            cap = max(cap, 2 * per_rank)
+            cap = max(cap, 2 * cores)
         need = workers_needed(m, loader)
         # On a contended host more workers still win a larger share of the cores (the
         # scheduler is fair per thread), so the advice stands; only its estimate goes.
@@ -222,7 +229,13 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
                 {"pin_memory": True},
             ))
         if workers > 0 and not loader.persistent_workers and (loader.iterations or 0) > 1:
-            out.append(_persistent_advice(run, m, loader))
+            out.append(Recommendation(
+                "persistent_workers", "Keep workers alive between epochs",
+                f"The loader was iterated {loader.iterations} times with {workers} workers; each epoch "
+                "starts its worker processes again.",
+                f"DataLoader(..., num_workers={workers}, persistent_workers=True)",
+                {"persistent_workers": True},
+            ))
         if workers > 0 and starved and cause in ("io-latency", "too-few-workers") and (loader.prefetch_factor or 2) <= 2:
             out.append(Recommendation(
                 "prefetch", "Prefetch more batches per worker",
@@ -236,9 +249,6 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
             out.append(_convert_advice(loader))
     elif input_matters and tf and loader is not None:
         out.extend(_tf_input_advice(run, m, loader, starved, diagnosis))
-    if not input_matters and not tf and restart_cost(loader, steady_wait(m), _steps_seconds(run)):
-        assert loader is not None
-        out.append(_persistent_advice(run, m, loader))  # measured: epoch starts cost more than 1%
     elif starved and loader is None and cause in ("io-latency", "cpu-bound-preprocessing"):
         fw = run.environment.frameworks
         out.append(_loop_prefetch_advice(m, cause, tf="tensorflow" in fw and "torch" not in fw))
@@ -270,54 +280,8 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
             out.insert(0 if diagnosis.verdict == "compute-bound" else len(out), threads)
     if cause == "host-contended" or any(wid == "host-contended" for wid, _ in diagnosis.warnings):
         out.insert(0, _contention_advice(run, m, cause == "host-contended"))
-    if cause != "shared-memory" and any(wid == "shm-small" for wid, _ in diagnosis.warnings):
-        out.insert(0, _shm_advice(run, m))
+    out = _stage_advice(run, diagnosis, out)
     return out
-
-
-def _steps_seconds(run: Run) -> float:
-    return sum(s.duration for s in run.steps)
-
-
-def _persistent_advice(run: Run, m: Metrics, loader: LoaderInfo) -> Recommendation:
-    """Keep the workers between epochs, with what restarting them cost where it was
-    measured (NOTE [ Loader start-up and shards ] in instrument/loaderfacts.py)."""
-    workers = loader.num_workers or 0
-    detail = (f"The loader was iterated {loader.iterations} times with {workers} workers; each epoch "
-              "starts its worker processes again.")
-    steps = _steps_seconds(run)
-    cost = restart_cost(loader, steady_wait(m), steps)
-    values: dict[str, Any] = {"persistent_workers": True}
-    speedup = None
-    if cost is not None:
-        per_epoch, total = cost
-        detail += (f" Measured: each epoch after the first waited {per_epoch * 1000:.0f} ms more for its first "
-                   f"{max(1, loader.start_batches)} batch(es) than for steady ones, {total:.2f} s over the run "
-                   f"({total / steps:.0%} of the time in steps).")
-        values["seconds_per_epoch"] = round(per_epoch, 4)
-        speedup = round(steps / (steps - total), 2) if steps > total else None
-    return Recommendation(
-        "persistent_workers", "Keep workers alive between epochs", detail,
-        f"DataLoader(..., num_workers={workers}, persistent_workers=True)", values, speedup,
-        "estimate: the measured restart waits taken out of the steps" if speedup else "",
-    )
-
-
-def _shm_advice(run: Run, m: Metrics) -> Recommendation:
-    """/dev/shm too small for the batches the workers hand over (loaderhost.py)."""
-    fit = shm_fit(run.environment, m.loader)
-    size = fit.suggested if fit is not None else 8
-    why = (f"{fit.line()}. " if fit is not None else "A loader worker ran out of /dev/shm. ")
-    return Recommendation(
-        "shared_memory", "Give the loader workers room in /dev/shm",
-        why + "Each batch a worker makes goes to the training process through a file in /dev/shm; "
-        "a container's default is 64 MB. Enlarge it, or share batches through files in the temporary "
-        "directory instead.",
-        f"# docker run --shm-size={size}g ...   (or --ipc=host; Kubernetes: an emptyDir with medium: Memory)\n"
-        "# or, at the top of the script:\nimport torch.multiprocessing\n"
-        "torch.multiprocessing.set_sharing_strategy('file_system')",
-        {"shm_size_gib": size, "in_flight_bytes": fit.in_flight if fit else None},
-    )
 
 
 def _contention_advice(run: Run, m: Metrics, cause: bool) -> Recommendation:
@@ -654,8 +618,6 @@ def micro_batch(batch: int | None, requested: int | None, free: int | None,
 
 
 def _memory_advice(run: Run, m: Metrics, tf: bool, cause: str | None) -> list[Recommendation]:
-    if cause == "shared-memory":
-        return [_shm_advice(run, m)]
     out = []
     oom = next((o for o in (classify(line) for line in run.oom_errors) if o is not None), None)
     loader = m.loader
@@ -881,3 +843,154 @@ def _threads_advice(run: Run, m: Metrics, planned_workers: int | None) -> Recomm
         basis=f"no estimate: compare the median step of `OMP_NUM_THREADS={target} loadprof diagnose ...` "
               "with today's",
     )
+
+
+# -- advice from the loader's stages (stagemodel.py) -------------------------------------
+#: A stage, or a group of them, dominates the loading from this share of its time on.
+STAGE_DOMINATES = 0.4
+#: Reads slower than this per file wait on storage (page-cache reads take microseconds).
+READ_LATENCY_S = 0.001
+
+
+def _stage_advice(run: Run, diagnosis: Diagnosis, out: list[Recommendation]) -> list[Recommendation]:
+    """The stage rules, for a torch loader whose stages were timed and whose input matters;
+    a rule's advice replaces a general one of the same id (it says more)."""
+    m = diagnosis.metrics
+    loader = m.loader
+    load = loading(run, loader)
+    if load is None or loader is None or _is_tf(loader) or not (diagnosis.verdict == "data-starved"
+                                                                 or diagnosis.moderate_input):
+        return out
+    cores = max(1.0, m.usable_cores - (m.others_cpu_cores or 0.0) - 1.0)
+    model = pipeline(load, loader.num_workers or 0, cores, m.compute_per_step)
+    for rule in (_stage_prefix_advice, _stage_gpu_transforms_advice, _stage_gpu_decode_advice,
+                 _stage_read_advice, _stage_python_advice):
+        rec = rule(run, m, loader, load, model)
+        if rec is not None:
+            out = [r for r in out if r.id != rec.id] + [rec]
+    return out
+
+
+def _stage_estimate(model: Pipeline, m: Metrics, rows: list[StageRow], load: Loading) -> tuple[float | None, str]:
+    """(speed-up, basis) of taking ``rows`` out of each sample's making, from the model."""
+    per = 1000.0 * load.batch_size
+    changed = model.without(sum(r.ms_per_batch for r in rows) / per,
+                            sum(r.cpu_ms_per_batch or 0.0 for r in rows) / per)
+    speedup = estimate(model, changed, m.step_time_mean)
+    if speedup is None:
+        return None, "no estimate: the stage model does not reproduce the measured step; " + MEASURE.split(": ", 1)[1]
+    return round(speedup, 2), "estimate: the stage model (stagemodel.py) without these stages"
+
+
+def _stage_prefix_advice(run: Run, m: Metrics, loader: LoaderInfo, load: Loading,
+                         model: Pipeline) -> Recommendation | None:
+    """Deterministic prefix (reads, decodes, transforms before the first random one)
+    dominates: do it once, keep the random transforms online."""
+    rows = deterministic_prefix(load)
+    share = sum(r.share for r in rows)
+    if share < STAGE_DOMINATES or loader.items_repeat is False and not any(r.kind == "transform" for r in rows):
+        return None
+    item = prefix_output_bytes(load) or loader.sample_nbytes
+    size = item * loader.dataset_length if item and loader.dataset_length else None
+    avail = min((h.memory_available for h in run.host_samples), default=0)
+    fits = size is not None and avail > 0 and size <= 0.25 * avail
+    speedup, basis = _stage_estimate(model, m, rows, load)
+    names = ", ".join(r.name for r in sorted(rows, key=lambda r: -r.share)[:4])
+    why = (f"The steps before the first random transform ({names}) take {share:.0%} of loading and give the "
+           "same result every epoch. ")
+    if fits and size is not None:
+        return Recommendation(
+            "cache", "Cache the deterministic steps in memory; keep the random ones online",
+            why + f"Their output is about {_size(size)} ({loader.dataset_length} items of {_size(item or 0)}, "
+            "measured on real items): it fits in memory.",
+            "# in the dataset: the deterministic prefix once per item, the random transforms every time\n"
+            "self.cache = {}\n"
+            "def __getitem__(self, i):\n"
+            "    if i not in self.cache:\n"
+            "        self.cache[i] = deterministic(read_and_decode(i))\n"
+            "    return random_transforms(self.cache[i])",
+            {"dataset_bytes": size, "prefix_share": round(share, 3)}, speedup, basis)
+    return Recommendation(
+        "offline_preprocessing", "Store the output of the deterministic steps; keep the random ones online",
+        why + ("Their output would not fit in memory: store it once with `loadprof convert`."
+               if size is not None else "Store it once with `loadprof convert`."),
+        _offline_snippet(loader), {"prefix_share": round(share, 3)}, speedup, basis)
+
+
+def _stage_gpu_transforms_advice(run: Run, m: Metrics, loader: LoaderInfo, load: Loading,
+                                 model: Pipeline) -> Recommendation | None:
+    rows = [r for r in load.rows if r.kind == "transform" and r.random]
+    share = sum(r.share for r in rows)
+    if share < STAGE_DOMINATES or not run.environment.cuda_in_use:
+        return None
+    speedup, basis = _stage_estimate(model, m, rows, load)
+    return Recommendation(
+        "gpu_transforms", "Run the random transforms on the GPU, on whole batches",
+        f"Random transforms ({', '.join(r.name for r in rows[:3])}) take {share:.0%} of loading, per sample "
+        "on the CPU. On the GPU after the copy they run on the whole batch at once; the estimate leaves "
+        "their GPU time out.",
+        "import torchvision.transforms.v2 as T\n"
+        "gpu_augment = T.Compose([...])  # the random transforms, moved out of the dataset\n"
+        "x = gpu_augment(x.to('cuda', non_blocking=True))",
+        {"share": round(share, 3)}, speedup, basis if speedup is None else basis + ", their GPU time not counted")
+
+
+def _stage_gpu_decode_advice(run: Run, m: Metrics, loader: LoaderInfo, load: Loading,
+                             model: Pipeline) -> Recommendation | None:
+    rows = [r for r in load.rows if r.kind == "decode" and ("JPEG" in r.name or "jpeg" in r.name)]
+    share = sum(r.share for r in rows)
+    if share < STAGE_DOMINATES:
+        return None
+    speedup, basis = _stage_estimate(model, m, rows, load)
+    gpu = run.environment.cuda_in_use
+    return Recommendation(
+        "gpu_decode", "Decode JPEGs on the GPU" if gpu else "Store the images decoded",
+        f"JPEG decoding takes {share:.0%} of loading. "
+        + ("nvJPEG decodes whole batches on the GPU; or store the images decoded once."
+           if gpu else "With no GPU in use, store them decoded once (`loadprof convert`)."),
+        ("from torchvision.io import decode_jpeg, read_file\n"
+         "images = decode_jpeg([read_file(p) for p in paths], device='cuda')  # in the loop, per batch"
+         if gpu else _offline_snippet(loader)),
+        {"share": round(share, 3)}, speedup, basis)
+
+
+def _stage_read_advice(run: Run, m: Metrics, loader: LoaderInfo, load: Loading,
+                       model: Pipeline) -> Recommendation | None:
+    rows = [r for r in load.rows if r.kind == "read"]
+    share = sum(r.share for r in rows)
+    files = sum(r.files for r in rows)
+    per_file = sum(r.ms_per_batch for r in rows) * load.batches / 1000 / files if files else 0.0
+    if share < STAGE_DOMINATES or per_file < READ_LATENCY_S:
+        return None
+    workers = loader.num_workers or 0
+    target = max(workers * 2, 2 * m.usable_cores)
+    more = Pipeline(model.sample_s, model.sample_cpu_s, model.batch, target, model.cores, model.compute_s,
+                    model.main_s)
+    speedup = estimate(model, more, m.step_time_mean)
+    return Recommendation(
+        "convert_format", "Reads wait on storage: read in more workers, or pack the files",
+        f"File reads take {share:.0%} of loading at {per_file * 1000:.1f} ms a file: the time is storage "
+        f"latency, not CPU. Waiting takes no core: {target} workers overlap {target} reads; packing the "
+        "files into one (HDF5, TFRecord) reads them in long runs.",
+        f"DataLoader(..., num_workers={target})  # or: loadprof convert <your data folder> data.h5 --to hdf5",
+        {"num_workers": target, "ms_per_file": round(per_file * 1000, 2)},
+        round(speedup, 2) if speedup else None,
+        f"estimate: the stage model with {target} workers" if speedup else MEASURE)
+
+
+def _stage_python_advice(run: Run, m: Metrics, loader: LoaderInfo, load: Loading,
+                         model: Pipeline) -> Recommendation | None:
+    rows = [r for r in load.rows if r.kind in ("collate", "user")]
+    share = sum(r.share for r in rows)
+    if share < STAGE_DOMINATES:
+        return None
+    top = max(rows, key=lambda r: r.share)
+    return Recommendation(
+        "batched_getitems", "Make batches with array operations, not per-sample Python",
+        f"Per-sample Python and collation ({top.name} first) take {share:.0%} of loading. A dataset "
+        "`__getitems__(indices)` (PyTorch 2.1+) and a collate that stacks arrays do a batch's work at once.",
+        "class MyDataset(Dataset):\n"
+        "    def __getitems__(self, indices):  # the DataLoader calls it with a batch's indices\n"
+        "        return self.data[indices]  # one vectorised read instead of len(indices) calls\n"
+        "DataLoader(ds, batch_size=B, collate_fn=lambda batch: batch)",
+        {"share": round(share, 3), "top": top.name}, None, MEASURE)

@@ -1,0 +1,90 @@
+"""The stage rules of the advice on hand-built runs: each stage group made the
+dominant one gets its own advice, with an estimate from the stage model where it
+reproduces the measured step, and none where it does not."""
+
+from __future__ import annotations
+
+from loadprof.advice import recommend
+from loadprof.diagnosis import diagnose
+from loadprof.records import HostSample, LoaderInfo, Run, StageTime, Step
+
+BATCH = 8
+BATCHES = 40
+
+
+def _run(stages: list[StageTime], wait: float, step: float = 0.1, cuda: bool = False, length: int = 320) -> Run:
+    """In-process loading: each step waits ``wait`` s for its batch, then computes."""
+    run = Run(data_wait_method="iterator-next")
+    run.environment.usable_cores = 4
+    run.environment.cuda_in_use = cuda
+    run.steps = [Step(i, i * step, (i + 1) * step, data_wait=wait, data_wait_cpu=wait) for i in range(BATCHES)]
+    run.host_samples = [HostSample(t=i * 0.5, memory_available=8 * 2**30, window=0.5) for i in range(8)]
+    run.loaders.append(LoaderInfo("torch", "DataLoader", batch_size=BATCH, num_workers=0, iterations=1,
+                                  dataset_length=length, sample_nbytes=4096, stages=stages,
+                                  stage_batches=BATCHES, stage_seconds=sum(s.seconds for s in stages)))
+    return run
+
+
+def _st(kind: str, name: str, ms: float, random: bool | None = None, order: int = 0, files: int = 0,
+        cpu: bool = True, nbytes: int = 0) -> StageTime:
+    s = ms * BATCHES / 1000
+    return StageTime(kind, name, s, s if cpu else None, BATCHES * BATCH, "main", random, order, nbytes, files)
+
+
+def _advice(run: Run) -> dict:
+    return {r.id: r for r in recommend(run, diagnose(run))}
+
+
+def test_a_dominant_deterministic_prefix_is_cached_with_an_estimate():
+    stages = [_st("read", "file reads", 5, cpu=False, files=BATCH * BATCHES), _st("decode", "PIL PNG decode", 50),
+              _st("transform", "Resize(64)", 10, False, 0, nbytes=300_000),
+              _st("transform", "RandomFlip()", 5, True, 1, nbytes=12_288), _st("collate", "default_collate", 2)]
+    run = _run(stages, wait=0.072)
+    advice = _advice(run)
+    cache = advice["cache"]
+    assert "Resize(64)" in cache.detail and "RandomFlip" not in cache.detail.split("(")[1].split(")")[0]
+    assert cache.values["dataset_bytes"] == 12_288 * 320  # the flip's input, measured, times the items
+    # step 0.1 s = 0.028 compute + 0.072 loading; without the prefix (65 ms) the step is 0.035 s
+    assert abs(cache.estimated_speedup - 0.1 / 0.035) < 0.05
+
+
+def test_no_estimate_where_the_model_misses_the_measured_step():
+    stages = [_st("decode", "PIL PNG decode", 50), _st("transform", "RandomFlip()", 5, True, 1, nbytes=100)]
+    run = _run(stages, wait=0.29, step=0.3)  # the loop waits 290 ms a batch; the stages account for 55
+    advice = _advice(run)
+    rec = advice["cache"]
+    assert rec.estimated_speedup is None and "loadprof tune" in rec.basis
+
+
+def test_random_transforms_on_a_gpu_run_go_to_the_gpu():
+    stages = [_st("decode", "PIL PNG decode", 5), _st("transform", "RandomResizedCrop(224)", 60, True, 0),
+              _st("transform", "ColorJitter()", 20, True, 1)]
+    assert "gpu_transforms" in _advice(_run(stages, wait=0.085, cuda=True))
+    assert "gpu_transforms" not in _advice(_run(stages, wait=0.085, cuda=False))
+
+
+def test_jpeg_decode_dominating_gets_gpu_decode():
+    stages = [_st("decode", "PIL JPEG decode", 60), _st("transform", "RandomFlip()", 5, True, 0)]
+    rec = _advice(_run(stages, wait=0.065, cuda=True))["gpu_decode"]
+    assert "nvJPEG" in rec.detail and rec.estimated_speedup is not None
+
+
+def test_slow_reads_get_more_workers_or_packed_files():
+    stages = [_st("read", "file reads", 60, cpu=False, files=BATCH * BATCHES),
+              _st("transform", "RandomFlip()", 5, True, 0)]
+    rec = _advice(_run(stages, wait=0.065))["convert_format"]
+    assert rec.values["ms_per_file"] == 7.5 and rec.values["num_workers"] == 8
+
+
+def test_fast_page_cache_reads_are_no_latency():
+    stages = [_st("read", "file reads", 60, cpu=False, files=BATCH * BATCHES * 100),
+              _st("transform", "RandomFlip()", 5, True, 0)]
+    rec = _advice(_run(stages, wait=0.065)).get("convert_format")
+    assert rec is None or "latency" not in rec.detail
+
+
+def test_per_sample_python_and_collate_get_batched_getitems():
+    stages = [_st("user", "slow_part (data.py:12)", 40), _st("collate", "my_collate", 20),
+              _st("transform", "RandomFlip()", 5, True, 0)]
+    rec = _advice(_run(stages, wait=0.065))["batched_getitems"]
+    assert "slow_part (data.py:12)" in rec.detail and rec.estimated_speedup is None
