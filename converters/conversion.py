@@ -39,7 +39,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-import h5py
 import numpy as np
 
 from . import hdf5, manifest, swap, tfrecord
@@ -214,21 +213,27 @@ _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
 def _not_our_hdf5(path: Path) -> str | None:
-    """Why ``path`` is not an HDF5 file loadprof wrote, or None if it is one."""
+    """Why ``path`` is not an HDF5 file loadprof wrote, or None if it is one.
+
+    libhdf5 reads the file in a child that is stopped if it hangs: OUT may be any
+    file (NOTE [ Parsing HDF5 in a child process ] in watchdog.py).
+    """
+    from . import watchdog
+
     try:
         with open(path, "rb") as fh:
             head = fh.read(len(_HDF5_SIGNATURE))
+            size = os.fstat(fh.fileno()).st_size
     except OSError as exc:
         return f"a file that cannot be read ({exc.strerror})"
     if head != _HDF5_SIGNATURE:
         return "not an HDF5 file"
     try:
-        with h5py.File(path, "r") as f:
-            found = f.attrs.get("loadprof_format")
-    except (OSError, RuntimeError, ValueError, TypeError, KeyError):
-        return "an HDF5 file h5py cannot open"
-    if isinstance(found, bytes):
-        found = found.decode("utf-8", "replace")
+        found = watchdog.run_watched(
+            hdf5.read_format, (str(path),), path=path, memory=watchdog.memory_budget(size)
+        )
+    except ConvertError as exc:
+        return f"an HDF5 file libhdf5 cannot read ({str(exc).removeprefix(f'{path}: ')})"
     if found != hdf5.FORMAT:
         return "an HDF5 file not written by loadprof (no loadprof_format attribute)"
     return None

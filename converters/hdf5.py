@@ -24,20 +24,21 @@ import array
 import contextlib
 import json
 import math
-import mmap
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import h5py
 import numpy as np
 
+from . import watchdog
 from .errors import ConvertError
 from .files import check_regular, open_regular
 from .schema import Field, Sample, SampleDigest, Schema
 
-__all__ = ["HDF5Writer", "HDF5Reader", "FORMAT", "FORMAT_VERSION", "chunk_rows", "check_file"]
+__all__ = ["HDF5Writer", "HDF5Reader", "FORMAT", "FORMAT_VERSION", "chunk_rows", "check_file", "read_format"]
 
 FORMAT = "loadprof-hdf5"
 FORMAT_VERSION = 1
@@ -264,6 +265,10 @@ _H5_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError)
 # No HDF5 filter in h5py's set expands data more than deflate, whose maximum is
 # 1032:1 (zlib technical details); a compressed dataset claiming more is not real.
 _MAX_EXPANSION = 1032
+# libhdf5 holds a whole chunk in memory to read any part of it (decompressed, for a
+# filtered one): a 1.5 GB chunk declared over 3 KB of data took 1.8 GB per reader.
+# Ours are at most 1 MiB (or one record); 64 MiB leaves room for other tools' files.
+_CHUNK_LIMIT = 64 << 20
 
 
 @contextlib.contextmanager
@@ -280,9 +285,10 @@ def _h5errors(path: str, what: str) -> Iterator[None]:
         raise ConvertError(f"{path}: {what}: {message or type(exc).__name__}") from None
 
 
-def _decoded_attr(path: str, attrs: Any, key: str) -> Any:
+def _decoded_attr(path: str, f: h5py.File, key: str) -> Any:
     """A root attribute: text as str, JSON text parsed; None when absent."""
     with _h5errors(path, f"cannot read attribute {key!r}"):
+        attrs = f.attrs  # opens the root group: a damaged one raises KeyError here
         if key not in attrs:
             return None
         value = attrs[key]
@@ -294,9 +300,9 @@ def _decoded_attr(path: str, attrs: Any, key: str) -> Any:
     return value
 
 
-def _json_attr(path: str, attrs: Any, key: str, kind: type, words: str) -> Any:
+def _json_attr(path: str, f: h5py.File, key: str, kind: type, words: str) -> Any:
     """A JSON attribute of ours, which must parse to ``kind``; None when absent."""
-    value = _decoded_attr(path, attrs, key)
+    value = _decoded_attr(path, f, key)
     if value is None:
         return None
     try:
@@ -308,8 +314,8 @@ def _json_attr(path: str, attrs: Any, key: str, kind: type, words: str) -> Any:
     return parsed
 
 
-def _count_attr(path: str, attrs: Any) -> int | None:
-    value = _decoded_attr(path, attrs, "num_records")
+def _count_attr(path: str, f: h5py.File) -> int | None:
+    value = _decoded_attr(path, f, "num_records")
     if value is None:
         return None
     if isinstance(value, np.ndarray) and value.shape in ((), (1,)):
@@ -338,12 +344,23 @@ def _check_stored(path: str, name: str, ds: h5py.Dataset, file_size: int) -> Non
         dcpl = ds.id.get_create_plist()
         layout, external, filters = dcpl.get_layout(), dcpl.get_external_count(), dcpl.get_nfilters()
         shape, itemsize = tuple(ds.shape or ()), ds.dtype.itemsize
+        chunks = tuple(ds.chunks) if layout == h5py.h5d.CHUNKED and ds.chunks else ()
     if layout not in (h5py.h5d.COMPACT, h5py.h5d.CONTIGUOUS, h5py.h5d.CHUNKED) or external:
         raise ConvertError(
             f"{path}: {name!r} keeps its data in other files (a virtual or external dataset), "
             "which loadprof does not read"
         )
     declared = math.prod(shape) * itemsize  # Python integers: no overflow
+    if chunks:
+        chunk = math.prod(chunks) * itemsize
+        record = math.prod(shape[1:]) * itemsize
+        allowed = min(max(declared, _CHUNK_MAX), max(_CHUNK_LIMIT, record))
+        if chunk > allowed:
+            raise ConvertError(
+                f"{path}: {name!r} is stored in chunks of {chunk} bytes ({list(chunks)} x {itemsize}) for "
+                f"{declared} bytes of data; loadprof reads chunks of at most {allowed} bytes (the data or "
+                "1 MiB, and 64 MiB unless one record is larger)"
+            )
     limit = file_size * (_MAX_EXPANSION if filters else 1)
     if declared > limit:
         how = f"{_MAX_EXPANSION}x the file's" if filters else "the file's"
@@ -415,7 +432,7 @@ def _check_offsets(path: str, name: str, offsets: np.ndarray, data_bytes: int) -
 
 def _layout(path: str, f: h5py.File, file_size: int) -> tuple[Schema, int]:
     """Schema and record count of an open file: ours from attributes, others inferred; all checked."""
-    raw = _decoded_attr(path, f.attrs, "schema")
+    raw = _decoded_attr(path, f, "schema")
     if raw is not None:
         if not isinstance(raw, str):
             raise ConvertError(f"{path}: attribute 'schema' is {type(raw).__name__}, expected JSON text")
@@ -423,7 +440,7 @@ def _layout(path: str, f: h5py.File, file_size: int) -> tuple[Schema, int]:
             schema = Schema.from_json(raw)
         except ValueError as exc:
             raise ConvertError(f"{path}: attribute 'schema': {exc}") from None
-        declared = _count_attr(path, f.attrs)
+        declared = _count_attr(path, f)
         counts = {field.name: _field_records(path, f, field, file_size) for field in schema.fields}
         n = declared if declared is not None else counts[schema.fields[0].name]
         for name, count in counts.items():
@@ -463,6 +480,22 @@ def _open(path: str) -> tuple[h5py.File, int]:
         raise ConvertError(f"{path}: cannot open as HDF5: {exc}") from exc
 
 
+def read_format(path: str, progress: Callable[[int], None]) -> str | None:
+    """The root attribute ``loadprof_format``, None when absent or not text.
+
+    For ``run_watched``: libhdf5 can hang on the file (NOTE [ Parsing HDF5 in a child process ]).
+    """
+    progress(0)
+    f, _ = _open(path)
+    with f:
+        value = _decoded_attr(path, f, "loadprof_format")
+    return value if isinstance(value, str) else None
+
+
+class _ShortRead(Exception):
+    """The file ends before an extent the checked layout put inside it."""
+
+
 class _Direct:
     """Where an uncompressed dataset's bytes lie in the file, for reads that bypass HDF5.
 
@@ -472,12 +505,13 @@ class _Direct:
     HDF5 reader could never be several times faster than an image folder. For a
     dataset with no filters, each chunk is the raw C-order bytes of its samples at
     a file address HDF5 reports (``H5Dget_chunk_info``; one address for a
-    contiguous dataset), so a sample is a slice of an ``mmap`` of the file. The
-    mapping also reads ahead around cold pages, as HDF5's 64 KiB chunk reads did.
+    contiguous dataset), so a sample is one ``pread`` of the file. Not a memory
+    map: a file truncated while mapped kills the process with SIGBUS at the next
+    touch of a lost page, where a short ``pread`` is an error naming the file.
     Used only when every chunk is allocated, unfiltered, the chunk spans whole
     samples, there is no user block, and every extent lies inside the file;
-    otherwise reads go through h5py. The mapping is made per process, like the
-    h5py handle (NOTE [ HDF5 handles and worker processes ]).
+    otherwise reads go through h5py. The descriptor is opened per process, like
+    the h5py handle (NOTE [ HDF5 handles and worker processes ]).
     """
 
     def __init__(self, unit: int, addrs: np.ndarray) -> None:
@@ -528,140 +562,235 @@ class _Direct:
             return None
         return cls(unit, addrs)
 
-    def read(self, mm: mmap.mmap, a: int, b: int) -> bytes:
-        """Bytes ``[a, b)`` of the dataset's flat data."""
+    def read(self, fd: int, a: int, b: int) -> bytes:
+        """Bytes ``[a, b)`` of the dataset's flat data; _ShortRead if the file ends first."""
         if self.base is not None:
-            return mm[self.base + a : self.base + b]
+            return _pread(fd, b - a, self.base + a)
         unit, addrs = self.unit, self.addrs
         k = a // unit
         if b <= (k + 1) * unit:
-            start = addrs[k] + a - k * unit
-            return mm[start : start + b - a]
+            return _pread(fd, b - a, addrs[k] + a - k * unit)
         parts = []
         while a < b:
             k = a // unit
             stop = min(b, (k + 1) * unit)
-            start = addrs[k] + a - k * unit
-            parts.append(mm[start : start + stop - a])
+            parts.append(_pread(fd, stop - a, addrs[k] + a - k * unit))
             a = stop
         return b"".join(parts)
+
+
+def _pread(fd: int, n: int, at: int) -> bytes:
+    data = os.pread(fd, n, at)
+    if len(data) != n:
+        raise _ShortRead(at + len(data))
+    return data
+
+
+def _walk_chunks(ds: h5py.Dataset) -> None:
+    """Have libhdf5 walk a chunked dataset's whole chunk index (in the watched child)."""
+    if ds.chunks is not None and hasattr(ds.id, "chunk_iter"):
+        ds.id.chunk_iter(lambda info: None)
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@dataclass
+class _Plan:
+    """What the watched check of a file found: all a process needs to read it.
+
+    ``fields`` holds, per field, how ``reader[i]`` reads it: ("memory", values),
+    ("bytes", _Direct, offsets), ("array", _Direct, (dtype, shape, bytes)), ("h5bytes", None,
+    offsets) or ("h5array", None, (dtype, shape, bytes) of a record): the "h5" ones through h5py.
+    """
+
+    schema: Schema
+    records: int
+    class_names: list[str] | None
+    provenance: dict[str, Any] | None
+    checksums: dict[str, str] | None
+    identity: tuple[int, int, int, int]
+    fields: list[tuple[str, str, Any, Any]]
+
+
+def _plan_reads(path: str, fields: Sequence[str] | None, progress: Callable[[int], None]) -> _Plan:
+    """Parse and check everything a reader of ``path`` relies on; run in a watched child.
+
+    See NOTE [ Reading HDF5 without trusting libhdf5 ].
+    """
+    progress(0)
+    before = _identity(check_regular(path, "an HDF5 file"))
+    f, size = _open(path)
+    with f:
+        schema, n = _layout(path, f, size)
+        class_names = _json_attr(path, f, "class_names", list, "a list of names")
+        if class_names is not None and not all(isinstance(c, str) for c in class_names):
+            raise ConvertError(f"{path}: attribute 'class_names' is not a list of strings")
+        provenance = _json_attr(path, f, "provenance", dict, "an object")
+        checksums = _json_attr(path, f, "checksums", dict, "an object")
+        if checksums is not None:
+            bad = [k for k, v in checksums.items() if k not in schema.names or not isinstance(v, str)]
+            if bad:
+                raise ConvertError(
+                    f"{path}: attribute 'checksums' has {bad[0]!r}, expected a checksum "
+                    f"(text) for each of the fields {list(schema.names)}"
+                )
+        if fields is not None:
+            unknown = [name for name in fields if name not in schema.names]
+            if unknown:
+                raise ConvertError(f"{path}: no field(s) {unknown}; fields are {list(schema.names)}")
+            schema = Schema(tuple(schema.field(name) for name in fields))
+        plan: list[tuple[str, str, Any, Any]] = []
+        for field in schema.fields:
+            progress(0)
+            with _h5errors(path, f"cannot read {field.name!r}"):
+                obj = f[field.name]
+                if field.kind == "bytes":
+                    data, offsets = obj["data"], _read_offsets(path, f, field.name)
+                    direct = _Direct.probe(f, data, size)
+                    if direct is None:
+                        _walk_chunks(data)
+                    plan.append((field.name, "h5bytes" if direct is None else "bytes", direct, offsets))
+                elif obj.size * obj.dtype.itemsize <= _CACHE_BYTES:
+                    plan.append((field.name, "memory", obj[()], None))
+                else:
+                    direct = _Direct.probe(f, obj, size)
+                    if direct is None:
+                        _walk_chunks(obj)
+                    item = obj.dtype.itemsize * int(np.prod(obj.shape[1:], dtype=np.int64))
+                    stored = (obj.dtype, tuple(obj.shape[1:]), item)  # the file's byte order
+                    plan.append((field.name, "h5array" if direct is None else "array", direct, stored))
+    if _identity(check_regular(path, "an HDF5 file")) != before:
+        raise ConvertError(f"{path}: changed while it was being checked")
+    return _Plan(schema, n, class_names, provenance, checksums, before, plan)
+
+
+def _read_offsets(path: str, f: h5py.File, name: str) -> np.ndarray:
+    """A bytes field's offsets, checked: NOTE [ Checking an HDF5 file before reading it ]."""
+    with _h5errors(path, f"cannot read {name}/offsets"):
+        offsets = np.asarray(f[name]["offsets"][()], dtype=np.int64)
+        data_bytes = int(f[name]["data"].shape[0])
+    _check_offsets(path, name, offsets, data_bytes)
+    return offsets
 
 
 class HDF5Reader:
     """Random and sequential access to samples of an HDF5 file.
 
+    NOTE [ Reading HDF5 without trusting libhdf5 ]
+    libhdf5 can loop for ever or crash on a corrupt file (NOTE [ Parsing HDF5 in a
+    child process ] in watchdog.py), and Python cannot stop it. So the constructor
+    does every metadata parse the reader relies on (layout, attributes, offsets,
+    each dataset's chunk index, the addresses of uncompressed data) in a watched
+    child, stopped after ``stall`` seconds without progress (``LOADPROF_HDF5_STALL``,
+    default 30 s), and keeps what it found (a ``_Plan``) with the file's identity
+    (device, inode, size, mtime). Reads then need no libhdf5 for uncompressed fields
+    (``pread`` at the addresses found) and small ones (kept in memory). Compressed
+    fields and ``iter_samples`` go through h5py in this process, only on a file
+    whose identity is still the one checked: libhdf5 then re-reads metadata it
+    already parsed to the end in the child, and reads chunks through the filters.
+    A file that changed since the check is refused.
+
     NOTE [ HDF5 handles and worker processes ]
     An h5py file handle must not cross fork or pickling (pytorch#11929, h5py#934;
-    "h5py objects cannot be pickled" under spawn). The constructor opens the file
-    only long enough to read the layout, then closes it; the handle used for
-    reads is opened on first access in each process (tracked by pid), and
-    ``__getstate__`` drops it, so the reader can be sent to DataLoader workers
+    "h5py objects cannot be pickled" under spawn). The descriptor and any h5py
+    handle are opened on first access in each process (tracked by pid), and
+    ``__getstate__`` drops them, so the reader can be sent to DataLoader workers
     under fork or spawn. A handle inherited through fork is kept, never used and
     never closed in the child, so the parent's stays intact.
-
-    ``reader[i]`` reads uncompressed fields from a memory map of the file (see
-    NOTE [ Direct reads of uncompressed HDF5 data ]); ``iter_samples``, which
-    ``--verify`` and ``inspect`` use, reads through h5py.
     """
 
-    def __init__(self, path: str | os.PathLike[str], fields: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], fields: Sequence[str] | None = None, *, stall: float | None = None
+    ) -> None:
         self.path = os.fspath(path)
-        f, size = _open(self.path)
-        with f:
-            schema, n = _layout(self.path, f, size)
-            class_names = _json_attr(self.path, f.attrs, "class_names", list, "a list of names")
-            if class_names is not None and not all(isinstance(c, str) for c in class_names):
-                raise ConvertError(f"{self.path}: attribute 'class_names' is not a list of strings")
-            self.class_names: list[str] | None = class_names
-            self.provenance: dict[str, Any] | None = _json_attr(self.path, f.attrs, "provenance", dict, "an object")
-            checksums = _json_attr(self.path, f.attrs, "checksums", dict, "an object")
-            if checksums is not None:
-                bad = [k for k, v in checksums.items() if k not in schema.names or not isinstance(v, str)]
-                if bad:
-                    raise ConvertError(
-                        f"{self.path}: attribute 'checksums' has {bad[0]!r}, expected a checksum "
-                        f"(text) for each of the fields {list(schema.names)}"
-                    )
-            self.checksums: dict[str, str] | None = checksums
-            if fields is not None:
-                unknown = [name for name in fields if name not in schema.names]
-                if unknown:
-                    raise ConvertError(f"{self.path}: no field(s) {unknown}; fields are {list(schema.names)}")
-                schema = Schema(tuple(schema.field(name) for name in fields))
-            for field in schema.fields:
-                if field.kind == "bytes":
-                    self._read_offsets(f, field.name)
-        self.schema = schema
-        self._n = n
+        self._fields = None if fields is None else tuple(fields)
+        self._stall = stall
+        size = check_regular(self.path, "an HDF5 file").st_size
+        plan: _Plan = watchdog.run_watched(
+            _plan_reads, (self.path, self._fields), path=self.path, stall=stall, memory=watchdog.memory_budget(size)
+        )
+        self._plan = plan
+        self.schema = plan.schema
+        self.class_names = plan.class_names
+        self.provenance = plan.provenance
+        self.checksums = plan.checksums
+        self._n = plan.records
         self._pid: int | None = None
+        self._fd: int | None = None
         self._file: h5py.File | None = None
-        self._readers: list[tuple[str, Any, Any]] = []  # for iter_samples, through h5py
         self._fast: list[tuple[str, str, Any, Any]] = []  # for [i]; see _ensure_open
-        self._mm: mmap.mmap | None = None
-        self.direct = False  # whether [i] reads any field past h5py (set on first access)
-
-    def _read_offsets(self, f: h5py.File, name: str) -> np.ndarray:
-        """A bytes field's offsets, checked: NOTE [ Checking an HDF5 file before reading it ]."""
-        with _h5errors(self.path, f"cannot read {name}/offsets"):
-            offsets = np.asarray(f[name]["offsets"][()], dtype=np.int64)
-            data_bytes = int(f[name]["data"].shape[0])
-        _check_offsets(self.path, name, offsets, data_bytes)
-        return offsets
+        # Whether [i] reads any field past h5py: NOTE [ Direct reads of uncompressed HDF5 data ].
+        self.direct = any(how in ("bytes", "array") for _, how, _, _ in plan.fields)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_file=None, _pid=None, _readers=[], _fast=[], _mm=None)
+        state.update(_file=None, _pid=None, _fd=None, _fast=[])
         return state
 
     def __len__(self) -> int:
         return self._n
 
+    def _check_again(self) -> None:
+        """The file changed since it was checked: check it again, keep reading if only bytes moved."""
+        plan: _Plan = watchdog.run_watched(
+            _plan_reads, (self.path, self._fields), path=self.path, stall=self._stall,
+            memory=watchdog.memory_budget(check_regular(self.path, "an HDF5 file").st_size),
+        )
+        if plan.records != self._n or plan.schema != self.schema:
+            raise ConvertError(f"{self.path}: changed since it was opened (layout or record count differs)")
+        self._plan = plan
+
     def _ensure_open(self) -> None:
-        if self._file is not None and self._pid == os.getpid():
+        if self._fd is not None and self._pid == os.getpid():
             return
         if self._file is not None:
             _INHERITED.append(self._file)  # see NOTE [ HDF5 handles and worker processes ]
-        f, size = _open(self.path)
+        if self._fd is not None:  # inherited through fork: this process's copy only
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        self._file, self._fd, self._pid, self._fast = None, None, None, []
+        with open_regular(self.path, "an HDF5 file") as raw:
+            fd = os.dup(raw.fileno())
         try:
-            # The file as this process sees it must still be the one checked at open:
-            # see NOTE [ Checking an HDF5 file before reading it ].
-            schema, n = _layout(self.path, f, size)
-            current = {fld.name: fld for fld in schema.fields}
-            if n != self._n or any(current.get(fld.name) != fld for fld in self.schema.fields):
-                raise ConvertError(f"{self.path}: changed since it was opened (layout or record count differs)")
-            readers: list[tuple[str, Any, Any]] = []
+            if _identity(os.fstat(fd)) != self._plan.identity:
+                self._check_again()
+            self._pid = os.getpid()
             fast: list[tuple[str, str, Any, Any]] = []
-            with open_regular(self.path, "an HDF5 file") as raw:
-                size = os.fstat(raw.fileno()).st_size
-                mm = mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ) if size else None
-            for field in self.schema.fields:
-                with _h5errors(self.path, f"cannot read {field.name!r}"):
-                    obj = f[field.name]
-                    if field.kind == "bytes":
-                        data, offsets = obj["data"], self._read_offsets(f, field.name)
-                        readers.append((field.name, data, offsets))
-                        direct = _Direct.probe(f, data, size) if mm is not None else None
-                        if direct is not None:
-                            fast.append((field.name, "bytes", direct, array.array("q", offsets.tobytes())))
-                        else:
-                            fast.append((field.name, "h5bytes", data, offsets))
-                    elif obj.size * obj.dtype.itemsize <= _CACHE_BYTES:
-                        cached = obj[()]
-                        readers.append((field.name, None, cached))
-                        fast.append((field.name, "memory", cached, None))
-                    else:
-                        readers.append((field.name, obj, None))
-                        direct = _Direct.probe(f, obj, size) if mm is not None else None
-                        if direct is not None:
-                            item = obj.dtype.itemsize * int(np.prod(obj.shape[1:], dtype=np.int64))
-                            fast.append((field.name, "array", direct, (obj.dtype, obj.shape[1:], item)))
-                        else:
-                            fast.append((field.name, "h5array", obj, None))
+            for name, how, src, extra in self._plan.fields:
+                if how == "bytes":
+                    fast.append((name, how, src, array.array("q", extra.tobytes())))
+                elif how == "array":
+                    fast.append((name, how, src, extra))
+                elif how == "h5bytes":
+                    fast.append((name, how, self._h5()[name]["data"], extra))
+                elif how == "h5array":
+                    fast.append((name, how, self._h5()[name], None))
+                else:
+                    fast.append((name, how, src, None))
         except BaseException:
-            f.close()
+            os.close(fd)
+            if self._file is not None:
+                self._file.close()
+            self._file, self._pid = None, None
             raise
-        self._file, self._pid, self._readers, self._fast, self._mm = f, os.getpid(), readers, fast, mm
-        self.direct = any(how in ("bytes", "array") for _, how, _, _ in fast)
+        self._fd, self._fast = fd, fast
+
+    def _h5(self) -> h5py.File:
+        """This process's h5py handle, on the file checked: NOTE [ Reading HDF5 without trusting libhdf5 ]."""
+        if self._file is None:
+            f, _ = _open(self.path)
+            try:
+                same = _identity(os.fstat(f.id.get_vfd_handle())) == self._plan.identity
+            except BaseException:
+                f.close()
+                raise
+            if not same:
+                f.close()
+                raise ConvertError(f"{self.path}: changed while it was being opened; open it again")
+            self._file = f
+        return self._file
 
     def __getitem__(self, index: int) -> Sample:
         i = int(index)
@@ -671,21 +800,27 @@ class HDF5Reader:
             raise IndexError(f"index {index} out of range for {self._n} records")
         self._ensure_open()
         out: Sample = {}
-        mm = self._mm
+        fd = self._fd
+        name = ""
         try:
             for name, how, src, extra in self._fast:
                 if how == "memory":
                     out[name] = np.array(src[i])
                 elif how == "bytes":  # see NOTE [ Direct reads of uncompressed HDF5 data ]
-                    out[name] = src.read(mm, extra[i], extra[i + 1])
+                    out[name] = src.read(fd, extra[i], extra[i + 1])
                 elif how == "array":
                     dtype, shape, n = extra
-                    item = np.frombuffer(src.read(mm, i * n, (i + 1) * n), dtype=dtype).reshape(shape)
+                    item = np.frombuffer(src.read(fd, i * n, (i + 1) * n), dtype=dtype).reshape(shape)
                     out[name] = item.copy()  # writable, as h5py's would be
                 elif how == "h5bytes":
                     out[name] = src[extra[i] : extra[i + 1]].tobytes()
                 else:
                     out[name] = np.asarray(src[i])
+        except _ShortRead as exc:
+            raise ConvertError(
+                f"{self.path}: cannot read record {i} of {name!r}: the file ends at byte {exc.args[0]}, "
+                "inside its data (truncated while open?)"
+            ) from None
         except (OSError, RuntimeError) as exc:  # h5py: a chunk that does not decompress, say
             raise ConvertError(f"{self.path}: cannot read record {i} of {name!r}: {exc}") from None
         return out
@@ -696,18 +831,27 @@ class HDF5Reader:
         ``progress(records)`` is called after each block is read.
         """
         self._ensure_open()
-        item_bytes = sum(f.item_nbytes for f in self.schema.fields if f.kind == "array")
+        f = self._h5()
+        readers: list[tuple[str, Any, Any]] = []
+        for name, how, src, extra in self._plan.fields:
+            if how == "memory":
+                readers.append((name, None, src))
+            elif how in ("bytes", "h5bytes"):
+                readers.append((name, f[name]["data"], extra))
+            else:
+                readers.append((name, f[name], None))
+        item_bytes = sum(fld.item_nbytes for fld in self.schema.fields if fld.kind == "array")
         rows = max(1, min(block, _BLOCK_BYTES // max(item_bytes, 1)))
         start = 0
         while start < self._n:
             stop = min(start + rows, self._n)
-            for _, ds, cached in self._readers:
+            for _, ds, cached in readers:
                 if ds is not None and cached is not None:  # bytes: stop before a block's data passes the budget
                     last = int(np.searchsorted(cached, int(cached[start]) + _BLOCK_BYTES, side="right")) - 1
                     stop = max(start + 1, min(stop, last))
             cols: dict[str, Any] = {}
             try:
-                for name, ds, cached in self._readers:
+                for name, ds, cached in readers:
                     if ds is None:
                         cols[name] = cached[start:stop]
                     elif cached is None:
@@ -728,11 +872,12 @@ class HDF5Reader:
             start = stop
 
     def close(self) -> None:
-        if self._file is not None and self._pid == os.getpid():
-            self._file.close()
-            if self._mm is not None:
-                self._mm.close()
-        self._file, self._pid, self._readers, self._fast, self._mm = None, None, [], [], None
+        if self._pid == os.getpid():
+            if self._file is not None:
+                self._file.close()
+            if self._fd is not None:
+                os.close(self._fd)
+        self._file, self._pid, self._fd, self._fast = None, None, None, []
 
 
 _INHERITED: list[h5py.File] = []
@@ -756,22 +901,23 @@ def check_file(path: str | os.PathLike[str], progress: Callable[[int], None] | N
         "provenance": reader.provenance,
     }
     f, _ = _open(spath)
-    with f, _h5errors(spath, "cannot read the layout"):
-        found = f.attrs.get("loadprof_format", "plain HDF5")
-        summary["format"] = found.decode("utf-8", "replace") if isinstance(found, bytes) else str(found)[:40]
-        for field in reader.schema.fields:
-            obj = f[field.name]
-            if field.kind == "bytes":
-                # The reader needs offsets within the data; a file of ours uses all of it, from 0.
-                data, offsets = obj["data"], reader._read_offsets(f, field.name)
-                if offsets[0] != 0 or offsets[-1] != data.shape[0]:
-                    raise ConvertError(
-                        f"{spath}: {field.name}/offsets run from {offsets[0]} to {offsets[-1]}, "
-                        f"expected 0 to {data.shape[0]} (the size of {field.name}/data)"
-                    )
-                summary["fields"].append((field, data.compression, int(data.shape[0])))
-            else:
-                summary["fields"].append((field, obj.compression, int(obj.size * obj.dtype.itemsize)))
+    with f:
+        found = _decoded_attr(spath, f, "loadprof_format")
+        summary["format"] = "plain HDF5" if found is None else str(found)[:40]
+        with _h5errors(spath, "cannot read the layout"):
+            for field in reader.schema.fields:
+                obj = f[field.name]
+                if field.kind == "bytes":
+                    # The reader needs offsets within the data; a file of ours uses all of it, from 0.
+                    data, offsets = obj["data"], _read_offsets(spath, f, field.name)
+                    if offsets[0] != 0 or offsets[-1] != data.shape[0]:
+                        raise ConvertError(
+                            f"{spath}: {field.name}/offsets run from {offsets[0]} to {offsets[-1]}, "
+                            f"expected 0 to {data.shape[0]} (the size of {field.name}/data)"
+                        )
+                    summary["fields"].append((field, data.compression, int(data.shape[0])))
+                else:
+                    summary["fields"].append((field, obj.compression, int(obj.size * obj.dtype.itemsize)))
     digest = SampleDigest(reader.schema)
     try:
         for sample in reader.iter_samples(progress=progress):

@@ -81,12 +81,12 @@ def _is_hdf5(path: Path, size: int) -> bool:
     return False
 
 
-def inspect_path(path: str | os.PathLike[str], *, stall: float = watchdog.DEFAULT_STALL) -> Summary:
+def inspect_path(path: str | os.PathLike[str], *, stall: float | None = None) -> Summary:
     """Summarise and check an HDF5 file, a TFRecord shard or a directory of shards.
 
     ConvertError (one line) for anything wrong. An HDF5 file is parsed in a child
     process, stopped after ``stall`` seconds without progress (NOTE [ Parsing HDF5 in
-    a child process ]).
+    a child process ]; None: ``LOADPROF_HDF5_STALL`` or 30 s).
     """
     p = Path(path)
     try:
@@ -104,7 +104,7 @@ def inspect_path(path: str | os.PathLike[str], *, stall: float = watchdog.DEFAUL
     return _inspect_tfrecord(p)
 
 
-def _inspect_hdf5(p: Path, size: int, stall: float) -> Summary:
+def _inspect_hdf5(p: Path, size: int, stall: float | None) -> Summary:
     info = watchdog.run_watched(
         hdf5.check_file, (str(p),), path=p, stall=stall, memory=watchdog.memory_budget(size)
     )

@@ -20,8 +20,13 @@ file. multiprocessing's spawn and forkserver are not used: they re-run the
 caller's main script in the child. Without POSIX pipes and fork (Windows) the
 target runs in this process, unwatched.
 
-The readers used in training (HDF5Reader and the datasets on it) do not do this:
-forking a training process is not ours to do; docs/bad-input.md says so.
+The readers used in training (HDF5Reader and the datasets on it) do the same for
+their metadata parse when they open a file: see NOTE [ Reading HDF5 without
+trusting libhdf5 ] in hdf5.py. A ``run_watched`` inside a watched child runs its
+target in place: the outer child is already one that can be stopped.
+
+``stall`` defaults to ``LOADPROF_HDF5_STALL`` seconds when set (tests use 1-2 s),
+else DEFAULT_STALL.
 """
 
 from __future__ import annotations
@@ -44,12 +49,25 @@ from typing import Any, BinaryIO
 
 from .errors import ConvertError
 
-__all__ = ["run_watched", "DEFAULT_STALL", "memory_budget"]
+__all__ = ["run_watched", "DEFAULT_STALL", "default_stall", "memory_budget"]
 
 # Seconds without a progress report before the child is taken for hung. A report
 # comes after each block of at most 16 MiB read (hdf5._BLOCK_BYTES): 30 s is under
 # 1 MB/s, far below any disk, while a looping libhdf5 never reports again.
 DEFAULT_STALL = 30.0
+STALL_ENV = "LOADPROF_HDF5_STALL"
+
+# Set in a watched child: its progress callback, which nested run_watched calls share.
+_in_child: Callable[[int], None] | None = None
+
+
+def default_stall() -> float:
+    """``LOADPROF_HDF5_STALL`` seconds when set to a positive number, else DEFAULT_STALL."""
+    try:
+        value = float(os.environ.get(STALL_ENV, ""))
+    except ValueError:
+        return DEFAULT_STALL
+    return value if value > 0 else DEFAULT_STALL
 
 _LENGTH = struct.Struct("<Q")
 
@@ -105,6 +123,8 @@ def _work(fd: int, target: Callable[..., Any], args: tuple[Any, ...], budget: in
         def progress(done: int) -> None:
             _send(out, ("progress", done))
 
+        global _in_child
+        _in_child = progress
         try:
             result = target(*args, progress=progress)
         except ConvertError as exc:
@@ -209,7 +229,7 @@ def run_watched(
     args: tuple[Any, ...],
     *,
     path: str | os.PathLike[str],
-    stall: float = DEFAULT_STALL,
+    stall: float | None = None,
     memory: int | None = None,
 ) -> Any:
     """``target(*args, progress=callback)`` in a child process; its result or its ConvertError.
@@ -218,9 +238,14 @@ def run_watched(
     works; ``stall`` seconds without a call end the child and raise ConvertError naming
     ``path``, as do a crash and running out of ``memory`` bytes (beyond the child's start).
     ``target``, ``args`` and the result must pickle; ``target`` must be importable by name.
+    ``stall`` None: ``default_stall()``.
     """
+    if _in_child is not None:
+        return target(*args, progress=_in_child)
     if os.name != "posix":
         return target(*args, progress=lambda done: None)
+    if stall is None:
+        stall = default_stall()
     name = os.fspath(path)
     read, write = os.pipe()
     try:

@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -17,7 +26,7 @@ from loadprof.converters import (
     inspect_path,
 )
 from loadprof.converters.hdf5 import chunk_rows
-from tests.convert_helpers import make_image_folder
+from tests.convert_helpers import leftovers, make_image_folder
 
 
 def test_chunk_rows_stay_within_10kib_and_1mib():
@@ -313,3 +322,142 @@ def test_iter_samples_reads_in_bounded_blocks(tmp_path, monkeypatch):
     assert seen[-1] == 40
     for a, b in zip([0, *seen[:-1]], seen, strict=True):
         assert offsets[b] - offsets[a] <= 10_000 and b - a <= 12  # x: 800 bytes a record
+
+
+# ---------------------------------------------------------------- files libhdf5 cannot be trusted with
+
+DATA = Path(__file__).parent / "data"
+# A reader's check runs in a child stopped after this many seconds without progress.
+STALL_ENV = {**os.environ, "LOADPROF_HDF5_STALL": "2"}
+
+
+def _forked_children(pid: int) -> list[str]:
+    """Children that are forks of ``pid`` (the watched check), not programs it started."""
+    try:
+        own = Path(f"/proc/{pid}/cmdline").read_bytes()
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        return [c for c in children if Path(f"/proc/{c}/cmdline").read_bytes() == own]
+    except OSError:
+        return []
+
+
+@pytest.mark.parametrize("how", ["stall", "SIGTERM", "SIGINT"])
+def test_overwrite_onto_an_hdf5_file_that_hangs_libhdf5_stops(tmp_path, how):
+    """Checking whether OUT is ours looped for ever in libhdf5, deaf to SIGTERM and Ctrl-C."""
+    np.save(tmp_path / "x.npy", np.arange(10))
+    out = tmp_path / "out.h5"
+    shutil.copy(DATA / "hdf5_hangs_libhdf5.h5", out)
+    before = out.read_bytes()
+    env = STALL_ENV if how == "stall" else {**os.environ, "LOADPROF_HDF5_STALL": "60"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from loadprof.cli import main_entry; main_entry()",
+         "convert", str(tmp_path / "x.npy"), str(out), "--to", "hdf5", "--overwrite"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        if how != "stall":
+            deadline = time.monotonic() + 30
+            while not _forked_children(proc.pid) and time.monotonic() < deadline:  # the watched check has begun
+                time.sleep(0.05)
+            time.sleep(0.5)
+            proc.send_signal(getattr(signal, how))
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    if how == "stall":
+        assert proc.returncode == 2, err
+        assert err.startswith(
+            f"loadprof: error: {out}: not replaced: --overwrite replaces only a previous loadprof output, and "
+            "this is an HDF5 file libhdf5 cannot read (libhdf5 made no progress for 2 s and was stopped"
+        ), err
+        assert len(err.splitlines()) == 1
+    else:
+        assert proc.returncode == 128 + getattr(signal, how), err
+        assert "Traceback" not in err
+    assert out.read_bytes() == before and leftovers(tmp_path) == []
+
+
+_OPEN_AND_READ = """
+import sys
+from loadprof.converters import ConvertError
+from loadprof.converters.torch import HDF5Dataset
+try:
+    ds = HDF5Dataset(sys.argv[1])
+    [ds[i] for i in range(len(ds))]
+except ConvertError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize(
+    "name, says",
+    [
+        ("hdf5_hangs_libhdf5.h5", "libhdf5 made no progress for 2 s and was stopped"),
+        ("hdf5_crashes_libhdf5.h5", "libhdf5 crashed reading it (SIGSEGV): the file is corrupt"),
+    ],
+)
+def test_hdf5_dataset_on_a_file_that_hangs_or_crashes_libhdf5_is_a_convert_error(tmp_path, name, says):
+    """The reader parsed metadata in the training process: it hung for ever, or died of SIGSEGV."""
+    path = tmp_path / name
+    shutil.copy(DATA / name, path)
+    proc = subprocess.run([sys.executable, "-c", _OPEN_AND_READ, str(path)],
+                          capture_output=True, text=True, env=STALL_ENV, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"{path}: ") and len(proc.stdout.splitlines()) == 1, proc.stdout
+    if h5py.version.hdf5_version == "1.14.6":  # another libhdf5 may read these differently
+        assert says in proc.stdout
+
+
+def test_chunks_far_larger_than_the_data_are_refused(tmp_path):
+    """3 KB of data in gzip chunks declared 1.5 GB: a reader took 1.8 GB of memory."""
+    path = tmp_path / "chunks.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=np.arange(3001, dtype=np.uint8), maxshape=(None,), chunks=(3001,),
+                         compression="gzip")
+    raw = bytearray(path.read_bytes())
+    # The layout message holds the chunk's dimensions (uint32, the element size last): made 1.5e9.
+    at = raw.find(struct.pack("<II", 3001, 1))
+    assert at > 0 and raw.find(struct.pack("<II", 3001, 1), at + 1) < 0
+    raw[at : at + 4] = struct.pack("<I", 1_500_000_000)
+    path.write_bytes(raw)
+    with h5py.File(path) as f:
+        assert f["x"].chunks == (1_500_000_000,)
+    says = (rf"^{path}: 'x' is stored in chunks of 1500000000 bytes \(\[1500000000\] x 1\) for 3001 bytes of "
+            r"data; loadprof reads chunks of at most 1048576 bytes")
+    with pytest.raises(ConvertError, match=says):
+        HDF5Reader(path)
+    with pytest.raises(ConvertError, match=says):
+        inspect_path(path)
+
+
+_TRUNCATE_WHILE_OPEN = """
+import os, sys
+from loadprof.converters import ConvertError
+from loadprof.converters.torch import HDF5Dataset
+path = sys.argv[1]
+ds = HDF5Dataset(path)
+assert ds.reader.direct
+ds[0]
+os.truncate(path, os.path.getsize(path) // 2)
+try:
+    ds[len(ds) - 1]
+except ConvertError as exc:
+    print(exc)
+"""
+
+
+def test_a_file_truncated_while_open_is_an_error_naming_it(tmp_path):
+    """Reads from a memory map died of SIGBUS, with no Python error, once the file shrank."""
+    x = np.random.default_rng(1).integers(0, 256, (3000, 4096), dtype=np.uint8)  # 12 MB: read from the file
+    np.save(tmp_path / "x.npy", x)
+    path = tmp_path / "x.h5"
+    convert(tmp_path / "x.npy", path, ConvertOptions(to="hdf5"))
+    proc = subprocess.run([sys.executable, "-c", _TRUNCATE_WHILE_OPEN, str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr)
+    assert re.fullmatch(rf"{path}: cannot read record 2999 of 'data': the file ends at byte \d+, inside its data "
+                        r"\(truncated while open\?\)\n", proc.stdout), proc.stdout
+    # A process opening it afterwards (a DataLoader worker) finds the file short of its layout.
+    with pytest.raises(ConvertError, match=rf"^{path}: cannot open as HDF5: .*truncated file"):
+        HDF5Reader(path)
