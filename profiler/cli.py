@@ -7,6 +7,7 @@ and exit code 2; the exit code of ``diagnose`` is the script's own.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Protocol
@@ -168,4 +169,19 @@ def _known_errors() -> tuple[type[BaseException], ...]:
 
 
 def main_entry() -> None:
-    sys.exit(main())
+    """The console script: ``main()``, and a reader that stops early ends us quietly.
+
+    ``loadprof inspect big | head`` closes the pipe under us: Python's advice (the
+    signal module's note on SIGPIPE) is to point stdout at devnull, so the flush at
+    exit cannot fail again, and leave; 141 = 128 + SIGPIPE, what a shell shows for
+    ``yes | head``.
+    """
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        sys.exit(128 + 13)
+    sys.exit(code)
