@@ -59,6 +59,7 @@ class DiagnoseCommand:
                 live=args.live,
                 html=args.html,
                 gpu_hour_price=args.gpu_hour_price,
+                log_to=args.log_to,
             )
         except TargetError as exc:
             raise UsageError(str(exc)) from None

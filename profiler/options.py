@@ -65,6 +65,19 @@ def add_profile_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--live", action="store_true",
                         help="redraw a live view on the terminal while the script runs (stderr a terminal)")
     add_price_option(parser)
+    parser.add_argument("--log-to", metavar="TRACKERS", type=trackers,
+                        help="log the summary to these trackers, starting a run where the script has none: "
+                             "wandb,mlflow,tensorboard[=DIR] (a run the script has gets it anyway)")
+
+
+def trackers(text: str) -> str:
+    from .trackers import parse_log_to
+
+    try:
+        parse_log_to(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("log_to: ")) from None
+    return text
 
 
 def add_price_option(parser: argparse.ArgumentParser) -> None:

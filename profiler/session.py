@@ -38,7 +38,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import psutil
@@ -54,6 +54,7 @@ from .samplers import HostProcess, NvmlSource, Sampler, usable_cores
 from .settings import Settings
 from .signals import SafePoint, Terminated
 from .timeline import StopRun, Timeline
+from .trackers import Trackers, parse_log_to
 
 if TYPE_CHECKING:
     from .report import Report
@@ -126,6 +127,11 @@ class Profile:
         What one GPU-hour costs you (any currency): ``report.cost`` then says what the
         input wait costs a day and an epoch in money too. No default price: None gives
         GPU-hours and energy only (docs/trackers.md).
+    log_to
+        Trackers to log the summary to even where the script has no run of its own
+        (one is started and ended): ``"wandb,mlflow,tensorboard=DIR"`` or a list. A
+        W&B, MLflow or TensorBoard run the script has gets it anyway, at the end
+        (NOTE [ Logging into the script's own run ] in trackers/__init__.py).
 
     After the block: ``prof.report`` (a ``loadprof.Report``: the JSON report's
     shape as attributes), ``prof.run`` (the raw measurements), ``prof.applied``.
@@ -147,6 +153,7 @@ class Profile:
         live: bool = Settings.live,
         html: str | os.PathLike[str] | None = None,
         gpu_hour_price: float | None = Settings.gpu_hour_price,
+        log_to: str | Sequence[str] | None = None,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
@@ -166,6 +173,7 @@ class Profile:
             live=live,
             html=os.fspath(html) if html is not None else None,
             gpu_hour_price=gpu_hour_price,
+            log_to=tuple(f"{k}={v}" if v else k for k, v in parse_log_to(log_to).items()),
         )
         self.output = output
         # apply=True: measured safe loader fixes; a fixes.Applier: the fixes of a tune/compare trial.
@@ -193,6 +201,7 @@ class Profile:
         self._job: Any = None  # a torchrun job's part: dist/__init__.py (None: single process)
         self._rank_report: Any = None  # in a job, this rank's own report (``_report`` is the job's on rank 0)
         self._outer: Profile | None = None  # the Profile already running when this one started
+        self._trackers: Trackers | None = None  # trackers/: the summary into the script's own runs
 
     # -- lifecycle ------------------------------------------------------------
     def __enter__(self) -> Profile:
@@ -231,6 +240,8 @@ class Profile:
                     undo=self._close_sampler)
         self._watch = FrameworkWatch(self._make_hooks, on_error=self.run.limitations.append)
         self._guard("framework hooks could not be installed: no steps seen", self._watch.start)
+        self._trackers = self._guard("TensorBoard writers are not watched", Trackers(
+            parse_log_to(self.settings.log_to), self.run.started_at).start)
         if self._applier is not None:  # after the watch: NOTE [ Import watch order ] in fixes/applier.py
             self._applier.start(self._snapshot)
         # NOTE [ Garbage collection in a wait ] in timeline.py; NOTE [ Signals during a collection ] in signals.py
@@ -280,6 +291,7 @@ class Profile:
         self._started = True
         self._t0 = time.perf_counter()
         self.run.started_at = time.time()
+        self._trackers = Trackers(parse_log_to(self.settings.log_to), self.run.started_at)  # writers: the outer's watch
         _note("a Profile is already running in this process (loadprof diagnose, tune or compare start one): "
               "this block's report is cut from its measurements")
 
@@ -433,6 +445,9 @@ class Profile:
                     self.run.judge_after = max(self.run.judge_after or 0.0, when)
             if self._watch is not None:
                 self._guard("framework hooks could not be removed", self._watch.stop)
+            if self._trackers is not None:
+                self.run.limitations.extend(self._guard("the TensorBoard watch could not be removed",
+                                                        self._trackers.stop) or [])
             if self._job is not None:
                 self.run.limitations.extend(self._guard("collective timing hooks could not be removed",
                                                         self._job.stop_hooks) or [])
@@ -512,8 +527,19 @@ class Profile:
                 render_console(self._report, file=self.output or sys.stderr)
             except Exception as err:
                 _warn(f"the terminal report could not be printed ({type(err).__name__}: {_first_line(err)})")
+        self._log_trackers()
         if self._job is not None:
             self._job.release_sigterm()  # held since stop(): dist/__init__.py
+
+    def _log_trackers(self) -> None:
+        """NOTE [ Logging into the script's own run ] in trackers/__init__.py: rank 0's own report."""
+        job = self._job or (self._outer._job if self._outer is not None else None)
+        try:
+            rank = job.ctx.rank if job is not None else int(os.environ.get("RANK", "0") or 0)
+        except ValueError:
+            rank = 0
+        if self._trackers is not None:
+            self._trackers.log(self._rank_report or self._report, rank=rank, note=_note, warn=_warn)
 
     def _write_trace(self, path: str) -> None:
         """The --trace file; failing, one warning line (NOTE [ Never break the run ])."""

@@ -30,3 +30,6 @@ class Settings:
     host_helper: bool = True
     #: the price of one GPU-hour, for the cost's money figures (cost.py); no default price
     gpu_hour_price: float | None = None
+    #: trackers to log the summary to, starting a run where the script has none
+    #: ("wandb", "mlflow", "tensorboard=DIR"); runs the script has get it anyway (trackers/)
+    log_to: tuple[str, ...] = ()

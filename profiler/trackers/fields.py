@@ -1,0 +1,68 @@
+"""Pure: a report as the flat, namespaced fields a tracker run takes.
+
+Numbers (``loadprof/data_wait_fraction``, ``loadprof/cost/energy_j``, ...) and texts
+(``loadprof/verdict``, ``loadprof/top_recommendation``, ...), both keyed
+``loadprof/...`` so that they sort together in a run's summary and never clash with
+the script's own metrics. The list is documented in docs/trackers.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..cost import cost_line
+
+PREFIX = "loadprof/"
+
+#: The cost figures a tracker gets, when measured (cost.py's names).
+COST_NUMBERS = ("energy_j", "mean_power_w", "joules_per_step", "joules_per_sample", "input_wait_energy_j",
+                "input_wait_fraction", "other_idle_fraction", "gpu_hours_input_per_day",
+                "gpu_hours_input_per_epoch", "gpu_hours_idle_per_day", "gpu_hours_idle_per_epoch",
+                "money_input_per_day", "money_input_per_epoch", "money_idle_per_day", "gpu_hour_price")
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def summary_fields(report: Any) -> tuple[dict[str, float], dict[str, str]]:
+    """(numbers, texts) of ``report`` (a ``loadprof.Report``), keys ``loadprof/...``."""
+    numbers: dict[str, Any] = {
+        "data_wait_fraction": report.data_wait_fraction,
+        "step_ms_median": report.steps["median_s"] * 1000.0,
+        "steps": report.steps["count"],
+        "gpu_util_median": report.samples["gpu"]["util_median"],
+    }
+    texts: dict[str, Any] = {
+        "verdict": report.verdict,
+        "cause": report.cause,
+        "confidence": report.confidence,
+        "summary": report.summary,
+    }
+    if report.recommendations:
+        top = report.recommendations[0]
+        texts["top_recommendation"] = top.id
+        texts["top_recommendation_title"] = top.title
+        numbers["top_recommendation_speedup"] = top.estimated_speedup
+    cost = report.cost
+    texts["cost"] = cost_line(cost)
+    numbers["cost/measured"] = 1.0 if cost.measured else 0.0
+    for name in COST_NUMBERS:
+        numbers[f"cost/{name}"] = getattr(cost, name)
+    kept = {PREFIX + k: v for k, v in ((k, _number(v)) for k, v in numbers.items()) if v is not None}
+    said = {PREFIX + k: str(v) for k, v in texts.items() if v}
+    return kept, said
+
+
+def markdown(report: Any) -> str:
+    """The summary as a few lines of Markdown (TensorBoard's text tab)."""
+    _, texts = summary_fields(report)
+    lines = [f"**loadprof verdict: {report.headline()}**", "", report.summary, ""]
+    for i, r in enumerate(report.recommendations, 1):
+        est = f" ~{r.estimated_speedup:.2f}x" if r.estimated_speedup else ""
+        lines.append(f"{i}. {r.title} `[{r.id}]`{est}")
+    lines += ["", texts.get(PREFIX + "cost", "")]
+    return "\n".join(lines).strip()

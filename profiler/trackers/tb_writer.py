@@ -1,0 +1,111 @@
+"""TensorBoard: the ``SummaryWriter``s the script makes while profiled, and logging into them.
+
+Live writers are found by wrapping ``SummaryWriter.__init__`` through the one patcher
+(NOTE [ One patcher ] in patch.py) while a Profile runs, and only once the script
+imports ``torch.utils.tensorboard`` or ``tensorboardX`` (an import watch, as for the
+framework hooks): Lightning's ``TensorBoardLogger`` and HF Trainer's
+``report_to="tensorboard"`` make theirs through the same class. Scanning
+``gc.get_objects()`` instead would also find writers made before the profile, but
+costs about a second per few million objects in a large training process.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import sys
+import threading
+import weakref
+from typing import Any
+
+from ..instrument import ImportWatch
+from ..patch import Patches
+
+label = "TensorBoard"
+#: modules whose ``SummaryWriter`` we watch (torch's is preferred by Lightning and HF)
+MODULES = ("torch.utils.tensorboard", "tensorboardX")
+
+#: writers made while a watch was on, for as long as the script keeps them
+_seen: weakref.WeakSet[Any] = weakref.WeakSet()
+_seen_lock = threading.Lock()
+
+
+class WriterWatch:
+    """Notes every SummaryWriter made between ``start()`` and ``stop()``."""
+
+    def __init__(self) -> None:
+        self._patches = Patches("tensorboard watch")
+        self._finder: ImportWatch | None = None
+        self._on = False
+
+    def start(self) -> WriterWatch:
+        self._on = True
+        pending = [name for name in MODULES if name not in sys.modules]
+        for name in MODULES:
+            if name in sys.modules:
+                self._wrap(name)
+        if pending:
+            self._finder = ImportWatch(pending, self._wrap).install()
+        return self
+
+    def _wrap(self, name: str) -> None:
+        cls = getattr(sys.modules.get(name), "SummaryWriter", None)
+        if not isinstance(cls, type) or not self._on:
+            return
+        watch = self
+
+        def make(inner: Any) -> Any:
+            @functools.wraps(inner)
+            def __init__(writer: Any, *args: Any, **kwargs: Any) -> None:
+                inner(writer, *args, **kwargs)
+                if watch._on:  # inert once the watch stopped (NOTE [ One patcher ])
+                    with _seen_lock:
+                        _seen.add(writer)
+
+            return __init__
+
+        self._patches.wrap(cls, "__init__", make)
+
+    def stop(self) -> list[str]:
+        self._on = False
+        if self._finder is not None:
+            self._finder.remove()
+            self._finder = None
+        return self._patches.restore()
+
+
+def active(since: float) -> list[Any]:
+    """The writers made while profiled that the script still holds."""
+    with _seen_lock:
+        return list(_seen)
+
+
+def start(arg: str | None) -> Any:
+    """A writer of our own, for ``--log-to tensorboard[=DIR]`` (default runs/loadprof)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        from tensorboardX import SummaryWriter  # type: ignore[no-redef]
+    return SummaryWriter(log_dir=arg or os.path.join("runs", "loadprof"))
+
+
+def finish(writer: Any) -> None:
+    writer.close()
+
+
+def log(writer: Any, numbers: dict[str, float], texts: dict[str, str], artifact: str, markdown: str,
+        step: int) -> str:
+    """Scalars and texts at the run's last step, and the JSON report beside the event files."""
+    logdir = getattr(writer, "log_dir", None) or getattr(writer, "logdir", None) or writer.get_logdir()
+    closed = getattr(writer, "all_writers", {}) is None  # HF closes its writer as training ends
+    for key, value in numbers.items():
+        writer.add_scalar(key, value, global_step=step)
+    for key, text in texts.items():
+        writer.add_text(key, text, global_step=step)
+    writer.add_text("loadprof/report", markdown, global_step=step)
+    writer.flush()
+    if closed:  # adding reopened it: leave it as the script did
+        writer.close()
+    shutil.copyfile(artifact, os.path.join(logdir, "loadprof-report.json"))
+    return f"TensorBoard {logdir}"
