@@ -38,6 +38,7 @@ _WHERE = {
     "Profile": "session", "Settings": "settings",
     "StopRun": "timeline",
     "tune_loader": "tune",
+    "load_ipython_extension": "jupyter",  # %load_ext loadprof: the %%loadprof cell magic
 }
 
 __all__ = [

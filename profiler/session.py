@@ -47,6 +47,7 @@ from . import __version__
 from .cpufeatures import cpu_features
 from .instrument import FrameworkWatch, Hooks
 from .jsonio import JsonWriteError
+from .jupyter import show_inline
 from .oom import classify as classify_oom
 from .oom import record_line
 from .records import Environment, Run, Step
@@ -524,7 +525,8 @@ class Profile:
         if print_report:
             try:
                 self._fault("render")
-                render_console(self._report, file=self.output or sys.stderr)
+                if self.output is not None or not show_inline(self._report):  # a notebook shows HTML
+                    render_console(self._report, file=self.output or sys.stderr)
             except Exception as err:
                 _warn(f"the terminal report could not be printed ({type(err).__name__}: {_first_line(err)})")
         self._log_trackers()

@@ -21,12 +21,21 @@ def _speedup(r: object) -> str:
     return f" ~{est:.2f}x ({getattr(r, 'basis', '')})" if est else ""
 
 
+def _cost(report: object) -> str:
+    """The terminal's cost line (cost.py); "" for a report without one."""
+    from ..cost import cost_line
+
+    cost = getattr(report, "cost", None)
+    return cost_line(cost) if cost is not None else ""
+
+
 class TextRenderer:
     """A few lines: what ``print(prof.report)`` shows."""
 
     def render(self, report: Report) -> str:
         lines = [f"loadprof verdict: {report.headline()}", report.summary]
         lines += [f"warning [{w.id}]: {w.detail}" for w in report.warnings]
+        lines.append(_cost(report))
         for i, r in enumerate(report.recommendations, 1):
             lines.append(f"{i}. {r.title} [{r.id}]{_speedup(r)}")
         if report.limitations:
@@ -42,13 +51,17 @@ class HtmlRenderer:
         colour = _COLOURS.get(report.verdict, "inherit")
         cause = f" ({e(report.cause)})" if report.cause else ""
         out = [
-            "<div class='loadprof-report'>",
+            # sized for a notebook cell: a readable line length, the rule column wrapping
+            "<div class='loadprof-report' style='max-width:56em'>",
             f"<p><b>loadprof verdict: <span style='color:{colour}'>{e(report.verdict.upper())}</span>{cause}</b>"
             f" &nbsp; confidence: {e(report.confidence)}</p>",
             f"<p>{e(report.summary)}</p>",
         ]
         for w in report.warnings:
             out.append(f"<p style='color:#b58900'><b>warning [{e(w.id)}]</b>: {e(w.detail)}</p>")
+        cost = _cost(report)
+        if cost:
+            out.append(f"<p style='color:#555'>{e(cost)}</p>")
         if report.evidence:
             rows = "".join(f"<tr><td style='text-align:left'>{e(ev.label)}</td><td>{e(ev.display)}</td>"
                            f"<td style='text-align:left'>{e(ev.threshold)}</td></tr>" for ev in report.evidence)
