@@ -29,7 +29,7 @@ def stage_table(load: Loading) -> Table:
     table.add_column("random")
     for r in load.rows[:MAX_ROWS]:
         table.add_row(r.stage, f"{r.ms_per_batch:.2f}", f"{r.share:.0%}", r.where,
-                      _random(r.random) if r.kind == "transform" else "" if r.kind != "user" else "?")
+                      _random(r.random))
     if len(load.rows) > MAX_ROWS:
         rest = load.rows[MAX_ROWS:]
         table.add_row(f"({len(rest)} more)", f"{sum(r.ms_per_batch for r in rest):.2f}",
