@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -257,3 +258,66 @@ def test_unreachable_store_each_rank_writes_its_own_file_and_merge_joins_them(tm
     again = subprocess.run([LOADPROF, "report", "merged.json"], cwd=tmp_path, capture_output=True, text=True,
                            timeout=120)
     assert again.returncode == 0 and "straggler" in again.stdout
+
+
+def _exited(pid: int) -> bool:
+    """Gone, or a zombie its stopped parent cannot reap."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return True
+
+
+def test_a_stopped_store_host_costs_the_ranks_one_store_call_at_exit_not_a_hang(tmp_path):
+    # torchrun's agent hosts the job's TCPStore (NOTE [ Merging a job's reports ]); stopped, it
+    # still accepts what the ranks send but never answers: every call at exit must give up in time
+    (tmp_path / "work.py").write_text(WORKLOAD.replace('rank = int(os.environ["RANK"])', textwrap.dedent('''
+        rank = int(os.environ["RANK"])
+        open(f"pid.{rank}", "w").write(str(os.getpid()))
+    ''')))
+    log = tmp_path / "out.txt"
+    full = {k: v for k, v in os.environ.items() if k not in JOB_VARIABLES}
+    # the agent stopped reads no pipe: the ranks write to a file
+    full.update({"OMP_NUM_THREADS": "1", "LOADPROF_DIST_TIMEOUT": "20", "STEPS": "60"})
+    with log.open("w") as sink:
+        agent = subprocess.Popen([TORCHRUN, "--standalone", "--nproc-per-node=2", "--no-python", LOADPROF,
+                                  "diagnose", "--no-gpu", "--json", "r.json", "work.py"], cwd=tmp_path, env=full,
+                                 stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(pids) < 2 and time.monotonic() < deadline:
+            found = [tmp_path / f"pid.{r}" for r in (0, 1)]
+            if all(f.exists() and f.read_text() for f in found):
+                pids = [int(f.read_text()) for f in found]
+            time.sleep(0.1)
+        assert len(pids) == 2, log.read_text()[-3000:]
+        time.sleep(3)  # the ranks have said hello and beat: the exchange is on
+        os.kill(agent.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        # 60 steps at ~30 ms, then one store call's deadline (min(10 s, the exchange timeout))
+        bound = 45
+        while not all(_exited(p) for p in pids) and time.monotonic() - stopped < bound:
+            time.sleep(0.2)
+        took = time.monotonic() - stopped
+        assert all(_exited(p) for p in pids), f"ranks still running {took:.0f} s after the store host stopped:\n" \
+            + log.read_text()[-3000:]
+        out = log.read_text()
+        assert "stopped answering" in out, out[-3000:]
+        assert (tmp_path / "r.rank1.json").exists()  # rank 1's report, kept for loadprof merge
+    finally:
+        for pid in (agent.pid, *pids):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        try:
+            os.killpg(agent.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        agent.wait(timeout=30)

@@ -221,19 +221,17 @@ class Job:
 
         got: dict[int, RankRun] = {}
         own: dict[int, OwnVerdict] = {0: verdict}
-        unread: dict[int, str] = {}
 
-        def receive(r: int, blob: bytes) -> None:  # checked while rank r wakes for the clock pings
+        def receive(r: int, blob: bytes) -> str | None:  # checked while rank r wakes for the clock pings
             try:
                 got[r], sent = read_message(r, blob)
             except RecordError as exc:
-                unread[r] = f"its report could not be read ({exc})"
-                return
+                return f"its report could not be read ({exc})"
             if sent is not None:
                 own[r] = sent
+            return None
 
         collected = exchange.collect(terminated, receive)
-        collected.missing.update(unread)
         facts.clock_offset, facts.clock_rtt = 0.0, 0.0
         ranks = [facts]
         problems = list(collected.problems)

@@ -48,6 +48,15 @@ the job. Store keys are plain requests to the agent.
   torchrun asked.
 - Polling uses ``check`` (never a timed ``wait``: torch logs a warning on every wait
   that times out, which would land on the user's stderr).
+- Every store call has a deadline (``call``, NOTE [ A store that stops answering ] in
+  storecalls.py): a stopped agent costs a rank one ``call`` at exit, then it writes its own
+  file, never a hang.
+- Who has a report: when a rank stops waiting for rank 0, and when rank 0 takes a report,
+  each adds 1 to ``claim/R``; whoever reaches 1 first decides. A rank that reached it
+  withdrew its report (it says "not merged" and writes its own file; rank 0 lists it as
+  missing); one that did not was merged, and answers the pings. Rank 0 that cannot read a
+  report it took writes ``unread/R``, so that rank keeps its own file too: a rank says it
+  was not merged exactly when the job's report lacks it.
 - Without an agent store (``TORCHELASTIC_USE_AGENT_STORE`` unset: rank 0's process
   hosts the store, once the script calls ``init_process_group``), ranks connect only
   at exit and there are no heartbeats: a dead rank costs the ``timeout``, and a
@@ -71,6 +80,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from .storecalls import BoundedStore, Deadlines, StoreStalled
+
 PINGS = 4
 
 
@@ -79,6 +90,7 @@ class Timeouts:
     """Every wait of the exchange, in seconds (NOTE [ Merging a job's reports ])."""
 
     connect: float = 10.0  # reaching the store
+    call: float = 10.0  # one store call (NOTE [ A store that stops answering ])
     exchange: float = 60.0  # rank 0 waiting for reports; a rank waiting for rank 0
     terminated: float = 10.0  # the same when torchrun is tearing the job down
     #: after a SIGTERM that arrives during the exchange: time left for the others' reports
@@ -98,7 +110,9 @@ class Timeouts:
             value = float(text)
         except ValueError:
             return cls()
-        return cls(exchange=value, connect=min(cls.connect, value)) if value > 0 else cls()
+        if value <= 0:
+            return cls()
+        return cls(exchange=value, connect=min(cls.connect, value), call=min(cls.call, value))
 
 
 @dataclass(frozen=True)
@@ -182,11 +196,15 @@ class Exchange:
         self.problems: list[str] = []
 
     # -- start -------------------------------------------------------------------
-    def _connect(self) -> Any:
+    def _connect(self, name: str = "loadprof-store") -> BoundedStore:
         from torch.distributed import TCPStore
 
-        return TCPStore(self.ctx.master_addr, self.ctx.master_port, is_master=False,
-                        timeout=timedelta(seconds=self.timeouts.connect), wait_for_workers=False)
+        def make() -> Any:
+            return TCPStore(self.ctx.master_addr, self.ctx.master_port, is_master=False,
+                            timeout=timedelta(seconds=self.timeouts.connect), wait_for_workers=False)
+
+        # each connection has its own thread: a heartbeat stuck in a call blocks no other
+        return BoundedStore.connect(make, Deadlines(max(self.timeouts.call, self.timeouts.connect), name))
 
     def start(self) -> None:
         """Connect and say hello (agent store only: NOTE [ Merging a job's reports ])."""
@@ -196,7 +214,7 @@ class Exchange:
         hello = {"host": socket.gethostname(), "local_rank": self.ctx.local_rank,
                  "node_rank": self.ctx.node_rank, "pid": os.getpid(), "started_at": self.started_at}
         self._store.set(self._key(f"hello/{self.ctx.rank}"), json.dumps(hello))
-        self._beat_store = self._connect()
+        self._beat_store = self._connect("loadprof-heartbeat-store")
         self._thread = threading.Thread(target=self._beat, name="loadprof-heartbeat", daemon=True)
         self._thread.start()
 
@@ -271,35 +289,52 @@ class Exchange:
 
     # -- exit: every rank but 0 --------------------------------------------------
     def deliver(self, doc: bytes, terminated: bool = False) -> str | None:
-        """Send this rank's document to rank 0; None once rank 0 has it, else why not."""
+        """Send this rank's document to rank 0; None once rank 0 has it, else why not (then
+        rank 0's report lacks it: ``claim/R``, NOTE [ Merging a job's reports ])."""
         errors = _errors()
+        began = time.monotonic()
         limit = self.timeouts.terminated if terminated else self.timeouts.exchange
-        deadline = time.monotonic() + limit
+        deadline = began + limit
+        cut = terminated
         me = self.ctx.rank
         try:
             store = self._ensure_store()
             store.set(self._key(f"report/{me}"), doc)
             watch = _Liveness(store, self._key("beat/0"), self.timeouts.stale_after, agent=self.ctx.agent_store)
             ping = self._key(f"ping/{me}/0")
+            why = None
             while not store.check([ping]):  # rank 0 pings once it has the report
                 if store.check([self._key("done")]):
-                    return "rank 0 finished merging without this rank's report"
-                if watch.stale():
-                    return "rank 0 stopped sending heartbeats (it died or hung before merging)"
-                if time.monotonic() > deadline:
-                    return f"rank 0 did not take the report within {limit:.0f} s"
-                if self.terminating.is_set():
+                    why = "rank 0 finished merging without this rank's report"
+                elif watch.stale():
+                    why = "rank 0 stopped sending heartbeats (it died or hung before merging)"
+                elif time.monotonic() > deadline:
+                    why = (f"rank 0 did not take the report in the {time.monotonic() - began:.1f} s this rank "
+                           f"waited{' (torchrun was ending the job)' if cut else ''}")
+                if why is not None:
+                    if store.add(self._key(f"claim/{me}"), 1) == 1:
+                        return why  # withdrawn: rank 0 will not take it now
+                    break  # rank 0 took it meanwhile: it is merged
+                if self.terminating.is_set() and not cut:
+                    cut = True
                     deadline = min(deadline, time.monotonic() + self.timeouts.term_grace)
                 time.sleep(self.timeouts.poll)
-            store.set(self._key(f"pong/{me}/0"), repr(time.time()))
-            for k in range(1, PINGS):
+            unread = self._key(f"unread/{me}")
+            for k in range(PINGS):
                 # rank 0 pings again at once: answer fast, the round trip bounds the clock's error
                 ping, give_up = self._key(f"ping/{me}/{k}"), time.monotonic() + 2.0
-                while not store.check([ping]) and time.monotonic() < give_up:
+                while not store.check([ping]):
+                    if store.check([unread]):
+                        return f"rank 0 could not read this rank's report ({_text(store.get(unread))})"
+                    if time.monotonic() > give_up:
+                        break
                     time.sleep(0.0002)
-                store.set(self._key(f"pong/{me}/{k}"), repr(time.time()))
+                else:
+                    store.set(self._key(f"pong/{me}/{k}"), repr(time.time()))
+                    continue
+                break
         except errors as exc:
-            return f"the job's store could not be used ({type(exc).__name__}: {_first_line(exc)})"
+            return _store_failed(exc)
         try:
             released, give_up = self._key("released"), time.monotonic() + self.timeouts.release
             while not self.terminating.is_set() and time.monotonic() < give_up and not store.check([released]):
@@ -316,13 +351,15 @@ class Exchange:
             pass
 
     # -- exit: rank 0 -----------------------------------------------------------
-    def collect(self, terminated: bool = False, receive: Callable[[int, bytes], None] | None = None) -> Collected:
+    def collect(self, terminated: bool = False, receive: Callable[[int, bytes], str | None] | None = None) -> Collected:
         """Every other rank's document, or what is known of it, within the timeouts. ``receive``
-        is called with each document as it comes, while its rank wakes for the clock pings."""
+        is called with each document as it comes, while its rank wakes for the clock pings; what
+        it returns, if not None, is why the document cannot be used (the rank then keeps its own)."""
         out = Collected()
         errors = _errors()
+        began = time.monotonic()
         limit = self.timeouts.terminated if terminated else self.timeouts.exchange
-        deadline = time.monotonic() + limit
+        deadline = began + limit
         pending = set(range(1, self.ctx.world_size))
         cut = False
         try:
@@ -332,16 +369,24 @@ class Exchange:
             while pending:
                 for r in sorted(pending):
                     if store.check([self._key(f"report/{r}")]):
+                        pending.discard(r)
+                        if store.add(self._key(f"claim/{r}"), 1) != 1:
+                            out.missing[r] = ("it stopped waiting for rank 0 before its report was taken "
+                                              "(its own file holds it)")
+                            continue
                         # wake it first: it polls, and reading its report covers the wait
                         woken = time.time()
                         store.set(self._key(f"ping/{r}/0"), "")
-                        out.docs[r] = store.get(self._key(f"report/{r}"))
-                        if receive is not None:
-                            receive(r, out.docs[r])
+                        doc = store.get(self._key(f"report/{r}"))
+                        refused = receive(r, doc) if receive is not None else None
+                        if refused is not None:
+                            store.set(self._key(f"unread/{r}"), refused)
+                            out.missing[r] = refused
+                            continue
+                        out.docs[r] = doc
                         offset = self._ping(store, r, woken)
                         if offset is not None:
                             out.offsets[r] = offset
-                        pending.discard(r)
                     elif watches[r].stale():
                         out.missing[r] = watches[r].why()
                         pending.discard(r)
@@ -349,7 +394,8 @@ class Exchange:
                     cut = True  # torchrun is ending the job: the others post now or never
                     deadline = min(deadline, time.monotonic() + self.timeouts.term_grace)
                 if pending and time.monotonic() > deadline:
-                    when = "before torchrun ended the job" if cut else f"within {limit:.0f} s"
+                    waited = time.monotonic() - began
+                    when = f"in the {waited:.1f} s rank 0 waited{' (torchrun was ending the job)' if cut else ''}"
                     for r in pending:
                         out.missing[r] = f"no report {when} ({watches[r].why(alive=True, cut=cut)})"
                     pending.clear()
@@ -361,7 +407,7 @@ class Exchange:
                 out.beats[r] = watches[r].steps
             store.set(self._key("done"), "1")
         except errors as exc:
-            out.problems.append(f"the job's store could not be used ({type(exc).__name__}: {_first_line(exc)})")
+            out.problems.append(_store_failed(exc))
             for r in pending:
                 out.missing[r] = "unknown: the job's store could not be reached"
         return out
@@ -394,6 +440,9 @@ class Exchange:
 
     def close(self) -> None:
         self.stop_beating()
+        for store in (self._store, self._beat_store):
+            if store is not None:
+                store.close()
         self._store = self._beat_store = None
 
 
@@ -444,6 +493,16 @@ def _json_or_empty(store: Any, key: str) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def _store_failed(exc: BaseException) -> str:
+    if isinstance(exc, StoreStalled):
+        return str(exc)
+    return f"the job's store could not be used ({type(exc).__name__}: {_first_line(exc)})"
+
+
+def _text(value: bytes) -> str:
+    return value.decode("utf-8", "replace")[:300]
 
 
 def _first_line(err: BaseException) -> str:
