@@ -25,7 +25,7 @@ from typing import Any
 
 from .advice import Recommendation, recommend
 from .diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Thresholds, diagnose, main_loader
-from .records import GpuSample, JobRun, RankRun, RecordError, check_record
+from .records import GpuSample, JobRun, RankRun, RecordError, Run, check_record
 
 #: Straggler causes, as the JSON names them.
 STRAGGLER_CAUSES = {
@@ -213,10 +213,17 @@ def own_verdict(rank: RankRun, cores: dict[int, tuple[str, float]]) -> OwnVerdic
     return OwnVerdict(th.contended_others, d, rank_figures(rank, d), recommend(rank.run, d, th))
 
 
-def _own_gpu(rank: RankRun) -> list[GpuSample]:
+def passing_run(rank: RankRun) -> Run | None:
+    """The rank's run, built from its columns for this use only when it is not built yet:
+    a job's ranks are read one at a time, never all held as objects (a job file's memory)."""
+    if rank.columns is not None and rank.__dict__.get("_run") is None:
+        return rank.columns.run()
+    return rank.run
+
+
+def _own_gpu(rank: RankRun, run: Run) -> list[GpuSample]:
     """This rank's device: the one its process holds memory on, else index = local rank."""
-    assert rank.run is not None
-    samples = rank.run.gpu_samples
+    samples = run.gpu_samples
     used = {g.index for g in samples if (g.process_memory_used or 0) > 0}
     if len(used) == 1:
         index = used.pop()
@@ -227,24 +234,25 @@ def _own_gpu(rank: RankRun) -> list[GpuSample]:
     return [g for g in samples if g.index == index]
 
 
-def rank_figures(rank: RankRun, d: Diagnosis) -> RankFigures:
-    """The per-rank row from one rank's run and its own diagnosis."""
+def rank_figures(rank: RankRun, d: Diagnosis, run: Run | None = None) -> RankFigures:
+    """The per-rank row from one rank's run (``run``, else its own) and its own diagnosis."""
     f = RankFigures(rank.rank, rank.local_rank, rank.node_rank, rank.host, rank.missing,
                     clock_offset=rank.clock_offset)
-    if rank.run is None:
+    run = run if run is not None else rank.run
+    if run is None:
         return f
     m = d.metrics
     f.verdict, f.cause, f.steps = d.verdict, d.cause, m.steps_total
     f.cpu_cores = None if m.tree_cpu_cores is None else max(0.0, m.tree_cpu_cores - (m.children_cpu_cores or 0.0))
     f.workers_cpu_cores = m.children_cpu_cores
-    own = _own_gpu(rank)
+    own = _own_gpu(rank, run)
     utils = [g.util_gpu for g in own if g.util_gpu is not None]
     f.gpu_util = statistics.median(utils) if utils else m.gpu_util_median
     mems = [g.memory_used / g.memory_total for g in own if g.memory_used is not None and g.memory_total]
     f.gpu_memory_peak = max(mems) if mems else m.gpu_memory_peak_fraction
     if not m.steps_judged:
         return f
-    judged = rank.run.steps[m.warmup_steps:]
+    judged = run.steps[m.warmup_steps:]
     n = m.steps_judged
     f.step_time = m.step_time_mean
     f.input_wait = sum(s.data_wait for s in judged) / n
@@ -326,9 +334,9 @@ def diagnose_job(job: JobRun, th: JobThresholds = DEFAULT_JOB_THRESHOLDS,
             accepted[r] = sent
             per_rank[r] = sent.diagnosis
             rows.append(dataclasses.replace(sent.figures, clock_offset=rank.clock_offset))
-        elif rank.run is not None:
-            per_rank[r] = diagnose(rank.run, thresholds[r])
-            rows.append(rank_figures(rank, per_rank[r]))
+        elif (run := passing_run(rank)) is not None:
+            per_rank[r] = diagnose(run, thresholds[r])
+            rows.append(rank_figures(rank, per_rank[r], run))
         else:
             rows.append(RankFigures(r, rank.local_rank, rank.node_rank, rank.host, rank.missing or "no report"))
     missing = [row.rank for row in rows if row.missing]

@@ -603,6 +603,7 @@ class JobRun:
         if not isinstance(ranks, list):
             raise RecordError(f"job.ranks: expected a list, got {_got(ranks)}")
         job = _from_json(cls, {**data, "ranks": []}, "job")
+        _check_job_size(ranks)
         job.ranks = []
         for i, r in enumerate(ranks):
             where = f"job.ranks[{i}]"
@@ -631,8 +632,12 @@ class JobRun:
 
 #: More ranks than any job loadprof merges: a bound on what a saved file may claim.
 MAX_WORLD_SIZE = 2**20
-#: The same bound as a saved report's (report/__init__.py MAX_SAVED_BYTES), on one rank's columns.
-MAX_COLUMN_BYTES = 256 * 2**20
+#: One rank's columns, decompressed: loadprof's buffers hold at most 20,000 step records and
+#: 20,000 readings of each sampler (settings.max_samples), ~45 MiB with 256 cores and 8 GPUs.
+MAX_COLUMN_BYTES = 64 * 2**20
+#: Every rank's columns together: a job file's memory is bounded by this, not by its ranks
+#: (docs/bad-input.md gives the peak memory measured at this size).
+MAX_JOB_COLUMN_BYTES = 256 * 2**20
 
 # NOTE [ Columns of a rank ]
 # Rank 0 reads every rank's run at exit while torchrun waits, and writes the job's file:
@@ -1072,6 +1077,25 @@ def check_rank(rank: RankRun, where: str) -> None:
 def check_record(cls: type[T], data: Any, where: str) -> T:
     """``data`` as a ``cls`` record, every field checked against its declared type (RecordError)."""
     return _from_json(cls, data, where)
+
+
+def _declared_bytes(entry: Any) -> int:
+    """What a rank's ``run.columns.layout`` says its columns decompress to (0 where it says nothing
+    sensible: ``decode_columns`` names that)."""
+    raw = entry.get("run") if isinstance(entry, dict) else None
+    held = raw.get("columns") if isinstance(raw, dict) else None
+    layout = held.get("layout") if isinstance(held, dict) else None
+    if not isinstance(layout, list):
+        return 0
+    return 8 * sum(e[1] for e in layout if isinstance(e, list) and len(e) == 2 and type(e[1]) is int and e[1] > 0)
+
+
+def _check_job_size(ranks: list[Any]) -> None:
+    """Before any rank is decompressed: the job's columns in all, against MAX_JOB_COLUMN_BYTES."""
+    total = sum(map(_declared_bytes, ranks))
+    if total > MAX_JOB_COLUMN_BYTES:
+        raise RecordError(f"job.ranks: columns of {total / 2**20:.0f} MiB over {len(ranks)} ranks, more than "
+                          f"the {MAX_JOB_COLUMN_BYTES // 2**20} MiB in all this loadprof reads")
 
 
 def _check_job(job: JobRun) -> None:

@@ -19,7 +19,9 @@ from ..jsonio import read_json
 from ..records import JobRun, RankRun, RecordError, rank_from_dict
 
 #: The same bound as one saved report (report/__init__.py MAX_SAVED_BYTES).
-MAX_RANK_FILE_BYTES = 256 * 2**20
+MAX_RANK_FILE_BYTES = 64 * 2**20
+#: The rank files of one merge together: each is held as objects until the job is built.
+MAX_MERGE_BYTES = 256 * 2**20
 
 
 class MergeError(Exception):
@@ -61,6 +63,19 @@ def merge_ranks(ranks: list[RankRun], merged: str = "offline") -> JobRun:
     return JobRun(world_size=world, run_id=ranks[0].run_id, merged=merged, ranks=out, limitations=limitations)
 
 
+def _check_total(paths: list[str]) -> None:
+    sizes = []
+    for path in paths:
+        try:
+            sizes.append(os.stat(path).st_size)
+        except OSError:
+            sizes.append(0)  # read_rank_file says what is wrong with it
+    if sum(sizes) > MAX_MERGE_BYTES:
+        biggest = max(range(len(paths)), key=sizes.__getitem__)
+        raise MergeError(f"{paths[biggest]}: the {len(paths)} rank files hold {sum(sizes) / 2**20:.0f} MiB in all, "
+                         f"more than the {MAX_MERGE_BYTES // 2**20} MiB one merge reads")
+
+
 class MergeCommand:
     name = "merge"
     help = "merge the per-rank reports of a multi-process job (report.rank*.json) into one report"
@@ -77,6 +92,7 @@ class MergeCommand:
         from ..report.job import build_job_report
 
         try:
+            _check_total(args.paths)
             job = merge_ranks([read_rank_file(p) for p in args.paths])
         except MergeError as exc:
             raise UsageError(str(exc)) from None

@@ -271,9 +271,10 @@ def write_json(report: Any, path: str | os.PathLike[str]) -> None:
     write_text_atomic(path, JsonRenderer().render(report))
 
 
-#: Larger than any run loadprof writes (its buffers are bounded: a few tens of MiB at
-#: most), so a bigger file is refused before it is read (bounded memory).
-MAX_SAVED_BYTES = 256 * 2**20
+#: Larger than any run loadprof writes (its buffers are bounded: ~35 MiB for 20,000 readings
+#: of 160 cores), so a bigger file is refused before it is read: parsing JSON costs ~10-20x
+#: its size in memory (docs/bad-input.md gives the peak measured at this size).
+MAX_SAVED_BYTES = 64 * 2**20
 
 
 def load_report(path: str | os.PathLike[str], gpu_hour_price: float | None = None) -> Any:

@@ -18,7 +18,7 @@ from rich.text import Text
 
 from ..advice import Recommendation, recommend
 from ..diagnosis import DEFAULT_THRESHOLDS
-from ..jobdiagnosis import JobDiagnosis, OwnVerdict, RankFigures, diagnose_job, where
+from ..jobdiagnosis import JobDiagnosis, OwnVerdict, RankFigures, diagnose_job, passing_run, where
 from ..jsonio import dumps
 from ..records import SCHEMA_VERSION, JobRun
 
@@ -125,7 +125,7 @@ def build_job_report(job: JobRun, own: dict[int, OwnVerdict] | None = None) -> J
         if rank in d.own:
             recs = d.own[rank].recommendations
         else:
-            run = by_rank[rank].run if rank in by_rank else None
+            run = passing_run(by_rank[rank]) if rank in by_rank else None
             if run is None or diagnosis is None:
                 continue
             recs = recommend(run, diagnosis, d.thresholds.get(rank, DEFAULT_THRESHOLDS))
