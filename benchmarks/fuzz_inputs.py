@@ -8,7 +8,14 @@ many cases ended in clean errors and how many read correct data, and every case
 that broke the contract (another exception, a hang of our code, memory past the
 limit) with the mutation that caused it, to replay. Not a test: nothing is asserted.
 
-    python benchmarks/fuzz_inputs.py [--seconds 120] [--seed 0] [--kinds tfrecord,info,example,index,hdf5]
+Kinds ``run`` and ``job``: a single-process report and a 2-rank job file, written by real
+runs (``loadprof diagnose`` of a tiny loop, and under torchrun), mutated as text (truncation,
+bit flips) or as JSON (a value swapped for another type, huge numbers, null, deep nesting,
+a key dropped, a rank duplicated, a rank's columns declared a thousandfold larger), then
+``report``, ``report --html`` and ``check`` run on each in a child under a memory cap: any
+exit but 0, 1 or 2 with at most one line on stderr breaks the contract (docs/bad-input.md).
+
+    python benchmarks/fuzz_inputs.py [--seconds 120] [--seed 0] [--kinds tfrecord,info,example,index,hdf5,run,job]
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.fuzz_t
 
 from tests import fuzz_targets as ft  # noqa: E402
 
-KINDS = ("tfrecord", "info", "example", "index", "hdf5")
+KINDS = ("tfrecord", "info", "example", "index", "hdf5", "run", "job")
+SAVED = ("run", "job")
 
 
 def random_ops(rng: random.Random) -> list[tuple[Any, ...]]:
@@ -65,8 +73,124 @@ def random_json(rng: random.Random, depth: int = 0) -> Any:
             for _ in range(rng.randint(0, 3))}
 
 
+TINY = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for x, y in DataLoader(TensorDataset(torch.randn(64, 8), torch.randn(64, 1)), batch_size=2, num_workers=1):
+    loss = ((model(x) - y) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def saved_bases(folder: Path) -> dict[str, bytes]:
+    """A real run's report and a real 2-rank job's file (torchrun, gloo on CPU)."""
+    import os
+    import subprocess
+
+    (folder / "tiny.py").write_text(TINY)
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([str(bin_dir / "loadprof"), "diagnose", "--no-gpu", "-q", "--json", "run.json", "tiny.py"],
+                   cwd=folder, env=env, capture_output=True, timeout=300, check=True)
+    subprocess.run([str(bin_dir / "torchrun"), "--standalone", "--nproc-per-node=2", "--no-python",
+                    str(bin_dir / "loadprof"), "diagnose", "--no-gpu", "--json", "job.json", "tiny.py"],
+                   cwd=folder, env=env, capture_output=True, timeout=300, check=True)
+    return {"run": (folder / "run.json").read_bytes(), "job": (folder / "job.json").read_bytes()}
+
+
+def _paths(value: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [at]
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += _paths(v, (*at, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value[:50]):
+            out += _paths(v, (*at, i))
+    return out
+
+
+def mutate_saved(kind: str, base: bytes, rng: random.Random) -> tuple[bytes, str]:
+    """(mutated file, what was done)."""
+    import json
+
+    how = rng.choice(["truncate", "flip", "swap", "swap", "huge", "null", "nest", "drop"]
+                     + (["duplicate", "stretch"] if kind == "job" else []))
+    if how == "truncate":
+        cut = rng.randrange(len(base))
+        return base[:cut], f"truncate at {cut}"
+    if how == "flip":
+        ops = [("flip", rng.randrange(len(base)), rng.randrange(8)) for _ in range(rng.randint(1, 4))]
+        return ft.mutate(base, ops), f"flip {ops}"
+    doc = json.loads(base)
+    if how == "duplicate":
+        ranks = doc["job"]["ranks"]
+        ranks.append(json.loads(json.dumps(ranks[rng.randrange(len(ranks))])))
+        return json.dumps(doc).encode(), "duplicate a rank"
+    if how == "stretch":
+        entry = doc["job"]["ranks"][rng.randrange(len(doc["job"]["ranks"]))]
+        layout = entry["run"]["columns"]["layout"]
+        i = rng.randrange(len(layout))
+        layout[i][1] *= 1000
+        return json.dumps(doc).encode(), f"layout[{i}] x1000"
+    paths = [p for p in _paths(doc) if p]
+    path = rng.choice(paths)
+    parent = doc
+    for key in path[:-1]:
+        parent = parent[key]
+    last = path[-1]
+    if how == "drop" and isinstance(parent, dict):
+        del parent[last]
+    elif how == "huge":
+        parent[last] = rng.choice([1e308, -1e308, 2**64, -(2**70), 10**400])
+    elif how == "null":
+        parent[last] = None
+    elif how == "nest":
+        parent[last] = json.loads("[" * 200 + json.dumps(parent[last]) + "]" * 200)
+    else:
+        parent[last] = random_json(rng)
+    return json.dumps(doc, allow_nan=True).encode(), f"{how} at {'.'.join(map(str, path))[:120]}"
+
+
+CHILD = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
+from loadprof.cli import main_entry
+sys.argv = ["loadprof", *sys.argv[1:]]
+main_entry()
+"""
+
+
+def check_saved(data: bytes, folder: Path) -> str:
+    """Each command on the file: 'all ok' / 'all error' (exit 2, one line) / 'mixed' / 'FAIL ...'."""
+    import subprocess
+
+    path = folder / "case.json"
+    path.write_bytes(data)
+    labels = []
+    for args in (["report", str(path)], ["report", str(path), "--html", str(folder / "case.html")],
+                 ["check", str(path)]):
+        name = args[0] + (" --html" if "--html" in args else "")
+        try:
+            done = subprocess.run([sys.executable, "-c", CHILD, *args], cwd=folder, capture_output=True, text=True,
+                                  timeout=120)
+        except subprocess.TimeoutExpired:
+            return f"FAIL {name}: timeout"
+        lines = done.stderr.strip().splitlines()
+        if done.returncode not in (0, 1, 2) or "Traceback" in done.stderr or (done.returncode == 2 and len(lines) != 1):
+            return f"FAIL {name}: exit {done.returncode}: {(lines or [''])[-1][:300]}"
+        labels.append("ok" if done.returncode in (0, 1) else "error")
+    return "all ok" if set(labels) == {"ok"} else "all error" if set(labels) == {"error"} else "mixed"
+
+
 def one_case(kind: str, rng: random.Random, bases: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
     """(outcome label, arguments to replay it)."""
+    if kind in SAVED:
+        data, how = mutate_saved(kind, bases["saved"][kind], rng)
+        return check_saved(data, bases["folder"]), (how,)
     ops = random_ops(rng)
     if kind in ("tfrecord", "info"):
         name = rng.choice(sorted(bases["tfrecord"]))
@@ -100,7 +224,9 @@ def main() -> None:
     counts: dict[str, Counter[str]] = {k: Counter() for k in kinds}
     failures: list[tuple[str, str, tuple[Any, ...]]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        bases = ft.build_bases(Path(tmp))
+        bases = ft.build_bases(Path(tmp)) if set(kinds) - set(SAVED) else {}
+        if set(kinds) & set(SAVED):
+            bases["saved"], bases["folder"] = saved_bases(Path(tmp)), Path(tmp)
         start = time.monotonic()
         n = 0
         while time.monotonic() - start < args.seconds:

@@ -1094,7 +1094,7 @@ def _check_job_size(ranks: list[Any]) -> None:
     """Before any rank is decompressed: the job's columns in all, against MAX_JOB_COLUMN_BYTES."""
     total = sum(map(_declared_bytes, ranks))
     if total > MAX_JOB_COLUMN_BYTES:
-        raise RecordError(f"job.ranks: columns of {total / 2**20:.0f} MiB over {len(ranks)} ranks, more than "
+        raise RecordError(f"job.ranks: columns of {total // 2**20} MiB over {len(ranks)} ranks, more than "
                           f"the {MAX_JOB_COLUMN_BYTES // 2**20} MiB in all this loadprof reads")
 
 

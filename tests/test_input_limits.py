@@ -58,3 +58,14 @@ def test_a_saved_run_past_the_size_limit_is_refused_before_it_is_read(tmp_path: 
     path = tmp_path / "big.json"
     path.write_text(head + ",".join([step] * count) + "]}}")
     assert_refused(report(path), path, "larger than")
+
+
+def test_a_layout_count_past_any_float_is_one_line(tmp_path: Path) -> None:
+    # found by benchmarks/fuzz_inputs.py: 10**400 in a layout made the size message an OverflowError
+    import json
+
+    path = write_job(tmp_path / "job.json", 2, 10, 10)
+    doc = json.loads(path.read_text())
+    doc["job"]["ranks"][1]["run"]["columns"]["layout"][0][1] = 10**400
+    path.write_text(json.dumps(doc))
+    assert_refused(report(path), path, "MiB in all")
