@@ -172,7 +172,7 @@ def check_saved(data: bytes, folder: Path) -> str:
     path.write_bytes(data)
     labels = []
     for args in (["report", str(path)], ["report", str(path), "--html", str(folder / "case.html")],
-                 ["check", str(path)]):
+                 ["check", str(path), "--max-data-wait", "0.9"]):
         name = args[0] + (" --html" if "--html" in args else "")
         try:
             done = subprocess.run([sys.executable, "-c", CHILD, *args], cwd=folder, capture_output=True, text=True,
