@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .cpufeatures import has_bf16
-from .diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Metrics, Thresholds, is_tf
+from .diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Metrics, Thresholds, is_tf, steady_wait
+from .loaderhost import cores_per_rank, restart_cost, shm_fit
 from .oom import OutOfMemory, classify
 from .records import GpuInfo, LoaderInfo, Run
 from .stagemodel import (
@@ -51,6 +52,8 @@ IDS = (
     "contention", "loader_memory",
     # the model's intra-op threads against the cores the loader and other processes use
     "threads",
+    # /dev/shm too small for the batches in flight (loaderhost.py)
+    "shared_memory",
     # from the loader's stages (stagemodel.py)
     "gpu_transforms", "gpu_decode", "batched_getitems",
 )
@@ -168,11 +171,13 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
     if input_matters and loader is not None and not tf:
         tree = (m.tree_cpu_cores or 0.0) / cores
         saturated = workers > 0 and tree >= th.cpu_saturated
-        # Leave one core to the training process itself (Lightning's max(1, cpus - 1)).
-        cap = max(1, cores - 1)
+        # Leave one core to the training process itself (Lightning's max(1, cpus - 1)); the
+        # ranks on a node (torchrun's LOCAL_WORLD_SIZE) share its cores: each has its part.
+        per_rank = cores_per_rank(run.environment)
+        cap = max(1, per_rank - 1)
         if cause == "io-latency":
             # Waiting on I/O does not use a core: more workers than cores can hide latency.
-            cap = max(cap, 2 * cores)
+            cap = max(cap, 2 * per_rank)
         need = workers_needed(m, loader)
         # On a contended host more workers still win a larger share of the cores (the
         # scheduler is fair per thread), so the advice stands; only its estimate goes.
@@ -229,13 +234,7 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
                 {"pin_memory": True},
             ))
         if workers > 0 and not loader.persistent_workers and (loader.iterations or 0) > 1:
-            out.append(Recommendation(
-                "persistent_workers", "Keep workers alive between epochs",
-                f"The loader was iterated {loader.iterations} times with {workers} workers; each epoch "
-                "starts its worker processes again.",
-                f"DataLoader(..., num_workers={workers}, persistent_workers=True)",
-                {"persistent_workers": True},
-            ))
+            out.append(_persistent_advice(run, m, loader))
         if workers > 0 and starved and cause in ("io-latency", "too-few-workers") and (loader.prefetch_factor or 2) <= 2:
             out.append(Recommendation(
                 "prefetch", "Prefetch more batches per worker",
@@ -249,6 +248,9 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
             out.append(_convert_advice(loader))
     elif input_matters and tf and loader is not None:
         out.extend(_tf_input_advice(run, m, loader, starved, diagnosis))
+    if not input_matters and not tf and restart_cost(loader, steady_wait(m), _steps_seconds(run)):
+        assert loader is not None
+        out.append(_persistent_advice(run, m, loader))  # measured: epoch starts cost more than 1%
     elif starved and loader is None and cause in ("io-latency", "cpu-bound-preprocessing"):
         fw = run.environment.frameworks
         out.append(_loop_prefetch_advice(m, cause, tf="tensorflow" in fw and "torch" not in fw))
@@ -280,8 +282,55 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
             out.insert(0 if diagnosis.verdict == "compute-bound" else len(out), threads)
     if cause == "host-contended" or any(wid == "host-contended" for wid, _ in diagnosis.warnings):
         out.insert(0, _contention_advice(run, m, cause == "host-contended"))
+    if cause != "shared-memory" and any(wid == "shm-small" for wid, _ in diagnosis.warnings):
+        out.insert(0, _shm_advice(run, m))
     out = _stage_advice(run, diagnosis, out)
     return out
+
+
+def _steps_seconds(run: Run) -> float:
+    return sum(s.duration for s in run.steps)
+
+
+def _persistent_advice(run: Run, m: Metrics, loader: LoaderInfo) -> Recommendation:
+    """Keep the workers between epochs, with what restarting them cost where it was
+    measured (NOTE [ Loader start-up and shards ] in instrument/loaderfacts.py)."""
+    workers = loader.num_workers or 0
+    detail = (f"The loader was iterated {loader.iterations} times with {workers} workers; each epoch "
+              "starts its worker processes again.")
+    steps = _steps_seconds(run)
+    cost = restart_cost(loader, steady_wait(m), steps)
+    values: dict[str, Any] = {"persistent_workers": True}
+    speedup = None
+    if cost is not None:
+        per_epoch, total = cost
+        detail += (f" Measured: each epoch after the first waited {per_epoch * 1000:.0f} ms more for its first "
+                   f"{max(1, loader.start_batches)} batch(es) than for steady ones, {total:.2f} s over the run "
+                   f"({total / steps:.0%} of the time in steps).")
+        values["seconds_per_epoch"] = round(per_epoch, 4)
+        speedup = round(steps / (steps - total), 2) if steps > total else None
+    return Recommendation(
+        "persistent_workers", "Keep workers alive between epochs", detail,
+        f"DataLoader(..., num_workers={workers}, persistent_workers=True)", values, speedup,
+        "estimate: the measured restart waits taken out of the steps" if speedup else "",
+    )
+
+
+def _shm_advice(run: Run, m: Metrics) -> Recommendation:
+    """/dev/shm too small for the batches the workers hand over (loaderhost.py)."""
+    fit = shm_fit(run.environment, m.loader)
+    size = fit.suggested if fit is not None else 8
+    why = (f"{fit.line()}. " if fit is not None else "A loader worker ran out of /dev/shm. ")
+    return Recommendation(
+        "shared_memory", "Give the loader workers room in /dev/shm",
+        why + "Each batch a worker makes goes to the training process through a file in /dev/shm; "
+        "a container's default is 64 MB. Enlarge it, or share batches through files in the temporary "
+        "directory instead.",
+        f"# docker run --shm-size={size}g ...   (or --ipc=host; Kubernetes: an emptyDir with medium: Memory)\n"
+        "# or, at the top of the script:\nimport torch.multiprocessing\n"
+        "torch.multiprocessing.set_sharing_strategy('file_system')",
+        {"shm_size_gib": size, "in_flight_bytes": fit.in_flight if fit else None},
+    )
 
 
 def _contention_advice(run: Run, m: Metrics, cause: bool) -> Recommendation:
@@ -618,6 +667,8 @@ def micro_batch(batch: int | None, requested: int | None, free: int | None,
 
 
 def _memory_advice(run: Run, m: Metrics, tf: bool, cause: str | None) -> list[Recommendation]:
+    if cause == "shared-memory":
+        return [_shm_advice(run, m)]
     out = []
     oom = next((o for o in (classify(line) for line in run.oom_errors) if o is not None), None)
     loader = m.loader

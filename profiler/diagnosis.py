@@ -24,6 +24,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .loaderhost import oversubscribed, shards_fewer_than_workers, shm_fit, shm_small, start_up
 from .oom import OutOfMemory, classify, describe
 from .records import GpuSample, HostSample, LoaderInfo, Run, Step
 from .stagemodel import loading, top_stage_line
@@ -523,6 +524,15 @@ def _out_of_memory(run: Run, m: Metrics, oom: OutOfMemory, ev: list[Evidence]) -
     if m.headroom is not None:
         ev.append(_headroom_evidence(m.headroom, DEFAULT_THRESHOLDS))
     confidence = "high"
+    if oom.kind == "shared-memory":
+        fit = shm_fit(run.environment, m.loader)
+        shm = (fit.line() if fit is not None else
+               f"/dev/shm: {_size(run.environment.shm_free)} free of {_size(run.environment.shm_total or 0)} "
+               "at the start" if run.environment.shm_free is not None else "/dev/shm was not read")
+        ev.insert(1, Evidence("shm", "Batches in flight through /dev/shm", float(fit.in_flight) if fit else None, shm))
+        return Diagnosis("memory-bound", "shared-memory",
+                         f"{describe(oom)}: out of /dev/shm, where workers hand batches over; {shm}",
+                         confidence, ev, m)
     if oom.kind == "worker-died":
         if m.oom_kills:
             ev.insert(1, Evidence("oom_kills", "Processes the kernel's OOM killer killed during the run",
@@ -678,7 +688,33 @@ def diagnose(run: Run, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Diagnosis
             if d.verdict not in ("memory-bound", "inconclusive") else None)
     if near:
         d.warnings.append(("memory-near-limit", near))
+    _loader_host(run, d)
     return d
+
+
+def steady_wait(m: Metrics) -> float:
+    """Seconds the loop waited for a batch over the judged steps: the wait once started."""
+    return m.wait_per_step / max(m.batches_per_step, 1e-9)
+
+
+def _loader_host(run: Run, d: Diagnosis) -> None:
+    """The training loader against its host (loaderhost.py): its start-up as evidence,
+    its shards, cores and /dev/shm as warnings with the measured figures."""
+    loader = d.metrics.loader
+    start = start_up(loader, steady_wait(d.metrics))
+    if start is not None:
+        d.evidence.append(Evidence("first_batch", "Time from iter(loader) to its first batch", start.first_batch,
+                                   start.line(), source="loadprof"))
+    shards = shards_fewer_than_workers(loader)
+    if shards:
+        d.warnings.append(("shards-fewer-than-workers", shards))
+    # Workers that wait on I/O hold no core: more of them than cores is the io-latency advice.
+    busy = oversubscribed(run.environment, loader) if d.cause != "io-latency" else None
+    if busy:
+        d.warnings.append(("workers-oversubscribed", busy))
+    shm = shm_small(run.environment, loader)
+    if shm and d.cause != "shared-memory":  # a run that died of it says so in its verdict
+        d.warnings.append(("shm-small", shm))
 
 
 def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:

@@ -21,7 +21,8 @@ __all__ = ["OutOfMemory", "classify", "describe", "parse_size", "record_line"]
 class OutOfMemory:
     #: "cuda", "mps", "cpu-allocator", "tensorflow-gpu", "tensorflow-cpu", "numpy",
     #: "memory" (a bare MemoryError), "worker" (an error re-raised from a loader worker),
-    #: "worker-died" (a loader worker that exited without a word)
+    #: "worker-died" (a loader worker that exited without a word), "shared-memory" (a loader
+    #: worker that found /dev/shm full: SIGBUS, or "No space left on device" re-raised)
     kind: str
     device: str  # "gpu" or "host"
     requested_bytes: int | None  # the allocation that failed, when the message says
@@ -79,6 +80,9 @@ def classify(line: str) -> OutOfMemory | None:
         device = "gpu" if re.search(r"device:GPU", text) else "host"
         return OutOfMemory(f"tensorflow-{'gpu' if device == 'gpu' else 'cpu'}", device, _tf_bytes(text), text)
     caught = re.match(r"Caught (\w+) in DataLoader worker process (\d+)", text)
+    shm = _shared_memory(text, low, caught.group(2) if caught else None)
+    if shm is not None:
+        return shm
     if caught and caught.group(1) in ("MemoryError", "_ArrayMemoryError", "OutOfMemoryError"):
         at = text.find("Unable to allocate")
         return OutOfMemory("worker", "host", parse_size(text[at:]) if at >= 0 else None, text, worker=caught.group(2))
@@ -91,6 +95,19 @@ def classify(line: str) -> OutOfMemory | None:
     return None
 
 
+def _shared_memory(text: str, low: str, worker: str | None) -> OutOfMemory | None:
+    """A loader worker that ran out of /dev/shm: killed by SIGBUS touching a shared-memory
+    page that tmpfs could not back (PyTorch's C++ worker watchdog), or its allocation of a
+    shared-memory file refused (torch's "unable to allocate shared memory(shm) for file
+    </torch_...>: No space left on device", re-raised in the training process)."""
+    died = re.match(r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]+)\) is killed by signal: Bus error", text)
+    if died:
+        return OutOfMemory("shared-memory", "host", None, text, worker=died.group(1).strip())
+    if worker is not None and ("shared memory" in low or "/torch_" in text) and "no space left on device" in low:
+        return OutOfMemory("shared-memory", "host", None, text, worker=worker)
+    return None
+
+
 def describe(oom: OutOfMemory) -> str:
     """One line for the report: what ran out, and the allocation that failed."""
     what = {
@@ -100,6 +117,8 @@ def describe(oom: OutOfMemory) -> str:
         "numpy": "NumPy could not allocate", "memory": "Python ran out of memory",
         "worker": f"loader worker {oom.worker} ran out of memory",
         "worker-died": f"loader worker (pid {oom.worker}) died without an error",
+        "shared-memory": (f"loader worker (pid {oom.worker}) was killed by SIGBUS" if "Bus error" in oom.message
+                          else f"loader worker {oom.worker} could not allocate shared memory (/dev/shm full)"),
     }[oom.kind]
     if oom.requested_bytes:
         what += f": {_human(oom.requested_bytes)} requested"

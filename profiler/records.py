@@ -200,6 +200,17 @@ class LoaderInfo:
     stages: list[StageTime] = field(default_factory=list)
     stage_batches: int = 0
     stage_seconds: float = 0.0
+    # Start-up and sharding, measured by instrument/loaderfacts.py (NOTE [ Loader start-up and shards ]).
+    #: seconds from iter(loader) to its first batch, per training iteration (epoch), the first 100
+    first_batch_s: list[float] = field(default_factory=list)
+    #: seconds the loop waited, iter() included, for each iteration's first ``start_batches`` batches
+    start_wait_s: list[float] = field(default_factory=list)
+    start_batches: int = 0  # batches counted in each ``start_wait_s``: one per worker
+    #: batches each worker delivered, over the iterations seen (IterableDataset with workers)
+    worker_batches: list[int] = field(default_factory=list)
+    #: the most workers that ended their share without a batch in one iteration (None: not read)
+    workers_ended_empty: int | None = None
+    shards: int | None = None  # shards the dataset says it has (n_shards, its urls), where it says
 
 
 @dataclass
@@ -219,6 +230,11 @@ class Environment:
     cuda_in_use: bool = False  # the training process put work on a GPU
     cpu_features: list[str] = field(default_factory=list)  # cpufeatures.KNOWN_FLAGS present
     intra_op_threads: int | None = None  # torch.get_num_threads() at the end of the run
+    #: ranks of the job on this node (torchrun's LOCAL_WORLD_SIZE), None outside a launcher
+    local_world_size: int | None = None
+    #: bytes free and in all on /dev/shm at the start, where worker processes hand batches over
+    shm_free: int | None = None
+    shm_total: int | None = None
 
 
 @dataclass
@@ -420,6 +436,8 @@ def _check_run(run: Run) -> None:
             raise bad(f"run.environment.{name}", f"expected >= 1, got {getattr(env, name)}")
     if env.memory_total < 0:
         raise bad("run.environment.memory_total", "negative")
+    if env.local_world_size is not None and env.local_world_size < 1:
+        raise bad("run.environment.local_world_size", f"expected >= 1, got {env.local_world_size}")
     for i, step in enumerate(run.steps):
         where = f"run.steps[{i}]"
         if step.end < step.start:

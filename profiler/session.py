@@ -52,6 +52,7 @@ from .oom import classify as classify_oom
 from .oom import record_line
 from .records import Environment, Run, Step
 from .samplers import HostProcess, NvmlSource, Sampler, usable_cores
+from .samplers.node import local_world_size, shm_space
 from .settings import Settings
 from .signals import SafePoint, Terminated
 from .timeline import StopRun, Timeline
@@ -617,6 +618,7 @@ def _environment() -> Environment:
         mod = sys.modules.get(name)
         if mod is not None:
             frameworks[name] = str(getattr(mod, "__version__", "?"))
+    shm = shm_space()
     return Environment(
         python=platform.python_version(),
         platform=platform.platform(),
@@ -627,6 +629,9 @@ def _environment() -> Environment:
         logical_cores=psutil.cpu_count(logical=True) or 1,
         memory_total=psutil.virtual_memory().total,
         cpu_features=cpu_features(),
+        local_world_size=local_world_size(),
+        shm_free=shm[0] if shm else None,
+        shm_total=shm[1] if shm else None,
     )
 
 

@@ -254,7 +254,8 @@ def test_a_fix_that_moves_the_loss_is_unsafe_and_never_wins(script: Path) -> Non
 
 def test_other_processes_on_the_host_are_a_tune_warning_in_the_table_and_the_json(script: Path) -> None:
     quiet = Search(str(script), None, [], TuneOptions(fixes=("workers",), ideal=False), runner=FakeJob(script)).run()
-    assert quiet.warnings() == [] and quiet.to_dict()["warnings"] == []
+    # (a trial of more workers than cores may carry workers-oversubscribed: not the host's doing)
+    assert "host-contended" not in {w["id"] for w in quiet.to_dict()["warnings"]}
     job = FakeJob(script, cores=4, others=2.0)  # half the usable cores busy outside the job
     result = Search(str(script), None, [], TuneOptions(fixes=("workers",), ideal=False), runner=job).run()
     warned = {w["id"]: w["detail"] for w in result.to_dict()["warnings"]}

@@ -43,6 +43,7 @@ from ..samplers.host import own_peak_rss, own_rss
 from ..timeline import CPU_READ_ALL, CPU_READ_EVERY, Timeline
 from . import ThisProcess
 from .itemcheck import items_repeat
+from .loaderfacts import LoaderFacts
 from .stagepipe import StageCollector
 
 
@@ -97,6 +98,7 @@ class TorchHooks:
         self._memory_device: Any = None  # the parameters' device at that reading
         self._peak_before: int | None = None  # the process's peak RSS when the hooks went in
         self._stages = StageCollector()  # stage by stage, in workers too (stagepipe.py)
+        self.facts = LoaderFacts(self.pid)  # start-up and worker shares (NOTE [ Loader start-up and shards ])
         self.installed = False
 
     # -- install / remove -----------------------------------------------------
@@ -110,6 +112,8 @@ class TorchHooks:
         wrap(_dl.DataLoader, "__iter__", self._wrap_iter)
         wrap(_dl._BaseDataLoaderIter, "__next__", self._wrap_next)
         self._stages.install_pin(self._patches)
+        wrap(_dl._MultiProcessingDataLoaderIter, "_process_data", self.facts.wrap_process_data)
+        wrap(_dl._MultiProcessingDataLoaderIter, "_mark_worker_as_unavailable", self.facts.wrap_mark_unavailable)
         self._handles.append(_optim.register_optimizer_step_post_hook(self._make_optimizer_post()))
         self._forward_handle = torch.nn.modules.module.register_module_forward_pre_hook(self._on_forward)
         autocast_cls = torch.amp.autocast_mode.autocast
@@ -123,6 +127,7 @@ class TorchHooks:
             return
         self.installed = False
         self.pid = -1  # a wrapper that must stay in a chain is inert from now on (NOTE [ One patcher ])
+        self.run.oom_errors.extend(self.facts.finish())  # workers killed by SIGBUS: /dev/shm
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -144,6 +149,9 @@ class TorchHooks:
         hooks = self
 
         def __iter__(loader: Any) -> Any:
+            t_iter = hooks.clock()
+            if ThisProcess.pid == hooks.pid:
+                hooks.facts.before_iter(loader)
             it = (hooks._stages.iterate(loader, hooks._loader_info(loader), original)  # NOTE [ Stage timing in workers ]
                   if ThisProcess.pid == hooks.pid else original(loader))
             if ThisProcess.pid == hooks.pid:
@@ -157,6 +165,7 @@ class TorchHooks:
                     pass
                 if info.sample_nbytes is None:
                     hooks._facts_pending = True
+                hooks.facts.on_iter(loader, it, info, t_iter, torch.is_grad_enabled())
             return it
 
         return __iter__
@@ -171,6 +180,7 @@ class TorchHooks:
         eval_wait = self.timeline.eval_wait
         grad_enabled = torch.is_grad_enabled
         stage_drain = self._stages.maybe_drain
+        starting, start_batch = self.facts.starting, self.facts.batch
 
         def __next__(it: Any) -> Any:
             if ThisProcess.pid != hooks.pid:
@@ -189,6 +199,8 @@ class TorchHooks:
                 batch = original(it)
                 t1 = clock()
                 cpu = None
+            if starting:  # an iteration's first batches: NOTE [ Loader start-up and shards ]
+                start_batch(it, t0, t1)
             size: int | None = None
             if hooks._facts_pending:
                 hooks._facts_pending = False

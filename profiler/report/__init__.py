@@ -155,6 +155,11 @@ class Report:
         return loading(self.run, self.diagnosis.metrics.loader)
 
     @property
+    def loading(self) -> dict[str, Any] | None:
+        """The JSON report's ``loading``: the stages, slowest first, and their totals."""
+        return loading_dict(self.stages)
+
+    @property
     def loaders(self) -> list[LoaderInfo]:
         return self.run.loaders
 
@@ -195,7 +200,7 @@ class Report:
             "data_wait_method": self.data_wait_method,
             "samples": self.samples,
             "memory": self.memory,
-            "loading": loading_dict(self.stages),
+            "loading": self.loading,
             "loaders": [asdict(li) for li in self.loaders],
             "environment": asdict(run.environment),
             "limitations": list(self.limitations),

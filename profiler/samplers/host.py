@@ -794,10 +794,13 @@ def _affinity(pid: int) -> list[int]:
 
 
 def usable_cores(cgroup_root: Path | None = None) -> int:
-    """CPUs this process may use: its affinity, limited by a cgroup CPU quota, at least 1.
+    """CPUs this process may use: its affinity, limited by a cgroup CPU quota and by
+    Slurm's ``SLURM_CPUS_PER_TASK``, at least 1.
 
     A container given ``--cpus=1.5`` still sees every host core in its affinity
     mask; only the CFS quota says it gets 1.5 CPUs of time, which rounds up to 2.
+    A Slurm step without task affinity (``TaskPlugin=task/none``, no cgroup) sees
+    every core too; its allocation is the task's ``--cpus-per-task``.
     ``cgroup_root`` is the cgroup filesystem mount (``/sys/fs/cgroup``); pass a
     directory holding ``cpu.max`` (v2) or ``cpu.cfs_quota_us`` + ``cpu.cfs_period_us``
     (v1, also looked for under ``cpu/`` and ``cpu,cpuacct/``) to test.
@@ -807,6 +810,9 @@ def usable_cores(cgroup_root: Path | None = None) -> int:
     quota = cgroup_cpu_limit(cgroup_root)
     if quota is not None:
         n = min(n, math.ceil(quota))
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if slurm.strip().isdigit() and int(slurm) > 0:
+        n = min(n, int(slurm))
     return max(1, n)
 
 

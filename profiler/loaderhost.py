@@ -1,0 +1,181 @@
+"""Pure: a loader against its host: shards for its workers, its workers' start each
+epoch, its processes against the node's cores, its batches in flight against /dev/shm.
+
+No I/O: the figures were measured by instrument/loaderfacts.py (NOTE [ Loader
+start-up and shards ]) and read at the start by samplers/node.py and
+samplers/host.py; diagnosis.py turns them into warnings and evidence, advice.py into
+the fixes. Each check returns the measured figures and one line that says them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from .records import Environment, LoaderInfo
+
+#: Ours: an epoch restart is worth fixing once the waits it adds reach 1% of the time in steps.
+RESTART_SHARE = 0.01
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _secs(x: float) -> str:
+    return f"{x * 1000:.1f} ms" if x < 1 else f"{x:.2f} s"
+
+
+# -- shards -------------------------------------------------------------------
+def shards_fewer_than_workers(loader: LoaderInfo | None) -> str | None:
+    """Why some workers of an IterableDataset get no data, with the fix; None when
+    every worker delivered and the dataset does not say it has fewer shards."""
+    workers = (loader.num_workers or 0) if loader else 0
+    if loader is None or workers < 2:
+        return None
+    empty = loader.workers_ended_empty or 0
+    shards = loader.shards
+    if not empty and (shards is None or shards >= workers):
+        return None
+    parts = []
+    if shards is not None:
+        parts.append(f"the dataset has {shards} shard{'s' if shards != 1 else ''} for {workers} workers")
+    if empty:
+        per = ", ".join(str(n) for n in loader.worker_batches)
+        parts.append(f"{empty} of the {workers} workers ended their share without a batch"
+                     + (f" (batches per worker: {per})" if per else ""))
+    busy = workers - empty if empty else min(workers, shards or workers)
+    return ("; ".join(parts) + f": the loader runs on {busy} worker{'s' if busy != 1 else ''}, not {workers}. "
+            f"Write the data in at least {workers} shards (a multiple of workers x ranks; Hugging Face "
+            "datasets starts at most n_shards workers: to_iterable_dataset(num_shards=...)), "
+            f"or set num_workers={max(1, busy)}")
+
+
+# -- start-up each epoch ----------------------------------------------------------
+@dataclass
+class StartUp:
+    """A training loader's start-up: its first batch, and what each epoch's start cost."""
+
+    first_batch: float  # seconds from iter(loader) to the first batch of the first epoch
+    later_first_batch: float | None  # median of the later epochs'
+    epochs: int  # training iterations with a measured start
+    start_batches: int  # batches counted as each epoch's start (one per worker)
+    steady_wait: float  # seconds the loop waits for a batch once started (judged steps)
+    #: seconds each epoch after the first waited for its first batches beyond steady ones
+    restart_extra: list[float]
+
+    @property
+    def extra_per_epoch(self) -> float | None:
+        return statistics.median(self.restart_extra) if self.restart_extra else None
+
+    def line(self) -> str:
+        text = f"{_secs(self.first_batch)} (first epoch)"
+        if self.later_first_batch is not None:
+            text += f"; {_secs(self.later_first_batch)} later epochs (median of {self.epochs - 1})"
+        extra = self.extra_per_epoch
+        if extra is not None:
+            text += (f"; each epoch's first {self.start_batches} batch(es) waited {_secs(extra)} more than "
+                     f"steady ones ({_secs(self.steady_wait)} a batch)")
+        return text
+
+
+def start_up(loader: LoaderInfo | None, steady_wait: float) -> StartUp | None:
+    """The start-up of ``loader`` from its records, ``steady_wait`` the loop's wait per
+    batch once started; None where no first batch was timed."""
+    if loader is None or not loader.first_batch_s:
+        return None
+    firsts = loader.first_batch_s
+    k = max(1, loader.start_batches)
+    extra = [max(0.0, w - k * steady_wait) for w in loader.start_wait_s[1:]]
+    return StartUp(firsts[0], statistics.median(firsts[1:]) if len(firsts) > 1 else None, len(firsts),
+                   k, steady_wait, extra)
+
+
+def restart_cost(loader: LoaderInfo | None, steady_wait: float, steps_seconds: float) -> tuple[float, float] | None:
+    """(seconds per epoch, seconds over the run) that restarting the workers each epoch
+    added to the waits, where it reaches ``RESTART_SHARE`` of the time in steps; None
+    for persistent workers, one epoch, or too little to matter."""
+    if loader is None or not loader.num_workers or loader.persistent_workers:
+        return None
+    s = start_up(loader, steady_wait)
+    if s is None or not s.restart_extra:
+        return None
+    total = sum(s.restart_extra)
+    if steps_seconds <= 0 or total < RESTART_SHARE * steps_seconds:
+        return None
+    return s.extra_per_epoch or 0.0, total
+
+
+# -- cores ------------------------------------------------------------------------
+def oversubscribed(env: Environment, loader: LoaderInfo | None) -> str | None:
+    """Loader workers and ranks beyond the node's usable cores, or None."""
+    ranks = env.local_world_size or 1
+    workers = (loader.num_workers or 0) if loader else 0
+    busy = ranks * (workers + 1)
+    cores = env.usable_cores
+    if busy <= cores:
+        return None
+    fit = max(0, cores // ranks - 1)
+    who = f"{ranks} ranks on this node x ({workers} loader workers + the rank)" if ranks > 1 else \
+        f"{workers} loader workers + the training process"
+    return (f"{who} = {busy} processes for {cores} usable cores (affinity, cgroup quota, SLURM_CPUS_PER_TASK): "
+            f"they queue for the cores and each gets a share of one; num_workers={fit}{' per rank' if ranks > 1 else ''} "
+            "fits")
+
+
+def cores_per_rank(env: Environment) -> int:
+    """The usable cores a rank has to itself where the node's ranks share them (torchrun's LOCAL_WORLD_SIZE)."""
+    return max(1, env.usable_cores // (env.local_world_size or 1))
+
+
+# -- /dev/shm -----------------------------------------------------------------------
+@dataclass
+class ShmFit:
+    """The batches in flight through /dev/shm against its free space."""
+
+    batch_bytes: int
+    workers: int
+    prefetch: int
+    ranks: int
+    free: int
+    total: int | None
+
+    @property
+    def in_flight(self) -> int:
+        return self.batch_bytes * self.workers * self.prefetch * self.ranks
+
+    @property
+    def suggested(self) -> int:
+        """A --shm-size that holds twice the batches in flight, in whole GiB (at least 1)."""
+        return max(1, math.ceil(2 * self.in_flight / 2**30))
+
+    def line(self) -> str:
+        ranks = f" x {self.ranks} ranks" if self.ranks > 1 else ""
+        total = f" of {_size(self.total)}" if self.total else ""
+        return (f"{self.workers} workers x prefetch_factor {self.prefetch}{ranks} x {_size(self.batch_bytes)} "
+                f"batches = {_size(self.in_flight)} in flight through /dev/shm; {_size(self.free)} free{total}")
+
+
+def shm_fit(env: Environment, loader: LoaderInfo | None) -> ShmFit | None:
+    """The batches in flight against /dev/shm, where both are known and the loader has workers."""
+    if loader is None or not loader.num_workers or env.shm_free is None:
+        return None
+    if not loader.sample_nbytes or not loader.batch_size:
+        return None
+    return ShmFit(loader.sample_nbytes * loader.batch_size, loader.num_workers, loader.prefetch_factor or 2,
+                  env.local_world_size or 1, env.shm_free, env.shm_total)
+
+
+def shm_small(env: Environment, loader: LoaderInfo | None) -> str | None:
+    """The ``shm-small`` warning: more batches in flight than /dev/shm has room for, with the fix."""
+    fit = shm_fit(env, loader)
+    if fit is None or fit.in_flight <= fit.free:
+        return None
+    return (f"{fit.line()}: a worker that finds it full dies (bus error, or 'No space left on device'). "
+            f"Give the container more (docker run --shm-size={fit.suggested}g, or --ipc=host), or share "
+            "through files: torch.multiprocessing.set_sharing_strategy('file_system')")
