@@ -61,9 +61,12 @@ def loading(run: Run, loader: LoaderInfo | None) -> Loading | None:
         return None
     n = loader.stage_batches
     stages = list(loader.stages)
+    # The stages are timed on a sample of the batches (NOTE [ Timing a sample of the
+    # batches ] in instrument/stages.py); the steps' figures are over all of them.
+    batches = sum(s.merged for s in run.steps) or 1
     h2d = sum(s.h2d for s in run.steps)
     if h2d > 0:
-        stages.append(StageTime("copy", "host-to-device", h2d, None, sum(s.merged for s in run.steps), "main", False))
+        stages.append(StageTime("copy", "host-to-device", h2d * n / batches, None, n, "main", False))
     total = sum(s.seconds for s in stages) or 1e-12
     rows = [StageRow(f"{s.kind}: {s.name}", s.kind, s.name, 1000 * s.seconds / n, s.seconds / total, s.where,
                      s.random, None if s.cpu is None else 1000 * s.cpu / n, s.order, s.nbytes, s.files)
@@ -71,7 +74,7 @@ def loading(run: Run, loader: LoaderInfo | None) -> Loading | None:
     rows.sort(key=lambda r: -r.ms_per_batch)
     wait = None
     if not loader.num_workers and run.steps:
-        wait = 1000 * sum(s.data_wait for s in run.steps) / n
+        wait = 1000 * sum(s.data_wait for s in run.steps) / batches
     return Loading(rows, 1000 * total / n, 1000 * loader.stage_seconds / n, wait, n, loader.batch_size or 1)
 
 

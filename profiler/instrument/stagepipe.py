@@ -43,7 +43,9 @@ import marshal
 import os
 import select
 import struct
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from multiprocessing import connection, util
 from typing import Any
@@ -56,6 +58,12 @@ from . import stages
 SEND_EVERY = 0.2
 #: Seconds between two drains of the pipes in the training process (on a batch).
 DRAIN_EVERY = 0.2
+#: In-process loading is timed stage by stage only once ``DECIDE_AFTER`` batches after
+#: the first (a cold start) showed the loop waiting ``INPUT_SHARE`` of its time or more:
+#: the report's data-starved cut-off (diagnosis.Thresholds.input_high). Below it the
+#: hooks and the stack reader cost a short-step loop 1-3% (benchmarks/overhead.py).
+DECIDE_AFTER = 4
+INPUT_SHARE = 0.20
 #: Bytes POSIX writes to a pipe at once (Linux: 4096; POSIX's minimum is 512).
 PIPE_BUF = getattr(select, "PIPE_BUF", 512)
 #: The user's functions listed apart (the rest of __getitem__ stays one row), and the
@@ -133,6 +141,7 @@ def _start_worker(conn: connection.Connection) -> None:
     os.set_blocking(conn.fileno(), False)
     stages._state.current = None
     stages._state.sampler = None  # a forked worker inherits the record of a thread it does not have
+    stages._state.fetching = threading.Event()  # and maybe a lock that thread held at the fork
     stages.install()
     rec = stages.StageRecorder("workers")
     stages._state.worker = rec
@@ -168,6 +177,12 @@ class StageCollector:
         self._serial = itertools.count()
         self._next_drain = 0.0
         self._in_process = False
+        # In-process loaders wait for the loop's input share (NOTE [ Timing a sample of the batches ])
+        self._pending: list[tuple[Any, _Loader]] = []  # (weak ref to a fetcher, its loader)
+        self._decided = False
+        self._waits = 0.0
+        self._first: float | None = None
+        self._seen = 0
         self._pin = [0.0, 0]  # seconds and batches in pin_memory (the pin thread, or the loop)
         self.limitations: list[str] = []
 
@@ -206,13 +221,10 @@ class StageCollector:
             it = original(loader)
             fetcher = getattr(it, "_dataset_fetcher", None)
             if fetcher is not None:
-                if not self._in_process:
-                    self._in_process = True
-                    stages.install()
-                    stages.start_sampler()
-                if entry.main is None:
-                    entry.main = stages.StageRecorder("main")
-                fetcher._loadprof_stages = entry.main
+                if self._in_process:
+                    self._attach(fetcher, entry)
+                elif not self._decided:
+                    self._pending.append((weakref.ref(fetcher), entry))
             return it
         if getattr(loader, "persistent_workers", False) and getattr(loader, "_iterator", None) is not None:
             return original(loader)  # its workers run already, with their pipe
@@ -227,7 +239,38 @@ class StageCollector:
         entry.pipes.append((next(self._serial), read))
         return it
 
-    def maybe_drain(self, now: float) -> None:
+    def _attach(self, fetcher: Any, entry: _Loader) -> None:
+        if entry.main is None:
+            entry.main = stages.StageRecorder("main")
+        fetcher._loadprof_stages = entry.main
+
+    def _decide(self, t0: float, t1: float) -> None:
+        """Time in-process loading stage by stage only once the loop has been seen to
+        wait for it: loading that takes under ``INPUT_SHARE`` of the loop needs no table,
+        and the hooks would cost the loop more than it is worth."""
+        self._seen += 1
+        if self._seen == 1:
+            return  # the first batch: imports, cold caches, a worker's start
+        if self._first is None:
+            self._first = t0
+        self._waits += t1 - t0
+        if self._seen <= DECIDE_AFTER or t1 <= self._first:
+            return
+        self._decided = True
+        pending, self._pending = self._pending, []
+        if self._waits / (t1 - self._first) < INPUT_SHARE:
+            return
+        self._in_process = True
+        stages.install()
+        stages.start_sampler()
+        for ref, entry in pending:
+            fetcher = ref()
+            if fetcher is not None:
+                self._attach(fetcher, entry)
+
+    def maybe_drain(self, t0: float, now: float) -> None:
+        if not self._decided:
+            self._decide(t0, now)
         if now >= self._next_drain:
             self._next_drain = now + DRAIN_EVERY
             self.drain()

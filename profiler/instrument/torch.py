@@ -213,7 +213,7 @@ class TorchHooks:
                 batch_wait(t0, t1, cpu, size)
             else:
                 eval_wait(t0, t1)  # NOTE [ Evaluation batches ] in timeline.py
-            stage_drain(t1)
+            stage_drain(t0, t1)
             if hooks._forward_handle is not None:
                 # A DataLoader times input directly: the forward hook is no longer needed.
                 hooks._drop_forward_hook()
