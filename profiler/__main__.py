@@ -1,5 +1,3 @@
-import sys
+from .cli import main_entry
 
-from .cli import main
-
-sys.exit(main())
+main_entry()  # one place for the exit code and a reader that stops early (| head)

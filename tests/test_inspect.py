@@ -369,8 +369,9 @@ def test_a_reader_that_stops_early_ends_inspect_quietly(tmp_path):
 
     path = tmp_path / "wide.tfrecord"  # another tool's file: one line per feature, ~600 KB in all
     path.write_bytes(tfrecord.frame_record(encode_example({f"feature_{i:05d}": [b"x"] for i in range(20000)})))
-    script = f"{sys.executable} -c 'from loadprof.cli import main_entry; main_entry()' inspect {path} | head -n 2"
-    proc = subprocess.run(["bash", "-c", f"set -o pipefail; {script}"], capture_output=True, text=True,
-                          env=os.environ, timeout=120)
-    assert proc.stderr == "" and proc.returncode == 141  # 128 + SIGPIPE, as `yes | head` gives
-    assert proc.stdout.splitlines()[0].startswith(f"{path}: TFRecord")
+    for entry in ("-c 'from loadprof.cli import main_entry; main_entry()'", "-m loadprof"):
+        script = f"{sys.executable} {entry} inspect {path} | head -n 2"
+        proc = subprocess.run(["bash", "-c", f"set -o pipefail; {script}"], capture_output=True, text=True,
+                              env=os.environ, timeout=120)
+        assert proc.stderr == "" and proc.returncode == 141, (entry, proc.stderr)  # 128 + SIGPIPE, as `yes | head`
+        assert proc.stdout.splitlines()[0].startswith(f"{path}: TFRecord")
