@@ -28,6 +28,7 @@ from .loaderhost import oversubscribed, shards_fewer_than_workers, shm_fit, shm_
 from .oom import OutOfMemory, classify, describe
 from .records import GpuSample, HostSample, LoaderInfo, Run, Step
 from .stagemodel import loading, top_stage_line
+from .units import size_text
 
 VERDICTS = ("data-starved", "compute-bound", "memory-bound", "host-bound", "inconclusive")
 
@@ -427,28 +428,20 @@ def headroom_line(h: Headroom) -> str:
     """The headroom for the report, in one line."""
     parts = []
     if h.gpu_peak is not None and h.gpu_total:
-        parts.append(f"GPU {h.gpu_index}: {_size(h.gpu_peak)} of {_size(h.gpu_total)} at the peak, "
-                     f"{_size(max(0, h.gpu_total - h.gpu_peak))} free ({h.gpu_source})")
+        parts.append(f"GPU {h.gpu_index}: {size_text(h.gpu_peak)} of {size_text(h.gpu_total)} at the peak, "
+                     f"{size_text(max(0, h.gpu_total - h.gpu_peak))} free ({h.gpu_source})")
     if h.host_available_min is not None:
-        total = f" of {_size(h.host_total)}" if h.host_total else ""
-        parts.append(f"host: {_size(h.host_available_min)}{total} available at the lowest")
+        total = f" of {size_text(h.host_total)}" if h.host_total else ""
+        parts.append(f"host: {size_text(h.host_available_min)}{total} available at the lowest")
     if h.limit_left_min is not None:
-        parts.append(f"{_size(h.limit_left_min)} left under the process's memory limit at the lowest")
+        parts.append(f"{size_text(h.limit_left_min)} left under the process's memory limit at the lowest")
     if h.swap_growth:
-        parts.append(f"swap grew {_size(h.swap_growth)}")
+        parts.append(f"swap grew {size_text(h.swap_growth)}")
     if h.process_peak:
-        parts.append(f"training process peak {_size(h.process_peak)}")
+        parts.append(f"training process peak {size_text(h.process_peak)}")
     if h.model_state and h.step_transient:
-        parts.append(f"model state {_size(h.model_state)}, activations and temporaries {_size(h.step_transient)}")
+        parts.append(f"model state {size_text(h.model_state)}, activations and temporaries {size_text(h.step_transient)}")
     return "; ".join(parts)
-
-
-def _size(n: float) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def memory_in_use(run: Run, m: Metrics) -> str:
@@ -458,18 +451,18 @@ def memory_in_use(run: Run, m: Metrics) -> str:
     if last is not None:
         own = last.process_pss or last.process_rss
         kind = "PSS" if last.process_pss else "RSS"
-        parts.append(f"training process {_size(own)} ({kind})")
+        parts.append(f"training process {size_text(own)} ({kind})")
         workers = last.children_pss if last.children_pss is not None else last.children_rss
         if last.n_children:
-            parts.append(f"{last.n_children} loader worker(s) {_size(workers)}")
+            parts.append(f"{last.n_children} loader worker(s) {size_text(workers)}")
         if last.memory_available:
-            parts.append(f"host memory available {_size(last.memory_available)}")
+            parts.append(f"host memory available {size_text(last.memory_available)}")
         if last.memory_limit_left is not None:
-            parts.append(f"{_size(last.memory_limit_left)} left under the process's memory limit")
+            parts.append(f"{size_text(last.memory_limit_left)} left under the process's memory limit")
     gpus = [g for g in run.gpu_samples if g.memory_used is not None and g.memory_total]
     if gpus:
         g = max(gpus, key=lambda g: g.t)
-        parts.append(f"GPU {g.index} memory {_size(g.memory_used or 0)} of {_size(g.memory_total or 0)}")
+        parts.append(f"GPU {g.index} memory {size_text(g.memory_used or 0)} of {size_text(g.memory_total or 0)}")
     return ", ".join(parts) or "not read"
 
 
@@ -506,13 +499,13 @@ def near_limit(h: Headroom | None, th: Thresholds = DEFAULT_THRESHOLDS, gpu_in_u
     if h is None:
         return None
     if gpu_in_use and h.gpu_fraction is not None and h.gpu_fraction >= th.gpu_memory_high:
-        return (f"GPU {h.gpu_index} memory peaked at {_pct(h.gpu_fraction)} of {_size(h.gpu_total or 0)} "
+        return (f"GPU {h.gpu_index} memory peaked at {_pct(h.gpu_fraction)} of {size_text(h.gpu_total or 0)} "
                 f"({h.gpu_source}): a larger batch or a longer input would run out")
     host = h.host_available_fraction
     if host is not None and host < th.memory_available_low:
-        return f"host memory available fell to {_pct(host)} ({_size(h.host_available_min or 0)})"
+        return f"host memory available fell to {_pct(host)} ({size_text(h.host_available_min or 0)})"
     if h.swap_growth >= th.swap_growth_bytes:
-        return f"swap grew {_size(h.swap_growth)} during the run"
+        return f"swap grew {size_text(h.swap_growth)} during the run"
     return None
 
 
@@ -527,7 +520,7 @@ def _out_of_memory(run: Run, m: Metrics, oom: OutOfMemory, ev: list[Evidence]) -
     if oom.kind == "shared-memory":
         fit = shm_fit(run.environment, m.loader)
         shm = (fit.line() if fit is not None else
-               f"/dev/shm: {_size(run.environment.shm_free)} free of {_size(run.environment.shm_total or 0)} "
+               f"/dev/shm: {size_text(run.environment.shm_free)} free of {size_text(run.environment.shm_total or 0)} "
                "at the start" if run.environment.shm_free is not None else "/dev/shm was not read")
         ev.insert(1, Evidence("shm", "Batches in flight through /dev/shm", float(fit.in_flight) if fit else None, shm))
         return Diagnosis("memory-bound", "shared-memory",

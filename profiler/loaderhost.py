@@ -14,17 +14,10 @@ import statistics
 from dataclasses import dataclass
 
 from .records import Environment, LoaderInfo
+from .units import size_text
 
 #: Ours: an epoch restart is worth fixing once the waits it adds reach 1% of the time in steps.
 RESTART_SHARE = 0.01
-
-
-def _size(n: float) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def _secs(x: float) -> str:
@@ -156,9 +149,9 @@ class ShmFit:
 
     def line(self) -> str:
         ranks = f" x {self.ranks} ranks" if self.ranks > 1 else ""
-        total = f" of {_size(self.total)}" if self.total else ""
-        return (f"{self.workers} workers x prefetch_factor {self.prefetch}{ranks} x {_size(self.batch_bytes)} "
-                f"batches = {_size(self.in_flight)} in flight through /dev/shm; {_size(self.free)} free{total}")
+        total = f" of {size_text(self.total)}" if self.total else ""
+        return (f"{self.workers} workers x prefetch_factor {self.prefetch}{ranks} x {size_text(self.batch_bytes)} "
+                f"batches = {size_text(self.in_flight)} in flight through /dev/shm; {size_text(self.free)} free{total}")
 
 
 def shm_fit(env: Environment, loader: LoaderInfo | None) -> ShmFit | None:

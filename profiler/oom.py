@@ -14,6 +14,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from .units import size_text
+
 __all__ = ["OutOfMemory", "classify", "describe", "parse_size", "record_line"]
 
 
@@ -121,7 +123,7 @@ def describe(oom: OutOfMemory) -> str:
                           else f"loader worker {oom.worker} could not allocate shared memory (/dev/shm full)"),
     }[oom.kind]
     if oom.requested_bytes:
-        what += f": {_human(oom.requested_bytes)} requested"
+        what += f": {size_text(oom.requested_bytes)} requested"
     return what
 
 
@@ -139,9 +141,3 @@ def _tf_bytes(text: str) -> int | None:
     return math.prod(dims) * size if size else None
 
 
-def _human(n: float) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
-        if n < 1024 or unit == "EiB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} EiB"
