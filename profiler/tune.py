@@ -32,9 +32,9 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
+from .cpufeatures import cpu_features, has_bf16
 from .fixes.spec import Changes
 from .options import (
     UsageError,
@@ -451,14 +451,6 @@ def plan_combinations(base: TrialResult, best: TrialResult | None, trials: list[
     return out[:2]
 
 
-def _cpu_has_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def plan_compute(base: TrialResult, best: TrialResult | None, o: TuneOptions) -> list[tuple[Candidate | None, tuple[str, str]]]:
     """Compute-stage candidates on top of the best so far; (None, (name, reason)) for a fix left out."""
     out: list[tuple[Candidate | None, tuple[str, str]]] = []
@@ -478,7 +470,7 @@ def plan_compute(base: TrialResult, best: TrialResult | None, o: TuneOptions) ->
             out.append((None, ("mixed precision", f"{cur.name} is still data-starved: faster math would wait for data")))
         elif cuda and ccs and not tensor_cores:
             out.append((None, ("mixed precision", f"GPU compute capability {max(ccs)} has no tensor cores")))
-        elif not cuda and not _cpu_has_bf16():
+        elif not cuda and not has_bf16(cpu_features()):
             out.append((None, ("mixed precision", "no GPU in use and the CPU lacks bf16 instructions")))
         else:
             ch = on.merged(Changes(amp="auto"))
