@@ -278,7 +278,9 @@ def test_a_stopped_store_host_costs_the_ranks_one_store_call_at_exit_not_a_hang(
     log = tmp_path / "out.txt"
     full = {k: v for k, v in os.environ.items() if k not in JOB_VARIABLES}
     # the agent stopped reads no pipe: the ranks write to a file
-    full.update({"OMP_NUM_THREADS": "1", "LOADPROF_DIST_TIMEOUT": "20", "STEPS": "60"})
+    # steps enough that the job is still training when the agent stops (a fast machine
+    # finished 60 steps and merged before a 3 s sleep was over)
+    full.update({"OMP_NUM_THREADS": "1", "LOADPROF_DIST_TIMEOUT": "20", "STEPS": "300"})
     with log.open("w") as sink:
         agent = subprocess.Popen([TORCHRUN, "--standalone", "--nproc-per-node=2", "--no-python", LOADPROF,
                                   "diagnose", "--no-gpu", "--json", "r.json", "work.py"], cwd=tmp_path, env=full,
@@ -292,11 +294,12 @@ def test_a_stopped_store_host_costs_the_ranks_one_store_call_at_exit_not_a_hang(
                 pids = [int(f.read_text()) for f in found]
             time.sleep(0.1)
         assert len(pids) == 2, log.read_text()[-3000:]
-        time.sleep(3)  # the ranks have said hello and beat: the exchange is on
+        # each rank writes its pid from inside its Profile: it has said hello to the store
+        time.sleep(0.5)
         os.kill(agent.pid, signal.SIGSTOP)
         stopped = time.monotonic()
-        # 60 steps at ~30 ms, then one store call's deadline (min(10 s, the exchange timeout))
-        bound = 45
+        # 300 steps at ~30 ms, then one store call's deadline (min(10 s, the exchange timeout))
+        bound = 60
         while not all(_exited(p) for p in pids) and time.monotonic() - stopped < bound:
             time.sleep(0.2)
         took = time.monotonic() - stopped
