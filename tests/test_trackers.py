@@ -173,6 +173,7 @@ def test_wandb_run_gets_summary_fields_and_the_report_artifact(wandb, tmp_path):
     with quiet(gpu_hour_price=2.0) as prof:
         loop(prof)
     run.finish()
+    wandb.teardown()  # the offline writer is a service process: its file is whole once it has stopped
     summary, artifacts, _ = _wandb_summary(tmp_path)
     assert summary["loadprof/verdict"] == prof.report.verdict
     assert summary["loadprof/data_wait_fraction"] == pytest.approx(prof.report.data_wait_fraction)
@@ -186,6 +187,7 @@ def test_wandb_imported_without_a_run_starts_none_unless_asked(wandb, tmp_path):
     assert not list(tmp_path.glob("wandb/offline-run-*"))
     with quiet(log_to="wandb") as prof:
         loop(prof)
+    wandb.teardown()
     summary, artifacts, runs = _wandb_summary(tmp_path)
     assert len(runs) == 1 and summary["loadprof/verdict"] == prof.report.verdict
     assert wandb.run is None  # the run loadprof started is ended

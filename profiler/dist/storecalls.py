@@ -10,7 +10,8 @@ blocked there never exits, and a training job must never hang for its profiler.
 So every call goes to one daemon thread per connection and the caller waits for
 it at most ``limit`` seconds. The first call that overruns marks the store as
 stalled: later calls fail at once (``StoreStalled``) rather than each costing the
-limit again, so a stalled store costs a rank one ``limit`` in all. The stuck
+limit again, so a stalled store costs a rank one ``limit`` in all (a connection,
+``CONNECT_GRACE`` limits and a second: see ``BoundedStore.connect``). The stuck
 thread is a daemon blocked in C++ with the GIL released: it does not keep the
 process from exiting.
 """
@@ -21,6 +22,10 @@ import queue
 import threading
 from collections.abc import Callable
 from typing import Any
+
+
+#: How much longer than a call's limit the constructor is waited for (see ``connect``).
+CONNECT_GRACE = 1.5
 
 
 class StoreStalled(RuntimeError):
@@ -47,7 +52,7 @@ class Deadlines:
         self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def call(self, fn: Callable[..., Any], *args: Any, limit: float | None = None) -> Any:
         if self.stalled is not None:
             raise self.stalled
         if self._thread is None:
@@ -55,10 +60,11 @@ class Deadlines:
             self._thread.start()
         job = _Call(fn, args)
         self._calls.put(job)
-        if not job.done.wait(self.limit):
+        wait = self.limit if limit is None else limit
+        if not job.done.wait(wait):
             name = getattr(fn, "__name__", "call")
             self.stalled = StoreStalled(f"the job's store stopped answering ({name} got no reply "
-                                        f"within {self.limit:.0f} s)")
+                                        f"within {wait:.0f} s)")
             raise self.stalled
         if job.error is not None:
             raise job.error
@@ -90,8 +96,12 @@ class BoundedStore:
 
     @classmethod
     def connect(cls, make: Callable[[], Any], deadlines: Deadlines) -> BoundedStore:
-        """The constructor too: against a stopped store it never returns."""
-        return cls(deadlines.call(make), deadlines)
+        """The constructor too: against a stopped store it never returns. Against one that
+        is gone it gives up after its own timeout (``limit``) and raises in its thread;
+        waiting a little longer than that lets the error come back here. Given up on at
+        the same moment, the thread raised during the interpreter's exit, which aborted
+        the process and lost the script's exit code."""
+        return cls(deadlines.call(make, limit=CONNECT_GRACE * deadlines.limit + 1.0), deadlines)
 
     def close(self) -> None:
         self._deadlines.close()
