@@ -44,8 +44,7 @@ from .options import (
     positive_int,
     target_from,
 )
-from .signals import Terminated
-from .trial import TrialResult, TrialSpec, run_trial, stopping
+from .trial import TrialResult, TrialSpec, run_stopped_cleanly, run_trial
 
 DEFAULT_VARIANTS = ("baseline", "cache", "amp", "accum")
 
@@ -445,17 +444,11 @@ class CompareCommand:
             # Said before the runs, not after them.
             raise UsageError("--png needs matplotlib: pip install matplotlib")
         progress = None if args.quiet else (lambda line: print(f"loadprof compare: {line}", file=sys.stderr, flush=True))
-        try:
-            with stopping():
-                cmp = compare(target.script, target.module, target.args, variants, repeat=args.repeat,
-                              timeout=args.timeout, gpu=not args.no_gpu, progress=progress)
-        except KeyboardInterrupt:  # the running trial was stopped and its folder removed (trial.py)
-            print("loadprof: compare: interrupted; the run that was going is stopped and removed", file=sys.stderr)
-            return 130
-        except Terminated:
-            print("loadprof: compare: stopped by SIGTERM; the run that was going is stopped and removed",
-                  file=sys.stderr)
-            return 143
+        cmp, code = run_stopped_cleanly("compare", "the run that was going", lambda: compare(
+            target.script, target.module, target.args, variants, repeat=args.repeat, timeout=args.timeout,
+            gpu=not args.no_gpu, progress=progress))
+        if cmp is None:
+            return code
         render(cmp)
         code = 0 if all(cmp.status(r) == "ok" for r in cmp.results) else 1
         if args.json:

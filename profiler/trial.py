@@ -38,17 +38,19 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .diagnosis import main_loader
 from .jsonio import write_json
 from .records import Run
 from .settings import Settings
 from .signals import Terminated
+
+T = TypeVar("T")
 
 #: Seconds between SIGTERM and SIGKILL for a trial past its time limit.
 GRACE_S = 5.0
@@ -203,6 +205,20 @@ def stopping() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def run_stopped_cleanly(command: str, running: str, fn: Callable[[], T]) -> tuple[T | None, int]:
+    """``(fn(), 0)`` run under ``stopping()``; on Ctrl-C or SIGTERM, the trial running then
+    already stopped and removed, one line naming ``command`` and ``(None, 130 or 143)``."""
+    try:
+        with stopping():
+            return fn(), 0
+    except KeyboardInterrupt:
+        how, code = "interrupted", 130
+    except Terminated:
+        how, code = "stopped by SIGTERM", 143
+    print(f"loadprof: {command}: {how}; {running} is stopped and removed", file=sys.stderr)
+    return None, code
 
 
 @contextmanager

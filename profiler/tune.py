@@ -46,8 +46,7 @@ from .options import (
 )
 from .records import has_tensor_cores
 from .settings import Settings
-from .signals import Terminated
-from .trial import TrialResult, TrialSpec, compare_losses, run_trial, stopping
+from .trial import TrialResult, TrialSpec, compare_losses, run_stopped_cleanly, run_trial
 
 #: The most micro-batches a step is split into when the baseline runs out of memory
 #: (five halvings: 2, 4, 8, 16, 32).
@@ -598,18 +597,12 @@ class TuneCommand:
         progress = None if args.quiet else (lambda line: print(f"loadprof tune: {line}", file=sys.stderr, flush=True))
         search = Search(target.script, target.module, target.args, options, progress)
         try:
-            with stopping():
-                result = search.run()
+            result, code = run_stopped_cleanly("tune", "the trial that was running", search.run)
         except TuneError as exc:
             print(f"loadprof: tune: {exc}", file=sys.stderr)
             return 1
-        except KeyboardInterrupt:  # the running trial was stopped and its folder removed (trial.py)
-            print("loadprof: tune: interrupted; the trial that was running is stopped and removed", file=sys.stderr)
-            return 130
-        except Terminated:
-            print("loadprof: tune: stopped by SIGTERM; the trial that was running is stopped and removed",
-                  file=sys.stderr)
-            return 143
+        if result is None:
+            return code
         render(result)
         if args.json:
             from .jsonio import JsonWriteError
