@@ -200,6 +200,11 @@ class Exchange:
         from torch.distributed import TCPStore
 
         def make() -> Any:
+            # Against a store that is gone the constructor raises in C++ only after its
+            # timeout, possibly while the interpreter exits, which aborts the process; a
+            # plain connection first fails in Python at once.
+            socket.create_connection((self.ctx.master_addr, self.ctx.master_port),
+                                     timeout=self.timeouts.connect).close()
             return TCPStore(self.ctx.master_addr, self.ctx.master_port, is_master=False,
                             timeout=timedelta(seconds=self.timeouts.connect), wait_for_workers=False)
 
