@@ -6,8 +6,14 @@ What it shows, about twice a second (``PERIOD``): steps and steps/s over the las
 ``RECENT`` seconds; the input share of step time (wait + host-to-device copy, as the
 report counts it) over that window and so far (after the first ``WARMUP`` steps, the
 report's warm-up once a run has 50); each GPU's utilization and memory; the CPU of
-the training process and of its loader workers; and the running verdict, the
-report's own diagnosis of the run so far.
+the training process and of its loader workers; the running verdict, the
+report's own diagnosis of the run so far; and the training loader's slowest stage
+with its share of loading ("top stage", docs/stages.md), read from the same
+snapshot as the verdict, once its ``LoaderInfo.stages`` hold figures. The stage
+collector (instrument/stagepipe.py) puts them there only when the hooks stop, after
+this view has stopped: so today the row shows on no frame of a profiled run, and
+the slowest stage is in the final report (the verdict's line and the stage table);
+a run whose stages are filled in while it goes on gets the row with no change here.
 
 When: only where stderr (where the report goes) is a terminal and ``TERM`` is not
 ``dumb``; elsewhere (a CI log, a pipe) ``--live`` is off with one warning line. It
@@ -49,6 +55,7 @@ from rich.live import Live
 from rich.text import Text
 
 from ..records import GpuSample, HostSample, Run, Step
+from ..stagemodel import StageRow
 
 PERIOD = 0.5  # seconds between redraws
 RECENT = 10.0  # seconds of the "recent" window
@@ -96,6 +103,8 @@ class LiveState:
     #: False while the run has steps but no timed input wait: under Keras ``fit`` the
     #: waits are measured after the run, so a verdict now would read them as zero
     waits_timed: bool = True
+    #: the training loader's slowest stage, where its stages were timed (NOTE [ Live view ])
+    top_stage: StageRow | None = None
 
 
 class LiveView:
@@ -228,11 +237,14 @@ class LiveView:
         return s
 
     def _verdict(self, now: float) -> None:
-        from ..diagnosis import diagnose
+        from ..diagnosis import diagnose, main_loader
+        from ..stagemodel import loading
 
         began = time.perf_counter()
         run = self._snapshot()
         s = self.state
+        load = loading(run, main_loader(run))
+        s.top_stage = load.rows[0] if load is not None and load.rows else s.top_stage
         s.waits_timed = bool(run.data_wait_method) or not run.steps
         if s.waits_timed:
             d = diagnose(run)
@@ -288,6 +300,10 @@ class LiveView:
             if s.cause:
                 out.append(f" ({s.cause})")
             out.append(f"   as of {s.verdict_at:.0f} s", style="dim")
+        if s.top_stage is not None:
+            top = s.top_stage
+            row("top stage", f"{top.stage}   {top.share:.0%} of loading ({top.where}), "
+                             f"{top.ms_per_batch:.1f} ms a batch")
         return out
 
 

@@ -11,9 +11,14 @@ from ..stagemodel import Loading
 
 #: Rows shown in the terminal; the JSON has them all.
 MAX_ROWS = 12
+#: What a tf.data or Keras run says instead of its stages: its transformations run in
+#: TensorFlow's C++ runtime, where no Python hook reaches them.
+TF_NOT_TIMED = ("loading stages: tf.data does not expose per-transformation times to Python hooks "
+                "(TensorFlow's own profiler traces them); only the input wait is measured")
 
 
-def _random(value: bool | None) -> str:
+def random_label(value: bool | None) -> str:
+    """The table's "random" column: random, deterministic or ?."""
     return "random" if value else "deterministic" if value is False else "?"
 
 
@@ -29,7 +34,7 @@ def stage_table(load: Loading) -> Table:
     table.add_column("random")
     for r in load.rows[:MAX_ROWS]:
         table.add_row(r.stage, f"{r.ms_per_batch:.2f}", f"{r.share:.0%}", r.where,
-                      _random(r.random))
+                      random_label(r.random))
     if len(load.rows) > MAX_ROWS:
         rest = load.rows[MAX_ROWS:]
         table.add_row(f"({len(rest)} more)", f"{sum(r.ms_per_batch for r in rest):.2f}",

@@ -17,6 +17,17 @@ metadata and ordered by ``process_sort_index``; a single-process run is rank 0. 
   merged to bound memory (``Step.merged`` > 1) show as one slice "steps i-j". Warm-up
   steps carry ``cat: "step,warm-up"``: diagnosis leaves them out.
 - thread 2, "evaluation": one slice per evaluation pass (``Run.evaluations``).
+- thread 3, "loader stages", where the training loader was timed stage by stage
+  (docs/stages.md): the run keeps each stage's sum over the timed batches (sampled,
+  and summed over the workers), not when each batch was made nor by which worker.
+  So the track holds no per-batch slices: one slice over the steps' span, named
+  "loading stages: averages of N timed batches", whose args give every row of the
+  report's table (ms/batch, share, where, random); and a counter per stage, named
+  "loading stages (ms/batch): " and the stage as in the table, slowest first, each
+  event ``args: {"value": v}`` like the samplers' counters, its value held from the
+  first step's start to the last step's end.
+  A tf.data or Keras loader is not timed stage by stage: its track holds one slice,
+  "loading stages: not timed", saying so.
 - counter tracks (``ph: "C"``) for every signal the samplers recorded, one track per
   signal, each event ``args: {"value": v}``: per GPU utilization, memory activity,
   memory used (device and this process), power, SM clock, PCIe; on the host the CPU of
@@ -43,9 +54,11 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..diagnosis import warmup_count
+from ..diagnosis import is_tf, main_loader, warmup_count
 from ..jsonio import dumps, write_text_atomic
 from ..records import GpuSample, HostSample, Run
+from ..stagemodel import loading
+from .stages import TF_NOT_TIMED, random_label
 
 if TYPE_CHECKING:
     from . import Report
@@ -57,6 +70,9 @@ ClockOffsets = Mapping[int, float]
 
 STEPS_TID = 1
 EVAL_TID = 2
+STAGES_TID = 3
+#: The training loader's stages: one counter each, this and the stage (NOTE [ Trace layout ])
+STAGE_COUNTER = "loading stages (ms/batch): "
 #: The loader workers' CPU, one series ("worker PID") per worker (NOTE [ Trace layout ])
 WORKERS_COUNTER = "CPU per loader worker % of a core"
 
@@ -136,6 +152,7 @@ def trace_document(ranks: RankRuns, verdict: str | None = None,
         events.extend(_metadata(pid, rank, run, several))
         events.extend(_steps(pid, run, offset))
         events.extend(_evaluations(pid, run, offset))
+        events.extend(_stages(pid, run, offset))
         events.extend(_counters(pid, run, offset))
     first = ranks[0][1] if ranks else Run()
     other: dict[str, Any] = {
@@ -204,6 +221,33 @@ def _evaluations(pid: int, run: Run, offset: float) -> Iterable[dict[str, Any]]:
         yield {"name": f"evaluation pass {i + 1}", "cat": "evaluation", "ph": "X", "pid": pid, "tid": EVAL_TID,
                "ts": start, "dur": max(0, _us(offset) + _us(ev.end) - start),
                "args": {"batches": ev.batches, "input wait ms": round(ev.wait * 1e3, 3)}}
+
+
+def _stages(pid: int, run: Run, offset: float) -> Iterable[dict[str, Any]]:
+    """The training loader's stage averages on their own track (NOTE [ Trace layout ])."""
+    loader = main_loader(run)
+    load = loading(run, loader)
+    if load is None and not is_tf(loader):
+        return
+    base = _us(offset)
+    start = base + (_us(run.steps[0].start) if run.steps else 0)
+    end = max(start, base + (_us(run.steps[-1].end) if run.steps else _us(run.duration)))
+    yield {"name": "thread_name", "ph": "M", "pid": pid, "tid": STAGES_TID, "args": {"name": "loader stages"}}
+    yield {"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": STAGES_TID, "args": {"sort_index": 2}}
+    if load is None:
+        yield {"name": "loading stages: not timed", "cat": "loading stages", "ph": "X", "pid": pid,
+               "tid": STAGES_TID, "ts": start, "dur": end - start, "args": {"why": TF_NOT_TIMED}}
+        return
+    args: dict[str, Any] = {"ms per batch": round(load.ms_per_batch, 3), "timed batches": load.batches}
+    if load.wait_ms_per_batch is not None:
+        args["loop's wait ms per batch"] = round(load.wait_ms_per_batch, 3)
+    for r in load.rows:
+        args[r.stage] = f"{r.ms_per_batch:.2f} ms/batch, {r.share:.0%}, {r.where}, {random_label(r.random)}"
+    yield {"name": f"loading stages: averages of {load.batches} timed batches", "cat": "loading stages", "ph": "X",
+           "pid": pid, "tid": STAGES_TID, "ts": start, "dur": end - start, "args": args}
+    for r in load.rows:
+        for ts in (start, end):  # held flat: an average over the run, not a reading at a time
+            yield _counter(pid, STAGE_COUNTER + r.stage, ts, r.ms_per_batch)
 
 
 def _counters(pid: int, run: Run, offset: float) -> Iterable[dict[str, Any]]:
