@@ -56,7 +56,6 @@ __all__ = [
     "shard_name",
     "parse_shard_name",
     "info_path_for",
-    "read_info",
     "check_info",
     "expected_counts",
     "expand_paths",
@@ -633,14 +632,6 @@ def check_info(data: Any) -> str | None:
     if not all(isinstance(c, str) for c in names):
         return "'class_names' is not a list of strings"
     return None
-
-
-def read_info(shard: Path) -> dict[str, Any] | None:
-    """The ``<split>.info.json`` written beside our shards, if there is one, checked as their
-    manifest (``manifest.info_beside``); None for another writer's shard."""
-    from .manifest import info_beside  # it builds on this module
-
-    return info_beside(shard)
 
 
 def expected_counts(info: Mapping[str, Any] | None) -> dict[str, int]:

@@ -22,10 +22,7 @@ goes to the script); after a ``--`` everything goes to the script.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import importlib.util
-import io
 import math
 import os
 import statistics
@@ -35,16 +32,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from .fixes.spec import Changes
-from .jsonio import JsonWriteError, write_bytes_atomic, write_json
-from .options import (
-    UsageError,
-    add_output_options,
-    add_target_arguments,
-    check_writable,
-    positive_int,
-    target_from,
-)
-from .trial import TrialResult, TrialSpec, run_stopped_cleanly, run_trial
+from .trial import TrialResult, TrialSpec, run_trial
 
 DEFAULT_VARIANTS = ("baseline", "cache", "amp", "accum")
 
@@ -355,167 +343,3 @@ def render(cmp: Comparison, file: IO[str] | None = None, width: int | None = Non
         )
     console.print(table)
     console.print("time: the script end to end under the profiler; vs baseline: time ratio (negative % = faster).")
-
-
-def write_png(cmp: Comparison, path: str) -> None:
-    """Drawn in memory, then written by jsonio's writer: atomic, never through a planted link."""
-    buf = io.BytesIO()
-    bar_figure(cmp).savefig(buf, format="png")
-    write_bytes_atomic(path, buf.getvalue())
-
-
-def bar_figure(cmp: Comparison) -> Any:
-    """The bar chart of the times (a matplotlib Figure: no pyplot, no global backend)."""
-    from matplotlib.figure import Figure
-
-    rows = [r for r in cmp.results if r.time_s]
-    names = [r.variant.name for r in rows]
-    times = [r.time_s or 0.0 for r in rows]
-    fig = Figure(figsize=(1.6 + 1.3 * max(1, len(rows)), 3.8), dpi=120)
-    ax = fig.subplots()
-    ref = cmp.reference()
-    colors = ["#7f7f7f" if r is ref else "#1f77b4" for r in rows]
-    bars = ax.bar(names, times, color=colors)
-    tops = list(times)  # labels go above the error bar, not through it
-    if cmp.repeat > 1:
-        tops = [max(run.script_s for run in r.ok_runs) for r in rows]
-        lo = [t - min(run.script_s for run in r.ok_runs) for t, r in zip(times, rows, strict=True)]
-        hi = [top - t for t, top in zip(times, tops, strict=True)]
-        ax.errorbar(names, times, yerr=[lo, hi], fmt="none", ecolor="black", capsize=3, linewidth=1)
-    for bar, r, top in zip(bars, rows, tops, strict=True):
-        ratio = cmp.ratio(r)
-        label = f"{bar.get_height():.1f} s" + (f"\n{ratio:.2f}x" if ratio and r is not ref else "")
-        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, top), ha="center", va="bottom",
-                    fontsize=8, xytext=(0, 3), textcoords="offset points")
-    env = cmp.machine()
-    gpu = "no GPU" if not env.get("cuda_in_use") else "GPU"
-    ax.set_ylabel("time (s), whole script")
-    ax.set_title(f"{os.path.basename(cmp.command[0]) if cmp.command else ''}: "
-                 f"{env.get('usable_cores', '?')} cores, {gpu}", fontsize=10)
-    ax.set_ylim(0, max(tops or [1.0]) * 1.3)
-    ax.spines[["top", "right"]].set_visible(False)
-    fig.tight_layout()
-    return fig
-
-
-class CompareCommand:
-    name = "compare"
-    help = "run the script end to end once per variant (baseline, cache, amp, accum, ...) and compare times"
-
-    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), metavar="LIST",
-                            help=f"comma-separated variants to run, in order (default {','.join(DEFAULT_VARIANTS)})")
-        parser.add_argument("--variant", action="append", default=[], metavar="NAME:ITEM,...",
-                            help="define a variant: built-in names, FIX=VALUE, hook=FILE.py, ENV=VALUE")
-        parser.add_argument("--list", action="store_true", help="list the built-in variants and exit")
-        parser.add_argument("--repeat", type=positive_int, default=1, metavar="N",
-                            help="runs per variant, interleaved; the median is reported (default %(default)s)")
-        parser.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS",
-                            help="stop a variant's run after this long (default %(default)g)")
-        parser.add_argument("--png", metavar="PATH", help="write a bar chart of the times (PNG)")
-        parser.add_argument("--html", metavar="PATH", help="write the table and the bar chart as one HTML page")
-        add_output_options(parser, json_help="write the comparison as JSON",
-                           quiet_help="no progress lines, only the table")
-        add_target_arguments(parser)
-
-    def run(self, args: argparse.Namespace) -> int:
-        from .runner import TargetError
-
-        _take_own_options(args)
-        if args.list:
-            for v in builtin_variants().values():
-                print(f"{v.name:13} {v.description}")
-            return 0
-        if not (args.timeout > 0) or not math.isfinite(args.timeout):
-            raise UsageError(f"--timeout: must be > 0 seconds, got {args.timeout!r}")
-        try:
-            variants = parse_variants(args.variants, args.variant)
-        except VariantError as exc:
-            raise UsageError(str(exc)) from None
-        target = target_from(args)
-        try:
-            target.validate()
-        except TargetError as exc:
-            raise UsageError(str(exc)) from None
-        for opt in ("json", "png", "html"):
-            if getattr(args, opt):
-                check_writable(getattr(args, opt), f"--{opt}")
-        if args.png and importlib.util.find_spec("matplotlib") is None:
-            # Said before the runs, not after them.
-            raise UsageError("--png needs matplotlib: pip install matplotlib")
-        progress = None if args.quiet else (lambda line: print(f"loadprof compare: {line}", file=sys.stderr, flush=True))
-        cmp, code = run_stopped_cleanly("compare", "the run that was going", lambda: compare(
-            target.script, target.module, target.args, variants, repeat=args.repeat, timeout=args.timeout,
-            gpu=not args.no_gpu, progress=progress))
-        if cmp is None:
-            return code
-        render(cmp)
-        code = 0 if all(cmp.status(r) == "ok" for r in cmp.results) else 1
-        if args.json:
-            try:
-                write_json(args.json, cmp.to_dict())  # a NaN loss is null there, and its status says why
-            except JsonWriteError as exc:
-                print(f"loadprof: error: --json: {exc}", file=sys.stderr)
-                code = 1
-        if args.png:
-            try:
-                write_png(cmp, args.png)
-            except JsonWriteError as exc:  # one line naming the file
-                print(f"loadprof: error: --png: {exc}", file=sys.stderr)
-                code = 1
-        if args.html:
-            from .report.html import ComparePageRenderer, write_html
-
-            try:
-                write_html(ComparePageRenderer().render(cmp), args.html)
-            except OSError as exc:
-                print(f"loadprof: error: --html: {exc}", file=sys.stderr)
-                code = 1
-        return code
-
-
-def _take_own_options(args: argparse.Namespace) -> None:
-    """Move compare's own long options out of the script's arguments, so that
-    ``loadprof compare train.py --variants baseline,cache`` works as well as the usual order.
-    The options are those ``prepare_parser`` declares, read from it. Everything after
-    a ``--`` goes to the script untouched (for a script whose own options share these names)."""
-    rest = list(getattr(args, "args", None) or [])
-    if not rest:
-        return
-    declared = argparse.ArgumentParser(add_help=False)
-    CompareCommand().prepare_parser(declared)
-    own = {s: a for a in declared._actions for s in a.option_strings
-           if s.startswith("--") and a.dest not in ("module", "list")}
-    kept: list[str] = []
-    i = 0
-    while i < len(rest):
-        word = rest[i]
-        if word == "--":
-            kept.extend(rest[i + 1:])
-            break
-        name, eq, value = word.partition("=")
-        action = own.get(name)
-        i += 1
-        if action is None:
-            kept.append(word)
-            continue
-        if action.nargs == 0:  # a flag
-            setattr(args, action.dest, True)
-            continue
-        if not eq:
-            if i >= len(rest):
-                raise UsageError(f"{name}: expected a value")
-            value = rest[i]
-            i += 1
-        if action.type is not None:
-            try:
-                value = action.type(value)  # type: ignore[operator]
-            except argparse.ArgumentTypeError as exc:
-                raise UsageError(f"{name}: {exc}") from None
-            except ValueError:
-                raise UsageError(f"{name}: expected a number, got {value!r}") from None
-        if isinstance(action.default, list):  # an option given more than once (--variant)
-            getattr(args, action.dest).append(value)
-        else:
-            setattr(args, action.dest, value)
-    args.args = kept

@@ -2,7 +2,7 @@
 ``%%loadprof`` cell magic (``%load_ext loadprof``).
 
 In a kernel, the terminal summary (rich panels on stderr) would come out as red text;
-the notebook gets the report's HTML (report/notebook.py) instead. IPython is used only
+the notebook gets the report's HTML (report/notebook.py) instead (report/notebook.py shows it). IPython is used only
 where it is already loaded: nothing here imports it outside a running kernel.
 """
 
@@ -14,25 +14,7 @@ import sys
 from typing import Any
 
 from .options import positive_float, positive_int, price, trackers
-
-
-def kernel_shell() -> Any:
-    """The running IPython kernel's shell, or None (a terminal IPython is no notebook)."""
-    ipython = sys.modules.get("IPython")
-    if ipython is None or "ipykernel" not in sys.modules:
-        return None
-    shell = ipython.get_ipython()
-    return shell if shell is not None and getattr(shell, "kernel", None) is not None else None
-
-
-def show_inline(report: Any) -> bool:
-    """Display ``report`` as the cell's HTML output; False where there is no notebook."""
-    if kernel_shell() is None or not hasattr(report, "_repr_html_"):
-        return False
-    from IPython.display import display
-
-    display(report)
-    return True
+from .report.notebook import kernel_shell
 
 
 def _parser() -> argparse.ArgumentParser:

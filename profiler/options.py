@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from .settings import Settings
 
 if TYPE_CHECKING:
-    from .runner import Target
+    from .target import Target
 
 
 class UsageError(Exception):
@@ -71,7 +71,7 @@ def add_profile_options(parser: argparse.ArgumentParser) -> None:
 
 
 def trackers(text: str) -> str:
-    from .trackers import parse_log_to
+    from .trackers.fields import parse_log_to
 
     try:
         parse_log_to(text)
@@ -113,7 +113,7 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def target_from(args: argparse.Namespace) -> Target:
-    from .runner import Target
+    from .target import Target
 
     if args.module is not None:
         if args.script is not None:
@@ -129,6 +129,8 @@ def target_from(args: argparse.Namespace) -> Target:
 def check_writable(path: str, option: str = "--json") -> None:
     """Refuse an output path whose folder is missing, or that is a folder, before any run."""
     folder = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise UsageError(f"{option} {path}: {folder} is not a folder")
     if not os.path.isdir(folder):
         raise UsageError(f"{option} {path}: folder {folder} does not exist")
     if os.path.isdir(path):

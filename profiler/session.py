@@ -46,10 +46,9 @@ import psutil
 from . import __version__
 from .cpufeatures import cpu_features
 from .instrument import FrameworkWatch, Hooks
-from .jsonio import JsonWriteError
-from .jupyter import show_inline
 from .oom import classify as classify_oom
 from .oom import record_line
+from .outputs import Output
 from .records import Environment, Run, Step
 from .samplers import HostProcess, NvmlSource, Sampler, usable_cores
 from .samplers.node import local_world_size, shm_space
@@ -204,6 +203,10 @@ class Profile:
         self._rank_report: Any = None  # in a job, this rank's own report (``_report`` is the job's on rank 0)
         self._outer: Profile | None = None  # the Profile already running when this one started
         self._trackers: Trackers | None = None  # trackers/: the summary into the script's own runs
+        #: outputs (--json, --trace, --html) that could not be written, one line each
+        self.failed_outputs: list[str] = []
+        #: how such a line is printed: a warning in a user's script; loadprof diagnose makes it an error
+        self.failed_output_level = "warning"
 
     # -- lifecycle ------------------------------------------------------------
     def __enter__(self) -> Profile:
@@ -496,7 +499,9 @@ class Profile:
         self.run.limitations.extend(self._sampler.problems())
 
     def _finish(self) -> None:
-        from .report import build_report, failed_report, render_console, write_json
+        from .outputs import report_outputs, write_outputs
+        from .report import build_report, failed_report, render_console
+        from .report.notebook import show_inline
 
         try:
             self._fault("report")
@@ -513,16 +518,14 @@ class Profile:
                 _warn(f"the job's report could not be merged ({type(err).__name__}: {_first_line(err)})")
             # the trace and the HTML page show the job's ranks; from rank 0 only (one file)
             outputs = self._job.ctx.rank == 0
-        if json_path:
-            try:
-                write_json(self._report, json_path)
-            except JsonWriteError as err:
-                self.run.limitations.append(f"report not written: {err}")
-                _warn(f"report not written: {err}")
-        if self.settings.trace and outputs:
-            self._write_trace(self.settings.trace)
-        if self.settings.html and outputs:
-            self._write_html(self.settings.html)
+        # NOTE [ A failed output ] in outputs.py; the trace and page of a job from rank 0 only
+        failed = write_outputs([self._seamed(out) for out in report_outputs(
+            self._report, json=json_path, trace=self.settings.trace if outputs else None,
+            html=self.settings.html if outputs else None)])
+        for line in failed:
+            self.run.limitations.append(f"not written: {line}")
+            _note(f"{self.failed_output_level}: {line}")
+        self.failed_outputs = failed
         if print_report:
             try:
                 self._fault("render")
@@ -544,29 +547,14 @@ class Profile:
         if self._trackers is not None:
             self._trackers.log(self._rank_report or self._report, rank=rank, note=_note, warn=_warn)
 
-    def _write_trace(self, path: str) -> None:
-        """The --trace file; failing, one warning line (NOTE [ Never break the run ])."""
-        from .report.trace import write_trace
+    def _seamed(self, out: Output) -> Output:
+        """An output whose rendering passes the test seam named after it ("html", ...)."""
 
-        try:
-            write_trace(self._report, path)  # in a job on rank 0: every rank's run
-        except JsonWriteError as err:
-            self.run.limitations.append(f"trace not written: {err}")
-            _warn(f"trace not written: {err}")
-        except Exception as err:
-            _warn(f"trace not written ({type(err).__name__}: {_first_line(err)})")
+        def render() -> str | bytes:
+            self._fault(out.option.lstrip("-"))
+            return out.render()
 
-    def _write_html(self, path: str) -> None:
-        """The --html page; failing, one warning line (NOTE [ Never break the run ])."""
-        from .report.html import HtmlPageRenderer, write_html
-
-        try:
-            self._fault("html")
-            write_html(HtmlPageRenderer().render(self._report), path)  # a job's: every rank, on rank 0
-        except OSError as err:
-            _warn(f"HTML report not written: {err}")
-        except Exception as err:
-            _warn(f"HTML report not written ({type(err).__name__}: {_first_line(err)})")
+        return out._replace(render=render)
 
     # -- results --------------------------------------------------------------
     @property

@@ -152,7 +152,8 @@ def child_main(spec_path: str) -> int:
 
     from .fixes.applier import Applier
     from .fixes.spec import Changes
-    from .runner import Target, TargetError, run
+    from .runner import run
+    from .target import Target, TargetError
 
     folder = Path(spec_path).parent
     spec = TrialSpec(**json.loads(Path(spec_path).read_text(encoding="utf-8")))

@@ -26,7 +26,6 @@ noise). Correctness guard: a trial whose loss trajectory moves more than
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -36,17 +35,9 @@ from typing import IO, Any
 
 from .cpufeatures import cpu_features, has_bf16
 from .fixes.spec import Changes
-from .options import (
-    UsageError,
-    add_output_options,
-    add_target_arguments,
-    check_writable,
-    positive_int,
-    target_from,
-)
 from .records import has_tensor_cores
 from .settings import Settings
-from .trial import TrialResult, TrialSpec, compare_losses, run_stopped_cleanly, run_trial
+from .trial import TrialResult, TrialSpec, compare_losses, run_trial
 
 #: The most micro-batches a step is split into when the baseline runs out of memory
 #: (five halvings: 2, 4, 8, 16, 32).
@@ -557,92 +548,6 @@ def _num(x: float | None) -> str:
     if x is None or not math.isfinite(x):
         return "-"
     return f"{x:.1f}" if x < 1000 else f"{x:.0f}"
-
-
-# -- the command ------------------------------------------------------------------------
-class TuneCommand:
-    name = "tune"
-    help = "measure each applicable fix on a bounded run of the script and print the best change"
-
-    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--budget", type=float, default=TuneOptions.budget, metavar="SECONDS",
-                            help="seconds for the whole search, baseline included (default %(default)g)")
-        parser.add_argument("--steps", type=positive_int, default=TuneOptions.steps, metavar="N",
-                            help="measured steps per trial (default %(default)s)")
-        parser.add_argument("--warmup", type=int, default=TuneOptions.warmup, metavar="N",
-                            help="steps per trial before measuring (default %(default)s)")
-        parser.add_argument("--fixes", default=",".join(FAMILIES), metavar="LIST",
-                            help=f"fix families to consider (default all: {','.join(FAMILIES)})")
-        parser.add_argument("--loss-tolerance", type=float, default=TuneOptions.loss_tolerance, metavar="X",
-                            help="relative move of the loss trajectory that makes a fix unsafe (default %(default)s)")
-        parser.add_argument("--no-ideal", action="store_true", help="skip the model-only (ideal) trial")
-        parser.add_argument("--html", metavar="PATH", help="write the trial table and a bar chart as one HTML page")
-        add_output_options(parser, json_help="write the search (baseline, best, every trial) as JSON",
-                           quiet_help="no progress lines, only the table")
-        add_target_arguments(parser)
-
-    def run(self, args: argparse.Namespace) -> int:
-        from .runner import TargetError
-
-        options = options_from(args)
-        target = target_from(args)
-        try:
-            target.validate()
-        except TargetError as exc:
-            raise UsageError(str(exc)) from None
-        if args.json:
-            check_writable(args.json)
-        if args.html:
-            check_writable(args.html, "--html")
-        progress = None if args.quiet else (lambda line: print(f"loadprof tune: {line}", file=sys.stderr, flush=True))
-        search = Search(target.script, target.module, target.args, options, progress)
-        try:
-            result, code = run_stopped_cleanly("tune", "the trial that was running", search.run)
-        except TuneError as exc:
-            print(f"loadprof: tune: {exc}", file=sys.stderr)
-            return 1
-        if result is None:
-            return code
-        render(result)
-        if args.json:
-            from .jsonio import JsonWriteError
-
-            try:
-                _write_json(args.json, result.to_dict())
-            except JsonWriteError as exc:
-                print(f"loadprof: error: --json: {exc}", file=sys.stderr)
-                return 1
-        if args.html:
-            from .report.html import TunePageRenderer, write_html
-
-            try:
-                write_html(TunePageRenderer().render(result), args.html)
-            except OSError as exc:
-                print(f"loadprof: error: --html: {exc}", file=sys.stderr)
-                return 1
-        return 0
-
-
-def options_from(args: argparse.Namespace) -> TuneOptions:
-    if not (args.budget > 0) or not math.isfinite(args.budget):
-        raise UsageError(f"--budget: must be > 0 seconds, got {args.budget!r}")
-    if args.warmup < 0:
-        raise UsageError(f"--warmup: must be >= 0, got {args.warmup}")
-    if not (0 < args.loss_tolerance < 10):
-        raise UsageError(f"--loss-tolerance: expected a share like 0.1, got {args.loss_tolerance!r}")
-    fixes = tuple(f.strip() for f in args.fixes.split(",") if f.strip())
-    unknown = [f for f in fixes if f not in FAMILIES]
-    if unknown or not fixes:
-        raise UsageError(f"--fixes: unknown fix family {unknown[0] if unknown else args.fixes!r}; "
-                         f"known: {', '.join(FAMILIES)}")
-    return TuneOptions(budget=args.budget, warmup=args.warmup, steps=args.steps, loss_tolerance=args.loss_tolerance,
-                       fixes=fixes, ideal=not args.no_ideal, gpu=not args.no_gpu)
-
-
-def _write_json(path: str, data: dict[str, Any]) -> None:
-    from .jsonio import write_json  # atomic, strict JSON: NaN as null
-
-    write_json(path, data, default=repr)
 
 
 # -- in code: tune_loader ---------------------------------------------------------

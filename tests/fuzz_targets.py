@@ -28,6 +28,7 @@ from loadprof.converters import ConvertError, ConvertOptions, convert, tfrecord
 from loadprof.converters.example_proto import ExampleDecodeError, decode_example, encode_example
 from loadprof.converters.hdf5 import HDF5Reader
 from loadprof.converters.inspection import inspect_path
+from loadprof.converters.manifest import info_beside
 from loadprof.converters.watchdog import run_watched
 
 STALL = 10.0  # seconds without progress before a case counts as hung
@@ -119,7 +120,7 @@ def build_bases(root: Path) -> dict[str, Any]:
         reader = HDF5Reader(root / f"{name}.h5")
         bases["hdf5"][name] = {"path": str(root / f"{name}.h5"), "items": [reader[i] for i in range(len(reader))]}
         reader.close()
-        schema = tfrecord.schema_from_info(tfrecord.read_info(next(out.glob("*.tfrecord"))))
+        schema = tfrecord.schema_from_info(info_beside(next(out.glob("*.tfrecord"))))
         assert schema is not None
         bases["examples"].extend(
             (data, schema.to_json()) for p in sorted(out.glob("*.tfrecord")) for _, data in tfrecord.iter_records(p)

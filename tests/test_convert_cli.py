@@ -73,10 +73,10 @@ def test_convert_and_inspect_as_a_user_runs_them(tmp_path):
 
 def test_standalone_module_entry_point(tmp_path):
     np.save(tmp_path / "x.npy", np.arange(4))
-    proc = subprocess.run([sys.executable, "-m", "loadprof.converters.commands", "convert", "x.npy", "x.h5", "--to", "hdf5"],
+    proc = subprocess.run([sys.executable, "-m", "loadprof", "convert", "x.npy", "x.h5", "--to", "hdf5"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=60, env={"PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "loadprof.converters.commands", "convert", "x.npy", "x.h5", "--to", "hdf5"],
+    proc = subprocess.run([sys.executable, "-m", "loadprof", "convert", "x.npy", "x.h5", "--to", "hdf5"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=60, env={"PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2
     assert proc.stderr.strip() == "loadprof: error: x.h5: already exists (pass --overwrite to replace it)"

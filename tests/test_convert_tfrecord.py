@@ -11,6 +11,7 @@ import pytest
 from loadprof.converters import tfrecord
 from loadprof.converters.errors import ConvertError, CorruptFileError
 from loadprof.converters.example_proto import ExampleDecodeError, decode_example, encode_example
+from loadprof.converters.manifest import info_beside
 
 
 def test_crc32c_check_value_and_masking():
@@ -231,7 +232,7 @@ def test_fast_and_generic_decoders_agree(tmp_path):
 
     convert(tmp_path / "d.npz", tmp_path / "tf", ConvertOptions(to="tfrecord"))
     shard = next((tmp_path / "tf").glob("*.tfrecord"))
-    schema = tfrecord.schema_from_info(tfrecord.read_info(shard))
+    schema = tfrecord.schema_from_info(info_beside(shard))
     plan = tfrecord._plan(schema)
     for i, (_, data) in enumerate(tfrecord.iter_records(shard)):
         fast = tfrecord.decode_sample(schema, data)

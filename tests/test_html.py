@@ -270,19 +270,28 @@ sys.exit(3)
 """
 
 
-@pytest.mark.parametrize("where, fault", [("missing-folder", ""), ("fine", "html")])
-def test_a_page_that_cannot_be_written_is_one_warning_and_the_exit_code_stays(tmp_path: Path, where: str,
-                                                                              fault: str) -> None:
+def test_a_page_in_a_missing_folder_is_refused_before_the_script_runs(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT_EXIT_3)
-    page = tmp_path / "no" / "r.html" if where == "missing-folder" else tmp_path / "r.html"
+    page = tmp_path / "no" / "r.html"
+    proc = subprocess.run([sys.executable, "-m", "loadprof", "diagnose", "-q", "--no-gpu", "--html", str(page),
+                           str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [f"loadprof: error: --html {page}: folder {page.parent} does not exist"]
+
+
+def test_a_page_that_fails_after_the_run_is_one_error_and_the_scripts_exit_code_stays(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT_EXIT_3)
+    page = tmp_path / "r.html"
     proc = subprocess.run([sys.executable, "-m", "loadprof", "diagnose", "-q", "--no-gpu", "--html", str(page),
                            "--json", str(tmp_path / "run.json"), str(script)], capture_output=True, text=True,
                           timeout=180, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "LOADPROF_TEST_FAULTS": fault})
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "LOADPROF_TEST_FAULTS": "html"})
     assert proc.returncode == 3, proc.stderr[-2000:]
-    warnings = [line for line in proc.stderr.splitlines() if line.startswith("loadprof: warning:")]
-    assert len(warnings) == 1 and "HTML report not written" in warnings[0], proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("loadprof:")]
+    assert lines == [f"loadprof: error: --html {page}: not written (injected fault: html)"], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert not page.exists()
     assert json.loads((tmp_path / "run.json").read_text())["exit_status"] == "exit 3"  # the rest was written

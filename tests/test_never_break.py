@@ -152,10 +152,10 @@ def test_an_unwritable_json_path_is_a_warning_and_the_code_after_runs(tmp_path: 
     proc, result = _train(tmp_path, json_path=str(target))
     _check_clean(result, unprofiled_losses)
     warnings = [x for x in proc.stderr.splitlines() if x.startswith("loadprof: warning:")]
-    assert warnings == [f"loadprof: warning: report not written: {target}: cannot write (Not a directory)"]
+    assert warnings == [f"loadprof: warning: --json {target}: cannot write (Not a directory)"]
     assert "loadprof verdict" in proc.stderr and (tmp_path / "model.pt").stat().st_size > 0
     report = "".join(proc.stderr.split("loadprof verdict")[1].split())  # rich wraps long lines
-    assert f"reportnotwritten:{target}" in report  # listed in the report too
+    assert f"notwritten:--json{target}" in report  # listed in the report too
 
 
 #: A full disk: writes past 8 KiB fail with EFBIG (SIGXFSZ ignored), after training.
@@ -170,7 +170,7 @@ def test_a_full_disk_leaves_no_partial_report(tmp_path: Path, unprofiled_losses:
     out.mkdir()
     proc, result = _train(tmp_path, json_path=str(out / "run.json"), prelude=FULL_DISK)
     _check_clean(result, unprofiled_losses)
-    assert "loadprof: warning: report not written:" in proc.stderr and "File too large" in proc.stderr
+    assert "loadprof: warning: --json " in proc.stderr and "File too large" in proc.stderr
     assert list(out.iterdir()) == []  # no half file, no temporary
 
 
@@ -276,19 +276,35 @@ sys.exit(int(sys.argv[1]))
 """
 
 
-@pytest.mark.parametrize("code", [0, 3])
-def test_diagnose_with_an_unwritable_json_keeps_the_scripts_exit_code(tmp_path: Path, code: int) -> None:
+def test_diagnose_refuses_an_unusable_json_path_before_the_script_runs(tmp_path: Path) -> None:
+    # NOTE [ A failed output ] in outputs.py: refused in a second, not after the run
     script = tmp_path / "exits.py"
-    script.write_text(EXITS)
+    script.write_text(EXITS + "open(sys.argv[0] + '.ran', 'w').close()\n")
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     proc = subprocess.run([sys.executable, "-m", "loadprof", "diagnose", "--json", str(blocker / "r.json"),
-                           str(script), str(code)], capture_output=True, text=True, timeout=120,
+                           str(script), "0"], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.returncode == code
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [f"loadprof: error: --json {blocker / 'r.json'}: {blocker} is not a folder"]
+    assert not (tmp_path / "exits.py.ran").exists()
+
+
+@pytest.mark.parametrize("code, expected", [(0, 2), (3, 3)])
+def test_diagnose_with_a_json_that_fails_after_the_run_keeps_a_failing_scripts_exit_code(
+        tmp_path: Path, code: int, expected: int) -> None:
+    # NOTE [ A failed output ]: the script's own failure wins; else a lost report is exit 2
+    script = tmp_path / "exits.py"
+    script.write_text(EXITS)
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "loadprof", "diagnose", "--json", str(out), "--trace",
+                           str(tmp_path / "t.json"), str(script), str(code)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT), "LOADPROF_TEST_FAULTS": "json"})
+    assert proc.returncode == expected
     assert "Traceback" not in proc.stderr and "loadprof verdict" in proc.stderr
     assert [x for x in proc.stderr.splitlines() if x.startswith("loadprof:")] == [
-        f"loadprof: warning: report not written: {blocker / 'r.json'}: cannot write (Not a directory)"]
+        f"loadprof: error: --json {out}: not written (injected fault: json)"]
+    assert not out.exists() and (tmp_path / "t.json").stat().st_size > 0  # the other output still written
 
 
 # -- NVML, through the fake pynvml (in this process) -----------------------------------

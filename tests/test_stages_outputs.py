@@ -92,6 +92,17 @@ def test_a_tf_data_run_says_in_the_trace_that_its_stages_are_not_timed() -> None
     assert track["args"] == {"why": TF_NOT_TIMED} and "per-transformation" in TF_NOT_TIMED
 
 
+def test_a_tf_data_report_lists_its_stages_as_not_measured_and_a_torch_one_does_not() -> None:
+    from loadprof.report import build_report
+
+    run = _recorded_run(stages=False)
+    run.loaders = [LoaderInfo("tf.data", "tf.data pipeline", batch_size=8)]
+    report = build_report(run)
+    assert report.limitations.count(TF_NOT_TIMED) == 1 and report.to_dict()["limitations"] == report.limitations
+    assert TF_NOT_TIMED not in run.limitations  # the run itself holds what was recorded
+    assert TF_NOT_TIMED not in build_report(_recorded_run()).limitations
+
+
 def _view(snapshot: Run) -> tuple[LiveView, list[float]]:
     now = [25.0]
     view = LiveView(steps=lambda: snapshot.steps, samples=lambda n: ([], []), snapshot=lambda: snapshot,

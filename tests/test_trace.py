@@ -279,14 +279,15 @@ def test_an_unwritable_trace_is_one_warning_and_the_run_goes_on(tmp_path: Path,
     after.append("ran")
     assert after == ["ran"] and len(prof.report.run.steps) == 8
     err = capfd.readouterr().err.splitlines()
-    assert err == [f"loadprof: warning: trace not written: {blocker / 't.json'}: cannot write (Not a directory)"]
+    assert err == [f"loadprof: warning: --trace {blocker / 't.json'}: cannot write (Not a directory)"]
 
 
 def test_report_trace_to_an_unwritable_path_exits_2(real_run: dict[str, Any], tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "missing" / "t.json"
     assert main(["report", str(real_run["saved"]), "--trace", str(target)]) == 2
-    assert capsys.readouterr().err.splitlines() == [f"loadprof: error: {target}: cannot write (No such file or directory)"]
+    assert capsys.readouterr().err.splitlines() == [
+        f"loadprof: error: --trace {target}: folder {target.parent} does not exist"]
 
 
 def test_a_merged_record_is_one_slice_naming_its_steps() -> None:

@@ -1,4 +1,4 @@
-"""``loadprof merge``: one job's report from the per-rank files its ranks wrote alone.
+"""One job's report from the per-rank files its ranks wrote alone.
 
 When the ranks could not reach each other at exit, each wrote ``report.rankR.json``
 (NOTE [ Merging a job's reports ] in exchange.py): its report, its place in the job
@@ -9,11 +9,8 @@ which on one host is the same clock.
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 from pathlib import Path
-from typing import Any
 
 from ..jsonio import read_json
 from ..records import JobRun, RankRun, RecordError, rank_from_dict
@@ -63,7 +60,7 @@ def merge_ranks(ranks: list[RankRun], merged: str = "offline") -> JobRun:
     return JobRun(world_size=world, run_id=ranks[0].run_id, merged=merged, ranks=out, limitations=limitations)
 
 
-def _check_total(paths: list[str]) -> None:
+def check_total(paths: list[str]) -> None:
     sizes = []
     for path in paths:
         try:
@@ -74,34 +71,3 @@ def _check_total(paths: list[str]) -> None:
         biggest = max(range(len(paths)), key=sizes.__getitem__)
         raise MergeError(f"{paths[biggest]}: the {len(paths)} rank files hold {sum(sizes) / 2**20:.0f} MiB in all, "
                          f"more than the {MAX_MERGE_BYTES // 2**20} MiB one merge reads")
-
-
-class MergeCommand:
-    name = "merge"
-    help = "merge the per-rank reports of a multi-process job (report.rank*.json) into one report"
-
-    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("paths", nargs="+", metavar="RANKFILE",
-                            help="the files report.rankR.json that the ranks wrote")
-        parser.add_argument("--json", metavar="PATH", help="write the merged report here")
-        parser.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
-
-    def run(self, args: argparse.Namespace) -> int:
-        from ..cli import UsageError
-        from ..report import JsonWriteError, render_console, write_json
-        from ..report.job import build_job_report
-
-        try:
-            _check_total(args.paths)
-            job = merge_ranks([read_rank_file(p) for p in args.paths])
-        except MergeError as exc:
-            raise UsageError(str(exc)) from None
-        report: Any = build_job_report(job)
-        if args.json:
-            try:
-                write_json(report, args.json)
-            except JsonWriteError as exc:
-                raise UsageError(str(exc)) from None
-        if not args.quiet:
-            render_console(report, file=sys.stdout)
-        return 0

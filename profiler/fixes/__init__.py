@@ -5,6 +5,7 @@ builds, the fixes here change it. One module, one job:
 
   spec.py      what a fix is: ``Changes``, ``SiteRecord``, ``short_path`` (no framework;
                all that tune, compare, trial and codechange import)
+  sites.py     where a fix's target was built in the user's code (call sites)
   applier.py   ``Applier``: installs the fixes for each framework the script imports,
                removes them at the end; call sites in the user's code
   cache.py     the cache-safety probe, ``CachedDataset``, loadprof's own loader reads

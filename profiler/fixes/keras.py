@@ -14,12 +14,14 @@ import functools
 import inspect
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..instrument import ThisProcess
 from ..patch import Patches, subclass
 from ..records import has_tensor_cores, supports_bf16
-from .applier import Applier
+
+if TYPE_CHECKING:
+    from .applier import Applier
 
 #: Losses kept per run at most (one small tensor each until the end).
 MAX_LOSSES = 200_000

@@ -23,9 +23,12 @@ import copy
 import dataclasses
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .applier import Applier, fmt
+from .sites import fmt
+
+if TYPE_CHECKING:
+    from .applier import Applier
 
 #: The loader settings live tuning may change.
 LOADER_SETTINGS = ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory")

@@ -10,15 +10,18 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from ..instrument import ThisProcess
 from ..patch import Patches
-from .applier import Applier, is_framework_file
 from .cache import CACHE_MEMORY_SHARE, PROBE_ITEMS, CacheCheck, item_nbytes, same_item
+from .sites import is_framework_file
 from .spec import SiteRecord, short_path
+
+if TYPE_CHECKING:
+    from .applier import Applier
 
 
 class TfDataFixes:

@@ -12,16 +12,19 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..instrument import ThisProcess
 from ..patch import Patches
 from ..records import has_tensor_cores
 from ..samplers.host import usable_cores
-from .applier import Applier, call_site, fmt
 from .cache import CacheCheck, CachedDataset, check_cacheable, in_internal
 from .live import LiveTuner
+from .sites import call_site, fmt
 from .spec import SiteRecord, short_path
+
+if TYPE_CHECKING:
+    from .applier import Applier
 
 
 class TorchFixes:

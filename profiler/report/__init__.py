@@ -13,16 +13,17 @@ from typing import IO, Any, ClassVar, NamedTuple
 
 from ..advice import Recommendation, recommend
 from ..cost import Cost, cost_of
-from ..diagnosis import Diagnosis, Evidence, Headroom, diagnose, near_limit
+from ..diagnosis import Diagnosis, Evidence, Headroom, diagnose, is_tf, near_limit
 from ..jsonio import JsonWriteError, read_json, write_text_atomic
 from ..records import SCHEMA_VERSION, Environment, LoaderInfo, RecordError, Run
 from ..stagemodel import Loading, loading
 from .console import ConsoleRenderer
 from .jsonfile import JsonRenderer
 from .notebook import HtmlRenderer, TextRenderer
-from .stages import loading_dict
+from .stages import TF_NOT_TIMED, loading_dict
 
-__all__ = ["Report", "ReportWarning", "build_report", "failed_report", "load_report", "render_console", "write_json",
+__all__ = ["Report", "ReportWarning", "build_report", "failed_report", "json_text", "load_report", "render_console",
+           "write_json",
            "ConsoleRenderer", "HtmlRenderer", "JsonRenderer", "JsonWriteError", "ReportError", "TextRenderer"]
 
 
@@ -169,6 +170,10 @@ class Report:
 
     @property
     def limitations(self) -> list[str]:
+        """What was not measured: the run's own lines, and a tf.data loader's stages."""
+        loader = self.diagnosis.metrics.loader
+        if is_tf(loader) and TF_NOT_TIMED not in self.run.limitations:
+            return [*self.run.limitations, TF_NOT_TIMED]
         return self.run.limitations
 
     @property
@@ -266,14 +271,16 @@ def render_console(report: Any, file: IO[str] | None = None, width: int | None =
     ConsoleRenderer(file=file, width=width).render(report)
 
 
-def write_json(report: Any, path: str | os.PathLike[str]) -> None:
-    """Write atomically (jsonio): a reader never sees half a report. Raises JsonWriteError."""
+def json_text(report: Any) -> str:
+    """The report's JSON file: a job's raw runs compact (report/job.py), a run's indented."""
     from .job import JobReport
 
-    if isinstance(report, JobReport):  # its raw runs compact (report/job.py)
-        write_text_atomic(path, report.to_json())
-        return
-    write_text_atomic(path, JsonRenderer().render(report))
+    return report.to_json() if isinstance(report, JobReport) else JsonRenderer().render(report)
+
+
+def write_json(report: Any, path: str | os.PathLike[str]) -> None:
+    """Write atomically (jsonio): a reader never sees half a report. Raises JsonWriteError."""
+    write_text_atomic(path, json_text(report))
 
 
 #: Larger than any run loadprof writes (its buffers are bounded: ~35 MiB for 20,000 readings

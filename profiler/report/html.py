@@ -40,9 +40,9 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from ..compare import Comparison
-    from ..tune import TuneResult
+    from ..records import RankRun
     from . import Report
+    from .job import JobReport
 
 #: Time slices per chart (NOTE [ Honest downsampling ]): a few hundred keep each
 #: series to tens of KB and are finer than a 1,000-pixel-wide chart can show.
@@ -93,9 +93,11 @@ class HtmlPageRenderer:
     def __init__(self, buckets: int = BUCKETS) -> None:
         self.buckets = buckets
 
-    def render(self, report: Any) -> str:
-        if hasattr(report, "job"):
-            return self._job(report.to_dict())
+    def render(self, report: Report | JobReport) -> str:
+        from .job import JobReport
+
+        if isinstance(report, JobReport):
+            return self._job(report)
         d, run = report.diagnosis, report.run
         head = _Head(d.verdict, d.cause, d.confidence, d.summary, list(report.warnings))  # with the run's notices
         evidence = [(ev.label, ev.display, ev.threshold, ev.source) for ev in d.evidence]
@@ -104,34 +106,35 @@ class HtmlPageRenderer:
         return _report_page(title, _started(run), head, report, evidence, recs, "", list(run.limitations),
                             self.buckets)
 
-    def _job(self, data: dict[str, Any]) -> str:
-        from ..records import Run
-        from . import build_report
+    def _job(self, job: JobReport) -> str:
+        """The job's report as given: the pace-setting rank's run with the diagnosis the
+        job report already made of it (nothing diagnosed again)."""
+        from . import Report
 
-        raw = [r for r in (data.get("job") or {}).get("ranks") or [] if isinstance(r, dict)]
-        with_runs = [r for r in raw if isinstance(r.get("run"), dict)]
-        pace = [r for r in with_runs if r.get("rank") in (data.get("pace_ranks") or [])] or with_runs
+        d = job.diagnosis
+        with_runs = [r for r in job.job.ranks if r.run is not None and r.rank in d.per_rank]
+        pace = [r for r in with_runs if r.rank in d.pace_ranks] or with_runs
         if not pace:
             raise ValueError("the job's report holds no rank's run")
-        report = build_report(Run.from_dict(pace[0]["run"]))
-        head = _Head(str(data.get("verdict")), data.get("cause"), str(data.get("confidence")),
-                     str(data.get("summary")), [(w.get("id"), w.get("detail")) for w in data.get("warnings") or []])
+        first = pace[0]
+        assert first.run is not None
+        report = Report(first.run, d.per_rank[first.rank])
+        data = job.to_dict(columns=None)  # the summary's keys, without the raw runs
+        head = _Head(d.verdict, d.cause, d.confidence, d.summary, list(d.warnings))
         evidence = [(ev.get("label"), ev.get("display"), ev.get("threshold"), ev.get("source"))
                     for ev in data.get("evidence") or []]
         recs = []
-        for r in data.get("recommendations") or []:
-            ranks = r.get("ranks") or []
-            note = f"for rank{'s' if len(ranks) > 1 else ''} {', '.join(str(k) for k in ranks)}" if ranks else ""
-            recs.append((r.get("title"), r.get("id"), r.get("detail"), r.get("code"), r.get("estimated_speedup"),
-                         r.get("basis"), note))
-        world = data.get("world_size") or len(raw)
-        title = f"loadprof job report: {_script(report.run.command)}, {world} ranks"
-        started = (f"{_started(report.run)}; the charts over time are rank {pace[0].get('rank')}'s "
+        for r in job.recommendations:
+            note = (f"for rank{'s' if len(r.ranks) > 1 else ''} {', '.join(str(k) for k in r.ranks)}"
+                    if r.ranks else "")
+            rec = r.recommendation
+            recs.append((rec.title, rec.id, rec.detail, rec.code, rec.estimated_speedup, rec.basis, note))
+        title = f"loadprof job report: {_script(first.run.command)}, {job.job.world_size} ranks"
+        started = (f"{_started(first.run)}; the charts over time are rank {first.rank}'s "
                    f"(it sets the job's pace); every rank is in Ranks below")
-        ranks = _job_ranks_section(data, raw, self.buckets)
+        ranks = _job_ranks_section(data, job.job.ranks, self.buckets)
         return _report_page(title, started, head, report, evidence, recs, ranks,
-                            [str(x) for x in data.get("limitations") or []] + list(report.run.limitations),
-                            self.buckets)
+                            list(job.job.limitations) + list(first.run.limitations), self.buckets)
 
 
 @dataclass
@@ -199,53 +202,6 @@ def _report_page(title: str, started: str, head: _Head, report: Report, evidence
         out.append("<h2>Input pipelines</h2>" + _loaders_table(run.loaders))
     out.append("<h2>Environment</h2>" + _environment_table(report))
     return _page(f"{title}: {head.verdict}", "\n".join(out))
-
-
-class TunePageRenderer:
-    """``loadprof tune``'s trial table and a bar chart of each trial's throughput."""
-
-    def render(self, result: TuneResult) -> str:
-        from ..tune import render as render_table
-
-        table = io.StringIO()
-        render_table(result, file=table, width=120)
-        script = _script(result.command)
-        out = [f"<h1>loadprof tune: {_e(script)}</h1>",
-               f"<p class='muted'>{_e(' '.join(result.command))}</p>"]
-        best = result.best
-        if best is not None:
-            out.append(f"<div class='verdict' style='--c:#2e7d32'><span class='word'>{best.speedup:.2f}x</span> "
-                       f"<span class='muted'>best: {_e(best.name)}</span>"
-                       f"<p class='reason'>{_e(best.name)} beat the baseline's throughput "
-                       f"{best.speedup:.2f} times, loss trajectory checked.</p></div>")
-        else:
-            out.append("<div class='verdict' style='--c:#555555'><span class='word'>NO CHANGE</span>"
-                       "<p class='reason'>No change beat the baseline safely: keep the script as it is.</p></div>")
-        out.append("<h2>Throughput by trial</h2>")
-        out.append(_chart(lambda: _tune_figure(result), "tune"))
-        out.append(f"<h2>Trials</h2><pre>{_e(table.getvalue())}</pre>")
-        if result.code_change:
-            out.append(f"<h2>Change to make in the script</h2><pre><code>{_e(result.code_change)}</code></pre>")
-        out.append("<h2>Environment</h2>" + _machine_table(result.baseline.environment))
-        return _page(f"loadprof tune - {script}", "\n".join(out))
-
-
-class ComparePageRenderer:
-    """``loadprof compare``'s table and its bar chart (the same figure as ``--png``)."""
-
-    def render(self, cmp: Comparison) -> str:
-        from ..compare import bar_figure
-        from ..compare import render as render_table
-
-        table = io.StringIO()
-        render_table(cmp, file=table, width=120)
-        script = _script(cmp.command)
-        out = [f"<h1>loadprof compare: {_e(script)}</h1>",
-               f"<p class='muted'>{_e(' '.join(cmp.command))}</p>",
-               "<h2>Time by variant</h2>", _chart(lambda: bar_figure(cmp), "compare"),
-               f"<h2>Variants</h2><pre>{_e(table.getvalue())}</pre>",
-               "<h2>Environment</h2>" + _machine_table(cmp.machine())]
-        return _page(f"loadprof compare - {script}", "\n".join(out))
 
 
 def write_html(page: str, path: str) -> None:
@@ -677,32 +633,8 @@ def _steps_panel(ax: Axes, steps: list[Any], span: float, buckets: int, note: _D
     ax.set_ylabel("per step (ms)")
 
 
-def _tune_figure(result: TuneResult) -> Figure | None:
-    from matplotlib.figure import Figure
-
-    trials = [t for t in [result.baseline, *result.trials] if t.ok and t.steps_per_s]
-    if not trials:
-        return None
-    fig = Figure(figsize=(1.8 + 0.9 * len(trials), 3.6), dpi=96)
-    ax = fig.subplots()
-    colours = ["#7f7f7f" if t is result.baseline else "#2e7d32" if t is result.best
-               else "#c62828" if t.safe is False else _COMPUTE for t in trials]
-    bars = ax.bar(range(len(trials)), [t.steps_per_s or 0.0 for t in trials], color=colours)
-    for bar, t in zip(bars, trials, strict=True):
-        label = f"{t.steps_per_s:.1f}" + (f"\n{t.speedup:.2f}x" if t.speedup and t is not result.baseline else "")
-        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
-                    fontsize=7.5, xytext=(0, 2), textcoords="offset points")
-    ax.set_xticks(range(len(trials)), [t.name for t in trials], rotation=30, ha="right", fontsize=7.5)
-    ax.set_ylabel("steps/s (measured steps)")
-    ax.set_ylim(0, max(t.steps_per_s or 0.0 for t in trials) * 1.3)
-    ax.spines[["top", "right"]].set_visible(False)
-    ax.set_title("grey: baseline, green: best, red: unsafe (loss moved)", fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
 # -- a multi-process job ---------------------------------------------------------------
-def _job_ranks_section(data: dict[str, Any], raw: list[dict[str, Any]], buckets: int) -> str:
+def _job_ranks_section(data: dict[str, Any], raw: list[RankRun], buckets: int) -> str:
     """Each rank's figures, its stragglers, and a heatmap of every rank over time."""
     stragglers = {s.get("rank"): s for s in data.get("stragglers") or [] if isinstance(s, dict)}
     out = ["<h2>Ranks</h2>"]
@@ -742,32 +674,31 @@ def _cell(key: str, value: Any) -> str:
     return str(value)
 
 
-def _ranks_figure(raw: list[dict[str, Any]], stragglers: set[Any], buckets: int) -> Figure | None:
+def _ranks_figure(raw: list[RankRun], stragglers: set[Any], buckets: int) -> Figure | None:
     """Rows: ranks; columns: time slices on rank 0's clock; colour: step time, then input share."""
     from matplotlib.figure import Figure
 
     series = []
-    for r in sorted(raw, key=lambda r: r.get("rank") or 0):
-        run = r.get("run")
-        if not isinstance(run, dict) or not run.get("steps"):
+    for r in sorted(raw, key=lambda r: r.rank):
+        if r.run is None or not r.run.steps:
             continue
-        shift = float(r.get("started_at") or run.get("started_at") or 0.0) + float(r.get("clock_offset") or 0.0)
-        series.append((r.get("rank"), shift, run["steps"]))
+        shift = float(r.started_at or r.run.started_at or 0.0) + float(r.clock_offset or 0.0)
+        series.append((r.rank, shift, r.run.steps))
     if len(series) < 2:
         return None
     origin = min(shift for _, shift, _ in series)
     # From the first step of any rank to the last: a job's start-up (process group, data) is not drawn.
-    first = min(shift - origin + min(s["start"] for s in steps) for _, shift, steps in series)
-    span = max(shift - origin + max(s["end"] for s in steps) for _, shift, steps in series) - first
+    first = min(shift - origin + min(s.start for s in steps) for _, shift, steps in series)
+    span = max(shift - origin + max(s.end for s in steps) for _, shift, steps in series) - first
     # No more slices than a rank has step records: an empty slice would read as a gap.
     cols = max(1, min(buckets // 2, min(len(steps) for _, _, steps in series)))
     step_ms = np.full((len(series), cols), np.nan)
     share = np.full((len(series), cols), np.nan)
     for row, (_, shift, steps) in enumerate(series):
-        mid = np.array([(s["start"] + s["end"]) / 2 for s in steps]) + shift - origin - first
-        dur = np.array([s["end"] - s["start"] for s in steps])
-        n = np.array([s.get("merged") or 1 for s in steps], dtype=float)
-        inp = np.array([(s.get("data_wait") or 0.0) + (s.get("h2d") or 0.0) for s in steps])
+        mid = np.array([(s.start + s.end) / 2 for s in steps]) + shift - origin - first
+        dur = np.array([s.end - s.start for s in steps])
+        n = np.array([s.merged or 1 for s in steps], dtype=float)
+        inp = np.array([(s.data_wait or 0.0) + (s.h2d or 0.0) for s in steps])
         idx = np.clip((mid / max(span, 1e-9) * cols).astype(int), 0, cols - 1)
         k = np.bincount(idx, weights=n, minlength=cols)
         d = np.bincount(idx, weights=dur, minlength=cols)

@@ -6,7 +6,8 @@ the evidence table only in HTML, where it folds away. No rich, no colour codes.
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING
+import sys
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from . import Report
@@ -78,3 +79,22 @@ class HtmlRenderer:
             out.append(f"<details><summary>Not measured ({len(report.limitations)})</summary><ul>{items}</ul></details>")
         out.append("</div>")
         return "\n".join(out)
+
+
+def kernel_shell() -> Any:
+    """The running IPython kernel's shell, or None (a terminal IPython is no notebook)."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None or "ipykernel" not in sys.modules:
+        return None
+    shell = ipython.get_ipython()
+    return shell if shell is not None and getattr(shell, "kernel", None) is not None else None
+
+
+def show_inline(report: Any) -> bool:
+    """Display ``report`` as the cell's HTML output; False where there is no notebook."""
+    if kernel_shell() is None or not hasattr(report, "_repr_html_"):
+        return False
+    from IPython.display import display
+
+    display(report)
+    return True

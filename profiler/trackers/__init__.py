@@ -21,36 +21,19 @@ from __future__ import annotations
 import os
 import tempfile
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from . import mlflow_run, tb_writer, wandb_run
-from .fields import markdown, summary_fields
+from .fields import NAMES, markdown, parse_log_to, summary_fields
+
+__all__ = ["TRACKERS", "Trackers", "parse_log_to"]
 
 #: --log-to names -> their modules, in the order they are logged to
 TRACKERS: dict[str, types.ModuleType] = {"wandb": wandb_run, "mlflow": mlflow_run, "tensorboard": tb_writer}
+assert tuple(TRACKERS) == NAMES
 #: the module each needs, for the warning when it is missing
 PACKAGES = {"wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard (with torch or tensorboardX)"}
-
-
-def parse_log_to(spec: str | Iterable[str] | None) -> dict[str, str | None]:
-    """``"wandb,mlflow,tensorboard=DIR"`` (or a list of those) -> {name: argument or None}.
-
-    The argument is W&B's project, MLflow's experiment, TensorBoard's log folder.
-    ValueError names what is not a tracker."""
-    if not spec:
-        return {}
-    items = spec.split(",") if isinstance(spec, str) else list(spec)
-    out: dict[str, str | None] = {}
-    for item in items:
-        name, eq, arg = item.strip().partition("=")
-        if not name:
-            continue
-        if name not in TRACKERS:
-            raise ValueError(f"log_to: expected trackers among {', '.join(TRACKERS)} (tensorboard=DIR), "
-                             f"got {name!r}")
-        out[name] = arg if eq and arg else None
-    return out
 
 
 class Trackers:

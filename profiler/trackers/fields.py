@@ -9,6 +9,7 @@ the script's own metrics. The list is documented in docs/trackers.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from ..cost import cost_line
@@ -66,3 +67,27 @@ def markdown(report: Any) -> str:
         lines.append(f"{i}. {r.title} `[{r.id}]`{est}")
     lines += ["", texts.get(PREFIX + "cost", "")]
     return "\n".join(lines).strip()
+
+
+#: The trackers ``log_to`` names (trackers/__init__.py maps each to its module).
+NAMES = ("wandb", "mlflow", "tensorboard")
+
+
+def parse_log_to(spec: str | Iterable[str] | None) -> dict[str, str | None]:
+    """``"wandb,mlflow,tensorboard=DIR"`` (or a list of those) -> {name: argument or None}.
+
+    The argument is W&B's project, MLflow's experiment, TensorBoard's log folder.
+    ValueError names what is not a tracker."""
+    if not spec:
+        return {}
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    out: dict[str, str | None] = {}
+    for item in items:
+        name, eq, arg = item.strip().partition("=")
+        if not name:
+            continue
+        if name not in NAMES:
+            raise ValueError(f"log_to: expected trackers among {', '.join(NAMES)} (tensorboard=DIR), "
+                             f"got {name!r}")
+        out[name] = arg if eq and arg else None
+    return out

@@ -1,26 +1,20 @@
-"""The ``convert`` and ``inspect`` subcommands, as objects ``loadprof.cli`` registers.
+"""``loadprof convert SRC OUT``: a dataset into HDF5 or TFRecord (the work: converters/).
 
-Each command has ``name``, ``help``, ``prepare_parser(parser)`` and ``run(args) -> int``.
-For bad input ``run`` raises ``loadprof.converters.errors.ConvertError`` (one line, naming the
-file and record); the CLI prints ``loadprof: error: <message>`` and exits 2.
-``python -m loadprof.converters.commands`` runs the two commands on their own, the same way.
+For bad input ``run`` raises the converters' ``ConvertError`` (one line naming the file
+and record); ``cli.main`` prints ``loadprof: error: <message>`` and exits 2. The
+conversion machinery (numpy, h5py, rich) is imported in ``run``: every loadprof
+command builds this parser, and those imports would cost ~0.1 s of start-up that
+``loadprof diagnose`` should not pay.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
 from typing import Any
 
-from .errors import ConvertError
-from .sizes import format_size, parse_size
+from ..converters.sizes import format_size, parse_size
 
-# The conversion machinery (numpy, h5py, rich) is imported in run(), not here:
-# loadprof.cli imports this module for every loadprof command, and those imports
-# cost ~0.1 s of start-up that `loadprof diagnose` should not pay.
-
-__all__ = ["ConvertCommand", "InspectCommand", "main"]
 
 def _size(text: str) -> int:
     try:
@@ -66,7 +60,7 @@ class ConvertCommand:
                          help="shard name prefix: NAME-00000-of-00008.tfrecord (default: train)")
 
     def run(self, args: argparse.Namespace) -> int:
-        from .conversion import ConversionStopped, stop_on_signals
+        from ..converters.conversion import ConversionStopped, stop_on_signals
 
         # NOTE [ Signals during a conversion ] (conversion.py): the temporary output is
         # removed on the way out; the exit code is the shell's for that signal.
@@ -81,8 +75,8 @@ class ConvertCommand:
             return 128 + exc.signum
 
     def _run(self, args: argparse.Namespace) -> int:
-        from .conversion import ConvertOptions, convert
-        from .sources import SourceOptions
+        from ..converters.conversion import ConvertOptions, convert
+        from ..converters.sources import SourceOptions
 
         # Flags left unset fall back to the defaults of ConvertOptions / SourceOptions,
         # documented there only.
@@ -114,38 +108,3 @@ class ConvertCommand:
         return 0
 
 
-class InspectCommand:
-    name = "inspect"
-    help = "summarise an HDF5 file or TFRecord shard(s) and check every CRC"
-
-    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("path", metavar="PATH",
-                            help="an HDF5 file, a TFRecord shard, or a directory of shards")
-
-    def run(self, args: argparse.Namespace) -> int:
-        from .inspection import inspect_path
-
-        summary = inspect_path(args.path)
-        print("\n".join(summary.lines()))
-        return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Stand-alone entry point (``python -m loadprof.converters.commands``), same conventions as loadprof."""
-    parser = argparse.ArgumentParser(prog="loadprof")
-    sub = parser.add_subparsers(dest="command", required=True)
-    commands = {}
-    for command in (ConvertCommand(), InspectCommand()):
-        p = sub.add_parser(command.name, help=command.help, description=command.help)
-        command.prepare_parser(p)
-        commands[command.name] = command
-    args = parser.parse_args(argv)
-    try:
-        return commands[args.command].run(args)
-    except ConvertError as exc:
-        print(f"loadprof: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

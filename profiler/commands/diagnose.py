@@ -1,0 +1,48 @@
+"""``loadprof diagnose script.py``: run a training script unchanged under the profiler."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..options import (
+    UsageError,
+    add_profile_options,
+    add_target_arguments,
+    option_strings,
+    target_from,
+)
+
+
+class DiagnoseCommand:
+    name = "diagnose"
+    help = "run a training script unchanged under the profiler and diagnose it"
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        add_profile_options(parser)
+        add_target_arguments(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        from ..outputs import check_outputs, report_outputs
+        from ..runner import run
+        from ..target import TargetError
+
+        target = target_from(args)
+        target.own_options = option_strings(add_profile_options)
+        # NOTE [ A failed output ] in outputs.py: before the script runs
+        check_outputs(report_outputs(None, json=args.json, trace=args.trace, html=args.html))
+        try:
+            return run(
+                target,
+                interval=args.interval,
+                json=args.json,
+                max_steps=args.max_steps,
+                gpu=not args.no_gpu,
+                print_report=not args.quiet,
+                trace=args.trace,
+                live=args.live,
+                html=args.html,
+                gpu_hour_price=args.gpu_hour_price,
+                log_to=args.log_to,
+            )
+        except TargetError as exc:
+            raise UsageError(str(exc)) from None

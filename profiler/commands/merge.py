@@ -1,0 +1,47 @@
+"""``loadprof merge report.rank*.json``: one report of a job whose ranks wrote one file each."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ..options import UsageError
+
+
+class MergeCommand:
+    name = "merge"
+    help = "merge the per-rank reports of a multi-process job (report.rank*.json) into one report"
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("paths", nargs="+", metavar="RANKFILE",
+                            help="the files report.rankR.json that the ranks wrote")
+        parser.add_argument("--json", metavar="PATH", help="write the merged report here")
+        parser.add_argument("--trace", metavar="PATH", help="write every rank's run as one Chrome trace-event file")
+        parser.add_argument("--html", metavar="PATH", help="write the job's report as one self-contained HTML page")
+        parser.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from ..dist.merge import MergeError, check_total, merge_ranks, read_rank_file
+        from ..outputs import (
+            check_outputs,
+            exit_code,
+            print_failures,
+            report_outputs,
+            write_outputs,
+        )
+        from ..report import render_console
+        from ..report.job import build_job_report
+
+        check_outputs(report_outputs(None, json=args.json, trace=args.trace, html=args.html))
+        try:
+            check_total(args.paths)
+            job = merge_ranks([read_rank_file(p) for p in args.paths])
+        except MergeError as exc:
+            raise UsageError(str(exc)) from None
+        report: Any = build_job_report(job)
+        failed = write_outputs(report_outputs(report, json=args.json, trace=args.trace, html=args.html))
+        if not args.quiet:
+            render_console(report, file=sys.stdout)
+        print_failures(failed)
+        return exit_code(0, failed)

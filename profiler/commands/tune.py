@@ -1,0 +1,89 @@
+"""``loadprof tune script.py``: each applicable fix measured on a bounded run; the best printed."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from ..jsonio import dumps
+from ..options import (
+    UsageError,
+    add_output_options,
+    add_target_arguments,
+    positive_int,
+    target_from,
+)
+from ..outputs import Output, check_outputs, exit_code, print_failures, write_outputs
+from ..trial import run_stopped_cleanly
+from ..tune import FAMILIES, Search, TuneError, TuneOptions, TuneResult, render
+
+
+class TuneCommand:
+    name = "tune"
+    help = "measure each applicable fix on a bounded run of the script and print the best change"
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--budget", type=float, default=TuneOptions.budget, metavar="SECONDS",
+                            help="seconds for the whole search, baseline included (default %(default)g)")
+        parser.add_argument("--steps", type=positive_int, default=TuneOptions.steps, metavar="N",
+                            help="measured steps per trial (default %(default)s)")
+        parser.add_argument("--warmup", type=int, default=TuneOptions.warmup, metavar="N",
+                            help="steps per trial before measuring (default %(default)s)")
+        parser.add_argument("--fixes", default=",".join(FAMILIES), metavar="LIST",
+                            help=f"fix families to consider (default all: {','.join(FAMILIES)})")
+        parser.add_argument("--loss-tolerance", type=float, default=TuneOptions.loss_tolerance, metavar="X",
+                            help="relative move of the loss trajectory that makes a fix unsafe (default %(default)s)")
+        parser.add_argument("--no-ideal", action="store_true", help="skip the model-only (ideal) trial")
+        parser.add_argument("--html", metavar="PATH", help="write the trial table and a bar chart as one HTML page")
+        add_output_options(parser, json_help="write the search (baseline, best, every trial) as JSON",
+                           quiet_help="no progress lines, only the table")
+        add_target_arguments(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        from ..target import TargetError
+
+        options = options_from(args)
+        target = target_from(args)
+        try:
+            target.validate()
+        except TargetError as exc:
+            raise UsageError(str(exc)) from None
+        outputs = _outputs(args, None)
+        check_outputs(outputs)
+        progress = None if args.quiet else (lambda line: print(f"loadprof tune: {line}", file=sys.stderr, flush=True))
+        search = Search(target.script, target.module, target.args, options, progress)
+        try:
+            result, code = run_stopped_cleanly("tune", "the trial that was running", search.run)
+        except TuneError as exc:
+            print(f"loadprof: tune: {exc}", file=sys.stderr)
+            return 1
+        if result is None:
+            return code
+        render(result)
+        failed = write_outputs(_outputs(args, result))
+        print_failures(failed)
+        return exit_code(0, failed)
+
+
+def _outputs(args: argparse.Namespace, result: TuneResult | None) -> list[Output]:
+    from ..report.pages import TunePageRenderer
+
+    return [Output("--json", args.json, lambda: dumps(result.to_dict() if result else {}, default=repr)),
+            Output("--html", args.html, lambda: TunePageRenderer().render(result) if result else "")]
+
+
+def options_from(args: argparse.Namespace) -> TuneOptions:
+    if not (args.budget > 0) or not math.isfinite(args.budget):
+        raise UsageError(f"--budget: must be > 0 seconds, got {args.budget!r}")
+    if args.warmup < 0:
+        raise UsageError(f"--warmup: must be >= 0, got {args.warmup}")
+    if not (0 < args.loss_tolerance < 10):
+        raise UsageError(f"--loss-tolerance: expected a share like 0.1, got {args.loss_tolerance!r}")
+    fixes = tuple(f.strip() for f in args.fixes.split(",") if f.strip())
+    unknown = [f for f in fixes if f not in FAMILIES]
+    if unknown or not fixes:
+        raise UsageError(f"--fixes: unknown fix family {unknown[0] if unknown else args.fixes!r}; "
+                         f"known: {', '.join(FAMILIES)}")
+    return TuneOptions(budget=args.budget, warmup=args.warmup, steps=args.steps, loss_tolerance=args.loss_tolerance,
+                       fixes=fixes, ideal=not args.no_ideal, gpu=not args.no_gpu)

@@ -1,0 +1,101 @@
+"""Every file a command or ``Profile`` writes (``--json``, ``--html``, ``--trace``,
+``--png``), through one writer with one policy.
+
+An ``Output`` is an option, a path and a renderer's result to be made when written;
+``write_outputs`` renders and writes each through jsonio's atomic writer (never half a
+file, never through a planted link: NOTE [ Output paths and symbolic links ]).
+
+NOTE [ A failed output ]
+One behaviour wherever an output is asked for:
+- Before any long work, every output path is checked (``check_outputs``): a missing
+  folder or a path that is a folder is a usage error (one line, exit 2) before a
+  script runs, not after it ran for an hour.
+- An output that still cannot be written (disk full, permissions, a renderer that
+  fails) is one line naming the option and the file:
+  ``loadprof: error: --html out/r.html: cannot write (No space left on device)``.
+  The other outputs are written all the same.
+- A command then exits 2, unless it has a failure of its own to report, whose code
+  wins: the script's exit code under ``diagnose``, 1 for a broken limit under
+  ``check`` or a failed variant under ``compare``.
+- ``Profile`` inside a user's script cannot choose the exit code of the script: the
+  line is a warning (``loadprof: warning: ...``), the report's limitations list it,
+  and training goes on (NOTE [ Never break the run ]).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+from typing import IO, Any, NamedTuple
+
+from .jsonio import JsonWriteError, write_bytes_atomic
+from .options import check_writable
+
+__all__ = ["FAILED_OUTPUT", "Output", "check_outputs", "exit_code", "print_failures", "report_outputs", "write_outputs"]
+
+#: A command's exit code when an output it was asked for could not be written.
+FAILED_OUTPUT = 2
+
+
+class Output(NamedTuple):
+    option: str  # "--html": how the user asked for it
+    path: str | None  # None: not asked for, skipped
+    render: Callable[[], str | bytes]  # made when written, so a failing renderer is one line too
+
+
+def check_outputs(outputs: Iterable[Output]) -> None:
+    """Refuse unusable output paths before any work (UsageError, one line)."""
+    for out in outputs:
+        if out.path:
+            check_writable(out.path, out.option)
+
+
+def write_outputs(outputs: Iterable[Output]) -> list[str]:
+    """Write every output asked for; the failures, one line each (NOTE [ A failed output ])."""
+    failed = []
+    for out in outputs:
+        if not out.path:
+            continue
+        try:
+            data = out.render()
+            write_bytes_atomic(out.path, data.encode("utf-8") if isinstance(data, str) else data)
+        except JsonWriteError as exc:  # already "PATH: why"
+            failed.append(f"{out.option} {exc}")
+        except Exception as exc:  # a renderer's failure: the other outputs still go out
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            failed.append(f"{out.option} {out.path}: not written ({why})")
+    return failed
+
+
+def print_failures(failed: list[str], file: IO[str] | None = None) -> None:
+    for line in failed:
+        print(f"loadprof: error: {line}", file=file or sys.stderr)
+
+
+def exit_code(own: int, failed: list[str]) -> int:
+    """The command's own failure wins; else a failed output is FAILED_OUTPUT."""
+    return own if own else (FAILED_OUTPUT if failed else 0)
+
+
+def report_outputs(report: Any, *, json: str | None = None, trace: str | None = None,
+                   html: str | None = None) -> list[Output]:
+    """The files a report (or a job's) can be written as; the renderers are imported
+    only for the outputs asked for."""
+
+    def json_file() -> str:
+        from .report import json_text
+
+        return json_text(report)
+
+    def trace_text() -> str:
+        from .report.trace import TraceRenderer
+
+        return TraceRenderer().render(report)
+
+    def html_text() -> str:
+        from .report.html import HtmlPageRenderer
+
+        return HtmlPageRenderer().render(report)
+
+    return [Output("--json", json, json_file), Output("--trace", trace, trace_text),
+            Output("--html", html, html_text)]
