@@ -95,3 +95,11 @@ def test_only_the_entry_points_and_the_commands_import_a_command() -> None:
     front = {n for n in graph if n in ("loadprof.cli", "loadprof.__main__") or n.startswith("loadprof.commands")}
     wrong = sorted(f"{n} -> {m}" for n, deps in graph.items() if n not in front for m in deps if m in front)
     assert wrong == []
+
+
+def test_every_package_folder_is_listed_for_the_wheel() -> None:
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {name for name, (_, is_package) in _modules().items() if is_package}
+    assert found == listed
