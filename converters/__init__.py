@@ -2,15 +2,15 @@
 to HDF5 or sharded TFRecord, with readers for PyTorch (``loadprof.converters.torch``) and
 tf.data (``loadprof.converters.tf``), imported on their own so neither framework is required here.
 
-Names are imported on first use (PEP 562): ``loadprof.cli`` imports
-``loadprof.converters.commands`` for every loadprof command, and numpy/h5py would add
-~0.1 s to each start-up.
+Names are imported on first use (``loadprof.lazy``): every loadprof command builds the
+``convert`` parser, and numpy/h5py would add ~0.1 s to each start-up.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from loadprof.lazy import lazy_names
 
 if TYPE_CHECKING:
     from .conversion import DEFAULT_SHARD_SIZE, ConvertOptions, ConvertResult, convert
@@ -79,13 +79,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _HOME:
-        value = getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _HOME, __all__)

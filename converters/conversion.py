@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from . import hdf5, manifest, swap, tfrecord
+from . import example_proto, hdf5, manifest, swap, tfrecord
 from .errors import ConvertError
 from .schema import Field, Sample, SampleDigest, Schema
 from .sources import Source, SourceOptions, open_source
@@ -387,7 +387,7 @@ class _Output:
             self.h5.write(sample)
         else:
             assert self.tf is not None and self.schema is not None
-            self.tf.write(tfrecord.encode_sample(self.schema, sample))
+            self.tf.write(example_proto.encode_sample(self.schema, sample))
 
     def finish(self, meta: dict[str, Any]) -> list[Path]:
         """Close the writer; return the files of the output, as they will be named in ``out``."""
@@ -402,7 +402,7 @@ class _Output:
             "split": self.options.split,
             "num_records": sum(s.records for s in shards),
             "schema": json.loads(self.schema.to_json()),
-            "encoding": {f.name: tfrecord.feature_encoding(f) for f in self.schema.fields},
+            "encoding": {f.name: example_proto.feature_encoding(f) for f in self.schema.fields},
             "shards": [asdict(s) for s in shards],
             **meta,
         }
@@ -442,7 +442,7 @@ def _read_back(tmp: Path, options: ConvertOptions, schema: Schema) -> Iterator[S
         finally:
             reader.close()
         return
-    decode = tfrecord.SampleDecoder(schema)
+    decode = example_proto.SampleDecoder(schema)
     for shard in sorted(tmp.glob("*.tfrecord")):
         index = tfrecord.read_index(tfrecord.index_path_for(shard))
         scanned = tfrecord.scan_records(shard, verify=True)

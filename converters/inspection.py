@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import hdf5, tfrecord, watchdog
+from . import example_proto, hdf5, tfrecord, watchdog
 from .errors import ConvertError
 from .example_proto import ExampleDecodeError, decode_example
 from .files import describe_mode, open_regular
@@ -143,7 +143,7 @@ def _inspect_tfrecord(p: Path) -> Summary:
     # Totals and checksums describe the whole dataset: compare them only when given all of it.
     complete = bool(expected_counts) and set(expected_counts) == {s.name for s in shards}
     digest = SampleDigest(schema) if schema is not None and complete and info and "checksums" in info else None
-    decode = tfrecord.SampleDecoder(schema)
+    decode = example_proto.SampleDecoder(schema)
     total = 0
     size = 0
     first: dict[str, Any] | None = None

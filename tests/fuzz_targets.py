@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from loadprof.converters import ConvertError, ConvertOptions, convert, tfrecord
+from loadprof.converters import ConvertError, ConvertOptions, convert, example_proto, tfrecord
 from loadprof.converters.example_proto import ExampleDecodeError, decode_example, encode_example
 from loadprof.converters.hdf5 import HDF5Reader
 from loadprof.converters.inspection import inspect_path
@@ -226,10 +226,10 @@ def check_example(payload: bytes, ops: Sequence[Op], schema_json: str | None, pr
         from loadprof.converters.schema import Schema
 
         schema = Schema.from_json(schema_json)
-        plan = tfrecord._plan(schema)
-        fast = tfrecord._decode_ours(plan, data)
+        plan = example_proto._plan(schema)
+        fast = example_proto._decode_ours(plan, data)
         try:
-            generic = tfrecord._decode_generic(schema, data)
+            generic = example_proto._decode_generic(schema, data)
         except ExampleDecodeError:
             assert fast is None, "the fast decoder read what the generic one refuses"
             return outcome + ", schema: error"

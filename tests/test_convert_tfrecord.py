@@ -8,7 +8,7 @@ import google_crc32c
 import numpy as np
 import pytest
 
-from loadprof.converters import tfrecord
+from loadprof.converters import example_proto, tfrecord
 from loadprof.converters.errors import ConvertError, CorruptFileError
 from loadprof.converters.example_proto import ExampleDecodeError, decode_example, encode_example
 from loadprof.converters.manifest import info_beside
@@ -233,16 +233,16 @@ def test_fast_and_generic_decoders_agree(tmp_path):
     convert(tmp_path / "d.npz", tmp_path / "tf", ConvertOptions(to="tfrecord"))
     shard = next((tmp_path / "tf").glob("*.tfrecord"))
     schema = tfrecord.schema_from_info(info_beside(shard))
-    plan = tfrecord._plan(schema)
+    plan = example_proto._plan(schema)
     for i, (_, data) in enumerate(tfrecord.iter_records(shard)):
-        fast = tfrecord.decode_sample(schema, data)
-        assert tfrecord._decode_ours(plan, data) is not None
+        fast = example_proto.decode_sample(schema, data)
+        assert example_proto._decode_ours(plan, data) is not None
         # The same Example with an unknown field appended, and with its fields in
         # reverse order: valid protobuf, not our layout, so the generic decoder reads them.
         reordered = encode_example(dict(reversed(list(decode_example(data).items()))))
         for other in (data + b"\x78\x2a", reordered):
-            assert tfrecord._decode_ours(plan, other) is None
-            generic = tfrecord.decode_sample(schema, other)
+            assert example_proto._decode_ours(plan, other) is None
+            generic = example_proto.decode_sample(schema, other)
             assert generic.keys() == fast.keys()
             for name in fast:
                 assert fast[name].dtype == generic[name].dtype and fast[name].shape == generic[name].shape
