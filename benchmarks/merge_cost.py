@@ -31,16 +31,8 @@ from torch.distributed import TCPStore
 from loadprof.dist import judge_self, rank_message, read_message
 from loadprof.dist.exchange import Exchange, JobContext, Timeouts
 from loadprof.jobdiagnosis import rank_cores
-from loadprof.records import (
-    Environment,
-    HostSample,
-    JobRun,
-    LoaderInfo,
-    RankRun,
-    Run,
-    Step,
-    keep_columns,
-)
+from loadprof.jobrecords import JobRun, RankRun, keep_columns
+from loadprof.records import Environment, HostSample, LoaderInfo, Run, Step
 from loadprof.report import write_json
 from loadprof.report.job import build_job_report
 

@@ -25,7 +25,8 @@ from typing import Any
 
 from .advice import Recommendation, recommend
 from .diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Thresholds, diagnose, main_loader
-from .records import GpuSample, JobRun, RankRun, RecordError, Run, check_record
+from .jobrecords import JobRun, RankRun, check_record
+from .records import GpuSample, RecordError, Run
 
 #: Straggler causes, as the JSON names them.
 STRAGGLER_CAUSES = {

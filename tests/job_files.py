@@ -13,16 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from loadprof.records import (
-    Environment,
-    GpuSample,
-    HostSample,
-    JobRun,
-    LoaderInfo,
-    RankRun,
-    Run,
-    Step,
-)
+from loadprof.jobrecords import JobRun, RankRun
+from loadprof.records import Environment, GpuSample, HostSample, LoaderInfo, Run, Step
 from loadprof.report.job import build_job_report
 
 

@@ -20,16 +20,8 @@ from loadprof.dist.collectives import per_step
 from loadprof.dist.exchange import Exchange, JobContext, Timeouts
 from loadprof.dist.merge import MergeError, merge_ranks
 from loadprof.jobdiagnosis import diagnose_job, rank_cores
-from loadprof.records import (
-    Environment,
-    HostSample,
-    JobRun,
-    LoaderInfo,
-    RankRun,
-    RecordError,
-    Run,
-    Step,
-)
+from loadprof.jobrecords import JobRun, RankRun
+from loadprof.records import Environment, HostSample, LoaderInfo, RecordError, Run, Step
 from loadprof.report import load_report, render_console, write_json
 from loadprof.report.job import build_job_report
 

@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 
 from ..jsonio import read_json
-from ..records import JobRun, RankRun, RecordError, rank_from_dict
+from ..records import RecordError
+from ..jobrecords import JobRun, RankRun, rank_from_dict
 
 #: The same bound as one saved report (report/__init__.py MAX_SAVED_BYTES).
 MAX_RANK_FILE_BYTES = 64 * 2**20

@@ -19,8 +19,9 @@ from rich.text import Text
 from ..advice import Recommendation, recommend
 from ..diagnosis import DEFAULT_THRESHOLDS
 from ..jobdiagnosis import JobDiagnosis, OwnVerdict, RankFigures, diagnose_job, passing_run, where
+from ..jobrecords import JobRun
 from ..jsonio import dumps
-from ..records import SCHEMA_VERSION, JobRun
+from ..records import SCHEMA_VERSION
 
 #: From this many ranks the terminal table shows the slowest and fastest few and the spread.
 COMPACT_FROM = 64
@@ -65,7 +66,7 @@ class JobReport:
 
     def to_dict(self, columns: bool | None = False) -> dict[str, Any]:
         """The report's JSON form; ``job`` holds every rank's run as a saved run, or with
-        ``columns`` as the job's file keeps it (NOTE [ Columns of a rank ] in records.py);
+        ``columns`` as the job's file keeps it (NOTE [ Columns of a rank ] in jobrecords.py);
         None: no ``job``."""
         d = self.diagnosis
         pace = d.per_rank.get(d.pace_ranks[0]) if d.pace_ranks else None

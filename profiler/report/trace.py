@@ -5,7 +5,7 @@ NOTE [ Trace layout ]
 The file is the format's object form, ``{"traceEvents": [...], "displayTimeUnit":
 "ms", "otherData": {...}}``, with times (``ts``, ``dur``) in whole microseconds
 since the earliest rank's start, each rank's start taken on one clock (its
-``started_at`` plus its clock offset, as ``records.RankRun.clock_offset`` measures
+``started_at`` plus its clock offset, as ``jobrecords.RankRun.clock_offset`` measures
 it), so that the ranks' steps line up. One process (``pid``) per rank: ``pid = rank + 1``
 (some viewers treat pid 0 as the kernel's idle task), named by ``process_name``
 metadata and ordered by ``process_sort_index``; a single-process run is rank 0. In each:
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 
 #: (rank, run) pairs: what a multi-rank job hands the renderer, one pid per rank.
 RankRuns = Sequence[tuple[int, Run]]
-#: rank -> seconds to add to that rank's clock to read the reference rank's (records.RankRun.clock_offset)
+#: rank -> seconds to add to that rank's clock to read the reference rank's (jobrecords.RankRun.clock_offset)
 ClockOffsets = Mapping[int, float]
 
 STEPS_TID = 1
