@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import make_loop  # noqa: E402
 
 from loadprof import Profile  # noqa: E402
-from loadprof.samplers.host import HostSource, _proc_stat, _ProcFile  # noqa: E402
+from loadprof.samplers.host import HostSource  # noqa: E402
+from loadprof.samplers.procfs import ProcFile, proc_stat  # noqa: E402
 from loadprof.timeline import Timeline  # noqa: E402
 
 
@@ -83,11 +84,11 @@ def stat_parse(cpus: int, repeat: int = 300) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "stat"
         path.write_text("\n".join(lines))
-        file = _ProcFile(path)
+        file = ProcFile(path)
         times = []
         for _ in range(repeat):
             c0 = time.perf_counter()
-            _proc_stat(file)
+            proc_stat(file)
             times.append(time.perf_counter() - c0)
         file.close()
     return statistics.median(times)

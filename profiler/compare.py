@@ -62,7 +62,7 @@ class Variant:
 
 def builtin_variants(cores: int | None = None) -> dict[str, Variant]:
     """The documented built-in variants. ``workers`` depends on the usable cores."""
-    from .samplers.host import usable_cores
+    from .samplers.cores import usable_cores
 
     cores = cores or usable_cores()
     w = max(1, cores - 1)

@@ -614,7 +614,7 @@ def tune_loader(loader: Any, batches: int = 20, budget: float = 30.0, verbose: b
     import torch
     import torch.utils.data as tud
 
-    from .samplers.host import usable_cores
+    from .samplers.cores import usable_cores
 
     if not isinstance(loader, tud.DataLoader):
         raise TypeError(f"tune_loader: loader must be a torch DataLoader, got {type(loader).__name__}")

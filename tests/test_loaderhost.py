@@ -24,7 +24,7 @@ from loadprof.advice import recommend
 from loadprof.diagnosis import diagnose
 from loadprof.oom import classify
 from loadprof.records import Run
-from loadprof.samplers.host import usable_cores
+from loadprof.samplers.cores import usable_cores
 from loadprof.samplers.node import local_world_size, shm_space
 from tests.test_diagnosis import make_run
 

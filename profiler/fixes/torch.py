@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..instrument import ThisProcess
 from ..patch import Patches
 from ..records import has_tensor_cores
-from ..samplers.host import usable_cores
+from ..samplers.cores import usable_cores
 from .cache import CacheCheck, CachedDataset, check_cacheable, in_internal
 from .live import LiveTuner
 from .sites import call_site, fmt

@@ -39,7 +39,7 @@ from torch.optim import optimizer as _optim
 
 from ..patch import Patches
 from ..records import LoaderInfo, Run
-from ..samplers.host import own_peak_rss, own_rss
+from ..samplers.procfs import own_peak_rss, own_rss
 from ..timeline import CPU_READ_ALL, CPU_READ_EVERY, Timeline
 from . import ThisProcess
 from .itemcheck import items_repeat

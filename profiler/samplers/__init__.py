@@ -17,14 +17,15 @@ from typing import TYPE_CHECKING
 from loadprof.lazy import lazy_names
 
 if TYPE_CHECKING:
-    from loadprof.samplers.host import HostSource, cgroup_cpu_limit, usable_cores
+    from loadprof.samplers.cores import cgroup_cpu_limit, usable_cores
+    from loadprof.samplers.host import HostSource
     from loadprof.samplers.hostproc import HostProcess
     from loadprof.samplers.nvml import PCIE_EVERY, NvmlSource
     from loadprof.samplers.thread import THREAD_NAME, Sampler
 
 #: public name -> the submodule that defines it
 _WHERE = {
-    "HostSource": "host", "cgroup_cpu_limit": "host", "usable_cores": "host",
+    "HostSource": "host", "cgroup_cpu_limit": "cores", "usable_cores": "cores",
     "HostProcess": "hostproc",
     "PCIE_EVERY": "nvml", "NvmlSource": "nvml",
     "THREAD_NAME": "thread", "Sampler": "thread",
