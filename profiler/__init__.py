@@ -22,12 +22,12 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from .advice import Recommendation, recommend
     from .diagnosis import Diagnosis, Thresholds, diagnose
+    from .fixes.loadertune import tune_loader
     from .records import Run
     from .report import Report, build_report, load_report
     from .session import Profile
     from .settings import Settings
     from .timeline import StopRun
-    from .tune import tune_loader
 
 #: public name -> the submodule that defines it
 _WHERE = {
@@ -37,7 +37,7 @@ _WHERE = {
     "Report": "report", "build_report": "report", "load_report": "report",
     "Profile": "session", "Settings": "settings",
     "StopRun": "timeline",
-    "tune_loader": "tune",
+    "tune_loader": "fixes.loadertune",
     "load_ipython_extension": "jupyter",  # %load_ext loadprof: the %%loadprof cell magic
 }
 

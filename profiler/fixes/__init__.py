@@ -7,10 +7,11 @@ builds, the fixes here change it. One module, one job:
                all that tune, compare, trial and codechange import)
   sites.py     where a fix's target was built in the user's code (call sites)
   applier.py   ``Applier``: installs the fixes for each framework the script imports,
-               removes them at the end; call sites in the user's code
+               removes them at the end
   cache.py     the cache-safety probe, ``CachedDataset``, loadprof's own loader reads
   torch.py     DataLoader settings and cache, the one-batch ideal, autocast,
                GradScaler, gradient accumulation
+  loadertune.py ``tune_loader``: a loader's settings measured in this process
   live.py      ``Profile(apply=True)``: a loader's settings changed from its next
                iteration on (NOTE [ Live loader tuning ])
   tfdata.py    tf.data: cache, prefetch and parallel map inserted where the script builds them

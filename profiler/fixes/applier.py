@@ -11,7 +11,7 @@ It serves three callers:
   loader settings (workers, prefetch, pinned memory) that the measured first
   iteration calls for, from their next iteration on (NOTE [ Live loader tuning ]
   in live.py).
-- ``tune.tune_loader``: the in-memory cache and loadprof's own reads (cache.py).
+- ``loadertune.tune_loader``: the in-memory cache and loadprof's own reads (cache.py).
 
 What is wrapped, and only while a fix needs it:
 - torch (torch.py): ``DataLoader.__init__`` (rewrite settings, wrap the dataset
