@@ -89,8 +89,8 @@ def record_frames() -> None:
     view's thread calls it (the frame written, its end), to note each frame's span."""
     from rich.live import Live
 
-    from loadprof.report.live import THREAD_NAME as LIVE_THREAD
-    from loadprof.report.live import LiveView
+    from loadprof.report.liveview import THREAD_NAME as LIVE_THREAD
+    from loadprof.report.liveview import LiveView
 
     read, draw = LiveView.update, Live.update
     began: list[float] = []

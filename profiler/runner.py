@@ -13,7 +13,7 @@ NOTE [ Script runner lifecycle ]
   usage says; NOTE [ Our options after the script ] says when the report warns.
 - Only the process that started profiling reports. A process forked from the
   script (a DataLoader worker, ``os.fork``) that unwinds through here exits
-  with its code and writes nothing (NOTE [ Fork safety ] in instrument/torch.py).
+  with its code and writes nothing (NOTE [ Fork safety ] in instrument/torchhooks.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
-from .dist.exchange import JobContext
+from .job.exchange import JobContext
 from .outputs import exit_code
 from .records import Notice
 from .session import Profile
@@ -186,7 +186,7 @@ def run(target: Target, **profile_options: Any) -> int:
             return
         raise Terminated()
 
-    # NOTE [ Merging a job's reports ] in dist/exchange.py
+    # NOTE [ Merging a job's reports ] in job/exchange.py
     in_job, script_over = JobContext.from_env() is not None, False
     held: list[int] = []
     previous_term = signal.signal(signal.SIGTERM, on_sigterm)

@@ -106,7 +106,7 @@ class Profile:
         True: change DataLoaders built inside the block from their second epoch
         on, with the measured safe settings (workers, prefetch, pinned memory;
         never what changes results), and say what changed (``prof.applied``).
-        Default False: measure only (NOTE [ Live loader tuning ] in fixes/live.py).
+        Default False: measure only (NOTE [ Live loader tuning ] in fixes/livetune.py).
     host_helper
         Read host CPU and memory from a small helper process (default True), off
         the training process's GIL; False reads them on the sampler thread.
@@ -198,8 +198,8 @@ class Profile:
         self._host: HostProcess | None = None
         self._safepoint: SafePoint | None = None
         self._report: Any = None
-        self._live: Any = None  # report/live.py's LiveView while --live draws
-        self._job: Any = None  # a torchrun job's part: dist/__init__.py (None: single process)
+        self._live: Any = None  # report/liveview.py's LiveView while --live draws
+        self._job: Any = None  # a torchrun job's part: job/__init__.py (None: single process)
         self._rank_report: Any = None  # in a job, this rank's own report (``_report`` is the job's on rank 0)
         self._outer: Profile | None = None  # the Profile already running when this one started
         self._trackers: Trackers | None = None  # trackers/: the summary into the script's own runs
@@ -256,8 +256,8 @@ class Profile:
             self._start_live()
 
     def _start_live(self) -> None:
-        """NOTE [ Live view ] in report/live.py: drawn on stderr by global rank 0 only."""
-        from .report.live import LiveView, why_not_live
+        """NOTE [ Live view ] in report/liveview.py: drawn on stderr by global rank 0 only."""
+        from .report.liveview import LiveView, why_not_live
 
         why = why_not_live(sys.stderr)
         if why is None and os.environ.get("RANK", "0") != "0":
@@ -341,13 +341,13 @@ class Profile:
                    amp_in_use=self.run.amp_in_use)
 
     def _start_job(self) -> None:
-        """Under torchrun (2+ ranks): NOTE [ Merging a job's reports ] in dist/exchange.py."""
-        from .dist.exchange import JobContext
+        """Under torchrun (2+ ranks): NOTE [ Merging a job's reports ] in job/exchange.py."""
+        from .job.exchange import JobContext
 
         ctx = JobContext.from_env()
         if ctx is None:
             return
-        from .dist import Job
+        from .job import Job
 
         timeline = self._timeline
         job = Job(ctx, self._t0)
@@ -355,7 +355,7 @@ class Profile:
         self._job = job
 
     def _snapshot(self) -> Run:
-        """A copy of the run so far, for live tuning to read (NOTE [ Live loader tuning ] in fixes/live.py)."""
+        """A copy of the run so far, for live tuning to read (NOTE [ Live loader tuning ] in fixes/livetune.py)."""
         assert self._timeline is not None
         return Run(environment=dataclasses.replace(self.run.environment),
                    steps=[dataclasses.replace(step) for step in self._timeline.steps],
@@ -422,7 +422,7 @@ class Profile:
             return
         self._stopped = True
         if self._job is not None:
-            self._job.hold_sigterm()  # the job's report must not die half way: dist/__init__.py
+            self._job.hold_sigterm()  # the job's report must not die half way: job/__init__.py
         try:
             end = time.perf_counter()
             if self._live is not None:  # first: warnings and the report print on a clean terminal
@@ -441,7 +441,7 @@ class Profile:
                     self.run.limitations.append(f"apply: could not undo every fix ({type(err).__name__}: {err})")
                 self.applied = list(self._applier.messages) + [f"not applied: {m}" for m in self._applier.skipped]
                 self.run.limitations.extend(f"apply: {line}" for line in self._applier.limitations)
-                for info, note in self._applier.loader_notes:  # NOTE [ Live loader tuning ] in fixes/live.py
+                for info, note in self._applier.loader_notes:  # NOTE [ Live loader tuning ] in fixes/livetune.py
                     info.notes.append(note)
                 for info, values, when in self._applier.loader_changes:
                     # The report judges the loader as it ran last, on the steps after the change.
@@ -509,7 +509,7 @@ class Profile:
         except Exception as err:  # NOTE [ Never break the run ]
             self._report = failed_report(self.run, f"{type(err).__name__}: {_first_line(err)}")
         json_path, print_report, outputs = self.settings.json, self.settings.print_report, True
-        if self._job is not None:  # NOTE [ Merging a job's reports ] in dist/exchange.py
+        if self._job is not None:  # NOTE [ Merging a job's reports ] in job/exchange.py
             rank_report = self._rank_report = self._report
             try:
                 self._report, json_path, print_report = self._job.finish(rank_report, json_path, print_report)
@@ -535,7 +535,7 @@ class Profile:
                 _warn(f"the terminal report could not be printed ({type(err).__name__}: {_first_line(err)})")
         self._log_trackers()
         if self._job is not None:
-            self._job.release_sigterm()  # held since stop(): dist/__init__.py
+            self._job.release_sigterm()  # held since stop(): job/__init__.py
 
     def _log_trackers(self) -> None:
         """NOTE [ Logging into the script's own run ] in trackers/__init__.py: rank 0's own report."""

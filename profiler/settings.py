@@ -21,10 +21,10 @@ class Settings:
     json: str | None = None  # write the report (with the raw run) here at exit
     trace: str | None = None  # write a Chrome trace-event file here at exit (report/trace.py)
     html: str | None = None  # write a self-contained HTML page here at exit (report/html.py)
-    live: bool = False  # redraw a live view on the terminal while it runs (report/live.py)
+    live: bool = False  # redraw a live view on the terminal while it runs (report/liveview.py)
     print_report: bool = True  # print the terminal summary at exit
     gpu: bool = True  # sample GPUs through NVML
-    apply: bool = False  # change DataLoaders built in the block (NOTE [ Live loader tuning ] in fixes/live.py)
+    apply: bool = False  # change DataLoaders built in the block (NOTE [ Live loader tuning ] in fixes/livetune.py)
     #: read the host from a helper process, off the training process's GIL; False: on the
     #: sampler thread (NOTE [ Host readings in a helper process ] in samplers/hostproc.py)
     host_helper: bool = True

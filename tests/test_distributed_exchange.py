@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from loadprof.dist.exchange import Exchange, JobContext, Timeouts
+from loadprof.job.exchange import Exchange, JobContext, Timeouts
 
 torch_dist = pytest.importorskip("torch.distributed")
 

@@ -1,5 +1,5 @@
 """`--live`: the view drawn in a real terminal (tmux), then erased, the final report
-printed below what the script printed. NOTE [ Live view ] in profiler/report/live.py."""
+printed below what the script printed. NOTE [ Live view ] in profiler/report/liveview.py."""
 
 from __future__ import annotations
 
@@ -187,7 +187,7 @@ def test_each_frame_reads_only_new_steps_and_its_figures_match_the_whole_list() 
     import random
 
     from loadprof.records import Run, Step
-    from loadprof.report.live import RECENT, WARMUP, LiveView
+    from loadprof.report.liveview import RECENT, WARMUP, LiveView
 
     rng = random.Random(0)
     steps: list[Step] = []
@@ -222,7 +222,7 @@ def test_no_running_verdict_while_no_input_wait_is_timed() -> None:
     import io
 
     from loadprof.records import Environment, Run, Step
-    from loadprof.report.live import LiveView
+    from loadprof.report.liveview import LiveView
 
     steps = [Step(i, i * 0.01, (i + 1) * 0.01) for i in range(200)]
     method = [""]

@@ -184,7 +184,7 @@ def test_per_worker_cpu_travels_in_a_ranks_columns_and_is_checked_there() -> Non
     import zlib
     from dataclasses import replace
 
-    from loadprof.jobrecords import (
+    from loadprof.job.records import (
         RankRun,
         decode_columns,
         encode_columns,

@@ -1,7 +1,7 @@
 """The loader's stages beyond the terminal table: the trace's "loader stages" track and
 the live view's "top stage" row, fed recorded stage figures (the records a timed
 loader leaves on its LoaderInfo). NOTE [ Trace layout ] in profiler/report/trace.py,
-NOTE [ Live view ] in profiler/report/live.py; one real loop checks the trace against
+NOTE [ Live view ] in profiler/report/liveview.py; one real loop checks the trace against
 the report's table."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from loadprof.diagnosis import main_loader
 from loadprof.records import Environment, LoaderInfo, Run, StageTime, Step
-from loadprof.report.live import LiveView
+from loadprof.report.liveview import LiveView
 from loadprof.report.stages import TF_NOT_TIMED
 from loadprof.report.trace import STAGE_COUNTER, STAGES_TID, trace_document
 from loadprof.stagemodel import loading

@@ -9,13 +9,13 @@ builds, the fixes here change it. One module, one job:
   applier.py   ``Applier``: installs the fixes for each framework the script imports,
                removes them at the end
   cache.py     the cache-safety probe, ``CachedDataset``, loadprof's own loader reads
-  torch.py     DataLoader settings and cache, the one-batch ideal, autocast,
+  torchfixes.py DataLoader settings and cache, the one-batch ideal, autocast,
                GradScaler, gradient accumulation
   loadertune.py ``tune_loader``: a loader's settings measured in this process
-  live.py      ``Profile(apply=True)``: a loader's settings changed from its next
+  livetune.py  ``Profile(apply=True)``: a loader's settings changed from its next
                iteration on (NOTE [ Live loader tuning ])
-  tfdata.py    tf.data: cache, prefetch and parallel map inserted where the script builds them
-  keras.py     Keras: mixed-precision policy, gradient accumulation, the loss record
+  tfdatafixes.py tf.data: cache, prefetch and parallel map inserted where the script builds them
+  kerasfixes.py Keras: mixed-precision policy, gradient accumulation, the loss record
 
 Every framework attribute is wrapped through ``patch.Patches`` (NOTE [ One patcher ]).
 

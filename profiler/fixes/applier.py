@@ -10,26 +10,26 @@ It serves three callers:
 - ``Profile(apply=True)``: DataLoaders created inside the block get the safe
   loader settings (workers, prefetch, pinned memory) that the measured first
   iteration calls for, from their next iteration on (NOTE [ Live loader tuning ]
-  in live.py).
+  in livetune.py).
 - ``loadertune.tune_loader``: the in-memory cache and loadprof's own reads (cache.py).
 
 What is wrapped, and only while a fix needs it:
-- torch (torch.py): ``DataLoader.__init__`` (rewrite settings, wrap the dataset
+- torch (torchfixes.py): ``DataLoader.__init__`` (rewrite settings, wrap the dataset
   in a cache, remember the call site), ``DataLoader._get_iterator`` (live tuning,
   the one-batch ideal), ``nn.Module.__call__`` (autocast around the outermost
   module call), ``Tensor.backward`` (loss record, GradScaler, accumulation
   scaling), ``Optimizer.__init__`` (per-instance ``step``/``zero_grad`` for
   GradScaler and accumulation) and ``nn.Module.zero_grad`` (accumulation).
-- tf.data (tfdata.py): ``Dataset.map/shuffle/batch/repeat/cache/prefetch``
+- tf.data (tfdatafixes.py): ``Dataset.map/shuffle/batch/repeat/cache/prefetch``
   (observe the pipeline; insert ``cache()``, ``prefetch(AUTOTUNE)``, parallel ``map``).
-- Keras (keras.py): the global dtype policy, ``BaseOptimizer.__init__``
+- Keras (kerasfixes.py): the global dtype policy, ``BaseOptimizer.__init__``
   (gradient accumulation steps), ``Model.fit`` (a callback that records losses).
 
 The fixes only change what the script builds; they measure nothing and write
 no record: live tuning reads a copy of the run so far (``snapshot``), and what
 it would note on a loader is handed back in ``loader_notes`` for the session to
 add at the end. Every wrapper checks the pid that installed it (NOTE [ Fork
-safety ] in instrument/torch.py): DataLoader workers call straight through. A
+safety ] in instrument/torchhooks.py): DataLoader workers call straight through. A
 fix that cannot be applied is skipped with a message; it never stops the run
 (NOTE [ Never break the run ] in session.py).
 
@@ -59,7 +59,7 @@ from .spec import Changes, SiteRecord
 
 
 class Fixes(Protocol):
-    """One framework's fixes: torch.py, tfdata.py, keras.py."""
+    """One framework's fixes: torchfixes.py, tfdatafixes.py, kerasfixes.py."""
 
     framework: str
 
@@ -72,14 +72,14 @@ class Fixes(Protocol):
 
 def _factory(name: str) -> Callable[[Applier], Fixes]:
     if name == "torch":
-        from .torch import TorchFixes
+        from .torchfixes import TorchFixes
 
         return TorchFixes
     if name == "tensorflow":
-        from .tfdata import TfDataFixes
+        from .tfdatafixes import TfDataFixes
 
         return TfDataFixes
-    from .keras import KerasFixes
+    from .kerasfixes import KerasFixes
 
     return KerasFixes
 

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 class ThisProcess:
     """``ThisProcess.pid`` is ``os.getpid()``, kept current across ``fork`` by an
     at-fork handler, so the hooks' per-batch check that they run in the process
-    that installed them (NOTE [ Fork safety ] in torch.py) costs an attribute
+    that installed them (NOTE [ Fork safety ] in torchhooks.py) costs an attribute
     read rather than a system call."""
 
     pid = os.getpid()
@@ -46,7 +46,7 @@ class Hooks(Protocol):
 
 #: top-level module name -> (our hooks module, factory attribute in it)
 FRAMEWORKS: dict[str, str] = {
-    "torch": "loadprof.instrument.torch:TorchHooks",
+    "torch": "loadprof.instrument.torchhooks:TorchHooks",
     "tensorflow": "loadprof.instrument.tensorflow:TensorFlowHooks",
 }
 

@@ -1,6 +1,6 @@
 """A DataLoader's start-up and its workers' shares, measured from the training process.
 
-Called by the torch hooks (torch.py), which install the wraps through their one
+Called by the torch hooks (torchhooks.py), which install the wraps through their one
 ``Patches``: nothing here patches by itself.
 
 NOTE [ Loader start-up and shards ]
@@ -155,7 +155,7 @@ class LoaderFacts:
         self._pools.clear()
         return killed
 
-    # -- wraps of _MultiProcessingDataLoaderIter (installed by torch.py) ---------
+    # -- wraps of _MultiProcessingDataLoaderIter (installed by torchhooks.py) ---------
     def wrap_process_data(self, original: Callable[..., Any]) -> Callable[..., Any]:
         facts = self
 

@@ -2,7 +2,7 @@
 training process's side of stage timing (``StageCollector``).
 
 NOTE [ Stage timing in workers ]
-Workers never print or write files (NOTE [ Fork safety ] in torch.py); their stage
+Workers never print or write files (NOTE [ Fork safety ] in torchhooks.py); their stage
 figures travel to the training process through one pipe per loader iteration:
 
 - When a DataLoader with workers builds its iterator (which starts the workers),

@@ -26,7 +26,7 @@ process by ``install()`` and inert outside a fetch:
 Every wrapper records into ``_state.current``, the recorder of the fetch running
 on this thread now, and calls straight through otherwise: hooks inherited by a
 forked worker, or left in the training process, record nothing until a fetch of
-their own process begins (NOTE [ Fork safety ] in torch.py; how the workers'
+their own process begins (NOTE [ Fork safety ] in torchhooks.py; how the workers'
 figures reach the training process: NOTE [ Stage timing in workers ] in
 stagepipe.py).
 """

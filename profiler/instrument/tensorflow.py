@@ -37,7 +37,7 @@ optimizers that are not Keras 3's updating variables by hand (raw
 iterator's ``next()`` inside the compiled function (its waits are invisible; the
 report says so in ``limitations``).
 
-NOTE [ Fork safety ] (as in instrument/torch.py): every wrapper checks the pid
+NOTE [ Fork safety ] (as in instrument/torchhooks.py): every wrapper checks the pid
 that installed it and only calls through in any other process (Keras
 ``PyDataset`` workers, ``multiprocessing``).
 """

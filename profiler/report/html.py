@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from ..jobrecords import RankRun
+    from ..job.records import RankRun
     from . import Report
     from .job import JobReport
 

@@ -18,8 +18,8 @@ from rich.text import Text
 
 from ..advice import Recommendation, recommend
 from ..diagnosis import DEFAULT_THRESHOLDS
-from ..jobdiagnosis import JobDiagnosis, OwnVerdict, RankFigures, diagnose_job, passing_run, where
-from ..jobrecords import JobRun
+from ..job.diagnosis import JobDiagnosis, OwnVerdict, RankFigures, diagnose_job, passing_run, where
+from ..job.records import JobRun
 from ..jsonio import dumps
 from ..records import SCHEMA_VERSION
 
@@ -66,7 +66,7 @@ class JobReport:
 
     def to_dict(self, columns: bool | None = False) -> dict[str, Any]:
         """The report's JSON form; ``job`` holds every rank's run as a saved run, or with
-        ``columns`` as the job's file keeps it (NOTE [ Columns of a rank ] in jobrecords.py);
+        ``columns`` as the job's file keeps it (NOTE [ Columns of a rank ] in job/records.py);
         None: no ``job``."""
         d = self.diagnosis
         pace = d.per_rank.get(d.pace_ranks[0]) if d.pace_ranks else None

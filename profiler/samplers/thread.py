@@ -292,7 +292,7 @@ class Sampler:
 
     def recent(self, n: int) -> tuple[list[HostSample], list[GpuSample]]:
         """Copies of the newest ``n`` host readings and of the newest ``n`` ticks' GPU
-        readings, without copying the whole buffers (the live view, report/live.py)."""
+        readings, without copying the whole buffers (the live view, report/liveview.py)."""
         with self._locked():
             ticks = self._ticks[-n:]
             pushed = self._pushed[-n:]

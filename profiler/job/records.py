@@ -13,7 +13,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .records import (
+from ..records import (
     SCHEMA_VERSION,
     GpuSample,
     HostSample,
@@ -53,7 +53,7 @@ class RankRun:
     """One process of a multi-process job (torchrun): its place in the job and its run.
 
     ``run`` is None for a rank whose report never arrived; ``missing`` then says what
-    is known of it (NOTE [ Merging a job's reports ] in dist/exchange.py)."""
+    is known of it (NOTE [ Merging a job's reports ] in job/exchange.py)."""
 
     rank: int
     world_size: int
@@ -67,7 +67,7 @@ class RankRun:
     clock_offset: float | None = None
     clock_rtt: float | None = None  # the round trip the offset came from: its error is under half
     #: seconds each step record spent blocked in gradient collectives (DDP's all-reduce),
-    #: one per ``run.steps`` record; None where not measured (dist/collectives.py)
+    #: one per ``run.steps`` record; None where not measured (job/collectives.py)
     collective_wait: list[float] | None = None
     steps_seen: int | None = None  # steps it had reported by its last heartbeat
     missing: str = ""  # no run: why, with what is known
@@ -145,7 +145,7 @@ class JobRun:
     def to_json(self) -> str:
         """``to_dict(columns=True)`` as compact JSON; the columns' base64 text goes in as it
         is, not through the encoder's scan of every character (megabytes a rank)."""
-        from .jsonio import dumps
+        from ..jsonio import dumps
 
         doc = self.to_dict(columns=True)
         blobs = []
@@ -542,7 +542,7 @@ def rank_to_bytes(rank: RankRun, extra: dict[str, Any] | None = None) -> bytes:
     try:
         text = json.dumps(head, separators=(",", ":"), allow_nan=False).encode()
     except ValueError:  # a number that is not finite: null, as every loadprof file writes it
-        from .jsonio import dumps
+        from ..jsonio import dumps
 
         text = dumps(head, indent=None).encode()
     return _DOC_MAGIC + len(text).to_bytes(8, "little") + text + packed

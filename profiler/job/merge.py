@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..jsonio import read_json
 from ..records import RecordError
-from ..jobrecords import JobRun, RankRun, rank_from_dict
+from .records import JobRun, RankRun, rank_from_dict
 
 #: The same bound as one saved report (report/__init__.py MAX_SAVED_BYTES).
 MAX_RANK_FILE_BYTES = 64 * 2**20

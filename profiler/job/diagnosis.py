@@ -5,7 +5,7 @@ No I/O, no threads: tests build per-rank runs by hand.
 Each rank is diagnosed on its own (``diagnosis.diagnose``); then, per step after
 warm-up, its time splits into its own work (input wait, host-to-device copy,
 compute) and time blocked in collectives (NOTE [ Collective wait ] in
-dist/collectives.py). Under DDP the step times agree and only the own work tells
+job/collectives.py). Under DDP the step times agree and only the own work tells
 who is late: a rank is a straggler when its own work exceeds the median of the
 other ranks' by ``straggler_share`` of the job's step time, while the others wait
 for it. The component that explains ``cause_share`` of that excess is its cause
@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from operator import add
 from typing import Any
 
-from .advice import Recommendation, recommend
-from .diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Thresholds, diagnose, main_loader
-from .jobrecords import JobRun, RankRun, check_record
-from .records import GpuSample, RecordError, Run
+from ..advice import Recommendation, recommend
+from ..diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Thresholds, diagnose, main_loader
+from ..records import GpuSample, RecordError, Run
+from .records import JobRun, RankRun, check_record
 
 #: Straggler causes, as the JSON names them.
 STRAGGLER_CAUSES = {

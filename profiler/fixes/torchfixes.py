@@ -19,7 +19,7 @@ from ..patch import Patches
 from ..records import has_tensor_cores
 from ..samplers.cores import usable_cores
 from .cache import CacheCheck, CachedDataset, check_cacheable, in_internal
-from .live import LiveTuner
+from .livetune import LiveTuner
 from .sites import call_site, fmt
 from .spec import SiteRecord, short_path
 

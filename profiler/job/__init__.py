@@ -19,10 +19,10 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from ..jobdiagnosis import OwnVerdict, own_verdict, rank_cores
 from ..records import RecordError, Run
-from ..jobrecords import JobRun, RankRun, keep_columns, rank_from_bytes, rank_to_bytes, rank_to_dict
+from .diagnosis import OwnVerdict, own_verdict, rank_cores
 from .exchange import Exchange, JobContext, Timeouts
+from .records import JobRun, RankRun, keep_columns, rank_from_bytes, rank_to_bytes, rank_to_dict
 
 __all__ = ["Job", "JobContext", "rank_path", "rank_document", "rank_message", "read_message"]
 
@@ -49,7 +49,7 @@ def judge_self(facts: RankRun, run: Run, siblings: dict[int, tuple[str, float]] 
 
 
 def rank_message(facts: RankRun, run: Run, siblings: dict[int, tuple[str, float]] | None = None) -> bytes:
-    """What a rank sends to rank 0: its run in columns (NOTE [ Columns of a rank ] in jobrecords.py)
+    """What a rank sends to rank 0: its run in columns (NOTE [ Columns of a rank ] in job/records.py)
     and its own verdict (``judge_self``)."""
     verdict = judge_self(facts, run, siblings)
     return rank_to_bytes(replace(facts, run=run), {"verdict": verdict.to_dict()})

@@ -23,7 +23,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-
 #: How much longer than a call's limit the constructor is waited for (see ``connect``).
 CONNECT_GRACE = 1.5
 
