@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from .diagnosis import Diagnosis, Thresholds, diagnose
     from .fixes.loadertune import tune_loader
     from .records import Run
-    from .report import Report, build_report, load_report
+    from .report import Report, RunReport, build_report, load_report
+    from .report.job import JobReport
     from .session import Profile
     from .settings import Settings
     from .timeline import StopRun
@@ -34,7 +35,8 @@ _WHERE = {
     "Recommendation": "advice", "recommend": "advice",
     "Diagnosis": "diagnosis", "Thresholds": "diagnosis", "diagnose": "diagnosis",
     "Run": "records",
-    "Report": "report", "build_report": "report", "load_report": "report",
+    "Report": "report", "RunReport": "report", "JobReport": "report.job", "build_report": "report",
+    "load_report": "report",
     "Profile": "session", "Settings": "settings",
     "StopRun": "timeline",
     "tune_loader": "fixes.loadertune",
@@ -42,7 +44,7 @@ _WHERE = {
 }
 
 __all__ = [
-    "Profile", "Settings", "Run", "Report", "Diagnosis", "Thresholds", "Recommendation",
+    "Profile", "Settings", "Run", "Report", "RunReport", "JobReport", "Diagnosis", "Thresholds", "Recommendation",
     "StopRun", "tune_loader", "diagnose", "recommend", "build_report", "load_report", "__version__",
 ]
 

@@ -23,17 +23,18 @@ comparable without ``--force``.
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .diagnosis import main_loader
+from .report import Report, RunReport
+from .report.job import JobReport
 
 if TYPE_CHECKING:
     from .records import Run
-    from .report import Report
-    from .report.job import JobReport
 
 
 @dataclass
@@ -92,15 +93,22 @@ def _on(rank: int | None, which: str) -> str:
     return f" on rank {rank}" + (f" (the job's {which})" if which else "")
 
 
-def figures(report: Report | JobReport) -> Figures:
+@functools.singledispatch
+def figures(report: Report) -> Figures:
     """A single run's figures, or a job's: the worst input share and the slowest median step
     of the ranks with judged steps (the module doc says why)."""
-    from .report.job import JobReport
+    raise TypeError(f"no figures for {type(report).__name__}")
 
-    if not isinstance(report, JobReport):
-        m = report.diagnosis.metrics
-        return Figures(report.verdict, report.cause, m.steps_judged, m.data_wait_fraction, m.step_time_median,
-                       script_name(report.run), batch_size(report.run))
+
+@figures.register
+def _run_figures(report: RunReport) -> Figures:
+    m = report.diagnosis.metrics
+    return Figures(report.verdict, report.cause, m.steps_judged, m.data_wait_fraction, m.step_time_median,
+                   script_name(report.run), batch_size(report.run))
+
+
+@figures.register
+def _job_figures(report: JobReport) -> Figures:
     d = report.diagnosis
     judged = {r: diag.metrics for r, diag in sorted(d.per_rank.items()) if diag.metrics.steps_judged}
     first = next((r for r in sorted(report.job.ranks, key=lambda r: r.rank) if r.run is not None), None)
@@ -115,7 +123,7 @@ def figures(report: Report | JobReport) -> Figures:
     return out
 
 
-def check(report: Report | JobReport, limits: Limits, baseline: Report | JobReport | None = None,
+def check(report: Report, limits: Limits, baseline: Report | None = None,
           force: bool = False) -> list[Broken]:
     """The broken limits of ``report`` (empty: every limit holds). Pure: no I/O."""
     if limits.max_slowdown is not None and baseline is None:

@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable
-from typing import IO, Any, NamedTuple
+from typing import IO, TYPE_CHECKING, NamedTuple
 
 from .jsonio import JsonWriteError, write_bytes_atomic
 from .options import check_writable
+
+if TYPE_CHECKING:
+    from .report import Report
 
 __all__ = ["FAILED_OUTPUT", "Output", "check_outputs", "exit_code", "print_failures", "report_outputs", "write_outputs"]
 
@@ -77,25 +80,25 @@ def exit_code(own: int, failed: list[str]) -> int:
     return own if own else (FAILED_OUTPUT if failed else 0)
 
 
-def report_outputs(report: Any, *, json: str | None = None, trace: str | None = None,
+def report_outputs(report: Report | None, *, json: str | None = None, trace: str | None = None,
                    html: str | None = None) -> list[Output]:
-    """The files a report (or a job's) can be written as; the renderers are imported
-    only for the outputs asked for."""
+    """The files a report (a run's or a job's) can be written as; the renderers are
+    imported only for the outputs asked for. Without a report yet, for ``check_outputs``."""
 
-    def json_file() -> str:
-        from .report import json_text
-
-        return json_text(report)
+    def made() -> Report:
+        if report is None:
+            raise RuntimeError("no report to write")
+        return report
 
     def trace_text() -> str:
         from .report.trace import TraceRenderer
 
-        return TraceRenderer().render(report)
+        return TraceRenderer().render(made())
 
     def html_text() -> str:
         from .report.html import HtmlPageRenderer
 
-        return HtmlPageRenderer().render(report)
+        return HtmlPageRenderer().render(made())
 
-    return [Output("--json", json, json_file), Output("--trace", trace, trace_text),
+    return [Output("--json", json, lambda: made().to_json()), Output("--trace", trace, trace_text),
             Output("--html", html, html_text)]

@@ -559,7 +559,8 @@ class Profile:
     # -- results --------------------------------------------------------------
     @property
     def report(self) -> Report:
-        """The diagnosed run (``loadprof.Report``), once the block has exited."""
+        """The diagnosed run, once the block has exited: a ``loadprof.Report`` on every
+        rank (a ``RunReport``; on rank 0 of a multi-process job, the job's ``JobReport``)."""
         if self._report is None:
             raise RuntimeError("the report exists once the Profile block has exited")
         return self._report

@@ -95,3 +95,34 @@ def test_the_profile_docstring_documents_every_argument() -> None:
     assert params
     undocumented = [p for p in params if f"\n{p}\n" not in f"\n{doc}\n"]
     assert not undocumented, f"Profile arguments missing from its docstring: {undocumented}"
+
+
+def test_a_jobs_report_is_a_report_too_and_answers_the_same_questions(tmp_path: Path) -> None:
+    # Profile.report on rank 0 of a torchrun job: one family, nothing to probe
+    import io
+
+    from loadprof import JobReport, RunReport
+    from loadprof.job.records import JobRun
+    from loadprof.outputs import report_outputs, write_outputs
+    from loadprof.report import render_console
+    from loadprof.report.job import build_job_report
+    from tests.job_files import small_rank
+
+    job = build_job_report(JobRun(world_size=2, run_id="t", merged="at exit",
+                                  ranks=[small_rank(r, 2) for r in range(2)]))
+    assert isinstance(job, Report) and isinstance(job, JobReport) and not isinstance(job, RunReport)
+    assert job.headline().startswith(job.verdict.upper()) and job.summary and job.confidence
+    assert [w.id for w in job.warnings] == [wid for wid, _ in job.diagnosis.warnings]
+    assert [r.id for r in job.recommendations] == job.recommendation_ids()
+    text, page = str(job), job._repr_html_()
+    assert text.startswith(f"loadprof verdict: {job.headline()}") and job.verdict.upper() in page
+    assert [(rank, offset) for rank, _, offset in job.ranked_runs()] == [(0, None), (1, None)]
+    out = io.StringIO()
+    render_console(job, file=out, width=120)
+    assert "loadprof job verdict" in out.getvalue()
+    paths = {k: str(tmp_path / f"j.{k}") for k in ("json", "trace", "html")}
+    assert write_outputs(report_outputs(job, **paths)) == []
+    assert json.loads(Path(paths["json"]).read_text())["world_size"] == 2
+    trace = json.loads(Path(paths["trace"]).read_text())["traceEvents"]
+    assert {e["pid"] for e in trace} == {1, 2}  # a process per rank
+    assert "loadprof job report" in Path(paths["html"]).read_text()

@@ -6,7 +6,6 @@ import argparse
 import math
 import sys
 
-from ..check import CheckError, Limits, check, figures
 from ..diagnosis import VERDICTS
 from ..options import UsageError
 
@@ -56,6 +55,8 @@ class CheckCommand:
                             help="compare with a baseline of another script or batch size anyway")
 
     def run(self, args: argparse.Namespace) -> int:
+        # imported when run: the reports' modules cost every other command's start-up ~0.1 s
+        from ..check import CheckError, Limits, check, figures
         from ..report import ReportError, load_report
 
         limits = Limits(args.max_data_wait, args.max_slowdown, tuple(args.fail_on))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any, ClassVar, NamedTuple
+from typing import IO, Any, ClassVar
 
 from ..advice import Recommendation, recommend
 from ..cost import Cost, cost_of
@@ -17,25 +17,19 @@ from ..diagnosis import Diagnosis, Evidence, Headroom, diagnose, is_tf, near_lim
 from ..jsonio import JsonWriteError, read_json, write_text_atomic
 from ..records import SCHEMA_VERSION, Environment, LoaderInfo, RecordError, Run
 from ..stagemodel import Loading, loading
+from .base import RankRunOffset, Report, ReportWarning
 from .console import ConsoleRenderer
 from .jsonfile import JsonRenderer
 from .notebook import HtmlRenderer, TextRenderer
 from .stages import TF_NOT_TIMED, loading_dict
 
-__all__ = ["Report", "ReportWarning", "build_report", "failed_report", "json_text", "load_report", "render_console",
+__all__ = ["Report", "RunReport", "ReportWarning", "build_report", "failed_report", "load_report", "render_console",
            "write_json",
            "ConsoleRenderer", "HtmlRenderer", "JsonRenderer", "JsonWriteError", "ReportError", "TextRenderer"]
 
 
 class ReportError(Exception):
     """A saved report/run that cannot be read; the message names the file."""
-
-
-class ReportWarning(NamedTuple):
-    """A condition that makes the measurement itself less telling (JSON: ``{"id", "detail"}``)."""
-
-    id: str  # e.g. "host-contended"
-    detail: str
 
 
 class _Ids(list[str]):
@@ -46,7 +40,7 @@ class _Ids(list[str]):
 
 
 @dataclass(repr=False)
-class Report:
+class RunReport(Report):
     """A diagnosed run: the JSON report's shape in Python.
 
     Each top-level key of ``to_dict()`` (what ``--json`` writes) is an attribute
@@ -216,10 +210,14 @@ class Report:
         }
 
     # -- how it shows itself ------------------------------------------------------
-    def headline(self) -> str:
-        """'DATA-STARVED (too-few-workers), confidence high'."""
-        cause = f" ({self.cause})" if self.cause else ""
-        return f"{self.verdict.upper()}{cause}, confidence {self.confidence}"
+    def to_json(self) -> str:
+        return JsonRenderer().render(self)
+
+    def render_console(self, file: IO[str] | None = None, width: int | None = None) -> None:
+        ConsoleRenderer(file=file, width=width).render(self)
+
+    def ranked_runs(self) -> list[RankRunOffset]:
+        return [(0, self.run, None)]
 
     def __repr__(self) -> str:
         ids = ", ".join(self.recommendation_ids) or "none"
@@ -227,11 +225,6 @@ class Report:
         return (f"<loadprof Report {self.verdict}" + (f" ({self.cause})" if self.cause else "")
                 + f", confidence {self.confidence}, {self.steps['count']} steps{warned}, recommendations: {ids}>")
 
-    def __str__(self) -> str:
-        return TextRenderer().render(self)
-
-    def _repr_html_(self) -> str:
-        return HtmlRenderer().render(self)
 
 
 def _memory(h: Headroom | None, gpu_in_use: bool) -> dict[str, Any] | None:
@@ -249,38 +242,26 @@ def _memory(h: Headroom | None, gpu_in_use: bool) -> dict[str, Any] | None:
     }
 
 
-def build_report(run: Run, gpu_hour_price: float | None = None) -> Report:
+def build_report(run: Run, gpu_hour_price: float | None = None) -> RunReport:
     diagnosis = diagnose(run)
-    return Report(run, diagnosis, recommend(run, diagnosis), gpu_hour_price=gpu_hour_price)
+    return RunReport(run, diagnosis, recommend(run, diagnosis), gpu_hour_price=gpu_hour_price)
 
 
-def failed_report(run: Run, reason: str) -> Report:
+def failed_report(run: Run, reason: str) -> RunReport:
     """The report of a run whose diagnosis failed: inconclusive, saying why, the run kept whole."""
     line = f"loadprof could not diagnose this run ({reason})"
     if line not in run.limitations:
         run.limitations.append(line)
-    return Report(run, Diagnosis(verdict="inconclusive", cause=None, summary=line, confidence="low"))
+    return RunReport(run, Diagnosis(verdict="inconclusive", cause=None, summary=line, confidence="low"))
 
 
-def render_console(report: Any, file: IO[str] | None = None, width: int | None = None) -> None:
-    from .job import JobConsoleRenderer, JobReport
-
-    if isinstance(report, JobReport):  # a multi-process job's (report/job.py)
-        JobConsoleRenderer(file=file, width=width).render(report)
-        return
-    ConsoleRenderer(file=file, width=width).render(report)
+def render_console(report: Report, file: IO[str] | None = None, width: int | None = None) -> None:
+    report.render_console(file=file, width=width)
 
 
-def json_text(report: Any) -> str:
-    """The report's JSON file: a job's raw runs compact (report/job.py), a run's indented."""
-    from .job import JobReport
-
-    return report.to_json() if isinstance(report, JobReport) else JsonRenderer().render(report)
-
-
-def write_json(report: Any, path: str | os.PathLike[str]) -> None:
+def write_json(report: Report, path: str | os.PathLike[str]) -> None:
     """Write atomically (jsonio): a reader never sees half a report. Raises JsonWriteError."""
-    write_text_atomic(path, json_text(report))
+    write_text_atomic(path, report.to_json())
 
 
 #: Larger than any run loadprof writes (its buffers are bounded: ~35 MiB for 20,000 readings
@@ -289,7 +270,7 @@ def write_json(report: Any, path: str | os.PathLike[str]) -> None:
 MAX_SAVED_BYTES = 64 * 2**20
 
 
-def load_report(path: str | os.PathLike[str], gpu_hour_price: float | None = None) -> Any:
+def load_report(path: str | os.PathLike[str], gpu_hour_price: float | None = None) -> Report:
     """Read a saved report (or bare run) and diagnose it again with this loadprof.
 
     Every way the file can be wrong is one ReportError naming it (NOTE [ Reading a

@@ -14,7 +14,7 @@ from ..cost import cost_line
 from .stages import stage_table
 
 if TYPE_CHECKING:
-    from . import Report
+    from . import RunReport
 
 _COLOURS = {
     "data-starved": "bold red",
@@ -29,7 +29,7 @@ class ConsoleRenderer:
     def __init__(self, file: IO[str] | None = None, width: int | None = None) -> None:
         self.console = Console(file=file, width=width, highlight=False, soft_wrap=False)
 
-    def render(self, report: Report) -> None:
+    def render(self, report: RunReport) -> None:
         c = self.console
         d = report.diagnosis
         m = d.metrics
@@ -70,9 +70,8 @@ class ConsoleRenderer:
         if report.stages is not None:  # report/stages.py
             c.print(stage_table(report.stages))
 
-        cost = getattr(report, "cost", None)
-        if cost is not None:
-            c.print(Text(cost_line(cost), style="dim" if not cost.measured else ""))
+        cost = report.cost
+        c.print(Text(cost_line(cost), style="dim" if not cost.measured else ""))
 
         if report.recommendations:
             c.print(Text("Recommendations", style="bold"))

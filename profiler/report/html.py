@@ -23,6 +23,7 @@ page says how many records went into how many slices.
 
 from __future__ import annotations
 
+import functools
 import html
 import io
 import math
@@ -35,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..jsonio import write_text_atomic
+from . import RunReport
+from .job import JobReport
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -42,7 +45,6 @@ if TYPE_CHECKING:
 
     from ..job.records import RankRun
     from . import Report
-    from .job import JobReport
 
 #: Time slices per chart (NOTE [ Honest downsampling ]): a few hundred keep each
 #: series to tens of KB and are finer than a 1,000-pixel-wide chart can show.
@@ -93,11 +95,15 @@ class HtmlPageRenderer:
     def __init__(self, buckets: int = BUCKETS) -> None:
         self.buckets = buckets
 
-    def render(self, report: Report | JobReport) -> str:
-        from .job import JobReport
+    def render(self, report: Report) -> str:
+        return self._page(report)
 
-        if isinstance(report, JobReport):
-            return self._job(report)
+    @functools.singledispatchmethod
+    def _page(self, report: Report) -> str:
+        raise TypeError(f"no HTML page for {type(report).__name__}")
+
+    @_page.register
+    def _run(self, report: RunReport) -> str:
         d, run = report.diagnosis, report.run
         head = _Head(d.verdict, d.cause, d.confidence, d.summary, list(report.warnings))  # with the run's notices
         evidence = [(ev.label, ev.display, ev.threshold, ev.source) for ev in d.evidence]
@@ -106,11 +112,10 @@ class HtmlPageRenderer:
         return _report_page(title, _started(run), head, report, evidence, recs, "", list(run.limitations),
                             self.buckets)
 
+    @_page.register
     def _job(self, job: JobReport) -> str:
         """The job's report as given: the pace-setting rank's run with the diagnosis the
         job report already made of it (nothing diagnosed again)."""
-        from . import Report
-
         d = job.diagnosis
         with_runs = [r for r in job.job.ranks if r.run is not None and r.rank in d.per_rank]
         pace = [r for r in with_runs if r.rank in d.pace_ranks] or with_runs
@@ -118,7 +123,7 @@ class HtmlPageRenderer:
             raise ValueError("the job's report holds no rank's run")
         first = pace[0]
         assert first.run is not None
-        report = Report(first.run, d.per_rank[first.rank])
+        report = RunReport(first.run, d.per_rank[first.rank])
         data = job.to_dict(columns=None)  # the summary's keys, without the raw runs
         head = _Head(d.verdict, d.cause, d.confidence, d.summary, list(d.warnings))
         evidence = [(ev.get("label"), ev.get("display"), ev.get("threshold"), ev.get("source"))
@@ -152,7 +157,7 @@ def _started(run: Any) -> str:
     return f"started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(run.started_at))}, {run.duration:.1f} s"
 
 
-def _report_page(title: str, started: str, head: _Head, report: Report, evidence: list[tuple[Any, ...]],
+def _report_page(title: str, started: str, head: _Head, report: RunReport, evidence: list[tuple[Any, ...]],
                  recs: list[tuple[Any, ...]], ranks: str, limitations: list[str], buckets: int) -> str:
     run, m = report.run, report.diagnosis.metrics
     colour = _VERDICT_COLOURS.get(head.verdict, "#555555")
@@ -268,7 +273,7 @@ def _loaders_table(loaders: list[Any]) -> str:
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
 
 
-def _environment_table(report: Report) -> str:
+def _environment_table(report: RunReport) -> str:
     run, env = report.run, report.run.environment
     gpus = "; ".join(f"GPU {g.index}: {g.name}, {_size(g.memory_total)}"
                      + (f", sm_{g.compute_capability[0]}{g.compute_capability[1]}" if g.compute_capability else "")
@@ -424,7 +429,7 @@ class _Downsampled:
     workers_drawn: int = 0
 
 
-def _run_charts(report: Report, buckets: int) -> str:
+def _run_charts(report: RunReport, buckets: int) -> str:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -456,7 +461,7 @@ def _run_charts(report: Report, buckets: int) -> str:
     return f"<p class='muted'>{_e(text)}</p><div class='chart'>{_svg(fig, 'run')}</div>"
 
 
-def _run_figure(report: Report, buckets: int, note: _Downsampled) -> Figure | None:
+def _run_figure(report: RunReport, buckets: int, note: _Downsampled) -> Figure | None:
     from matplotlib.figure import Figure
 
     run, m = report.run, report.diagnosis.metrics

@@ -17,11 +17,12 @@ from rich.table import Table
 from rich.text import Text
 
 from ..advice import Recommendation, recommend
-from ..diagnosis import DEFAULT_THRESHOLDS
+from ..diagnosis import DEFAULT_THRESHOLDS, Evidence
 from ..job.diagnosis import JobDiagnosis, OwnVerdict, RankFigures, diagnose_job, passing_run, where
 from ..job.records import JobRun
 from ..jsonio import dumps
 from ..records import SCHEMA_VERSION
+from .base import RankRunOffset, Report, ReportWarning
 
 #: From this many ranks the terminal table shows the slowest and fastest few and the spread.
 COMPACT_FROM = 64
@@ -39,12 +40,73 @@ class JobRecommendation:
     def to_dict(self) -> dict[str, Any]:
         return {**self.recommendation.to_dict(), "ranks": self.ranks, "hosts": self.hosts}
 
+    # read as a run's recommendation is (the notebook and text renderers)
+    @property
+    def title(self) -> str:
+        return self.recommendation.title
 
-@dataclass
-class JobReport:
+    @property
+    def id(self) -> str:
+        return self.recommendation.id
+
+    @property
+    def detail(self) -> str:
+        return self.recommendation.detail
+
+    @property
+    def code(self) -> str:
+        return self.recommendation.code
+
+    @property
+    def estimated_speedup(self) -> float | None:
+        return self.recommendation.estimated_speedup
+
+    @property
+    def basis(self) -> str:
+        return self.recommendation.basis
+
+
+@dataclass(repr=False)
+class JobReport(Report):
+    """A multi-process job's report, on rank 0 (``Profile.report`` there; ``loadprof merge``)."""
+
     job: JobRun
     diagnosis: JobDiagnosis
     recommendations: list[JobRecommendation] = field(default_factory=list)
+
+    @property
+    def confidence(self) -> str:
+        return self.diagnosis.confidence
+
+    @property
+    def summary(self) -> str:
+        return self.diagnosis.summary
+
+    @property
+    def warnings(self) -> list[ReportWarning]:
+        return [ReportWarning(wid, detail) for wid, detail in self.diagnosis.warnings]
+
+    @property
+    def limitations(self) -> list[str]:
+        return self.job.limitations
+
+    @property
+    def evidence(self) -> list[Evidence]:
+        """The pace-setting rank's evidence (the job goes at its pace)."""
+        d = self.diagnosis
+        pace = d.per_rank.get(d.pace_ranks[0]) if d.pace_ranks else None
+        return list(pace.evidence) if pace else []
+
+    def render_console(self, file: IO[str] | None = None, width: int | None = None) -> None:
+        JobConsoleRenderer(file=file, width=width).render(self)
+
+    def ranked_runs(self) -> list[RankRunOffset]:
+        return [(r.rank, r.run, r.clock_offset) for r in self.job.ranks if r.run is not None]
+
+    def __repr__(self) -> str:
+        return (f"<loadprof JobReport {self.verdict}" + (f" ({self.cause})" if self.cause else "")
+                + f", confidence {self.confidence}, {self.job.world_size} ranks, "
+                + f"recommendations: {', '.join(self.recommendation_ids()) or 'none'}>")
 
     @property
     def verdict(self) -> str:

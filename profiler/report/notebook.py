@@ -10,24 +10,23 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from . import Report
+    from .base import Advice, Report
 
 #: Colours of the verdict word in a notebook, as the terminal's (console.py).
 _COLOURS = {"data-starved": "#c62828", "memory-bound": "#8e24aa", "host-bound": "#b58900",
             "compute-bound": "#2e7d32"}
 
 
-def _speedup(r: object) -> str:
-    est = getattr(r, "estimated_speedup", None)
-    return f" ~{est:.2f}x ({getattr(r, 'basis', '')})" if est else ""
+def _speedup(r: Advice) -> str:
+    est = r.estimated_speedup
+    return f" ~{est:.2f}x ({r.basis})" if est else ""
 
 
-def _cost(report: object) -> str:
-    """The terminal's cost line (cost.py); "" for a report without one."""
+def _cost(report: Report) -> str:
+    """The terminal's cost line (cost.py); "" for a report without one (a job's)."""
     from ..cost import cost_line
 
-    cost = getattr(report, "cost", None)
-    return cost_line(cost) if cost is not None else ""
+    return cost_line(report.cost) if report.cost is not None else ""
 
 
 class TextRenderer:
@@ -90,9 +89,9 @@ def kernel_shell() -> Any:
     return shell if shell is not None and getattr(shell, "kernel", None) is not None else None
 
 
-def show_inline(report: Any) -> bool:
+def show_inline(report: Report) -> bool:
     """Display ``report`` as the cell's HTML output; False where there is no notebook."""
-    if kernel_shell() is None or not hasattr(report, "_repr_html_"):
+    if kernel_shell() is None:
         return False
     from IPython.display import display
 

@@ -120,13 +120,9 @@ class TraceRenderer:
         if ranks is None:
             if report is None:
                 raise ValueError("render needs a report or ranks")
-            job = getattr(report, "job", None)
-            if job is not None:  # a job report: every rank whose run arrived, on rank 0's clock
-                ranks = [(r.rank, r.run) for r in job.ranks if r.run is not None]
-                clock_offsets = {r.rank: r.clock_offset for r in job.ranks
-                                 if r.run is not None and r.clock_offset is not None}
-            else:
-                ranks = [(0, report.run)]
+            held = report.ranked_runs()  # a job's: every rank whose run arrived, on rank 0's clock
+            ranks = [(rank, run) for rank, run, _ in held]
+            clock_offsets = {rank: offset for rank, _, offset in held if offset is not None}
         verdict = report.verdict if report is not None else None
         return dumps(trace_document(ranks, verdict, clock_offsets), indent=None)
 
