@@ -9,6 +9,10 @@ import time
 
 import numpy as np
 import torch
+
+# At import, not in __getitem__: a spawned worker imports this module to unpickle the
+# dataset, so PIL's import does not land in its first items' time.
+from PIL import Image
 from torch.utils.data import Dataset, IterableDataset
 
 
@@ -74,8 +78,6 @@ class SlowBlur:
 
 def write_pngs(folder: str, n: int, size: int, seed: int = 0) -> list[str]:
     """``n`` PNGs of noise (noise compresses badly: decoding them is real work)."""
-    from PIL import Image
-
     rng = np.random.default_rng(seed)
     paths = []
     for i in range(n):
@@ -107,8 +109,6 @@ class ImageFolder(Dataset):
         return len(self.paths)
 
     def __getitem__(self, i: int):
-        from PIL import Image
-
         if self.blob_paths:
             if self._buffer is None:
                 self._buffer = bytearray(os.path.getsize(self.blob_paths[i]))
@@ -134,8 +134,6 @@ class ImageStream(IterableDataset):
         self.paths, self.transform = paths, transform
 
     def __iter__(self):
-        from PIL import Image
-
         info = torch.utils.data.get_worker_info()
         mine = self.paths if info is None else self.paths[info.id::info.num_workers]
         for i, p in enumerate(mine):

@@ -410,7 +410,9 @@ class _SiteSampler:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()  # seen within the loop's half-second wait
+        self._stop.set()  # seen within the loop's half-second wait: a profile leaves no thread behind
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=1.0)
 
     def _loop(self) -> None:
         # Asleep between timed fetches: a thread that woke to find nothing to read
