@@ -129,8 +129,8 @@ class LiveView:
         self._total_time = 0.0
         # The recent window, kept as the steps come: (start, end, steps, input wait, duration)
         # of each record, oldest first, and their sums. A frame reads only the steps that
-        # are new since the last one: rescanning the window held the GIL ~0.25 ms a frame
-        # per 1,000 steps in it, time the training thread waited.
+        # are new since the last one: rescanning the window held the GIL in proportion to
+        # its steps, time the training thread waited.
         self._window: deque[tuple[float, float, int, float, float]] = deque()
         self._win_steps = 0
         self._win_wait = 0.0

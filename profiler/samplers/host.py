@@ -274,7 +274,7 @@ class HostSource:
             child = known.get(pid)
             # The same process as the last reading's when its (pid, create time) was read
             # then (psutil keeps the create time it read first): no system call. Otherwise
-            # is_running(), False for a reused pid too (~25 us of psutil per worker).
+            # is_running(), False for a reused pid too (psutil's own system calls).
             if child is None or not (same_process(child, self._last_children) or child.is_running()):
                 try:
                     child = psutil.Process(pid)
@@ -377,9 +377,9 @@ class HostSource:
         descendant, or None once it is gone.
 
         On Linux from its /proc/PID/stat and statm, kept open: two reads, where
-        psutil's create_time, cpu_times and memory_info in a oneshot cost ~50 us of
-        Python per worker per tick (8 sleeping children: a reading took ~400 us
-        warm, ~80 us this way; NOTE [ Sampling cost ]). The figures are psutil's
+        psutil's create_time, cpu_times and memory_info in a oneshot cost several
+        times as much Python per worker per tick (NOTE [ Sampling cost ]; the figures
+        in docs/dev/overhead.md). The values are psutil's
         own: the create time is the boot time plus the start time in clock ticks,
         the RSS statm's resident pages (the rss field of stat comes from the
         kernel's per-CPU counters, and read ~0.4% under it). An exited worker not

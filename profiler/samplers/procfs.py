@@ -21,8 +21,8 @@ GONE = (psutil.NoSuchProcess, psutil.AccessDenied)  # ZombieProcess is a NoSuchP
 
 class ProcFile:
     """A /proc file kept open and read again from offset 0, where the kernel
-    regenerates it: one system call per reading instead of open, read and close
-    (each ~100 us on the CI VM: NOTE [ Sampling cost ])."""
+    regenerates it: one system call per reading instead of three (open, read and
+    close: NOTE [ Sampling cost ] in host.py)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
