@@ -43,12 +43,14 @@ typecheck: $(TEST_STAMP)
 system-packages:
 	-.ci/system-packages
 
+# two tiers: tests/unit (no processes, no sleeps, no real clocks) and tests/integration
+# (real loops, torchrun, Chromium, tmux); two test processes keep both cores busy
 pytest: $(TEST_STAMP) system-packages
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra -n 2
 
-# for iteration: everything but the scenarios marked slow (CI runs the whole suite)
-test-fast: $(TEST_STAMP) system-packages
-	$(BIN)/python -m pytest -q -ra -m "not slow"
+# for iteration: lint, types and the unit tier (CI runs the whole suite)
+test-fast: lint typecheck
+	$(BIN)/python -m pytest -q -ra tests/unit
 
 test: lint typecheck pytest
 

@@ -25,7 +25,7 @@ and ``__exit__`` raises nothing of ours.
 Test seam: ``LOADPROF_TEST_FAULTS=hooks,sampler_start,report,render,html`` (a comma list)
 makes the named seam fail with an injected RuntimeError, after it did its work
 where it has any (the sampler's thread and helper are running): how
-tests/test_never_break.py proves each guard. Nothing else reads it.
+tests/integration/test_never_break.py proves each guard. Nothing else reads it.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Modelled on gpustat's tests: build a module object that answers the NVML calls
 loadprof makes, and install it with ``monkeypatch.setitem(sys.modules, "pynvml", m)``
 so that ``import pynvml`` inside the code under test gets it. Names, error codes,
 error classes and messages mirror NVIDIA's ``nvidia-ml-py`` (``pynvml.py``);
-``tests/test_samplers.py`` checks that against the real module.
+``tests/integration/test_samplers.py`` checks that against the real module.
 
     from tests.fake_pynvml import FakeGpu, FakeNvml, NVMLError_NotSupported
 

@@ -1,6 +1,6 @@
 """Hostile variants of files we wrote, and what the readers must do with them.
 
-Shared by tests/test_fuzz_readers.py (hypothesis draws the mutations, a few seconds
+Shared by tests/integration/test_fuzz_readers.py (hypothesis draws the mutations, a few seconds
 in the normal run) and benchmarks/fuzz_inputs.py (random mutations for longer, with
 counts). Every case runs in a watched child process (converters/watchdog.py), so a
 hang is seen as one (no progress for ``STALL`` seconds) and memory is limited to

@@ -1,5 +1,5 @@
 """Small real input pipelines for the stage-timing tests: each stage in turn made
-the slow one (tests/test_stages_torch.py). Module-level classes, so that spawned
+the slow one (tests/integration/test_stages_torch.py). Module-level classes, so that spawned
 workers can unpickle them."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import IO, TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import IO, TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from ..cost import Cost
@@ -47,6 +47,17 @@ class Advice(Protocol):
 
     @property
     def basis(self) -> str: ...
+
+
+@runtime_checkable
+class Renderer(Protocol):
+    """An object in (a report, a search, a comparison), text or bytes out, and the file
+    type it makes (``suffix``). Files go out through outputs.py; the terminal's
+    renderers (console.py, ``JobConsoleRenderer``) print to a stream instead."""
+
+    suffix: str
+
+    def render(self, report: Any) -> str | bytes: ...
 
 
 class Report(ABC):

@@ -92,6 +92,8 @@ class HtmlPageRenderer:
     job's verdict, evidence and advice, the pace-setting rank's run over time, and a
     per-rank view (each rank's step time and input share over time, stragglers marked)."""
 
+    suffix = ".html"
+
     def __init__(self, buckets: int = BUCKETS) -> None:
         self.buckets = buckets
 

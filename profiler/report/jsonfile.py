@@ -11,6 +11,8 @@ if TYPE_CHECKING:
 
 
 class JsonRenderer:
+    suffix = ".json"
+
     def __init__(self, indent: int | None = 2) -> None:
         self.indent = indent
 

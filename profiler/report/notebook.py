@@ -32,6 +32,8 @@ def _cost(report: Report) -> str:
 class TextRenderer:
     """A few lines: what ``print(prof.report)`` shows."""
 
+    suffix = ".txt"
+
     def render(self, report: Report) -> str:
         lines = [f"loadprof verdict: {report.headline()}", report.summary]
         lines += [f"warning [{w.id}]: {w.detail}" for w in report.warnings]
@@ -45,6 +47,8 @@ class TextRenderer:
 
 class HtmlRenderer:
     """One self-contained HTML fragment (no scripts, no external styles)."""
+
+    suffix = ".html"
 
     def render(self, report: Report) -> str:
         e = html.escape

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 class TunePageRenderer:
     """``loadprof tune``'s trial table and a bar chart of each trial's throughput."""
 
+    suffix = ".html"
+
     def render(self, result: TuneResult) -> str:
         from ..tune import render as render_table
 
@@ -48,6 +50,8 @@ class TunePageRenderer:
 
 class ComparePageRenderer:
     """``loadprof compare``'s table and its bar chart (the same figure as ``--png``)."""
+
+    suffix = ".html"
 
     def render(self, cmp: Comparison) -> str:
         from ..compare import render as render_table

@@ -115,6 +115,8 @@ class TraceRenderer:
     """``render(report)``: the trace of the report's run; ``ranks`` gives a
     multi-rank job's runs instead, one process each (NOTE [ Trace layout ])."""
 
+    suffix = ".json"
+
     def render(self, report: Report | None = None, ranks: RankRuns | None = None,
                clock_offsets: ClockOffsets | None = None) -> str:
         if ranks is None:

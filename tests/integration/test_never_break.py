@@ -26,7 +26,7 @@ import torch
 from loadprof import Profile
 from tests.fake_pynvml import FakeGpu, FakeNvml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 TRAIN = """
 import contextlib, gc, json, os, sys, threading

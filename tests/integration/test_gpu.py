@@ -13,7 +13,7 @@ import torch
 from loadprof import Profile
 from tests import torch_loops as loops
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _nvml_works() -> bool:

@@ -19,12 +19,12 @@ from loadprof.advice import recommend
 from loadprof.diagnosis import diagnose, headroom
 from loadprof.oom import classify
 from loadprof.report import build_report, load_report, render_console
+from tests.conftest import GiB, make_run
 from tests.fake_pynvml import FakeGpu, FakeNvml
-from tests.test_diagnosis import GiB, make_run
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Run in the child before the loop: cap the address space at what it maps now plus
 #: ``limit_mib`` (the allocation that fails is then this process's own).

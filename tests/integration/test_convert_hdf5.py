@@ -326,7 +326,7 @@ def test_iter_samples_reads_in_bounded_blocks(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- files libhdf5 cannot be trusted with
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 # A reader's check runs in a child stopped after this many seconds without progress.
 STALL_ENV = {**os.environ, "LOADPROF_HDF5_STALL": "2"}
 
@@ -435,6 +435,7 @@ _TRUNCATE_WHILE_OPEN = """
 import os, sys
 from loadprof.converters import ConvertError
 from loadprof.converters.torch import HDF5Dataset
+from tests.conftest import start
 path = sys.argv[1]
 ds = HDF5Dataset(path)
 assert ds.reader.direct

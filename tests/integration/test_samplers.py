@@ -1097,7 +1097,7 @@ def test_the_helper_leaves_when_the_training_process_dies_without_stopping_it(tm
         "print(host._proc.pid, flush=True)\n"
         "os._exit(0)  # no stop(), no atexit\n"
     )
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(root)}, check=True)
     pid = int(out.stdout.split()[-1])

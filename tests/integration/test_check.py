@@ -204,7 +204,7 @@ def _check_a_job(capsys: pytest.CaptureFixture[str], job: Path, single: Path) ->
 
 @pytest.mark.slow
 def test_a_torchrun_jobs_report_is_checked_on_its_ranks(runs, capsys, tmp_path):
-    from tests.test_distributed import torchrun
+    from tests.conftest import torchrun
 
     code, out, _ = torchrun(tmp_path, STEPS="16")
     assert code == 0, out[-3000:]
@@ -238,7 +238,7 @@ for x, y in DataLoader(Data(), batch_size=1):
 def test_a_merged_jobs_report_is_checked_on_its_ranks(runs, capsys, tmp_path):
     import subprocess
 
-    from tests.test_distributed import LOADPROF, finish, free_port, start
+    from tests.conftest import LOADPROF, finish, free_port, start
 
     # Ranks that cannot reach each other's store each write their own file (as in
     # test_distributed.py), which `loadprof merge` joins.

@@ -1,5 +1,5 @@
 """Diagnosis across ranks on hand-built per-rank runs; the exchange over a real TCPStore;
-the saved job report read as hostile input. No torchrun here (tests/test_distributed.py)."""
+the saved job report read as hostile input. No torchrun here (tests/integration/test_distributed.py)."""
 
 from __future__ import annotations
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 import pytest
 
 from loadprof.diagnosis import compute_metrics
-from loadprof.instrument import ThisProcess
 from loadprof.records import Run
 from loadprof.timeline import CPU_READ_ALL, CPU_READ_EVERY, StopRun, Timeline
 
@@ -85,22 +83,6 @@ def test_long_runs_merge_old_steps_and_keep_totals_exact():
     assert m.steps_total == 1000
     assert m.data_wait_fraction == pytest.approx(0.25)
     assert m.step_time_median == pytest.approx(1.0)
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_this_process_pid_follows_fork():
-    # The hooks' cheap "am I the installing process" check (NOTE [ Fork safety ]).
-    read, write = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - runs in the child
-        os.write(write, f"{ThisProcess.pid} {os.getpid()}".encode())
-        os._exit(0)
-    os.close(write)
-    seen, real = os.read(read, 100).decode().split()
-    os.waitpid(child, 0)
-    os.close(read)
-    assert seen == real != str(os.getpid())
-    assert ThisProcess.pid == os.getpid()
 
 
 def test_waits_whose_cpu_was_not_read_book_the_ratio_of_those_that_were():
@@ -254,18 +236,3 @@ def test_on_gc_turns_callback_phases_into_a_pause_from_the_timeline_clock():
     assert (tl.gc_collections, tl.gc_seconds) == (1, pytest.approx(0.25))
 
 
-def test_on_gc_in_a_forked_child_records_nothing():
-    tl = Timeline(t0=0.0)
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: as a DataLoader worker that inherited gc.callbacks
-        try:
-            tl.on_gc("start", {})
-            tl.on_gc("stop", {})
-            os.write(w, str(len(tl._events)).encode())
-        finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
-    assert os.read(r, 16) == b"0"
-    os.close(r)
-    os.close(w)

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 from loadprof.advice import micro_batch, recommend
 from loadprof.diagnosis import diagnose
 from loadprof.oom import classify, parse_size, record_line
-from tests.test_diagnosis import GiB, make_run
+from tests.conftest import GiB, make_run
 
 
 def raised(fn) -> BaseException:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted([*ROOT.glob("profiler/**/*.py"), *ROOT.glob("converters/**/*.py")])
 #: A note is defined by its name alone on a line (a docstring paragraph's title or a
 #: comment block's first line); anywhere else the name is a reference.

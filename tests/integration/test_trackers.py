@@ -17,7 +17,7 @@ import pytest
 from loadprof import Profile
 from loadprof.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def loop(prof: Profile, n: int = 8) -> None:

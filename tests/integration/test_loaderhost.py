@@ -26,7 +26,7 @@ from loadprof.oom import classify
 from loadprof.records import Run
 from loadprof.samplers.cores import usable_cores
 from loadprof.samplers.node import local_world_size, shm_space
-from tests.test_diagnosis import make_run
+from tests.conftest import make_run
 
 MiB = 2**20
 

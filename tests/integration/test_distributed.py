@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -19,99 +17,21 @@ from pathlib import Path
 import pytest
 
 from loadprof.report import load_report
+from tests.conftest import (
+    JOB_VARIABLES,
+    LOADPROF,
+    PREAMBLE,
+    TORCHRUN,
+    WORKLOAD,
+    finish,
+    free_port,
+    start,
+    torchrun,
+)
 
 pytest.importorskip("torch.distributed")
 
 pytestmark = pytest.mark.slow
-
-BIN = Path(sys.executable).parent
-TORCHRUN, LOADPROF = str(BIN / "torchrun"), str(BIN / "loadprof")
-
-#: The rank's set-up and data, shared with the FSDP jobs: the slow rank is chosen by the
-#: environment. Steps are paced by sleeps and by a compute loop bounded in wall time
-#: (LOOP), so a loaded machine changes little.
-PREAMBLE = textwrap.dedent('''
-    import os, signal, time
-    import torch
-    import torch.distributed as dist
-    from torch.utils.data import DataLoader, Dataset
-
-    torch.set_num_threads(1)
-    rank = int(os.environ["RANK"])
-    env = lambda name: int(os.environ.get(name, -1))
-    STEPS = int(os.environ.get("STEPS", 30))
-
-    class Data(Dataset):
-        def __len__(self):
-            return 10**6
-
-        def __getitem__(self, i):
-            time.sleep(0.09 if rank == env("SLOW_INPUT_RANK") else 0.03)
-            return torch.randn(32), torch.randn(1)
-''')
-#: The training loop over ``model`` (built between PREAMBLE and it).
-LOOP = textwrap.dedent('''
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for i, (x, y) in enumerate(DataLoader(Data(), batch_size=1)):
-        if i == STEPS:
-            break
-        if rank == env("SLOW_COMPUTE_RANK"):
-            end, a = time.perf_counter() + 0.06, torch.randn(128, 128)
-            while time.perf_counter() < end:
-                a = torch.tanh(a @ a)
-        loss = ((model(x) - y) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if rank == env("KILL_RANK") and i == STEPS // 2:
-            os.kill(os.getpid(), signal.SIGKILL)
-    dist.destroy_process_group()
-''')
-#: A DDP job.
-WORKLOAD = PREAMBLE + textwrap.dedent('''
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    dist.init_process_group("gloo")
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
-''') + LOOP
-
-
-JOB_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                 "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start(args: list[str], cwd: Path, **env: str) -> subprocess.Popen[str]:
-    # a job's variables come from torchrun (or the test), never from the shell running the tests
-    full = {k: v for k, v in os.environ.items() if k not in JOB_VARIABLES}
-    full.update({"OMP_NUM_THREADS": "1", "LOADPROF_DIST_TIMEOUT": "30", **env})
-    return subprocess.Popen(args, cwd=cwd, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-
-
-def finish(proc: subprocess.Popen[str], timeout: float = 150) -> tuple[int, str]:
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"the job did not end within {timeout} s:\n{out[-3000:]}")
-    return proc.returncode, out
-
-
-def torchrun(tmp_path: Path, nproc: int = 2, **env: str) -> tuple[int, str, dict]:
-    (tmp_path / "work.py").write_text(WORKLOAD)
-    proc = start([TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", "--no-python", LOADPROF, "diagnose",
-                  "--no-gpu", "--json", "r.json", "work.py"], tmp_path, **env)
-    code, out = finish(proc)
-    path = tmp_path / "r.json"
-    assert path.exists(), out[-3000:]
-    return code, out, json.loads(path.read_text())
 
 
 def test_balanced_job_one_report_on_rank_zero_and_no_straggler(tmp_path):

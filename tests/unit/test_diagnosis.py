@@ -8,65 +8,9 @@ import pytest
 
 from loadprof.advice import recommend
 from loadprof.diagnosis import DEFAULT_THRESHOLDS, diagnose, warmup_count
-from loadprof.records import Environment, GpuInfo, GpuSample, HostSample, LoaderInfo, Run, Step
+from loadprof.records import HostSample, Run
 from loadprof.report import build_report, load_report, write_json
-
-GiB = 2**30
-
-
-def make_run(
-    n: int = 40,
-    step: float = 0.1,
-    wait: float = 0.0,
-    wait_cpu: float | None = None,
-    h2d: float = 0.0,
-    workers: int | None = 0,
-    cores: int = 8,
-    tree_cpu: float = 100.0,
-    children_cpu: float = 0.0,
-    gpu_util: float | None = None,
-    gpu_mem: float | None = None,
-    cc: tuple[int, int] | None = (9, 0),
-    cuda: bool = False,
-    amp: bool = False,
-    persistent: bool = False,
-    iterations: int = 1,
-    swap_growth: int = 0,
-) -> Run:
-    env = Environment(usable_cores=cores, logical_cores=cores, memory_total=64 * GiB)
-    if gpu_util is not None or gpu_mem is not None:
-        env.gpus = [GpuInfo(0, "NVIDIA H100", 80 * GiB, cc)]
-        env.gpu_status = "available"
-    env.cuda_in_use = cuda
-    steps = [
-        Step(i, i * step, (i + 1) * step, data_wait=wait, data_wait_cpu=wait if wait_cpu is None else wait_cpu,
-             h2d=h2d, batch_size=32)
-        for i in range(n)
-    ]
-    hosts = [
-        HostSample(t=i * 0.1, cpu_per_core=[min(100.0, (tree_cpu + children_cpu) / cores)] * cores,
-                   process_cpu=tree_cpu, children_cpu=children_cpu, n_children=workers or 0,
-                   memory_available=32 * GiB, swap_used=int(swap_growth * i // max(1, n * step * 10 - 1)))
-        for i in range(int(n * step * 10))
-    ]
-    gpus = []
-    if gpu_util is not None or gpu_mem is not None:
-        gpus = [
-            GpuSample(t=i * 0.1, index=0, util_gpu=gpu_util, memory_used=int((gpu_mem or 0.1) * 80 * GiB),
-                      memory_total=80 * GiB, process_memory_used=GiB)
-            for i in range(int(n * step * 10))
-        ]
-    loaders = []
-    if workers is not None:
-        loaders = [LoaderInfo("torch", "DataLoader", batch_size=32, num_workers=workers, pin_memory=False,
-                              persistent_workers=persistent, prefetch_factor=2 if workers else None,
-                              dataset_length=1000, sample_nbytes=12288, iterations=iterations)]
-    return Run(environment=env, steps=steps, host_samples=hosts, gpu_samples=gpus, loaders=loaders,
-               amp_in_use=amp, data_wait_method="iterator-next")
-
-
-def ids(run: Run) -> list[str]:
-    return [r.id for r in recommend(run, diagnose(run))]
+from tests.conftest import GiB, ids, make_run
 
 
 def test_too_few_steps_is_inconclusive_with_reason():

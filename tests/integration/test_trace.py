@@ -27,46 +27,9 @@ from loadprof.cli import main  # noqa: E402
 from loadprof.records import Run, Step  # noqa: E402
 from loadprof.report import load_report  # noqa: E402
 from loadprof.report.trace import EVAL_TID, STEPS_TID, WORKERS_COUNTER, trace_document  # noqa: E402
+from tests.conftest import check_trace_format  # noqa: E402
 from tests.fake_pynvml import FakeGpu, FakeNvml  # noqa: E402
 from tests.torch_loops import CpuHeavy, in_memory_loader, small_model, train  # noqa: E402
-
-_METADATA = {"process_name": "name", "process_sort_index": "sort_index", "thread_name": "name",
-             "thread_sort_index": "sort_index"}
-
-
-def check_trace_format(doc: Any) -> dict[tuple[int, int], list[dict[str, Any]]]:
-    """Assert ``doc`` is a trace-event object as viewers read it; return its complete
-    slices by (pid, tid), each track's slices properly nested (a child inside its
-    parent, siblings apart)."""
-    assert isinstance(doc, dict) and isinstance(doc["traceEvents"], list)
-    assert doc["displayTimeUnit"] in ("ms", "ns")
-    slices: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
-    for e in doc["traceEvents"]:
-        assert isinstance(e["name"], str) and e["name"], e
-        assert isinstance(e["pid"], int) and e["pid"] >= 1, e
-        assert isinstance(e["tid"], int) and e["tid"] >= 0, e
-        if e["ph"] == "M":
-            assert e["name"] in _METADATA and _METADATA[e["name"]] in e["args"], e
-            continue
-        assert isinstance(e["ts"], int) and e["ts"] >= 0, e  # microseconds
-        if e["ph"] == "X":
-            assert isinstance(e["dur"], int) and e["dur"] >= 0, e
-            slices[e["pid"], e["tid"]].append(e)
-        elif e["ph"] == "C":
-            assert e["args"] and all(isinstance(v, int | float) for v in e["args"].values()), e
-        else:
-            raise AssertionError(f"unexpected phase {e['ph']!r}: {e}")
-    for track in slices.values():
-        # A viewer nests by time on one track: sorted by start (parents first on ties),
-        # each slice must end within every slice still open when it starts.
-        open_ends: list[int] = []
-        for e in sorted(track, key=lambda e: (e["ts"], -e["dur"])):
-            while open_ends and open_ends[-1] <= e["ts"] and not (open_ends[-1] == e["ts"] and e["dur"] == 0):
-                open_ends.pop()
-            if open_ends:
-                assert e["ts"] + e["dur"] <= open_ends[-1], f"{e} overlaps its parent's end {open_ends[-1]}"
-            open_ends.append(e["ts"] + e["dur"])
-    return slices
 
 
 def _steps_and_children(track: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:

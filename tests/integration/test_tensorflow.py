@@ -30,7 +30,7 @@ from loadprof.records import Step  # noqa: E402
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 INPUT_IDS = {"prefetch", "cache", "parallel_map", "interleave", "offline_preprocessing", "convert_format",
              "num_workers", "pin_memory", "persistent_workers"}
 

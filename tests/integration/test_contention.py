@@ -15,7 +15,7 @@ from loadprof import Profile
 from loadprof.advice import recommend
 from loadprof.diagnosis import diagnose
 from tests import torch_loops as loops
-from tests.test_diagnosis import make_run
+from tests.conftest import make_run
 
 
 def contended(run, others_per_core: float = 80.0, run_delay: float = 0.3, workers_delay: float = 0.8):

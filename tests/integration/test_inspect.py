@@ -264,7 +264,7 @@ def test_hdf5_declaring_far_more_than_it_holds_is_refused_in_bounded_memory(tmp_
     assert max(own, child) < 400 << 10  # KiB: the CLI and its child, at their largest, under 400 MiB
 
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 @pytest.mark.parametrize(

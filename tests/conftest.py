@@ -1,0 +1,231 @@
+"""What the tests share: hand-built runs (``make_run``), torchrun jobs launched from a
+test (``torchrun``, ``start``, ``finish``), and the check of a trace file's format.
+Imported as ``tests.conftest``; helper modules with real training loops live beside it
+(torch_loops.py, stage_loops.py, job_files.py, convert_helpers.py, fake_pynvml.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadprof.advice import recommend
+from loadprof.diagnosis import diagnose
+from loadprof.records import Environment, GpuInfo, GpuSample, HostSample, LoaderInfo, Run, Step
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def strict_json(text: str) -> object:
+    """``json.loads`` that refuses NaN and Infinity, as jq and JavaScript do."""
+
+    def refuse(name: str) -> object:
+        raise ValueError(f"not strict JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+# -- hand-built runs --------------------------------------------------------------------
+GiB = 2**30
+
+
+def make_run(
+    n: int = 40,
+    step: float = 0.1,
+    wait: float = 0.0,
+    wait_cpu: float | None = None,
+    h2d: float = 0.0,
+    workers: int | None = 0,
+    cores: int = 8,
+    tree_cpu: float = 100.0,
+    children_cpu: float = 0.0,
+    gpu_util: float | None = None,
+    gpu_mem: float | None = None,
+    cc: tuple[int, int] | None = (9, 0),
+    cuda: bool = False,
+    amp: bool = False,
+    persistent: bool = False,
+    iterations: int = 1,
+    swap_growth: int = 0,
+) -> Run:
+    env = Environment(usable_cores=cores, logical_cores=cores, memory_total=64 * GiB)
+    if gpu_util is not None or gpu_mem is not None:
+        env.gpus = [GpuInfo(0, "NVIDIA H100", 80 * GiB, cc)]
+        env.gpu_status = "available"
+    env.cuda_in_use = cuda
+    steps = [
+        Step(i, i * step, (i + 1) * step, data_wait=wait, data_wait_cpu=wait if wait_cpu is None else wait_cpu,
+             h2d=h2d, batch_size=32)
+        for i in range(n)
+    ]
+    hosts = [
+        HostSample(t=i * 0.1, cpu_per_core=[min(100.0, (tree_cpu + children_cpu) / cores)] * cores,
+                   process_cpu=tree_cpu, children_cpu=children_cpu, n_children=workers or 0,
+                   memory_available=32 * GiB, swap_used=int(swap_growth * i // max(1, n * step * 10 - 1)))
+        for i in range(int(n * step * 10))
+    ]
+    gpus = []
+    if gpu_util is not None or gpu_mem is not None:
+        gpus = [
+            GpuSample(t=i * 0.1, index=0, util_gpu=gpu_util, memory_used=int((gpu_mem or 0.1) * 80 * GiB),
+                      memory_total=80 * GiB, process_memory_used=GiB)
+            for i in range(int(n * step * 10))
+        ]
+    loaders = []
+    if workers is not None:
+        loaders = [LoaderInfo("torch", "DataLoader", batch_size=32, num_workers=workers, pin_memory=False,
+                              persistent_workers=persistent, prefetch_factor=2 if workers else None,
+                              dataset_length=1000, sample_nbytes=12288, iterations=iterations)]
+    return Run(environment=env, steps=steps, host_samples=hosts, gpu_samples=gpus, loaders=loaders,
+               amp_in_use=amp, data_wait_method="iterator-next")
+
+
+def ids(run: Run) -> list[str]:
+    return [r.id for r in recommend(run, diagnose(run))]
+
+
+# -- torchrun jobs ------------------------------------------------------------------------
+BIN = Path(sys.executable).parent
+
+
+TORCHRUN, LOADPROF = str(BIN / "torchrun"), str(BIN / "loadprof")
+
+
+#: The rank's set-up and data, shared with the FSDP jobs: the slow rank is chosen by the
+#: environment. Steps are paced by sleeps and by a compute loop bounded in wall time
+#: (LOOP), so a loaded machine changes little.
+PREAMBLE = textwrap.dedent('''
+    import os, signal, time
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, Dataset
+
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    env = lambda name: int(os.environ.get(name, -1))
+    STEPS = int(os.environ.get("STEPS", 30))
+
+    class Data(Dataset):
+        def __len__(self):
+            return 10**6
+
+        def __getitem__(self, i):
+            time.sleep(0.09 if rank == env("SLOW_INPUT_RANK") else 0.03)
+            return torch.randn(32), torch.randn(1)
+''')
+
+
+#: The training loop over ``model`` (built between PREAMBLE and it).
+LOOP = textwrap.dedent('''
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for i, (x, y) in enumerate(DataLoader(Data(), batch_size=1)):
+        if i == STEPS:
+            break
+        if rank == env("SLOW_COMPUTE_RANK"):
+            end, a = time.perf_counter() + 0.06, torch.randn(128, 128)
+            while time.perf_counter() < end:
+                a = torch.tanh(a @ a)
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if rank == env("KILL_RANK") and i == STEPS // 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+    dist.destroy_process_group()
+''')
+
+
+#: A DDP job.
+WORKLOAD = PREAMBLE + textwrap.dedent('''
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo")
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+''') + LOOP
+
+
+JOB_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                 "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(args: list[str], cwd: Path, **env: str) -> subprocess.Popen[str]:
+    # a job's variables come from torchrun (or the test), never from the shell running the tests
+    full = {k: v for k, v in os.environ.items() if k not in JOB_VARIABLES}
+    full.update({"OMP_NUM_THREADS": "1", "LOADPROF_DIST_TIMEOUT": "30", **env})
+    return subprocess.Popen(args, cwd=cwd, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 150) -> tuple[int, str]:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"the job did not end within {timeout} s:\n{out[-3000:]}")
+    return proc.returncode, out
+
+
+def torchrun(tmp_path: Path, nproc: int = 2, **env: str) -> tuple[int, str, dict]:
+    (tmp_path / "work.py").write_text(WORKLOAD)
+    proc = start([TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", "--no-python", LOADPROF, "diagnose",
+                  "--no-gpu", "--json", "r.json", "work.py"], tmp_path, **env)
+    code, out = finish(proc)
+    path = tmp_path / "r.json"
+    assert path.exists(), out[-3000:]
+    return code, out, json.loads(path.read_text())
+
+
+# -- trace files ---------------------------------------------------------------------------
+_METADATA = {"process_name": "name", "process_sort_index": "sort_index", "thread_name": "name",
+             "thread_sort_index": "sort_index"}
+
+
+def check_trace_format(doc: Any) -> dict[tuple[int, int], list[dict[str, Any]]]:
+    """Assert ``doc`` is a trace-event object as viewers read it; return its complete
+    slices by (pid, tid), each track's slices properly nested (a child inside its
+    parent, siblings apart)."""
+    assert isinstance(doc, dict) and isinstance(doc["traceEvents"], list)
+    assert doc["displayTimeUnit"] in ("ms", "ns")
+    slices: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for e in doc["traceEvents"]:
+        assert isinstance(e["name"], str) and e["name"], e
+        assert isinstance(e["pid"], int) and e["pid"] >= 1, e
+        assert isinstance(e["tid"], int) and e["tid"] >= 0, e
+        if e["ph"] == "M":
+            assert e["name"] in _METADATA and _METADATA[e["name"]] in e["args"], e
+            continue
+        assert isinstance(e["ts"], int) and e["ts"] >= 0, e  # microseconds
+        if e["ph"] == "X":
+            assert isinstance(e["dur"], int) and e["dur"] >= 0, e
+            slices[e["pid"], e["tid"]].append(e)
+        elif e["ph"] == "C":
+            assert e["args"] and all(isinstance(v, int | float) for v in e["args"].values()), e
+        else:
+            raise AssertionError(f"unexpected phase {e['ph']!r}: {e}")
+    for track in slices.values():
+        # A viewer nests by time on one track: sorted by start (parents first on ties),
+        # each slice must end within every slice still open when it starts.
+        open_ends: list[int] = []
+        for e in sorted(track, key=lambda e: (e["ts"], -e["dur"])):
+            while open_ends and open_ends[-1] <= e["ts"] and not (open_ends[-1] == e["ts"] and e["dur"] == 0):
+                open_ends.pop()
+            if open_ends:
+                assert e["ts"] + e["dur"] <= open_ends[-1], f"{e} overlaps its parent's end {open_ends[-1]}"
+            open_ends.append(e["ts"] + e["dur"])
+    return slices
