@@ -58,6 +58,9 @@ from . import stages
 SEND_EVERY = 0.2
 #: Seconds between two drains of the pipes in the training process (on a batch).
 DRAIN_EVERY = 0.2
+#: Seconds between two summaries of the stages so far onto the loaders' records, for
+#: what reads the run while it goes on (the live view's top stage); the last is at the end.
+FILL_EVERY = 2.0
 #: In-process loading is timed stage by stage only once ``DECIDE_AFTER`` batches after
 #: the first (a cold start) showed the loop waiting ``INPUT_SHARE`` of its time or more:
 #: the report's data-starved cut-off (diagnosis.Thresholds.input_high). Below it the
@@ -176,6 +179,7 @@ class StageCollector:
         self._loaders: dict[int, _Loader] = {}
         self._serial = itertools.count()
         self._next_drain = 0.0
+        self._next_fill = 0.0
         self._in_process = False
         # In-process loaders wait for the loop's input share (NOTE [ Timing a sample of the batches ])
         self._pending: list[tuple[Any, _Loader]] = []  # (weak ref to a fetcher, its loader)
@@ -274,6 +278,10 @@ class StageCollector:
         if now >= self._next_drain:
             self._next_drain = now + DRAIN_EVERY
             self.drain()
+            if now >= self._next_fill:
+                self._next_fill = now + FILL_EVERY
+                for entry in self._loaders.values():
+                    _fill(entry)
 
     def drain(self) -> None:
         for entry in self._loaders.values():

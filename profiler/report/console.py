@@ -15,6 +15,7 @@ from .stages import stage_table
 
 if TYPE_CHECKING:
     from . import RunReport
+    from .base import Advice
 
 _COLOURS = {
     "data-starved": "bold red",
@@ -76,14 +77,7 @@ class ConsoleRenderer:
         if report.recommendations:
             c.print(Text("Recommendations", style="bold"))
             for i, r in enumerate(report.recommendations, 1):
-                title = Text(f"{i}. {r.title} ", style="bold")
-                title.append(f"[{r.id}]", style="cyan")
-                if r.estimated_speedup:
-                    title.append(f"  ~{r.estimated_speedup:.2f}x ({r.basis})", style="green")
-                c.print(title)
-                c.print(Text(f"   {r.detail}"))
-                c.print(Group(Syntax(r.code, "python", theme="ansi_dark", background_color="default", padding=(0, 3),
-                                         word_wrap=True)))
+                print_recommendation(c, i, r)
         elif d.verdict != "inconclusive":
             c.print(Text("No changes recommended: nothing measured points at a fix.", style="dim"))
 
@@ -93,3 +87,19 @@ class ConsoleRenderer:
                 c.print(Text(f"  - {line}", style="yellow"))
         if run.exit_status not in ("ok", ""):
             c.print(Text(f"Run ended: {run.exit_status}", style="dim"))
+
+
+def print_recommendation(c: Console, i: int, r: Advice, where: str = "") -> None:
+    """One recommendation as every terminal report prints it: title, id, estimate, for
+    whom (a job's ranks), why, and the code."""
+    title = Text(f"{i}. {r.title} ", style="bold")
+    title.append(f"[{r.id}]", style="cyan")
+    if r.estimated_speedup:
+        title.append(f"  ~{r.estimated_speedup:.2f}x ({r.basis})", style="green")
+    if where:
+        title.append(f"  {where}", style="green")
+    c.print(title)
+    c.print(Text(f"   {r.detail}"))
+    if r.code:
+        c.print(Group(Syntax(r.code, "python", theme="ansi_dark", background_color="default", padding=(0, 3),
+                             word_wrap=True)))

@@ -38,12 +38,14 @@ import numpy as np
 from ..jsonio import write_text_atomic
 from . import RunReport
 from .job import JobReport
+from .stages import random_label
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
     from ..job.records import RankRun
+    from ..stagemodel import Loading
     from . import Report
 
 #: Time slices per chart (NOTE [ Honest downsampling ]): a few hundred keep each
@@ -63,6 +65,7 @@ _JUDGED = "#fff4cc"
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif;
  margin:0 auto;max-width:1120px;padding:16px 24px 48px;color:#1d1d1f;line-height:1.45}
+.stagebar{display:flex;height:22px;border:1px solid #ddd;margin:6px 0 10px}.stagebar span{display:block;height:100%}
 h1{font-size:1.35em;margin:.2em 0}h2{font-size:1.12em;margin:1.6em 0 .5em;border-bottom:1px solid #ddd;padding-bottom:.2em}
 .verdict{border-left:8px solid var(--c);background:#f7f7f9;padding:12px 16px;margin:12px 0}
 .verdict .word{color:var(--c);font-weight:700;font-size:1.5em;letter-spacing:.02em}
@@ -180,8 +183,11 @@ def _report_page(title: str, started: str, head: _Head, report: RunReport, evide
         ("usable cores", str(m.usable_cores),
          f"{m.workers_seen} loader workers seen" if m.workers_seen else "no loader workers seen"),
     ]))
+    out.append(_cost_section(report))
     out.append("<h2>Over time</h2>")
     out.append(_run_charts(report, buckets))
+    if report.stages is not None:
+        out.append(_stages_section(report.stages))
     if evidence:
         out.append("<h2>Evidence</h2><table class='evidence'>"
                    "<tr><th>measured</th><th>value</th><th>rule</th><th>source</th></tr>")
@@ -256,6 +262,51 @@ def _figures(items: list[tuple[str, str, str]]) -> str:
     cells = "".join(f"<div><span class='muted'>{_e(k)}</span><b>{_e(v)}</b><span class='muted'>{_e(note)}</span></div>"
                     for k, v, note in items)
     return f"<div class='figures'>{cells}</div>"
+
+
+def _cost_section(report: RunReport) -> str:
+    """The cost of the wait (cost.py) as figures; one line where it was not measured."""
+    from ..cost import cost_line
+
+    cost = report.cost
+    if not cost.measured:
+        return f"<p class='muted'>{_e(cost_line(cost))}</p>"
+    items = [("GPU-hours lost to input", f"{cost.gpu_hours_input_per_day:.2f}/day",
+              f"{cost.input_wait_fraction:.0%} of GPU time"
+              + (f"; {cost.gpu_hours_input_per_epoch:.3g} an epoch" if cost.gpu_hours_input_per_epoch is not None
+                 else ""))]
+    if cost.gpu_hours_idle_per_day is not None:
+        items.append(("other idle GPU-hours", f"{cost.gpu_hours_idle_per_day:.2f}/day",
+                      f"{cost.other_idle_fraction or 0.0:.0%} of GPU time"))
+    if cost.joules_per_step is not None:
+        waiting = (f"{cost.input_wait_energy_fraction:.0%} spent waiting for input"
+                   if cost.input_wait_energy_fraction is not None else f"from {cost.energy_source}")
+        items.append(("energy a step", f"{cost.joules_per_step:.3g} J", waiting))
+    if cost.money_input_per_day is not None and cost.gpu_hour_price is not None:
+        items.append(("money lost to input", f"{cost.money_input_per_day:.2f}/day",
+                      f"at {cost.gpu_hour_price:g} a GPU-hour"))
+    return "<h2>Cost of the wait</h2>" + _figures(items)
+
+
+#: Colours of the stage kinds in the stacked bar.
+_STAGE_COLOURS = {"read": "#8c6d31", "decode": "#e4572e", "transform": "#4c72b0", "user": "#8e24aa",
+                  "collate": "#2e7d32", "pin": "#b58900", "copy": "#555555"}
+
+
+def _stages_section(load: Loading) -> str:
+    """The loader's stages (stagemodel.py): one bar stacked by stage, and the table."""
+    bar = "".join(f"<span title='{_e(r.stage)}: {r.share:.0%}' style='width:{100 * r.share:.2f}%;"
+                  f"background:{_STAGE_COLOURS.get(r.kind, '#999999')}'></span>"
+                  for r in load.rows if r.share > 0)
+    rows = "".join(f"<tr><td>{_e(r.stage)}</td><td class='num'>{r.ms_per_batch:.2f}</td>"
+                   f"<td class='num'>{r.share:.0%}</td><td>{_e(r.where)}</td><td>{_e(random_label(r.random))}</td></tr>"
+                   for r in load.rows)
+    waited = (f"; the loop waited {load.wait_ms_per_batch:.1f} ms a batch" if load.wait_ms_per_batch is not None
+              else "")
+    return (f"<h2>Loading, stage by stage</h2><p class='muted'>{load.ms_per_batch:.1f} ms a batch over "
+            f"{load.batches} timed batches{_e(waited)}</p><div class='stagebar'>{bar}</div>"
+            "<table class='evidence'><tr><th>stage</th><th>ms/batch</th><th>share</th><th>where</th><th>random</th>"
+            f"</tr>{rows}</table>")
 
 
 def _rows(pairs: list[tuple[str, object]]) -> str:

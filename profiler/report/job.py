@@ -23,6 +23,7 @@ from ..job.records import JobRun
 from ..jsonio import dumps
 from ..records import SCHEMA_VERSION
 from .base import RankRunOffset, Report, ReportWarning
+from .console import print_recommendation
 
 #: From this many ranks the terminal table shows the slowest and fastest few and the spread.
 COMPACT_FROM = 64
@@ -251,12 +252,7 @@ class JobConsoleRenderer:
         if report.recommendations:
             c.print(Text("Recommendations", style="bold"))
             for i, r in enumerate(report.recommendations, 1):
-                rec = r.recommendation
-                title = Text(f"{i}. {rec.title} ", style="bold")
-                title.append(f"[{rec.id}]", style="cyan")
-                title.append(f"  for {_ranks(r.ranks, r.hosts, d.world_size)}", style="green")
-                c.print(title)
-                c.print(Text(f"   {rec.detail}"))
+                print_recommendation(c, i, r, f"for {_ranks(r.ranks, r.hosts, d.world_size)}")
         for row in d.ranks:
             if row.missing:
                 c.print(Text(f"missing: {where(row)}: {row.missing}", style="yellow"))

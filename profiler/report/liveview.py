@@ -9,11 +9,8 @@ report's warm-up once a run has 50); each GPU's utilization and memory; the CPU 
 the training process and of its loader workers; the running verdict, the
 report's own diagnosis of the run so far; and the training loader's slowest stage
 with its share of loading ("top stage", docs/stages.md), read from the same
-snapshot as the verdict, once its ``LoaderInfo.stages`` hold figures. The stage
-collector (instrument/stagepipe.py) puts them there only when the hooks stop, after
-this view has stopped: so today the row shows on no frame of a profiled run, and
-the slowest stage is in the final report (the verdict's line and the stage table);
-a run whose stages are filled in while it goes on gets the row with no change here.
+snapshot as the verdict, once its ``LoaderInfo.stages`` hold figures (the stage
+collector, instrument/stagepipe.py, sums them there every ``FILL_EVERY`` seconds).
 
 When: only where stderr (where the report goes) is a terminal and ``TERM`` is not
 ``dumb``; elsewhere (a CI log, a pipe) ``--live`` is off with one warning line. It

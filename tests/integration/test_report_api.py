@@ -120,6 +120,17 @@ def test_a_jobs_report_is_a_report_too_and_answers_the_same_questions(tmp_path: 
     out = io.StringIO()
     render_console(job, file=out, width=120)
     assert "loadprof job verdict" in out.getvalue()
+    # a job's advice prints as a run's does: its estimate and code too, and for whom
+    from loadprof.advice import Recommendation
+    from loadprof.report.job import JobRecommendation
+
+    job.recommendations = [JobRecommendation(Recommendation(
+        "num_workers", "Load batches in 4 worker processes", "why", "DataLoader(ds, num_workers=4)",
+        estimated_speedup=1.8, basis="measured loading cost"), ranks=[0, 1])]
+    out = io.StringIO()
+    render_console(job, file=out, width=120)
+    assert "DataLoader(ds, num_workers=4)" in out.getvalue() and "~1.80x (measured loading cost)" in out.getvalue()
+    assert "for all ranks" in out.getvalue()
     paths = {k: str(tmp_path / f"j.{k}") for k in ("json", "trace", "html")}
     assert write_outputs(report_outputs(job, **paths)) == []
     assert json.loads(Path(paths["json"]).read_text())["world_size"] == 2

@@ -285,7 +285,13 @@ def test_gpu_memory_near_full_is_memory_bound(monkeypatch):
     report = profiled(lambda: loops.train(loader, loops.heavy_model(512))).report
     assert report.verdict == "memory-bound"
     assert report.run.environment.gpus[0].name == "NVIDIA H100 80GB HBM3"
-    assert {"gradient_checkpointing", "gradient_accumulation"} <= set(report.recommendation_ids())
+    got = set(report.recommendation_ids())
+    assert "gradient_accumulation" in got
+    # checkpointing where the measured activations are at least half the step's peak, or unmeasured
+    h = report.diagnosis.metrics.headroom
+    held, transient = (h.model_state, h.step_transient) if h else (None, None)
+    if not (held and transient) or transient / (transient + held) >= 0.5:
+        assert "gradient_checkpointing" in got, (held, transient)
 
 
 def test_idle_gpu_without_data_wait_is_host_bound(monkeypatch):

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from loadprof.diagnosis import main_loader
 from loadprof.records import Environment, LoaderInfo, Run, StageTime, Step
@@ -150,3 +152,37 @@ def test_a_real_loaders_trace_names_its_stages_as_the_table_does(tmp_path: Path)
     assert [k for k in track["args"] if ":" in k] == table
     assert list(counters) == table
     assert [points[0][1] for points in counters.values()] == [round(r.ms_per_batch, 3) for r in load.rows]
+
+
+class _Busy(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        end = time.thread_time() + 0.002
+        while time.thread_time() < end:
+            pass
+        return torch.zeros(8), i % 2
+
+
+@pytest.mark.slow
+def test_the_stages_so_far_reach_the_loaders_record_while_the_run_goes_on() -> None:
+    # what the live view's "top stage" row reads (instrument/stagepipe.py FILL_EVERY)
+    from loadprof import Profile
+    from loadprof.instrument.stagepipe import FILL_EVERY
+
+    mid: list[tuple[str, str]] = []
+    with Profile(print_report=False, gpu=False) as prof:
+        model = torch.nn.Linear(8, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        t0 = time.monotonic()
+        for x, _ in torch.utils.data.DataLoader(_Busy(), batch_size=16, num_workers=2):
+            loss = model(x).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if time.monotonic() - t0 > 2 * FILL_EVERY + 1:
+                mid = [(s.kind, s.name) for s in prof.run.loaders[0].stages]
+                break
+    assert any(kind == "user" for kind, _ in mid), mid  # the dataset's own time, named before the end
+    assert prof.report.stages is not None and prof.report.stages.rows[0].kind == "user"

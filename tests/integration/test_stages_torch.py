@@ -74,14 +74,16 @@ def test_a_slow_transform_leads_the_table_in_process(pngs):
     cost = 0.004
     ds = sl.ImageFolder(pngs, sl.Compose([sl.Resize(24), sl.ToArray(), sl.SlowBlur(cost), sl.RandomFlip()]))
     expected = cost * len(pngs) / _batches_time(ds, len(pngs))
-    _, load = _profile(ds)
+    report, load = _profile(ds)
     _check(load, "transform", expected, "SlowBlur")
     assert load.rows[0].where == "main"
     flip = next(r for r in load.rows if r.name == "RandomFlip()")
     assert flip.random is True
     assert next(r for r in load.rows if r.name == "Resize(24)").random is False
-    # the stages add up to the loop's own wait for its batches
-    assert abs(load.ms_per_batch - load.wait_ms_per_batch) <= 0.1 * load.wait_ms_per_batch
+    # the stages add up to the loop's own wait for its batches (a busy host, which the report
+    # names, preempts the loop between a batch's fetch and its wait's end too)
+    busy = "host-contended" in [w.id for w in report.warnings]
+    assert abs(load.ms_per_batch - load.wait_ms_per_batch) <= (0.15 if busy else 0.1) * load.wait_ms_per_batch
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])

@@ -9,54 +9,19 @@ import json
 import pytest
 
 from loadprof.diagnosis import compute_metrics
-from loadprof.records import Environment, GpuInfo, GpuSample, LoaderInfo, Run, Step
 from loadprof.report import build_report, load_report, render_console, write_json
 from loadprof.samplers import NvmlSource
+from tests.conftest import BUSY_W, IDLE_W, STEP, WAIT, energy_j, starved_run
 from tests.fake_pynvml import FakeGpu, FakeNvml
 
 GiB = 2**30
-IDLE_W, BUSY_W = 75.0, 663.0  # an H100's, read from its energy counter (docs/dev/gpu-validation.md)
-WAIT, STEP = 0.6, 1.0  # each step: 0.6 s waiting for its batch (GPU idle), then 0.4 s of compute
-
-
-def _power(t: float) -> float:
-    return IDLE_W if (t % STEP) < WAIT - 1e-9 else BUSY_W
-
-
-def _energy_j(t: float) -> float:
-    """The exact integral of ``_power`` from 0 to t."""
-    whole, part = divmod(t, STEP)
-    per_step = WAIT * IDLE_W + (STEP - WAIT) * BUSY_W
-    return whole * per_step + min(part, WAIT) * IDLE_W + max(0.0, part - WAIT) * BUSY_W
-
-
-def starved_run(n: int = 20, counter: bool = True, power: bool = True, offset: float = 0.0,
-                period: float = 0.1, busy_util: float = 100.0) -> Run:
-    """A run whose GPU idles at 75 W while the loop waits and draws 663 W while it computes;
-    the energy counter moves every ``period`` s, read every 0.1 s from ``offset``."""
-    env = Environment(usable_cores=4, logical_cores=4, memory_total=64 * GiB, gpu_status="available",
-                      gpus=[GpuInfo(0, "NVIDIA H100 80GB HBM3", 80 * GiB, (9, 0))], cuda_in_use=True)
-    steps = [Step(i, i * STEP, (i + 1) * STEP, data_wait=WAIT, batch_size=32) for i in range(n)]
-    samples = []
-    for k in range(int(n * STEP / 0.1) + 1):
-        t = offset + k * 0.1
-        tq = period * round(t / period - 0.5 + 1e-9) if period else t  # the counter's last update
-        samples.append(GpuSample(
-            t=t, index=0, util_gpu=0.0 if _power(t) == IDLE_W else busy_util, memory_used=GiB,
-            memory_total=80 * GiB, process_memory_used=GiB,
-            power_w=_power(t) if power else None,
-            energy_mj=int(_energy_j(tq) * 1000) + 10**9 if counter else None))  # counts since driver load
-    loader = LoaderInfo(framework="torch", kind="DataLoader", batch_size=32, num_workers=0, dataset_length=3200)
-    return Run(environment=env, steps=steps, gpu_samples=samples, loaders=[loader], data_wait_method="iterator-next")
-
-
 def test_energy_from_the_counter_and_the_energy_spent_waiting():
     run = starved_run()
     m = compute_metrics(run)
     report = build_report(run)
     cost = report.cost
     judged = run.steps[m.warmup_steps:]
-    expected = _energy_j(judged[-1].end) - _energy_j(judged[0].start)
+    expected = energy_j(judged[-1].end) - energy_j(judged[0].start)
     assert cost.measured and cost.gpus == [0] and cost.energy_source == "counter"
     assert cost.energy_j == pytest.approx(expected, rel=0.01)
     assert cost.joules_per_step == pytest.approx(WAIT * IDLE_W + (STEP - WAIT) * BUSY_W, rel=0.01)  # 310.2 J
@@ -70,7 +35,7 @@ def test_a_counter_that_moves_every_100ms_read_off_its_beat_still_sums_exactly()
     run = starved_run(offset=0.05)  # read half way between the counter's updates
     cost = build_report(run).cost
     judged = run.steps[compute_metrics(run).warmup_steps:]
-    expected = _energy_j(judged[-1].end) - _energy_j(judged[0].start)
+    expected = energy_j(judged[-1].end) - energy_j(judged[0].start)
     assert cost.energy_j == pytest.approx(expected, rel=0.02)
 
 

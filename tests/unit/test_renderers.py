@@ -11,7 +11,7 @@ from loadprof.report.html import HtmlPageRenderer
 from loadprof.report.jsonfile import JsonRenderer
 from loadprof.report.notebook import HtmlRenderer, TextRenderer
 from loadprof.report.trace import TraceRenderer
-from tests.conftest import make_run
+from tests.conftest import make_run, starved_run
 
 
 def test_each_renderer_makes_what_its_suffix_says() -> None:
@@ -30,3 +30,24 @@ def test_each_renderer_makes_what_its_suffix_says() -> None:
             assert suffix == ".txt" and out.startswith(f"loadprof verdict: {report.headline()}"), name
     assert json.loads(made["JsonRenderer"][1])["verdict"] == report.verdict
     assert "traceEvents" in json.loads(made["TraceRenderer"][1])
+
+
+def test_the_page_shows_the_cost_of_the_wait_and_the_loaders_stages() -> None:
+    from loadprof.records import LoaderInfo, StageTime
+
+    run = starved_run()
+    timed = [StageTime("decode", "PIL <PNG> decode", 0.60, 0.60, 80, "workers", False),
+             StageTime("transform", "RandomFlip()", 0.20, 0.20, 80, "workers", True, order=1),
+             StageTime("collate", "default_collate", 0.20, 0.20, 10, "workers", False)]
+    run.loaders = [LoaderInfo("torch", "DataLoader", batch_size=8, num_workers=2, stages=timed, stage_batches=10,
+                              stage_seconds=1.0, iterations=1)]
+    report = build_report(run, gpu_hour_price=2.0)
+    assert report.cost.measured and report.stages is not None
+    page = HtmlPageRenderer(buckets=20).render(report)
+    assert "<h2>Cost of the wait</h2>" in page
+    assert f"{report.cost.gpu_hours_input_per_day:.2f}/day" in page and "at 2 a GPU-hour" in page
+    assert "<h2>Loading, stage by stage</h2>" in page and "decode: PIL &lt;PNG&gt; decode" in page
+    assert page.count("<span title='") == len(report.stages.rows)  # one piece of the stacked bar each
+    no_gpu = HtmlPageRenderer(buckets=20).render(build_report(make_run(wait=0.05)))
+    assert "Cost: not measured" in no_gpu and "<h2>Cost of the wait</h2>" not in no_gpu
+    assert "Loading, stage by stage" not in no_gpu
