@@ -245,8 +245,8 @@ def parts_worker(args: argparse.Namespace) -> None:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
 
-    from loadprof.job.collectives import CollectiveTimer
-    from loadprof.job.exchange import Exchange, JobContext
+    from loadprof.jobs.collectives import CollectiveTimer
+    from loadprof.jobs.exchange import Exchange, JobContext
 
     torch.set_num_threads(1)
     pin(args)

@@ -1,6 +1,6 @@
 """Fuzz the readers for longer than the test run does, and count what happened.
 
-The same cases as tests/test_fuzz_readers.py (built in tests/fuzz_targets.py): files
+The same cases as tests/integration/test_fuzz_readers.py (built in tests/fuzz_targets.py): files
 we wrote (TFRecord shards, their .idx and info files, Example payloads, index text,
 HDF5 files), mutated with random bit flips, byte sets, cuts, insertions and
 deletions, each read in a watched child process. Prints, per kind of input, how

@@ -28,10 +28,10 @@ from datetime import timedelta
 
 from torch.distributed import TCPStore
 
-from loadprof.job import judge_self, rank_message, read_message
-from loadprof.job.diagnosis import rank_cores
-from loadprof.job.exchange import Exchange, JobContext, Timeouts
-from loadprof.job.records import JobRun, RankRun, keep_columns
+from loadprof.jobs import judge_self, rank_message, read_message
+from loadprof.jobs.diagnosis import rank_cores
+from loadprof.jobs.exchange import Exchange, JobContext, Timeouts
+from loadprof.jobs.records import JobRun, RankRun, keep_columns
 from loadprof.records import Environment, HostSample, LoaderInfo, Run, Step
 from loadprof.report import write_json
 from loadprof.report.job import build_job_report
@@ -40,7 +40,7 @@ from loadprof.report.job import build_job_report
 #: (argv: port run_id rank world path).
 SENDER = """
 import sys
-from loadprof.job.exchange import Exchange, JobContext
+from loadprof.jobs.exchange import Exchange, JobContext
 port, run_id, rank, world, path = sys.argv[1:]
 env = {"RANK": rank, "WORLD_SIZE": world, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "True"}

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
-from .job.exchange import JobContext
+from .jobs.exchange import JobContext
 from .outputs import exit_code
 from .records import Notice
 from .session import Profile
@@ -186,7 +186,7 @@ def run(target: Target, **profile_options: Any) -> int:
             return
         raise Terminated()
 
-    # NOTE [ Merging a job's reports ] in job/exchange.py
+    # NOTE [ Merging a job's reports ] in jobs/exchange.py
     in_job, script_over = JobContext.from_env() is not None, False
     held: list[int] = []
     previous_term = signal.signal(signal.SIGTERM, on_sigterm)

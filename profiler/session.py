@@ -199,7 +199,7 @@ class Profile:
         self._safepoint: SafePoint | None = None
         self._report: Any = None
         self._live: Any = None  # report/liveview.py's LiveView while --live draws
-        self._job: Any = None  # a torchrun job's part: job/__init__.py (None: single process)
+        self._job: Any = None  # a torchrun job's part: jobs/__init__.py (None: single process)
         self._rank_report: Any = None  # in a job, this rank's own report (``_report`` is the job's on rank 0)
         self._outer: Profile | None = None  # the Profile already running when this one started
         self._trackers: Trackers | None = None  # trackers/: the summary into the script's own runs
@@ -341,13 +341,13 @@ class Profile:
                    amp_in_use=self.run.amp_in_use)
 
     def _start_job(self) -> None:
-        """Under torchrun (2+ ranks): NOTE [ Merging a job's reports ] in job/exchange.py."""
-        from .job.exchange import JobContext
+        """Under torchrun (2+ ranks): NOTE [ Merging a job's reports ] in jobs/exchange.py."""
+        from .jobs.exchange import JobContext
 
         ctx = JobContext.from_env()
         if ctx is None:
             return
-        from .job import Job
+        from .jobs import Job
 
         timeline = self._timeline
         job = Job(ctx, self._t0)
@@ -422,7 +422,7 @@ class Profile:
             return
         self._stopped = True
         if self._job is not None:
-            self._job.hold_sigterm()  # the job's report must not die half way: job/__init__.py
+            self._job.hold_sigterm()  # the job's report must not die half way: jobs/__init__.py
         try:
             end = time.perf_counter()
             if self._live is not None:  # first: warnings and the report print on a clean terminal
@@ -509,7 +509,7 @@ class Profile:
         except Exception as err:  # NOTE [ Never break the run ]
             self._report = failed_report(self.run, f"{type(err).__name__}: {_first_line(err)}")
         json_path, print_report, outputs = self.settings.json, self.settings.print_report, True
-        if self._job is not None:  # NOTE [ Merging a job's reports ] in job/exchange.py
+        if self._job is not None:  # NOTE [ Merging a job's reports ] in jobs/exchange.py
             rank_report = self._rank_report = self._report
             try:
                 self._report, json_path, print_report = self._job.finish(rank_report, json_path, print_report)
@@ -535,7 +535,7 @@ class Profile:
                 _warn(f"the terminal report could not be printed ({type(err).__name__}: {_first_line(err)})")
         self._log_trackers()
         if self._job is not None:
-            self._job.release_sigterm()  # held since stop(): job/__init__.py
+            self._job.release_sigterm()  # held since stop(): jobs/__init__.py
 
     def _log_trackers(self) -> None:
         """NOTE [ Logging into the script's own run ] in trackers/__init__.py: rank 0's own report."""

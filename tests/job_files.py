@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from loadprof.job.records import JobRun, RankRun
+from loadprof.jobs.records import JobRun, RankRun
 from loadprof.records import Environment, GpuSample, HostSample, LoaderInfo, Run, Step
 from loadprof.report.job import build_job_report
 

@@ -22,7 +22,7 @@ class MergeCommand:
         parser.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
 
     def run(self, args: argparse.Namespace) -> int:
-        from ..job.merge import MergeError, check_total, merge_ranks, read_rank_file
+        from ..jobs.merge import MergeError, check_total, merge_ranks, read_rank_file
         from ..outputs import (
             check_outputs,
             exit_code,

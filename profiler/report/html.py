@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from ..job.records import RankRun
+    from ..jobs.records import RankRun
     from ..stagemodel import Loading
     from . import Report
 

@@ -18,8 +18,8 @@ from rich.text import Text
 
 from ..advice import Recommendation, recommend
 from ..diagnosis import DEFAULT_THRESHOLDS, Evidence
-from ..job.diagnosis import JobDiagnosis, OwnVerdict, RankFigures, diagnose_job, passing_run, where
-from ..job.records import JobRun
+from ..jobs.diagnosis import JobDiagnosis, OwnVerdict, RankFigures, diagnose_job, passing_run, where
+from ..jobs.records import JobRun
 from ..jsonio import dumps
 from ..records import SCHEMA_VERSION
 from .base import RankRunOffset, Report, ReportWarning
@@ -129,7 +129,7 @@ class JobReport(Report):
 
     def to_dict(self, columns: bool | None = False) -> dict[str, Any]:
         """The report's JSON form; ``job`` holds every rank's run as a saved run, or with
-        ``columns`` as the job's file keeps it (NOTE [ Columns of a rank ] in job/records.py);
+        ``columns`` as the job's file keeps it (NOTE [ Columns of a rank ] in jobs/records.py);
         None: no ``job``."""
         d = self.diagnosis
         pace = d.per_rank.get(d.pace_ranks[0]) if d.pace_ranks else None

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from loadprof.job.exchange import Exchange, JobContext, Timeouts
+from loadprof.jobs.exchange import Exchange, JobContext, Timeouts
 
 torch_dist = pytest.importorskip("torch.distributed")
 

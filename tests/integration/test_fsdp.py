@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("torch.distributed.fsdp")
 
-from loadprof.job.collectives import waits_block  # noqa: E402
+from loadprof.jobs.collectives import waits_block  # noqa: E402
 from tests.conftest import LOADPROF, LOOP, PREAMBLE, TORCHRUN, finish, start  # noqa: E402
 
 #: An FSDP job (API chosen by FSDP=1|2) with test_distributed.py's ranks, data and loop.

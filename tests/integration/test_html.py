@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from loadprof import Profile
 from loadprof.cli import main
-from loadprof.job.records import JobRun, RankRun
+from loadprof.jobs.records import JobRun, RankRun
 from loadprof.records import Environment, GpuInfo, GpuSample, HostSample, LoaderInfo, Run, Step
 from loadprof.report import build_report, write_json
 from loadprof.report.html import PLOT_HINT, HtmlPageRenderer

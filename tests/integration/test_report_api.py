@@ -102,7 +102,7 @@ def test_a_jobs_report_is_a_report_too_and_answers_the_same_questions(tmp_path: 
     import io
 
     from loadprof import JobReport, RunReport
-    from loadprof.job.records import JobRun
+    from loadprof.jobs.records import JobRun
     from loadprof.outputs import report_outputs, write_outputs
     from loadprof.report import render_console
     from loadprof.report.job import build_job_report

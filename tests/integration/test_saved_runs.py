@@ -184,7 +184,7 @@ def test_per_worker_cpu_travels_in_a_ranks_columns_and_is_checked_there() -> Non
     import zlib
     from dataclasses import replace
 
-    from loadprof.job.records import (
+    from loadprof.jobs.records import (
         RankRun,
         decode_columns,
         encode_columns,

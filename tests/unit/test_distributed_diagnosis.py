@@ -15,12 +15,12 @@ from dataclasses import replace
 import pytest
 
 from loadprof.cli import main
-from loadprof.job import rank_document, rank_message, rank_path, read_message
-from loadprof.job.collectives import per_step
-from loadprof.job.diagnosis import diagnose_job, rank_cores
-from loadprof.job.exchange import Exchange, JobContext, Timeouts
-from loadprof.job.merge import MergeError, merge_ranks
-from loadprof.job.records import JobRun, RankRun
+from loadprof.jobs import rank_document, rank_message, rank_path, read_message
+from loadprof.jobs.collectives import per_step
+from loadprof.jobs.diagnosis import diagnose_job, rank_cores
+from loadprof.jobs.exchange import Exchange, JobContext, Timeouts
+from loadprof.jobs.merge import MergeError, merge_ranks
+from loadprof.jobs.records import JobRun, RankRun
 from loadprof.records import Environment, HostSample, LoaderInfo, RecordError, Run, Step
 from loadprof.report import load_report, render_console, write_json
 from loadprof.report.job import build_job_report

@@ -5,7 +5,7 @@ No I/O, no threads: tests build per-rank runs by hand.
 Each rank is diagnosed on its own (``diagnosis.diagnose``); then, per step after
 warm-up, its time splits into its own work (input wait, host-to-device copy,
 compute) and time blocked in collectives (NOTE [ Collective wait ] in
-job/collectives.py). Under DDP the step times agree and only the own work tells
+jobs/collectives.py). Under DDP the step times agree and only the own work tells
 who is late: a rank is a straggler when its own work exceeds the median of the
 other ranks' by ``straggler_share`` of the job's step time, while the others wait
 for it. The component that explains ``cause_share`` of that excess is its cause

@@ -49,7 +49,7 @@ def judge_self(facts: RankRun, run: Run, siblings: dict[int, tuple[str, float]] 
 
 
 def rank_message(facts: RankRun, run: Run, siblings: dict[int, tuple[str, float]] | None = None) -> bytes:
-    """What a rank sends to rank 0: its run in columns (NOTE [ Columns of a rank ] in job/records.py)
+    """What a rank sends to rank 0: its run in columns (NOTE [ Columns of a rank ] in jobs/records.py)
     and its own verdict (``judge_self``)."""
     verdict = judge_self(facts, run, siblings)
     return rank_to_bytes(replace(facts, run=run), {"verdict": verdict.to_dict()})

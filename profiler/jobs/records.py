@@ -53,7 +53,7 @@ class RankRun:
     """One process of a multi-process job (torchrun): its place in the job and its run.
 
     ``run`` is None for a rank whose report never arrived; ``missing`` then says what
-    is known of it (NOTE [ Merging a job's reports ] in job/exchange.py)."""
+    is known of it (NOTE [ Merging a job's reports ] in jobs/exchange.py)."""
 
     rank: int
     world_size: int
@@ -67,7 +67,7 @@ class RankRun:
     clock_offset: float | None = None
     clock_rtt: float | None = None  # the round trip the offset came from: its error is under half
     #: seconds each step record spent blocked in gradient collectives (DDP's all-reduce),
-    #: one per ``run.steps`` record; None where not measured (job/collectives.py)
+    #: one per ``run.steps`` record; None where not measured (jobs/collectives.py)
     collective_wait: list[float] | None = None
     steps_seen: int | None = None  # steps it had reported by its last heartbeat
     missing: str = ""  # no run: why, with what is known
