@@ -183,6 +183,21 @@ class VariantResult:
         return statistics.median(times) if times else None
 
     @property
+    def input_gpu_hours_per_day(self) -> float | None:
+        """GPU-hours a day lost to input wait at this variant's pace (the median over its
+        runs); None where no run measured the cost (no GPU)."""
+        lost = [r.cost["gpu_hours_input_per_day"] for r in self.ok_runs if r.cost.get("measured")]
+        return statistics.median(lost) if lost else None
+
+    def cost(self) -> dict[str, Any]:
+        """The cost of the median run's input wait (cost.py), or why it was not measured."""
+        measured = sorted((r for r in self.ok_runs if r.cost.get("measured")),
+                          key=lambda r: r.cost["gpu_hours_input_per_day"])
+        if measured:
+            return measured[len(measured) // 2].cost
+        return next((r.cost for r in self.ok_runs if r.cost), {})
+
+    @property
     def status(self) -> str:
         bad = [r for r in self.runs if not r.ok]
         if not bad:
@@ -252,6 +267,12 @@ class Comparison:
         why = self.diverged(r)
         return f"diverged ({why})" if why else "ok"
 
+    def saves(self, r: VariantResult) -> float | None:
+        """GPU-hours a day of input wait this variant saves against the reference (None: not measured)."""
+        ref = self.reference()
+        mine, theirs = r.input_gpu_hours_per_day, ref.input_gpu_hours_per_day if ref else None
+        return None if mine is None or theirs is None or r is ref else theirs - mine
+
     def machine(self) -> dict[str, Any]:
         for r in self.results:
             for run in r.ok_runs:
@@ -282,6 +303,8 @@ class Comparison:
                 "status": self.status(r),
                 "applied": r.runs[0].applied if r.runs else [],
                 "not_applied": r.runs[0].not_applied if r.runs else [],
+                "cost": r.cost(),
+                "saves_gpu_hours_per_day": self.saves(r),
             } for r in self.results],
         }
 
@@ -321,8 +344,11 @@ def render(cmp: Comparison, file: IO[str] | None = None, width: int | None = Non
     console.print(f"[bold]loadprof compare[/bold] {' '.join(cmp.command)}: {env.get('usable_cores', '?')} usable "
                   f"cores, {gpu}" + (f"; median of {cmp.repeat} runs each" if cmp.repeat > 1 else ""))
     table = Table()
-    for col, just in (("variant", "left"), ("change", "left"), ("time (s)", "right"), ("vs baseline", "right"),
-                      ("training loop (s)", "right"), ("final loss", "right"), ("status", "left")):
+    costed = any(r.input_gpu_hours_per_day is not None for r in cmp.results)
+    cols = [("variant", "left"), ("change", "left"), ("time (s)", "right"), ("vs baseline", "right"),
+            ("training loop (s)", "right"), ("final loss", "right")]
+    cols += [("input GPU-h/day", "right")] if costed else []
+    for col, just in [*cols, ("status", "left")]:
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     ref = cmp.reference()
     for r in cmp.results:
@@ -339,7 +365,20 @@ def render(cmp: Comparison, file: IO[str] | None = None, width: int | None = Non
             ("baseline" if r is ref else f"{ratio:.2f}x ({ratio - 1:+.0%})") if ratio else "-",
             f"{r.train_s:.2f}" if r.train_s else "-",
             (r.nonfinite_loss() or "-") if loss is None or r.nonfinite_loss() else f"{loss:.4f}",
+            *([_lost(r.input_gpu_hours_per_day, cmp.saves(r))] if costed else []),
             notes,
         )
     console.print(table)
     console.print("time: the script end to end under the profiler; vs baseline: time ratio (negative % = faster).")
+    if costed:
+        console.print("input GPU-h/day: GPU-hours a day lost to input wait at the variant's pace (what it saves "
+                      "against the baseline in brackets).")
+    else:
+        why = next((r.cost().get("why_not") for r in cmp.results if r.cost().get("why_not")), None)
+        console.print(f"cost of the input wait: not measured ({why or 'no run finished'}).")
+
+
+def _lost(hours: float | None, saves: float | None) -> str:
+    if hours is None:
+        return "-"
+    return f"{hours:.2f}" + (f" (saves {saves:.2f})" if saves is not None and saves > 0 else "")

@@ -121,6 +121,8 @@ class TrialResult:
     warnings: list[dict[str, str]] = field(default_factory=list)
     loaders: list[dict[str, Any]] = field(default_factory=list)
     environment: dict[str, Any] = field(default_factory=dict)
+    #: the report's cost of the input wait (cost.py's ``Cost.to_dict()``)
+    cost: dict[str, Any] = field(default_factory=dict)
     stderr_tail: str = ""
     #: peak memory: the GPU's at its fullest where one was read, else the training
     #: process's peak RSS (the trial's own process: its start-up counts too)
@@ -330,6 +332,7 @@ def _measure(result: TrialResult, report: Any, warmup: int, spec: TrialSpec) -> 
     result.summary = report.diagnosis.summary
     result.warnings = [w._asdict() for w in report.warnings]
     result.data_wait_fraction = report.data_wait_fraction
+    result.cost = report.cost.to_dict()
     h = report.diagnosis.metrics.headroom
     if h is not None and (h.gpu_peak or h.process_peak):
         result.memory_peak, result.memory_where = (h.gpu_peak, "GPU") if h.gpu_peak else (h.process_peak, "host")
