@@ -61,6 +61,9 @@ class TuneOptions:
     gpu: bool = Settings.gpu
     seed: int = 0
     interval: float = Settings.interval  # sampling, in each trial
+    #: a fix's trial running longer than this is stopped (None: three times its estimate, at
+    #: least 30 s more; a fix can make the script hang, a worker stuck on a lock, say)
+    trial_timeout: float | None = None
 
 
 class TuneError(Exception):
@@ -209,7 +212,7 @@ class Search:
             self.trials.append(t)
             self.progress(f"skipped {cand.name}: {t.detail}")
             return t
-        limit = min(left, max(3 * est, est + 30))
+        limit = min(left, max(3 * est, est + 30) if self.o.trial_timeout is None else self.o.trial_timeout)
         self.progress(f"trial {cand.name} ({cand.why})" if cand.why else f"trial {cand.name}")
         t = self._run_trial(cand.name, self._spec(cand.changes), limit, self.o.warmup)
         t.name = cand.name

@@ -11,6 +11,7 @@ from ..options import (
     UsageError,
     add_output_options,
     add_target_arguments,
+    positive_float,
     positive_int,
     target_from,
 )
@@ -34,6 +35,8 @@ class TuneCommand:
                             help=f"fix families to consider (default all: {','.join(FAMILIES)})")
         parser.add_argument("--loss-tolerance", type=float, default=TuneOptions.loss_tolerance, metavar="X",
                             help="relative move of the loss trajectory that makes a fix unsafe (default %(default)s)")
+        parser.add_argument("--trial-timeout", type=positive_float, metavar="SECONDS",
+                            help="stop a fix's trial after this long (default: 3x its estimate, at least 30 s more)")
         parser.add_argument("--no-ideal", action="store_true", help="skip the model-only (ideal) trial")
         parser.add_argument("--html", metavar="PATH", help="write the trial table and a bar chart as one HTML page")
         add_output_options(parser, json_help="write the search (baseline, best, every trial) as JSON",
@@ -86,4 +89,4 @@ def options_from(args: argparse.Namespace) -> TuneOptions:
         raise UsageError(f"--fixes: unknown fix family {unknown[0] if unknown else args.fixes!r}; "
                          f"known: {', '.join(FAMILIES)}")
     return TuneOptions(budget=args.budget, warmup=args.warmup, steps=args.steps, loss_tolerance=args.loss_tolerance,
-                       fixes=fixes, ideal=not args.no_ideal, gpu=not args.no_gpu)
+                       fixes=fixes, ideal=not args.no_ideal, gpu=not args.no_gpu, trial_timeout=args.trial_timeout)
