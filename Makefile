@@ -46,7 +46,7 @@ system-packages:
 # two tiers: tests/unit (no processes, no sleeps, no real clocks) and tests/integration
 # (real loops, torchrun, Chromium, tmux); two test processes keep both cores busy
 pytest: $(TEST_STAMP) system-packages
-	$(BIN)/python -m pytest -q -ra -n 2
+	$(BIN)/python -m pytest -q -ra -n 2 --dist worksteal
 
 # for iteration: lint, types and the unit tier (CI runs the whole suite)
 test-fast: lint typecheck
