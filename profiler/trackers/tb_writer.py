@@ -4,14 +4,18 @@ Live writers are found by wrapping ``SummaryWriter.__init__`` through the one pa
 (NOTE [ One patcher ] in patch.py) while a Profile runs, and only once the script
 imports ``torch.utils.tensorboard`` or ``tensorboardX`` (an import watch, as for the
 framework hooks): Lightning's ``TensorBoardLogger`` and HF Trainer's
-``report_to="tensorboard"`` make theirs through the same class. Scanning
-``gc.get_objects()`` instead would also find writers made before the profile, but
-costs about a second per few million objects in a large training process.
+``report_to="tensorboard"`` make theirs through the same class. A writer made before
+the profile began is not seen so: only when none was, and the script has the module,
+the objects that refer to the class are asked for at the end (``gc.get_referrers``,
+each instance refers to its class), once: a walk of every object, about a second
+per few million in a large training process, paid after training and never while it
+runs.
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import shutil
 import sys
@@ -76,9 +80,26 @@ class WriterWatch:
 
 
 def active(since: float) -> list[Any]:
-    """The writers made while profiled that the script still holds."""
+    """The writers made while profiled that the script still holds; where there are none,
+    the ones it made before (the module doc says how, and what that costs)."""
     with _seen_lock:
-        return list(_seen)
+        seen = list(_seen)
+    return seen or _made_before()
+
+
+def _made_before() -> list[Any]:
+    found: list[Any] = []
+    for name in MODULES:
+        cls = getattr(sys.modules.get(name), "SummaryWriter", None)
+        if not isinstance(cls, type):
+            continue
+        classes, todo = [], [cls]
+        while todo:  # the class and its subclasses (Lightning's and users' own)
+            c = todo.pop()
+            classes.append(c)
+            todo += c.__subclasses__()
+        found += [o for o in gc.get_referrers(*classes) if type(o) in classes and o not in found]
+    return found
 
 
 def start(arg: str | None) -> Any:

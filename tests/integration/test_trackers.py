@@ -240,6 +240,20 @@ def test_a_summarywriter_made_while_profiled_gets_scalars_text_and_the_report(tm
     writer.close()
 
 
+def test_a_summarywriter_made_before_the_profile_gets_the_summary_too(tmp_path):
+    pytest.importorskip("tensorboard")
+    tb = pytest.importorskip("torch.utils.tensorboard")
+
+    class Mine(tb.SummaryWriter):  # a subclass of the user's own, made before profiling
+        pass
+
+    writer = Mine(log_dir=str(tmp_path / "tb"))
+    with quiet() as prof:
+        loop(prof)
+    assert _text(_events(tmp_path / "tb"), "loadprof/verdict") == prof.report.verdict
+    writer.close()
+
+
 def test_log_to_tensorboard_dir_writes_there(tmp_path):
     pytest.importorskip("tensorboard")
     pytest.importorskip("torch")
