@@ -221,7 +221,9 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
                  "usable cores: more workers cannot help. "
                  if saturated or cause == "cpu-bound-preprocessing" else
                  f"Loading needs {load_cores or 0:.1f} busy cores to keep pace with compute, and "
-                 f"{cores} are usable. ")
+                 + (f"this rank has {per_rank} of the node's {cores} usable cores (its "
+                    f"{run.environment.local_world_size} ranks share them). "
+                    if per_rank < cores else f"{cores} are usable. "))
                 + "Decode/resize once, store the result, and keep only random augmentation online.",
                 _offline_snippet(loader),
             ))

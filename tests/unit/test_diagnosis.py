@@ -380,3 +380,14 @@ def test_a_generator_loop_doing_cpu_work_is_cpu_bound_input_not_too_few_workers(
     assert "worker" not in d.summary
     rec = next(r for r in recommend(run, d) if r.id == "prefetch")
     assert "IterableDataset" in rec.code and "num_workers=2" in rec.code
+
+
+def test_a_rank_is_told_its_share_of_the_cores_the_nodes_ranks_share():
+    # two ranks on a 2-core node: each has one core; loading alone needs four
+    run = make_run(step=0.1, wait=0.08, workers=0, cores=2, tree_cpu=100.0)
+    run.environment.local_world_size = 2
+    recs = {r.id: r for r in recommend(run, diagnose(run))}
+    assert "this rank has 1 of the node's 2 usable cores (its 2 ranks share them)" in \
+        recs["offline_preprocessing"].detail
+    alone = make_run(step=0.1, wait=0.08, workers=0, cores=2, tree_cpu=100.0)
+    assert "2 are usable" in {r.id: r for r in recommend(alone, diagnose(alone))}["offline_preprocessing"].detail
