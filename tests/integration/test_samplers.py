@@ -423,7 +423,7 @@ def test_children_cpu_counts_a_busy_grandchild(burner_tree: subprocess.Popen[byt
     time.sleep(0.5)
     s = host.sample(1.0)
     assert s.n_children >= 2
-    assert s.children_cpu > 20.0  # one busy core reads ~100; generous for a loaded CI box
+    assert s.children_cpu > 5.0  # one busy core reads ~100 alone; counted, not zero, on a shared box
     assert s.children_rss > 0
     assert burner_tree.pid in host.pids()
     assert os.getpid() in host.pids()
