@@ -184,10 +184,10 @@ class VariantResult:
 
     @property
     def input_gpu_hours_per_day(self) -> float | None:
-        """GPU-hours a day lost to input wait at this variant's pace (the median over its
-        runs); None where no run measured the cost (no GPU)."""
-        lost = [r.cost["gpu_hours_input_per_day"] for r in self.ok_runs if r.cost.get("measured")]
-        return statistics.median(lost) if lost else None
+        """GPU-hours a day lost to input wait at this variant's pace (its median run's, as
+        ``cost``); None where no run measured the cost (no GPU)."""
+        cost = self.cost()
+        return float(cost["gpu_hours_input_per_day"]) if cost.get("measured") else None
 
     def cost(self) -> dict[str, Any]:
         """The cost of the median run's input wait (cost.py), or why it was not measured."""

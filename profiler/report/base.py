@@ -1,8 +1,9 @@
 """What every loadprof report is: ``Report``, the one type ``Profile.report``,
 ``load_report`` and the renderers take. A single run's report is a ``RunReport``
 (report/__init__.py); a multi-process job's, on rank 0, a ``JobReport`` (report/job.py).
-Both answer the same questions in the same words, so nothing that reads a report
-needs to ask which one it holds."""
+Both answer the same questions in the same words; where the two differ in kind (the
+HTML page's layout, ``check``'s figures) the reader dispatches by type, and nothing
+probes for attributes."""
 
 from __future__ import annotations
 
