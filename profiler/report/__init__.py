@@ -62,26 +62,9 @@ class RunReport(Report):
     schema: ClassVar[int] = SCHEMA_VERSION
 
     @property
-    def verdict(self) -> str:
-        return self.diagnosis.verdict
-
-    @property
-    def cause(self) -> str | None:
-        return self.diagnosis.cause
-
-    @property
-    def confidence(self) -> str:
-        """"high", "medium" or "low"."""
-        return self.diagnosis.confidence
-
-    @property
-    def summary(self) -> str:
-        return self.diagnosis.summary
-
-    @property
     def warnings(self) -> list[ReportWarning]:
-        found = [ReportWarning(wid, detail) for wid, detail in self.diagnosis.warnings]
-        return found + [ReportWarning(n.id, n.detail) for n in self.run.notices]
+        """The diagnosis's warnings, then the run's notices."""
+        return super().warnings + [ReportWarning(n.id, n.detail) for n in self.run.notices]
 
     @property
     def evidence(self) -> list[Evidence]:

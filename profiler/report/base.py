@@ -61,6 +61,16 @@ class Renderer(Protocol):
     def render(self, report: Any) -> str | bytes: ...
 
 
+class Judgement(Protocol):
+    """What a diagnosis says, a run's or a job's."""
+
+    verdict: str
+    cause: str | None
+    confidence: str
+    summary: str
+    warnings: list[tuple[str, str]]
+
+
 class Report(ABC):
     """A diagnosed run or job: verdict, cause, evidence, advice, and how it writes itself."""
 
@@ -76,25 +86,29 @@ class Report(ABC):
         """What the input wait cost (cost.py); None where not worked out (a job's report)."""
         return None
 
-    @property
-    @abstractmethod
-    def verdict(self) -> str: ...
+    #: the judgement: a run's ``Diagnosis`` or a job's ``JobDiagnosis``
+    diagnosis: Judgement
 
     @property
-    @abstractmethod
-    def cause(self) -> str | None: ...
+    def verdict(self) -> str:
+        return self.diagnosis.verdict
 
     @property
-    @abstractmethod
-    def confidence(self) -> str: ...
+    def cause(self) -> str | None:
+        return self.diagnosis.cause
 
     @property
-    @abstractmethod
-    def summary(self) -> str: ...
+    def confidence(self) -> str:
+        """"high", "medium" or "low"."""
+        return self.diagnosis.confidence
 
     @property
-    @abstractmethod
-    def warnings(self) -> list[ReportWarning]: ...
+    def summary(self) -> str:
+        return self.diagnosis.summary
+
+    @property
+    def warnings(self) -> list[ReportWarning]:
+        return [ReportWarning(wid, detail) for wid, detail in self.diagnosis.warnings]
 
     @property
     @abstractmethod

@@ -22,7 +22,7 @@ from ..jobs.diagnosis import JobDiagnosis, OwnVerdict, RankFigures, diagnose_job
 from ..jobs.records import JobRun
 from ..jsonio import dumps
 from ..records import SCHEMA_VERSION
-from .base import RankRunOffset, Report, ReportWarning
+from .base import RankRunOffset, Report
 from .console import print_recommendation
 
 #: From this many ranks the terminal table shows the slowest and fastest few and the spread.
@@ -76,18 +76,6 @@ class JobReport(Report):
     recommendations: list[JobRecommendation] = field(default_factory=list)
 
     @property
-    def confidence(self) -> str:
-        return self.diagnosis.confidence
-
-    @property
-    def summary(self) -> str:
-        return self.diagnosis.summary
-
-    @property
-    def warnings(self) -> list[ReportWarning]:
-        return [ReportWarning(wid, detail) for wid, detail in self.diagnosis.warnings]
-
-    @property
     def limitations(self) -> list[str]:
         return self.job.limitations
 
@@ -108,14 +96,6 @@ class JobReport(Report):
         return (f"<loadprof JobReport {self.verdict}" + (f" ({self.cause})" if self.cause else "")
                 + f", confidence {self.confidence}, {self.job.world_size} ranks, "
                 + f"recommendations: {', '.join(self.recommendation_ids()) or 'none'}>")
-
-    @property
-    def verdict(self) -> str:
-        return self.diagnosis.verdict
-
-    @property
-    def cause(self) -> str | None:
-        return self.diagnosis.cause
 
     @property
     def data_wait_fraction(self) -> float:
