@@ -34,7 +34,8 @@ from .options import check_writable
 if TYPE_CHECKING:
     from .report import Report
 
-__all__ = ["FAILED_OUTPUT", "Output", "check_outputs", "exit_code", "print_failures", "report_outputs", "write_outputs"]
+__all__ = ["FAILED_OUTPUT", "Output", "check_outputs", "exit_code", "finish_command", "report_outputs",
+           "write_outputs"]
 
 #: A command's exit code when an output it was asked for could not be written.
 FAILED_OUTPUT = 2
@@ -70,14 +71,18 @@ def write_outputs(outputs: Iterable[Output]) -> list[str]:
     return failed
 
 
-def print_failures(failed: list[str], file: IO[str] | None = None) -> None:
-    for line in failed:
-        print(f"loadprof: error: {line}", file=file or sys.stderr)
-
-
 def exit_code(own: int, failed: list[str]) -> int:
     """The command's own failure wins; else a failed output is FAILED_OUTPUT."""
     return own if own else (FAILED_OUTPUT if failed else 0)
+
+
+def finish_command(outputs: Iterable[Output], own: int = 0, file: IO[str] | None = None) -> int:
+    """A command's end: write its outputs, one error line per failure, and its exit code
+    (NOTE [ A failed output ])."""
+    failed = write_outputs(outputs)
+    for line in failed:
+        print(f"loadprof: error: {line}", file=file or sys.stderr)
+    return exit_code(own, failed)
 
 
 def report_outputs(report: Report | None, *, json: str | None = None, trace: str | None = None,

@@ -24,7 +24,7 @@ from ..options import (
     positive_int,
     target_from,
 )
-from ..outputs import Output, check_outputs, exit_code, print_failures, write_outputs
+from ..outputs import Output, check_outputs, finish_command
 from ..trial import run_stopped_cleanly
 
 
@@ -79,9 +79,7 @@ class CompareCommand:
         if cmp is None:
             return code
         render(cmp)
-        failed = write_outputs(_outputs(args, cmp))
-        print_failures(failed)
-        return exit_code(0 if all(cmp.status(r) == "ok" for r in cmp.results) else 1, failed)
+        return finish_command(_outputs(args, cmp), 0 if all(cmp.status(r) == "ok" for r in cmp.results) else 1)
 
 
 def _outputs(args: argparse.Namespace, cmp: Comparison | None) -> list[Output]:

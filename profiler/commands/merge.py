@@ -23,13 +23,7 @@ class MergeCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from ..jobs.merge import MergeError, check_total, merge_ranks, read_rank_file
-        from ..outputs import (
-            check_outputs,
-            exit_code,
-            print_failures,
-            report_outputs,
-            write_outputs,
-        )
+        from ..outputs import check_outputs, finish_command, report_outputs
         from ..report import render_console
         from ..report.job import build_job_report
 
@@ -40,8 +34,6 @@ class MergeCommand:
         except MergeError as exc:
             raise UsageError(str(exc)) from None
         report: Any = build_job_report(job)
-        failed = write_outputs(report_outputs(report, json=args.json, trace=args.trace, html=args.html))
         if not args.quiet:
             render_console(report, file=sys.stdout)
-        print_failures(failed)
-        return exit_code(0, failed)
+        return finish_command(report_outputs(report, json=args.json, trace=args.trace, html=args.html))

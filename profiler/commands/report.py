@@ -20,13 +20,7 @@ class ReportCommand:
         add_price_option(parser)
 
     def run(self, args: argparse.Namespace) -> int:
-        from ..outputs import (
-            check_outputs,
-            exit_code,
-            print_failures,
-            report_outputs,
-            write_outputs,
-        )
+        from ..outputs import check_outputs, finish_command, report_outputs
         from ..report import ReportError, load_report, render_console
 
         check_outputs(report_outputs(None, json=args.json, trace=args.trace, html=args.html))
@@ -35,6 +29,4 @@ class ReportCommand:
         except ReportError as exc:
             raise UsageError(str(exc)) from None
         render_console(report, file=sys.stdout)
-        failed = write_outputs(report_outputs(report, json=args.json, trace=args.trace, html=args.html))
-        print_failures(failed)
-        return exit_code(0, failed)
+        return finish_command(report_outputs(report, json=args.json, trace=args.trace, html=args.html))

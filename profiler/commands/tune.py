@@ -15,7 +15,7 @@ from ..options import (
     positive_int,
     target_from,
 )
-from ..outputs import Output, check_outputs, exit_code, print_failures, write_outputs
+from ..outputs import Output, check_outputs, finish_command
 from ..trial import run_stopped_cleanly
 from ..tune import FAMILIES, Search, TuneError, TuneOptions, TuneResult, render
 
@@ -64,9 +64,7 @@ class TuneCommand:
         if result is None:
             return code
         render(result)
-        failed = write_outputs(_outputs(args, result))
-        print_failures(failed)
-        return exit_code(0, failed)
+        return finish_command(_outputs(args, result))
 
 
 def _outputs(args: argparse.Namespace, result: TuneResult | None) -> list[Output]:
