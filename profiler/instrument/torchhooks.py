@@ -69,6 +69,8 @@ def _batch_facts(batch: Any) -> tuple[int | None, int]:
 
 #: Training loaders whose items are checked for repeatability at the end (each costs a fork).
 MAX_ITEM_CHECKS = 2
+#: Datasets held for that check: the first loaders', not every evaluation loader's.
+MAX_HELD_DATASETS = 8
 
 #: The optimizer step after which what stays held between steps is read: the optimizer
 #: has made its state by then, and the first steps' one-time allocations are done.
@@ -91,6 +93,9 @@ class TorchHooks:
         # Keyed by id() with a weak reference to tell a new object from a freed one
         # whose id it reuses (a DataLoader built per epoch often lands at the same address).
         self._loaders: dict[int, tuple[Callable[[], Any] | None, LoaderInfo]] = {}
+        # map-style datasets to read twice at the end: held, because under `loadprof
+        # diagnose` the script's loaders are gone by then (its main() has returned)
+        self._datasets: dict[int, Any] = {}
         self._checked: dict[int, Callable[[], Any] | None] = {}  # optimizers whose parameter dtype was looked at
         self._nexts = 0  # batches fetched through the next() wrapper
         self._facts_pending = False  # a loader whose batch size and bytes are unknown began an iteration
@@ -363,17 +368,19 @@ class TorchHooks:
         )
         self._loaders[id(loader)] = (_ref(loader), info)
         self.run.loaders.append(info)
+        if (length and dataset is not None and len(self._datasets) < MAX_HELD_DATASETS
+                and not isinstance(dataset, torch.utils.data.IterableDataset)):
+            self._datasets[id(loader)] = dataset
         return info
 
     def _check_items(self) -> None:
         """Whether the training loaders' items repeat, for the cache advice
         (NOTE [ Reading items in a forked child ] in itemcheck.py)."""
         checked = 0
-        for ref, info in self._loaders.values():
-            loader = ref() if ref is not None else None
-            dataset = getattr(loader, "dataset", None)
-            if (dataset is None or not info.dataset_length or info.iterations <= info.eval_iterations
-                    or isinstance(dataset, torch.utils.data.IterableDataset) or checked >= MAX_ITEM_CHECKS):
+        datasets, self._datasets = self._datasets, {}
+        for key, (_, info) in self._loaders.items():
+            dataset = datasets.get(key)
+            if dataset is None or info.iterations <= info.eval_iterations or checked >= MAX_ITEM_CHECKS:
                 continue
             checked += 1
             info.items_repeat = items_repeat(dataset)

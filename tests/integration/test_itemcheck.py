@@ -3,7 +3,9 @@ and the cache advice that follows from it."""
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
 import time
 
 import numpy as np
@@ -16,7 +18,7 @@ from loadprof.advice import recommend
 from loadprof.diagnosis import diagnose
 from loadprof.instrument.itemcheck import items_repeat
 from tests import torch_loops as loops
-from tests.conftest import make_run
+from tests.conftest import LOADPROF, make_run
 
 
 class Fixed(Dataset):
@@ -104,3 +106,34 @@ def test_a_real_loop_over_random_items_gets_no_cache_snippet() -> None:
     with Profile(print_report=False, gpu=False) as prof:
         loops.train(loader, loops.small_model())
     assert prof.run.loaders[0].items_repeat is True
+
+
+@pytest.mark.slow
+def test_a_script_whose_loader_is_gone_at_the_end_is_still_checked(tmp_path) -> None:
+    """Under `loadprof diagnose` the script's main() has returned, and its loader with it,
+    before the hooks come out: the check reads the dataset the loader held."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import time\n"
+        "import torch\n"
+        "from torch.utils.data import DataLoader, Dataset\n"
+        "class Crops(Dataset):\n"
+        "    def __len__(self): return 128\n"
+        "    def __getitem__(self, i):\n"
+        "        time.sleep(0.002)\n"
+        "        return torch.rand(8), i % 2\n"
+        "def main():\n"
+        "    model = torch.nn.Linear(8, 2)\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for x, y in DataLoader(Crops(), batch_size=8):\n"
+        "        opt.zero_grad()\n"
+        "        torch.nn.functional.cross_entropy(model(x), y).backward()\n"
+        "        opt.step()\n"
+        "main()\n")
+    out = tmp_path / "run.json"
+    done = subprocess.run([LOADPROF, "diagnose", "--no-gpu", "--json", str(out), str(script)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert report["loaders"][0]["items_repeat"] is False
+    assert "cache" not in [r["id"] for r in report["recommendations"]]
