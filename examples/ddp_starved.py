@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--slow-rank", type=int, default=None, help="default: the last rank")
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank")
     args = parser.parse_args()
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -54,7 +55,8 @@ def main() -> None:
 
     latency = 0.008 if rank == slow else 0.002  # seconds per sample
     data = Shard(args.steps * args.batch_size * world, latency)
-    loader = DataLoader(data, batch_size=args.batch_size, sampler=DistributedSampler(data, shuffle=False))
+    loader = DataLoader(data, batch_size=args.batch_size, sampler=DistributedSampler(data, shuffle=False),
+                        num_workers=args.workers)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).to(device)
     model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
