@@ -9,7 +9,6 @@ imports ``cli.py`` back. Defaults come from ``settings.Settings``.
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -124,14 +123,3 @@ def target_from(args: argparse.Namespace) -> Target:
     if args.script is None:
         raise UsageError("no script given (loadprof diagnose script.py [args...], or -m module)")
     return Target(script=args.script, args=list(args.args))
-
-
-def check_writable(path: str, option: str = "--json") -> None:
-    """Refuse an output path whose folder is missing, or that is a folder, before any run."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.exists(folder) and not os.path.isdir(folder):
-        raise UsageError(f"{option} {path}: {folder} is not a folder")
-    if not os.path.isdir(folder):
-        raise UsageError(f"{option} {path}: folder {folder} does not exist")
-    if os.path.isdir(path):
-        raise UsageError(f"{option} {path}: is a directory")

@@ -24,17 +24,18 @@ One behaviour wherever an output is asked for:
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterable
 from typing import IO, TYPE_CHECKING, NamedTuple
 
 from .jsonio import JsonWriteError, write_bytes_atomic
-from .options import check_writable
+from .options import UsageError
 
 if TYPE_CHECKING:
     from .report import Report
 
-__all__ = ["FAILED_OUTPUT", "Output", "check_outputs", "exit_code", "finish_command", "report_outputs",
+__all__ = ["FAILED_OUTPUT", "Output", "check_outputs", "check_writable", "exit_code", "finish_command", "report_outputs",
            "write_outputs"]
 
 #: A command's exit code when an output it was asked for could not be written.
@@ -45,6 +46,17 @@ class Output(NamedTuple):
     option: str  # "--html": how the user asked for it
     path: str | None  # None: not asked for, skipped
     render: Callable[[], str | bytes]  # made when written, so a failing renderer is one line too
+
+
+def check_writable(path: str, option: str = "--json") -> None:
+    """Refuse an output path whose folder is missing, or that is a folder, before any run."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise UsageError(f"{option} {path}: {folder} is not a folder")
+    if not os.path.isdir(folder):
+        raise UsageError(f"{option} {path}: folder {folder} does not exist")
+    if os.path.isdir(path):
+        raise UsageError(f"{option} {path}: is a directory")
 
 
 def check_outputs(outputs: Iterable[Output]) -> None:
