@@ -5,6 +5,7 @@ Imported as ``tests.conftest``; helper modules with real training loops live bes
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,8 @@ import pytest
 from loadprof.advice import recommend
 from loadprof.diagnosis import diagnose
 from loadprof.records import Environment, GpuInfo, GpuSample, HostSample, LoaderInfo, Run, Step
+from loadprof.samplers import NvmlSource
+from tests.fake_pynvml import FakeGpu, FakeNvml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -265,3 +269,50 @@ def check_trace_format(doc: Any) -> dict[tuple[int, int], list[dict[str, Any]]]:
                 assert e["ts"] + e["dur"] <= open_ends[-1], f"{e} overlaps its parent's end {open_ends[-1]}"
             open_ends.append(e["ts"] + e["dur"])
     return slices
+
+
+# -- NVML through the fake pynvml ---------------------------------------------------
+
+def two_gpus(**second: object) -> list[FakeGpu]:
+    return [
+        FakeGpu(
+            name="NVIDIA H100 80GB HBM3",
+            memory_total=80 * GiB,
+            cc=(9, 0),
+            util=lambda t: 90 if t < 5 else 15,
+            mem_util=40,
+            mem_used=lambda t: int((10 + t) * GiB),
+            power_mw=350_000,
+            sm_clock=1980,
+            pcie_rx=12_000,
+            pcie_tx=3_000,
+        ),
+        dataclasses.replace(
+            FakeGpu(
+                name=b"Tesla T4",
+                memory_total=16 * GiB,
+                cc=(7, 5),
+                util=55,
+                mem_util=20,
+                mem_used=3 * GiB,
+                power_mw=70_000,
+                sm_clock=1590,
+            ),
+            **second,
+        ),
+    ]
+
+
+def started(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, **kw: int) -> NvmlSource:
+    fake.install(monkeypatch)
+    nv = NvmlSource(**kw)
+    nv.start()
+    return nv
+
+
+@pytest.fixture
+def closing() -> Iterator[list[NvmlSource]]:
+    sources: list[NvmlSource] = []
+    yield sources
+    for nv in sources:
+        nv.close()
