@@ -1,0 +1,55 @@
+"""What every advice rule makes: the ``Recommendation`` type and its stable ids, and the
+small texts the rules share (a size in words, the basis of an advice with no estimate)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+IDS = (
+    "num_workers", "pin_memory", "persistent_workers", "prefetch", "cache",
+    "offline_preprocessing", "convert_format", "mixed_precision", "gradient_accumulation",
+    "gradient_checkpointing", "larger_batch", "compile",
+    # tf.data only: map(num_parallel_calls=AUTOTUNE); parallel file reads (interleave).
+    "parallel_map", "interleave",
+    # the host: other processes hold the cores; memory: the loader side holds it
+    "contention", "loader_memory",
+    # the model's intra-op threads against the cores the loader and other processes use
+    "threads",
+    # /dev/shm too small for the batches in flight (loaderhost.py)
+    "shared_memory",
+    # from the loader's stages (stagemodel.py)
+    "gpu_transforms", "gpu_decode", "batched_getitems",
+)
+
+
+@dataclass
+class Recommendation:
+    id: str
+    title: str
+    detail: str  # why, in terms of the evidence
+    code: str
+    values: dict[str, Any] = field(default_factory=dict)
+    #: estimated throughput ratio after the change (>1 faster), with its basis; None when not estimable
+    estimated_speedup: float | None = None
+    basis: str = ""
+    framework: str = "torch"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+MEASURE = "no estimate: measure it with `loadprof tune`"
+
+
+def size_text(nbytes: float) -> str:
+    """1.2 GiB, 72 MiB, 3.1 MiB, 48.0 KiB, 40 bytes."""
+    if nbytes >= 2**30:
+        return f"{nbytes / 2**30:.1f} GiB"
+    if nbytes >= 10 * 2**20:
+        return f"{nbytes / 2**20:.0f} MiB"
+    if nbytes >= 2**20:
+        return f"{nbytes / 2**20:.1f} MiB"
+    if nbytes >= 1024:
+        return f"{nbytes / 1024:.1f} KiB"
+    return f"{nbytes:.0f} bytes"

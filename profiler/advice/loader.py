@@ -1,0 +1,347 @@
+"""The PyTorch DataLoader rules: how many workers (the worker estimate
+``workers_needed``/``step_with_workers``/``loading_wall``), persistent workers,
+/dev/shm, other processes on the cores, the loop's own prefetch, the cache,
+offline preprocessing and packed files."""
+
+from __future__ import annotations
+
+import math
+import shlex
+from typing import Any
+
+from ..diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Metrics, Thresholds, is_tf, steady_wait
+from ..loaderhost import cores_per_rank, restart_cost, shm_fit
+from ..records import LoaderInfo, Run
+from .base import Recommendation, size_text
+
+
+def workers_needed(m: Metrics, loader: LoaderInfo | None) -> tuple[int, float] | None:
+    """(workers, CPU seconds of loading per step) from measured costs, or None if not measurable.
+
+    Loading cost per step L: with in-process loading, the CPU seconds the training
+    thread spent inside the waits; with workers, the workers' CPU (cores x seconds).
+    Workers needed so loading keeps pace with compute C: ceil(L / C), plus one
+    so a slow batch does not stall the loop.
+    """
+    workers = loader.num_workers if loader else 0
+    if not workers:
+        if m.wait_cpu_ratio is None:
+            return None
+        load = m.wait_per_step * m.wait_cpu_ratio
+    else:
+        if m.children_cpu_cores is None:
+            return None
+        load = m.children_cpu_cores * m.step_time_mean
+    compute = max(m.compute_per_step, 1e-6)
+    # (the small epsilon keeps float noise from adding a worker when the ratio is whole)
+    return max(1, math.ceil(load / compute - 1e-9) + 1), load
+
+
+def compute_cpu_per_step(m: Metrics, loader: LoaderInfo | None) -> float:
+    """CPU seconds the training process itself spends per step on the model (intra-op
+    threads included), measured: its CPU less the loading it did in its waits. Where
+    the host was not read, one core for the whole compute time."""
+    if m.tree_cpu_cores is None:
+        return m.compute_per_step
+    own = max(0.0, m.tree_cpu_cores - (m.children_cpu_cores or 0.0)) * m.step_time_mean
+    if not (loader.num_workers if loader else 0) and m.wait_cpu_ratio is not None:
+        own -= m.wait_per_step * m.wait_cpu_ratio
+    return max(0.0, own)
+
+
+def step_with_workers(m: Metrics, loader: LoaderInfo | None, load: float, workers: int) -> tuple[float, bool]:
+    """(estimated step seconds with ``workers`` loader workers, whether they share cores with the model).
+
+    Compute takes C seconds of wall time on p threads at once (its measured CPU over C);
+    loading needs ``load`` CPU seconds a step over the workers. On K free cores (the
+    usable ones less those other processes keep busy), while the model computes, its p
+    threads and the w workers each get r = min(1, K / (p + w)) of a core, and the
+    model's threads, which wait for one another, go at that rate. If the workers keep
+    up, they run for part of the compute; otherwise compute is slowed throughout and
+    the workers finish the loading alone. Two floors: all the CPU a step needs over K,
+    and the loading's wall time over the workers (a batch that waits on storage or
+    sleeps takes its time whatever the CPU: each worker delivers one per batch time).
+    """
+    cores = max(1.0, m.usable_cores - (m.others_cpu_cores or 0.0))
+    compute = max(m.compute_per_step, 1e-9)
+    compute_cpu = compute_cpu_per_step(m, loader)
+    threads = min(cores, max(1.0, compute_cpu / compute))
+    w = max(1, workers)
+    rate = min(1.0, cores / (threads + w))
+    if load / w <= compute:
+        step = compute + load / (w * rate) * (1.0 - rate)
+    else:
+        step = compute / rate + (load - w * compute) / min(w, cores)
+    cpu_bound = (compute_cpu + load) / cores
+    step = max(step, cpu_bound, loading_wall(m, loader, load) / w)
+    return step, rate < 1.0 or cpu_bound >= 0.8 * step
+
+
+def loading_wall(m: Metrics, loader: LoaderInfo | None, load: float) -> float:
+    """Wall seconds of loading a step needs from one process: in-process, the loop's wait
+    for each batch; with workers on a starved loop, each worker is at a batch all the
+    time, so a batch takes workers x step. Never less than its CPU ``load``."""
+    workers = loader.num_workers if loader else 0
+    if not workers:
+        return max(load, m.wait_per_step)
+    if m.data_wait_fraction >= DEFAULT_THRESHOLDS.input_high:
+        return max(load, workers * m.step_time_mean)
+    return load
+
+
+def torch_input_advice(run: Run, diagnosis: Diagnosis, loader: LoaderInfo,
+                       thresholds: Thresholds = DEFAULT_THRESHOLDS) -> list[Recommendation]:
+    """The rules for a PyTorch DataLoader whose input matters, in their order: workers,
+    offline preprocessing, pinned memory, persistent workers, prefetch, cache, convert."""
+    th = thresholds
+    m = diagnosis.metrics
+    out: list[Recommendation] = []
+    starved = diagnosis.verdict == "data-starved"
+    cause = diagnosis.cause
+    cores = m.usable_cores
+    workers = loader.num_workers or 0
+    step = m.step_time_mean
+    tree = (m.tree_cpu_cores or 0.0) / cores
+    saturated = workers > 0 and tree >= th.cpu_saturated
+    # Leave one core to the training process itself (Lightning's max(1, cpus - 1)); the
+    # ranks on a node (torchrun's LOCAL_WORLD_SIZE) share its cores: each has its part.
+    per_rank = cores_per_rank(run.environment)
+    cap = max(1, per_rank - 1)
+    if cause == "io-latency":
+        # Waiting on I/O does not use a core: more workers than cores can hide latency.
+        cap = max(cap, 2 * per_rank)
+    need = workers_needed(m, loader)
+    # On a contended host more workers still win a larger share of the cores (the
+    # scheduler is fair per thread), so the advice stands; only its estimate goes.
+    contended = cause == "host-contended" or any(wid == "host-contended" for wid, _ in diagnosis.warnings)
+    if not saturated and need is not None and cause not in ("host-to-device", "workers-unmeasured"):
+        target, load = need
+        if cause == "io-latency":
+            target = max(target, math.ceil(m.wait_per_step / max(m.compute_per_step, 1e-6)) + 1)
+        target = min(target, cap)
+        if target > workers:
+            est, shares = step_with_workers(m, loader, load, target)
+            new_step = est + m.h2d_fraction * step
+            speedup = step / new_step if new_step > 0 else None
+            limited = " (capped by the usable cores; loading alone would need more)" if need[0] > cap else ""
+            shared = (f" The model's own threads use {compute_cpu_per_step(m, loader) * 1000:.1f} ms of CPU per "
+                      "step on the same cores, and the workers would share them: the estimate counts that "
+                      "sharing, and is uncertain; `loadprof tune` measures it." if shares else "")
+            if contended:
+                speedup = None
+                shared = (f" Other processes kept {m.others_cpu_cores or 0.0:.1f} of the {cores} cores busy: "
+                          "the gain depends on them, so no estimate is given; `loadprof tune` measures it.")
+            out.append(Recommendation(
+                "num_workers", f"Load batches in {target} worker process{'es' if target > 1 else ''}",
+                f"The loop waits {diagnosis.metrics.data_wait_fraction:.0%} of each step for data. "
+                f"Loading costs {load * 1000:.1f} ms of CPU per step against {m.compute_per_step * 1000:.1f} ms "
+                f"of compute, with {workers} worker(s) on {cores} usable core(s){limited}.{shared}",
+                f"DataLoader(dataset, batch_size={loader.batch_size}, num_workers={target}"
+                + (", persistent_workers=True" if (loader.iterations or 0) > 1 else "") + ")",
+                {"num_workers": target, "current": workers, "usable_cores": cores},
+                round(speedup, 2) if speedup else None,
+                "estimate: the model's threads and the workers sharing the free cores" if speedup else
+                "no estimate: other processes share the cores; measure it with `loadprof tune`",
+            ))
+    # Cores loading alone needs to keep pace with compute (no safety worker here).
+    load_cores = need[1] / max(m.compute_per_step, 1e-6) if need is not None else None
+    beyond_cores = load_cores is not None and load_cores > cap and cause != "io-latency"
+    if starved and (saturated or cause == "cpu-bound-preprocessing" or beyond_cores):
+        out.append(Recommendation(
+            "offline_preprocessing", "Move deterministic preprocessing offline",
+            (f"The training process and its loader workers already use {tree:.0%} of the {cores} "
+             "usable cores: more workers cannot help. "
+             if saturated or cause == "cpu-bound-preprocessing" else
+             f"Loading needs {load_cores or 0:.1f} busy cores to keep pace with compute, and "
+             + (f"this rank has {per_rank} of the node's {cores} usable cores (its "
+                f"{run.environment.local_world_size} ranks share them). "
+                if per_rank < cores else f"{cores} are usable. "))
+            + "Decode/resize once, store the result, and keep only random augmentation online.",
+            offline_snippet(loader),
+        ))
+    if cause == "host-to-device" or (run.environment.cuda_in_use and loader.pin_memory is False and starved):
+        out.append(Recommendation(
+            "pin_memory", "Pin host memory and copy asynchronously",
+            f"Host-to-device copies take {m.h2d_fraction:.0%} of step time; pinned buffers let "
+            "the copy run asynchronously and faster.",
+            "DataLoader(..., pin_memory=True)\nx = x.to(device, non_blocking=True)",
+            {"pin_memory": True},
+        ))
+    if workers > 0 and not loader.persistent_workers and (loader.iterations or 0) > 1:
+        out.append(persistent_advice(run, m, loader))
+    if workers > 0 and starved and cause in ("io-latency", "too-few-workers") and (loader.prefetch_factor or 2) <= 2:
+        out.append(Recommendation(
+            "prefetch", "Prefetch more batches per worker",
+            f"With prefetch_factor={loader.prefetch_factor or 2}, each worker keeps "
+            f"{loader.prefetch_factor or 2} batches ready; uneven batch times drain that buffer.",
+            f"DataLoader(..., num_workers={workers}, prefetch_factor=4)",
+            {"prefetch_factor": 4},
+        ))
+    out.extend(cache_advice(run, m, loader, starved, tf=False))
+    if starved and cause == "io-latency":
+        out.append(convert_advice(loader))
+    return out
+
+
+def steps_seconds(run: Run) -> float:
+    return sum(s.duration for s in run.steps)
+
+
+def persistent_advice(run: Run, m: Metrics, loader: LoaderInfo) -> Recommendation:
+    """Keep the workers between epochs, with what restarting them cost where it was
+    measured (NOTE [ Loader start-up and shards ] in instrument/loaderfacts.py)."""
+    workers = loader.num_workers or 0
+    detail = (f"The loader was iterated {loader.iterations} times with {workers} workers; each epoch "
+              "starts its worker processes again.")
+    steps = steps_seconds(run)
+    cost = restart_cost(loader, steady_wait(m), steps)
+    values: dict[str, Any] = {"persistent_workers": True}
+    speedup = None
+    if cost is not None:
+        per_epoch, total = cost
+        detail += (f" Measured: each epoch after the first waited {per_epoch * 1000:.0f} ms more for its first "
+                   f"{max(1, loader.start_batches)} batch(es) than for steady ones, {total:.2f} s over the run "
+                   f"({total / steps:.0%} of the time in steps).")
+        values["seconds_per_epoch"] = round(per_epoch, 4)
+        speedup = round(steps / (steps - total), 2) if steps > total else None
+    return Recommendation(
+        "persistent_workers", "Keep workers alive between epochs", detail,
+        f"DataLoader(..., num_workers={workers}, persistent_workers=True)", values, speedup,
+        "estimate: the measured restart waits taken out of the steps" if speedup else "",
+    )
+
+
+def shm_advice(run: Run, m: Metrics) -> Recommendation:
+    """/dev/shm too small for the batches the workers hand over (loaderhost.py)."""
+    fit = shm_fit(run.environment, m.loader)
+    size = fit.suggested if fit is not None else 8
+    why = (f"{fit.line()}. " if fit is not None else "A loader worker ran out of /dev/shm. ")
+    return Recommendation(
+        "shared_memory", "Give the loader workers room in /dev/shm",
+        why + "Each batch a worker makes goes to the training process through a file in /dev/shm; "
+        "a container's default is 64 MB. Enlarge it, or share batches through files in the temporary "
+        "directory instead.",
+        f"# docker run --shm-size={size}g ...   (or --ipc=host; Kubernetes: an emptyDir with medium: Memory)\n"
+        "# or, at the top of the script:\nimport torch.multiprocessing\n"
+        "torch.multiprocessing.set_sharing_strategy('file_system')",
+        {"shm_size_gib": size, "in_flight_bytes": fit.in_flight if fit else None},
+    )
+
+
+def contention_advice(run: Run, m: Metrics, cause: bool) -> Recommendation:
+    others = m.others_cpu_cores or 0.0
+    why = (f"Other processes keep {others:.1f} of the {m.usable_cores} usable cores busy"
+           + (f", and the training thread waits for a CPU {m.run_delay:.0%} of the time" if m.run_delay else "")
+           + ". ")
+    why += ("The input pipeline is waiting for cores, not for I/O. "
+            if cause else "") + "Every figure here, and each estimate below, holds only while they keep running."
+    command = " ".join(shlex.quote(a) for a in run.command) or "train.py"
+    return Recommendation(
+        "contention", "Give the job cores of its own",
+        why,
+        "# lower the other jobs' priority (or give them fewer cores), then measure again:\n"
+        "renice -n 10 -p <PID of the other job>\n"
+        f"loadprof diagnose {command}",
+        {"others_cpu_cores": round(others, 2)},
+    )
+
+
+def loop_prefetch_advice(m: Metrics, cause: str, tf: bool = False) -> Recommendation:
+    """Input read by the loop's own code (a generator): overlap it with compute. Waiting
+    (I/O, sleeps) overlaps in a thread; CPU work needs processes (the GIL), or with
+    TensorFlow the preprocessing as TensorFlow ops, which tf.data runs off the GIL."""
+    wait, compute = m.wait_per_step, m.compute_per_step
+    step = m.step_time_mean
+    waiting = cause == "io-latency"
+    # waits overlap whole; CPU work splits over enough parallel readers to keep pace
+    workers = max(1, math.ceil(wait / max(compute, 1e-6)))
+    new_step = max(compute, wait if waiting else wait / (workers + 1))
+    if tf and waiting:
+        code = ("ds = tf.data.Dataset.from_generator(my_batches, output_signature=(  # the loop's own generator\n"
+                "    tf.TensorSpec(<x shape>, <x dtype>), tf.TensorSpec(<y shape>, <y dtype>)))\n"
+                "ds = ds.prefetch(tf.data.AUTOTUNE)  # read ahead on tf.data's threads while the model computes\n"
+                "for x, y in ds:\n"
+                "    ...")
+        how = "tf.data's prefetch overlaps the waits with compute"
+    elif tf:
+        code = ("ds = tf.data.Dataset.from_tensor_slices(<raw inputs: file names or arrays>)\n"
+                "ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)  # preprocess written in tf ops\n"
+                "ds = ds.batch(<batch size>).prefetch(tf.data.AUTOTUNE)\n"
+                "for x, y in ds:\n"
+                "    ...")
+        how = ("tf.data runs preprocessing written as TensorFlow ops on parallel threads, off the GIL "
+               "(a from_generator pipeline would still run the Python on one thread)")
+    elif waiting:
+        code = ("import queue, threading\n"
+                "def prefetch(batches, depth=4):  # read ahead on a thread while the model computes\n"
+                "    q = queue.Queue(depth)\n"
+                "    done = object()\n"
+                "    def fill():\n"
+                "        for b in batches:\n"
+                "            q.put(b)\n"
+                "        q.put(done)\n"
+                "    threading.Thread(target=fill, daemon=True).start()\n"
+                "    while (b := q.get()) is not done:\n"
+                "        yield b\n"
+                "for x, y in prefetch(my_batches()):  # my_batches: the loop's own generator\n"
+                "    ...")
+        how = "a background thread overlaps the waits with compute"
+    else:
+        code = ("class Batches(torch.utils.data.IterableDataset):  # the loop's generator, moved here\n"
+                "    def __iter__(self):\n"
+                "        info = torch.utils.data.get_worker_info()  # shard the work by info.id\n"
+                "        yield from my_batches()\n"
+                f"loader = DataLoader(Batches(), batch_size=None, num_workers={workers})")
+        how = "worker processes prepare batches beside the training thread (a thread would hold the GIL)"
+    return Recommendation(
+        "prefetch", "Prepare the next batches while the model computes",
+        f"The loop reads its own batches (no DataLoader) and waits {wait * 1000:.1f} ms per step for them "
+        f"against {compute * 1000:.1f} ms of compute, one after the other: {how}.",
+        code, {"depth": 4} if waiting else {},
+        round(step / new_step, 2) if new_step > 0 else None,
+        "estimate: step = max(compute, input), input overlapped",
+    )
+
+
+def offline_snippet(loader: LoaderInfo) -> str:
+    """Store the preprocessed dataset once: the names in <> are the user's to fill in."""
+    cls = (loader.dataset_type or "").rsplit(".", 1)[-1] or "your dataset"
+    source = ("<your data folder>" if loader.file_based else "<your_module>:<dataset>")
+    return (f"# once, with the deterministic transforms of {cls} applied (no random augmentation):\n"
+            f"loadprof convert {source} preprocessed.h5 --to hdf5\n"
+            "dataset = loadprof.converters.torch.HDF5Dataset('preprocessed.h5')  # then augment per sample")
+
+
+def cache_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, tf: bool) -> list[Recommendation]:
+    if not starved or loader.dataset_length is None or loader.sample_nbytes is None:
+        return []
+    if loader.items_repeat is False:
+        return []  # random augmentation in the items: a cache would freeze one draw of it
+    size = loader.dataset_length * loader.sample_nbytes
+    avail = min((h.memory_available for h in run.host_samples), default=0)
+    if not avail or size > 0.25 * avail:
+        return []
+    if tf:
+        code = "ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE).cache()  # before random augmentation"
+    else:
+        code = ("samples = [dataset[i] for i in range(len(dataset))]  # once; deterministic transforms only\n"
+                f"loader = DataLoader(samples, batch_size={loader.batch_size}, shuffle=True)")
+    return [Recommendation(
+        "cache", "Cache the decoded dataset in memory",
+        f"The dataset is about {size_text(size)} as loaded ({loader.dataset_length} samples of "
+        f"{size_text(loader.sample_nbytes)}), {'under 0.1%' if size < 0.001 * avail else f'{size / avail:.1%}'} of available memory. "
+        + ("Two reads of an item gave the same data, so a cache changes nothing the model sees."
+           if loader.items_repeat else
+           "Cache after deterministic steps only: caching a random augmentation freezes it."),
+        code, {"dataset_bytes": size}, framework="tf" if tf else "torch",
+    )]
+
+
+def convert_advice(loader: LoaderInfo) -> Recommendation:
+    return Recommendation(
+        "convert_format", "Pack many small files into one HDF5 or TFRecord file",
+        "The loop waits while the loaders barely use the CPU: per-file open/read latency dominates. "
+        "Reading one packed file is measured several times faster (see README, converters).",
+        "loadprof convert <your data folder> data.h5 --to hdf5\ndataset = loadprof.converters.torch.HDF5Dataset('data.h5')",
+        framework="tf" if is_tf(loader) else "torch",
+    )

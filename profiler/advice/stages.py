@@ -1,0 +1,168 @@
+"""Advice from the loader's stages (stagemodel.py): a rule's advice replaces a general one
+of the same id, with an estimate from the stage model."""
+
+from __future__ import annotations
+
+from ..diagnosis import Diagnosis, Metrics, is_tf
+from ..records import LoaderInfo, Run
+from ..stagemodel import (
+    Loading,
+    Pipeline,
+    StageRow,
+    deterministic_prefix,
+    estimate,
+    loading,
+    pipeline,
+    prefix_output_bytes,
+)
+from .base import MEASURE, Recommendation, size_text
+from .loader import offline_snippet
+
+#: A stage, or a group of them, dominates the loading from this share of its time on.
+STAGE_DOMINATES = 0.4
+#: Reads slower than this per file wait on storage (page-cache reads take microseconds).
+READ_LATENCY_S = 0.001
+
+
+def stage_advice(run: Run, diagnosis: Diagnosis, out: list[Recommendation]) -> list[Recommendation]:
+    """The stage rules, for a torch loader whose stages were timed and whose input matters;
+    a rule's advice replaces a general one of the same id (it says more)."""
+    m = diagnosis.metrics
+    loader = m.loader
+    load = loading(run, loader)
+    if load is None or loader is None or is_tf(loader) or not (diagnosis.verdict == "data-starved"
+                                                                 or diagnosis.moderate_input):
+        return out
+    cores = max(1.0, m.usable_cores - (m.others_cpu_cores or 0.0) - 1.0)
+    model = pipeline(load, loader.num_workers or 0, cores, m.compute_per_step)
+    for rule in (_stage_prefix_advice, _stage_gpu_transforms_advice, _stage_gpu_decode_advice,
+                 _stage_read_advice, _stage_python_advice):
+        rec = rule(run, m, loader, load, model)
+        if rec is not None:
+            out = [r for r in out if r.id != rec.id] + [rec]
+    return out
+
+
+def _stage_estimate(model: Pipeline, m: Metrics, rows: list[StageRow], load: Loading) -> tuple[float | None, str]:
+    """(speed-up, basis) of taking ``rows`` out of each sample's making, from the model."""
+    per = 1000.0 * load.batch_size
+    changed = model.without(sum(r.ms_per_batch for r in rows) / per,
+                            sum(r.cpu_ms_per_batch or 0.0 for r in rows) / per)
+    speedup = estimate(model, changed, m.step_time_mean)
+    if speedup is None:
+        return None, "no estimate: the stage model does not reproduce the measured step; " + MEASURE.split(": ", 1)[1]
+    return round(speedup, 2), "estimate: the stage model (stagemodel.py) without these stages"
+
+
+def _stage_prefix_advice(run: Run, m: Metrics, loader: LoaderInfo, load: Loading,
+                         model: Pipeline) -> Recommendation | None:
+    """Deterministic prefix (reads, decodes, transforms before the first random one)
+    dominates: do it once, keep the random transforms online."""
+    rows = deterministic_prefix(load)
+    share = sum(r.share for r in rows)
+    if share < STAGE_DOMINATES or loader.items_repeat is False and not any(r.kind == "transform" for r in rows):
+        return None
+    item = prefix_output_bytes(load) or loader.sample_nbytes
+    size = item * loader.dataset_length if item and loader.dataset_length else None
+    avail = min((h.memory_available for h in run.host_samples), default=0)
+    fits = size is not None and avail > 0 and size <= 0.25 * avail
+    speedup, basis = _stage_estimate(model, m, rows, load)
+    names = ", ".join(r.name for r in sorted(rows, key=lambda r: -r.share)[:4])
+    why = (f"The steps before the first random transform ({names}) take {share:.0%} of loading and give the "
+           "same result every epoch. ")
+    if fits and size is not None:
+        return Recommendation(
+            "cache", "Cache the deterministic steps in memory; keep the random ones online",
+            why + f"Their output is about {size_text(size)} ({loader.dataset_length} items of {size_text(item or 0)}, "
+            "measured on real items): it fits in memory.",
+            "# in the dataset: the deterministic prefix once per item, the random transforms every time\n"
+            "self.cache = {}\n"
+            "def __getitem__(self, i):\n"
+            "    if i not in self.cache:\n"
+            "        self.cache[i] = deterministic(read_and_decode(i))\n"
+            "    return random_transforms(self.cache[i])",
+            {"dataset_bytes": size, "prefix_share": round(share, 3)}, speedup, basis)
+    return Recommendation(
+        "offline_preprocessing", "Store the output of the deterministic steps; keep the random ones online",
+        why + ("Their output would not fit in memory: store it once with `loadprof convert`."
+               if size is not None else "Store it once with `loadprof convert`."),
+        offline_snippet(loader), {"prefix_share": round(share, 3)}, speedup, basis)
+
+
+def _stage_gpu_transforms_advice(run: Run, m: Metrics, loader: LoaderInfo, load: Loading,
+                                 model: Pipeline) -> Recommendation | None:
+    rows = [r for r in load.rows if r.kind == "transform" and r.random]
+    share = sum(r.share for r in rows)
+    if share < STAGE_DOMINATES or not run.environment.cuda_in_use:
+        return None
+    speedup, basis = _stage_estimate(model, m, rows, load)
+    return Recommendation(
+        "gpu_transforms", "Run the random transforms on the GPU, on whole batches",
+        f"Random transforms ({', '.join(r.name for r in rows[:3])}) take {share:.0%} of loading, per sample "
+        "on the CPU. On the GPU after the copy they run on the whole batch at once; the estimate leaves "
+        "their GPU time out.",
+        "import torchvision.transforms.v2 as T\n"
+        "gpu_augment = T.Compose([...])  # the random transforms, moved out of the dataset\n"
+        "x = gpu_augment(x.to('cuda', non_blocking=True))",
+        {"share": round(share, 3)}, speedup, basis if speedup is None else basis + ", their GPU time not counted")
+
+
+def _stage_gpu_decode_advice(run: Run, m: Metrics, loader: LoaderInfo, load: Loading,
+                             model: Pipeline) -> Recommendation | None:
+    rows = [r for r in load.rows if r.kind == "decode" and ("JPEG" in r.name or "jpeg" in r.name)]
+    share = sum(r.share for r in rows)
+    if share < STAGE_DOMINATES:
+        return None
+    speedup, basis = _stage_estimate(model, m, rows, load)
+    gpu = run.environment.cuda_in_use
+    return Recommendation(
+        "gpu_decode", "Decode JPEGs on the GPU" if gpu else "Store the images decoded",
+        f"JPEG decoding takes {share:.0%} of loading. "
+        + ("nvJPEG decodes whole batches on the GPU; or store the images decoded once."
+           if gpu else "With no GPU in use, store them decoded once (`loadprof convert`)."),
+        ("from torchvision.io import decode_jpeg, read_file\n"
+         "images = decode_jpeg([read_file(p) for p in paths], device='cuda')  # in the loop, per batch"
+         if gpu else offline_snippet(loader)),
+        {"share": round(share, 3)}, speedup, basis)
+
+
+def _stage_read_advice(run: Run, m: Metrics, loader: LoaderInfo, load: Loading,
+                       model: Pipeline) -> Recommendation | None:
+    rows = [r for r in load.rows if r.kind == "read"]
+    share = sum(r.share for r in rows)
+    files = sum(r.files for r in rows)
+    per_file = sum(r.ms_per_batch for r in rows) * load.batches / 1000 / files if files else 0.0
+    if share < STAGE_DOMINATES or per_file < READ_LATENCY_S:
+        return None
+    workers = loader.num_workers or 0
+    target = max(workers * 2, 2 * m.usable_cores)
+    more = Pipeline(model.sample_s, model.sample_cpu_s, model.batch, target, model.cores, model.compute_s,
+                    model.main_s)
+    speedup = estimate(model, more, m.step_time_mean)
+    return Recommendation(
+        "convert_format", "Reads wait on storage: read in more workers, or pack the files",
+        f"File reads take {share:.0%} of loading at {per_file * 1000:.1f} ms a file: the time is storage "
+        f"latency, not CPU. Waiting takes no core: {target} workers overlap {target} reads; packing the "
+        "files into one (HDF5, TFRecord) reads them in long runs.",
+        f"DataLoader(..., num_workers={target})  # or: loadprof convert <your data folder> data.h5 --to hdf5",
+        {"num_workers": target, "ms_per_file": round(per_file * 1000, 2)},
+        round(speedup, 2) if speedup else None,
+        f"estimate: the stage model with {target} workers" if speedup else MEASURE)
+
+
+def _stage_python_advice(run: Run, m: Metrics, loader: LoaderInfo, load: Loading,
+                         model: Pipeline) -> Recommendation | None:
+    rows = [r for r in load.rows if r.kind in ("collate", "user")]
+    share = sum(r.share for r in rows)
+    if share < STAGE_DOMINATES:
+        return None
+    top = max(rows, key=lambda r: r.share)
+    return Recommendation(
+        "batched_getitems", "Make batches with array operations, not per-sample Python",
+        f"Per-sample Python and collation ({top.name} first) take {share:.0%} of loading. A dataset "
+        "`__getitems__(indices)` (PyTorch 2.1+) and a collate that stacks arrays do a batch's work at once.",
+        "class MyDataset(Dataset):\n"
+        "    def __getitems__(self, indices):  # the DataLoader calls it with a batch's indices\n"
+        "        return self.data[indices]  # one vectorised read instead of len(indices) calls\n"
+        "DataLoader(ds, batch_size=B, collate_fn=lambda batch: batch)",
+        {"share": round(share, 3), "top": top.name}, None, MEASURE)

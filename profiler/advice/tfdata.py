@@ -1,0 +1,144 @@
+"""The tf.data rules, from the pipeline's graph (``LoaderInfo``) and the measured costs:
+prefetch, parallel map, interleave, cache, offline preprocessing, packed files."""
+
+from __future__ import annotations
+
+from ..diagnosis import Diagnosis, Metrics
+from ..records import LoaderInfo, Run
+from .base import MEASURE, Recommendation
+from .loader import cache_advice, convert_advice
+
+
+def _tf_pipeline_seconds(run: Run, m: Metrics, loader: LoaderInfo) -> float | None:
+    """Seconds the tf.data pipeline needs per step, from what was measured.
+
+    Differential method: the pipeline-alone probe. Iterator-next with a prefetch
+    (explicit or injected by TensorFlow): the pipeline made one step's batches while
+    the loop computed and then waited, so wait + compute. Without overlap: the wait.
+    """
+    per_batch = run.probes.get("pipeline_batch_s")
+    if run.data_wait_method == "differential" and per_batch:
+        return per_batch * max(1.0, m.batches_per_step)
+    if run.data_wait_method != "iterator-next":
+        return None
+    overlapped = loader.has_prefetch or "prefetch_injected" in loader.notes
+    return m.wait_per_step + (m.compute_per_step if overlapped else 0.0)
+
+
+def tf_input_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, d: Diagnosis) -> list[Recommendation]:
+    """tf.data advice from the pipeline's graph (``LoaderInfo``) and the measured costs.
+
+    Token meanings (``transformations``, ``notes``): see ``instrument/tfdata.py``.
+    """
+    out: list[Recommendation] = []
+    notes = set(loader.notes)
+    python_map = any("python" in t for t in loader.transformations if t.startswith(("map", "parallel_map")))
+    injected = "prefetch_injected" in notes
+    step = m.step_time_mean
+    compute = max(m.compute_per_step, 1e-6)
+    pipeline = _tf_pipeline_seconds(run, m, loader)
+    cores = m.usable_cores
+    cause = d.cause
+
+    def speedup(new_step: float) -> float | None:
+        return round(step / new_step, 2) if new_step > 0 and step > 0 else None
+
+    late_prefetch: Recommendation | None = None
+    if loader.has_prefetch is False:
+        if injected:
+            detail = ("The pipeline has no prefetch(). TensorFlow already appends one by itself "
+                      "(options.experimental_optimization.inject_prefetch), so input and training "
+                      "overlap now; an explicit prefetch keeps the overlap when that option or autotune "
+                      "is off, and makes the buffer visible. The measured wait is the pipeline being "
+                      "slower than the model at times (an epoch's first batches, a slow stage), not a missing overlap.")
+            estimate, basis = None, "no gain expected: TensorFlow already injects a prefetch"
+        else:
+            detail = ("The tf.data pipeline has no prefetch and TensorFlow injects none (autotune or "
+                      "inject_prefetch is off): input and training take turns instead of overlapping.")
+            wait = m.wait_per_step
+            estimate = speedup(max(compute, wait)) if starved else None
+            basis = "estimate: step = max(compute, input) once they overlap"
+        rec = Recommendation(
+            "prefetch", "Prefetch batches with AUTOTUNE", detail,
+            "ds = ds.prefetch(tf.data.AUTOTUNE)  # the last transformation",
+            {"buffer_size": "AUTOTUNE"}, estimate, basis, framework="tf",
+        )
+        if estimate:
+            out.append(rec)
+        else:
+            late_prefetch = rec  # it adds nothing measurable: after the changes that do
+
+    cpu_heavy_python = python_map and cause in ("too-few-workers", "cpu-bound-preprocessing")
+    if loader.parallel_map is False and starved and not cpu_heavy_python and cause != "cpu-bound-preprocessing":
+        # AUTOTUNE's parallelism is bounded by its CPU budget, the schedulable cores
+        # (tf.data.experimental.AutotuneOptions.cpu_budget), even for calls that wait.
+        parallel = cores
+        # A Python map's own CPU runs one call at a time under the GIL however many overlap.
+        serial = (m.wait_cpu_cores or 0.0) * m.wait_per_step if python_map else 0.0
+        estimate = speedup(max(compute, pipeline / parallel, serial)) if pipeline else None
+        why = ("It calls Python, which holds the GIL: parallel calls overlap its waiting (sleep, I/O), "
+               "not its computing. " if python_map else
+               "TensorFlow leaves a stateful map (random ops, Python) sequential. ")
+        out.append(Recommendation(
+            "parallel_map", "Run map() in parallel with AUTOTUNE",
+            f"A map() that runs every epoch is sequential while the loop waits {m.data_wait_fraction:.0%} of "
+            f"each step for input. {why}",
+            "ds = ds.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)",
+            {"num_parallel_calls": "AUTOTUNE"}, estimate,
+            f"estimate: pipeline time / {parallel} parallel calls (AUTOTUNE's CPU budget: the usable cores)"
+            + (", floored by the map's Python CPU, which the GIL serialises" if python_map else "")
+            + ", if the map dominates it",
+            framework="tf",
+        ))
+
+    if starved and loader.file_based and "sequential_file_reads" in notes and cause != "cpu-bound-preprocessing":
+        out.append(Recommendation(
+            "interleave", "Read several files in parallel",
+            "The pipeline reads its files one after another; parallel reads hide each file's latency "
+            "(TensorFlow's input-pipeline guide: interleave with num_parallel_calls).",
+            "files = tf.data.Dataset.list_files(pattern, shuffle=True)\n"
+            "ds = files.interleave(tf.data.TFRecordDataset, cycle_length=tf.data.AUTOTUNE,\n"
+            "                      num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)\n"
+            "# or: tf.data.TFRecordDataset(filenames, num_parallel_reads=tf.data.AUTOTUNE)",
+            {"num_parallel_calls": "AUTOTUNE"}, framework="tf",
+        ))
+
+    # A map that runs every epoch (parallel_map is known) does its work again each epoch:
+    # caching its output pays even when input is only moderately slow (a shuffle
+    # buffer refills through the map each epoch).
+    per_epoch_map = loader.parallel_map is not None
+    if loader.has_cache is False:
+        for rec in cache_advice(run, m, loader, starved or per_epoch_map, tf=True):
+            rec.code = ("ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE).cache()  # after the "
+                        "deterministic steps\nds = ds.shuffle(buffer).map(augment).batch(batch_size)"
+                        ".prefetch(tf.data.AUTOTUNE)")
+            # only epochs after the first read the cache, and where it goes decides what it
+            # skips: no figure here would come true
+            rec.basis = "no estimate: epochs after the first skip what the cache holds; " + MEASURE.split(": ", 1)[1]
+            out.append(rec)
+
+    if starved and (cpu_heavy_python or cause == "cpu-bound-preprocessing"):
+        if cpu_heavy_python:
+            detail = (f"The map() runs Python: {m.wait_cpu_cores or 0:.1f} core(s) busy while the loop waits, "
+                      "and parallel calls cannot use more cores under the GIL. Express it with TensorFlow ops, "
+                      "or do the deterministic part once, offline.")
+        else:
+            detail = (f"The pipeline keeps {m.wait_cpu_cores or 0:.1f} of {cores} usable cores busy: more "
+                      "parallelism cannot help. Do deterministic decoding/resizing once and store the result.")
+        out.append(Recommendation(
+            "offline_preprocessing", "Move deterministic preprocessing offline", detail,
+            "loadprof convert <your data folder> data.tfrecord --to tfrecord --decode\n"
+            "ds = tf.data.TFRecordDataset(['data.tfrecord']).map(parse, num_parallel_calls=tf.data.AUTOTUNE)",
+            framework="tf",
+        ))
+
+    if starved and "many_small_files" in notes:
+        rec = convert_advice(loader)
+        rec.detail = ("The pipeline opens one small file per sample; per-file open/read latency dominates. "
+                      "One packed TFRecord file is read sequentially in large blocks.")
+        rec.code = ("loadprof convert <your data folder> data.tfrecord --to tfrecord\n"
+                    "ds = tf.data.TFRecordDataset(['data.tfrecord'], num_parallel_reads=tf.data.AUTOTUNE)")
+        out.append(rec)
+    if late_prefetch is not None:
+        out.append(late_prefetch)
+    return out
