@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from .records import LoaderInfo, Run, StageTime
 
 KINDS = ("read", "decode", "transform", "user", "collate", "pin", "copy")
+#: Loaders whose stages are only the Python functions they call: tf.data's graph
+#: transformations run in C++ (NOTE [ Timing tf.data's Python functions ] in instrument/tfstages.py).
+PYTHON_ONLY = ("tf.data", "keras")
 #: The model's step time may differ from the measured one by this share at most for
 #: its estimates to be shown (advice-accuracy: beyond it the model misses something).
 TRUST = 0.25
@@ -48,10 +51,13 @@ class Loading:
 
     rows: list[StageRow]  # slowest first
     ms_per_batch: float  # the stages' sum
-    fetch_ms_per_batch: float  # the producers' measured fetch time (collate included), per batch
+    #: the producers' measured fetch time (collate included), per batch; None: not timed (tf.data)
+    fetch_ms_per_batch: float | None
     wait_ms_per_batch: float | None  # the loop's measured wait per batch (in-process loading)
     batches: int
     batch_size: int
+    #: the rows are the pipeline's Python functions only, not its graph transformations (tf.data)
+    python_only: bool = False
 
 
 def loading(run: Run, loader: LoaderInfo | None) -> Loading | None:
@@ -75,15 +81,19 @@ def loading(run: Run, loader: LoaderInfo | None) -> Loading | None:
     wait = None
     if not loader.num_workers and run.steps:
         wait = 1000 * sum(s.data_wait for s in run.steps) / batches
-    return Loading(rows, 1000 * total / n, 1000 * loader.stage_seconds / n, wait, n, loader.batch_size or 1)
+    python_only = loader.framework in PYTHON_ONLY
+    fetch = None if python_only else 1000 * loader.stage_seconds / n
+    return Loading(rows, 1000 * total / n, fetch, wait, n, loader.batch_size or 1, python_only)
 
 
 def top_stage_line(load: Loading | None) -> str:
-    """'; slowest stage: decode: PIL PNG decode, 62% of loading (workers)', or ''."""
+    """'; slowest stage: decode: PIL PNG decode, 62% of loading (workers)', or ''.
+    With only a tf.data pipeline's Python functions timed, the share is of those."""
     if load is None or not load.rows:
         return ""
     top = load.rows[0]
-    return f"; slowest stage: {top.stage}, {top.share:.0%} of loading ({top.where})"
+    of = "of the timed Python functions" if load.python_only else "of loading"
+    return f"; slowest stage: {top.stage}, {top.share:.0%} {of} ({top.where})"
 
 
 def deterministic_prefix(load: Loading) -> list[StageRow]:

@@ -7,6 +7,7 @@ Only the TensorFlow modules of ``instrument/`` import TensorFlow, one job each:
   kerasfit.py    Keras ``fit``/``evaluate``/``predict``: fit steps timed, what the probe needs
   tfprobe.py     after the run: the differential probe of fit's input time
   tfdata.py      a pipeline's graph read (cache, prefetch, parallel map, files) and its speed alone
+  tfstages.py    the Python functions a pipeline calls (py_function, from_generator), timed per call
   tffacts.py     mixed precision in use, GPU peak memory
 
 What is hooked (through ``patch.Patches``: NOTE [ One patcher ]), and how it is undone
@@ -22,6 +23,9 @@ What is hooked (through ``patch.Patches``: NOTE [ One patcher ]), and how it is 
   when its modules finish importing, whichever of keras and tensorflow came first.
 - ``tf.function`` calls (``polymorphic_function.Function.__call__``): the step end
   of a compiled train step (NOTE [ TensorFlow step boundaries ]).
+- ``script_ops.FuncRegistry.__call__``, through which tf.data calls a pipeline's
+  Python functions: their stages (NOTE [ Timing tf.data's Python functions ] in
+  tfstages.py).
 
 NOTE [ TensorFlow step boundaries ]
 A step ends when the Keras optimizer's ``apply`` returns, if it ran eagerly.
@@ -63,6 +67,7 @@ from .kerasfit import KerasFit
 from .tfdata import optional_module
 from .tffacts import check_amp, gpu_facts
 from .tfprobe import measure_fit_input
+from .tfstages import TfStages
 
 
 class TensorFlowHooks:
@@ -84,6 +89,7 @@ class TensorFlowHooks:
         self._checked_functions: weakref.WeakSet[Any] = weakref.WeakSet()
         self._datasets: dict[int, tuple[weakref.ref[Any], LoaderInfo]] = {}
         self.keras = KerasFit(self)
+        self.stages = TfStages(self.ours, clock)
         self._graph_next_in_step = False
         self._limits: set[str] = set()
 
@@ -106,6 +112,9 @@ class TensorFlowHooks:
             self.limit("tf.function class not found: steps of compiled train steps not seen")
         else:
             self.patch(function_cls, "__call__", self._wrap_function_call)
+        problem = self.stages.install(self._patches, optional_module("tensorflow.python.ops.script_ops"))
+        if problem:
+            self.limit(problem)
         self._when_imported("keras.src.optimizers.base_optimizer", self._patch_optimizer)
         self._when_imported("keras.src.models.model", self.keras.patch_model)
         if self._pending:
@@ -223,6 +232,7 @@ class TensorFlowHooks:
             info = getattr(it, "_loadprof_info", None)
             if info is not None:
                 it._loadprof_batches += 1
+                info.stage_batches += 1  # what its Python functions' times are per
                 if info.sample_nbytes is None:
                     first, nbytes = tfdata.batch_facts(batch)
                     if first:
@@ -272,6 +282,7 @@ class TensorFlowHooks:
             info.notes.append("many_small_files")
         self._datasets[id(ds)] = (ref, info)
         self.run.loaders.append(info)
+        self.stages.watch(info, facts.python_functions)
         return info
 
     # -- steps -----------------------------------------------------------------
@@ -365,6 +376,10 @@ class TensorFlowHooks:
                 "a train step's tf.function calls next() on the iterator inside the graph: "
                 "those input waits cannot be timed (iterate in Python, or use model.fit)"
             )
+        for record in self.keras.fits:
+            if record.info is not None:
+                record.info.stage_batches += sum(batches for _, _, batches, _ in record.calls)
+        self.stages.finish()
         for i, record in enumerate(self.keras.fits):
             if record.calls:
                 found = measure_fit_input(record, "" if i == 0 else f"fit{i + 1}_", self.clock)

@@ -113,6 +113,9 @@ class PipelineFacts:
     batch_size: int | None = None
     batches_per_epoch: int | None = None  # elements of the iterated dataset per pass (below repeat)
     samples_per_epoch: int | None = None  # elements before batching, per pass
+    #: the registry token of each Python-function op in the pipeline's functions,
+    #: source first (tfstages.py times their calls)
+    python_functions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -161,13 +164,17 @@ def _inputs(ds: Any) -> list[Any]:
         return []
 
 
-def _function_ops(wrapper: Any) -> set[str]:
-    """Op types of a transformation's function and of the functions it calls."""
+def _function_ops(wrapper: Any, tokens: list[str]) -> set[str]:
+    """Op types of a transformation's function and of the functions it calls; the
+    registry tokens of its Python-function ops are appended to ``tokens``."""
     fn = wrapper.function
-    ops = {n.op for n in fn.function_def.node_def}
-    library = fn.graph.as_graph_def().library.function
-    for fdef in library:
-        ops.update(n.op for n in fdef.node_def)
+    fdefs = [fn.function_def, *fn.graph.as_graph_def().library.function]
+    ops: set[str] = set()
+    for fdef in fdefs:
+        for n in fdef.node_def:
+            ops.add(n.op)
+            if n.op in PYTHON_OPS and "token" in n.attr:
+                tokens.append(n.attr["token"].s.decode())
     return ops - _CALL_OPS
 
 
@@ -211,6 +218,7 @@ def inspect_dataset(ds: Any) -> PipelineFacts:
     stack: list[Any] = [ds]
     seen = 0
     batch_input: Any = None
+    python_functions: list[str] = []  # built top-down, so each node's go in front
     while stack and seen < 256:
         node = stack.pop()
         seen += 1
@@ -252,11 +260,13 @@ def inspect_dataset(ds: Any) -> PipelineFacts:
         except (AttributeError, NotImplementedError, TypeError):
             wrappers = []
         for wrapper in wrappers:
+            tokens: list[str] = []
             try:
-                ops = _function_ops(wrapper)
+                ops = _function_ops(wrapper, tokens)
             except (AttributeError, TypeError, ValueError) as exc:
                 facts.problems.append(f"tf.data {name}() function unreadable ({type(exc).__name__})")
                 continue
+            python_functions[:0] = tokens
             python = bool(ops & PYTHON_OPS)
             reads_files = bool(ops & FILE_READ_OPS)
             if python:
@@ -288,6 +298,7 @@ def inspect_dataset(ds: Any) -> PipelineFacts:
         stack.extend(reversed(_inputs(node)))
 
     facts.transformations = list(reversed(top_down))
+    facts.python_functions = python_functions
     if maps_seen:
         facts.parallel_map = all(maps_seen)
     facts.batches_per_epoch = _cardinality(ds)

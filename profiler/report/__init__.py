@@ -21,7 +21,7 @@ from .base import RankRunOffset, Report, ReportWarning
 from .console import ConsoleRenderer
 from .jsonfile import JsonRenderer
 from .notebook import HtmlRenderer, TextRenderer
-from .stages import TF_NOT_TIMED, loading_dict
+from .stages import loading_dict, tf_limitation
 
 __all__ = ["Report", "RunReport", "ReportWarning", "build_report", "failed_report", "load_report", "render_console",
            "write_json",
@@ -147,10 +147,12 @@ class RunReport(Report):
 
     @property
     def limitations(self) -> list[str]:
-        """What was not measured: the run's own lines, and a tf.data loader's stages."""
+        """What was not measured: the run's own lines, and a tf.data loader's stages
+        (all of them, or its graph transformations where its Python functions were timed)."""
         loader = self.diagnosis.metrics.loader
-        if is_tf(loader) and TF_NOT_TIMED not in self.run.limitations:
-            return [*self.run.limitations, TF_NOT_TIMED]
+        line = tf_limitation(self.stages)
+        if is_tf(loader) and line not in self.run.limitations:
+            return [*self.run.limitations, line]
         return self.run.limitations
 
     @property

@@ -15,6 +15,18 @@ MAX_ROWS = 12
 #: TensorFlow's C++ runtime, where no Python hook reaches them.
 TF_NOT_TIMED = ("loading stages: tf.data does not expose per-transformation times to Python hooks "
                 "(TensorFlow's own profiler traces them); only the input wait is measured")
+#: What it says instead where the pipeline's Python functions were timed (instrument/tfstages.py).
+TF_GRAPH_NOT_TIMED = ("loading stages: tf.data graph transformations (a map of TensorFlow ops, interleave, "
+                      "batch) are not timed: they run in TensorFlow's C++ runtime, where no Python hook reaches "
+                      "them (TensorFlow's own profiler traces them); only the Python functions the pipeline "
+                      "calls (py_function, numpy_function, from_generator) are")
+#: Under the table of such a pipeline: its shares are of the Python functions alone.
+PYTHON_ONLY_CAPTION = "tf.data: only its Python functions are timed; its graph transformations are not"
+
+
+def tf_limitation(load: Loading | None) -> str:
+    """What a tf.data or Keras run's report lists as not measured about its stages."""
+    return TF_GRAPH_NOT_TIMED if load is not None and load.python_only else TF_NOT_TIMED
 
 
 def random_label(value: bool | None) -> str:
@@ -26,7 +38,8 @@ def stage_table(load: Loading) -> Table:
     covered = (f"; the loop waited {load.wait_ms_per_batch:.1f} ms a batch" if load.wait_ms_per_batch is not None
                else "")
     table = Table(title=f"Loading, stage by stage ({load.ms_per_batch:.1f} ms a batch, {load.batches} batches"
-                        f"{covered})", title_justify="left", expand=False)
+                        f"{covered})", title_justify="left", expand=False,
+                  caption=PYTHON_ONLY_CAPTION if load.python_only else None, caption_justify="left")
     table.add_column("stage", ratio=4)
     table.add_column("ms/batch", justify="right")
     table.add_column("share", justify="right")

@@ -26,8 +26,10 @@ metadata and ordered by ``process_sort_index``; a single-process run is rank 0. 
   "loading stages (ms/batch): " and the stage as in the table, slowest first, each
   event ``args: {"value": v}`` like the samplers' counters, its value held from the
   first step's start to the last step's end.
-  A tf.data or Keras loader is not timed stage by stage: its track holds one slice,
-  "loading stages: not timed", saying so.
+  A tf.data or Keras loader whose Python functions (py_function, from_generator)
+  were timed has their rows, and its slice's "not timed" argument says the graph
+  transformations are not; one with none holds one slice, "loading stages: not
+  timed", saying so.
 - counter tracks (``ph: "C"``) for every signal the samplers recorded, one track per
   signal, each event ``args: {"value": v}``: per GPU utilization, memory activity,
   memory used (device and this process), power, SM clock, PCIe; on the host the CPU of
@@ -58,7 +60,7 @@ from ..diagnosis import is_tf, main_loader, warmup_count
 from ..jsonio import dumps, write_text_atomic
 from ..records import GpuSample, HostSample, Run
 from ..stagemodel import loading
-from .stages import TF_NOT_TIMED, random_label
+from .stages import TF_GRAPH_NOT_TIMED, TF_NOT_TIMED, random_label
 
 if TYPE_CHECKING:
     from . import Report
@@ -239,6 +241,8 @@ def _stages(pid: int, run: Run, offset: float) -> Iterable[dict[str, Any]]:
     args: dict[str, Any] = {"ms per batch": round(load.ms_per_batch, 3), "timed batches": load.batches}
     if load.wait_ms_per_batch is not None:
         args["loop's wait ms per batch"] = round(load.wait_ms_per_batch, 3)
+    if load.python_only:
+        args["not timed"] = TF_GRAPH_NOT_TIMED
     for r in load.rows:
         args[r.stage] = f"{r.ms_per_batch:.2f} ms/batch, {r.share:.0%}, {r.where}, {random_label(r.random)}"
     yield {"name": f"loading stages: averages of {load.batches} timed batches", "cat": "loading stages", "ph": "X",
