@@ -316,3 +316,18 @@ def closing() -> Iterator[list[NvmlSource]]:
     yield sources
     for nv in sources:
         nv.close()
+
+
+# -- loader workers -------------------------------------------------------------------
+
+def to_the_end(batches: Iterator[Any], error: type[BaseException]) -> None:
+    """Read a DataLoader's iterator to its end past the ``error`` its workers raise, so that
+    the workers end with the epoch: an iterator left after a worker's error joins each of
+    them for 5 s when it is collected (torch), a stall charged to whichever test is running."""
+    while True:
+        try:
+            next(batches)
+        except StopIteration:
+            return
+        except error:
+            continue

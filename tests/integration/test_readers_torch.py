@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from loadprof.converters import ConvertError, ConvertOptions, CorruptFileError, convert, tfrecord  # noqa: E402
 from loadprof.converters.torch import HDF5Dataset, TFRecordDataset  # noqa: E402
+from tests.conftest import to_the_end  # noqa: E402
 from tests.convert_helpers import make_image_folder  # noqa: E402
 
 N = 53  # prime, so no split comes out even by accident
@@ -148,8 +149,10 @@ def test_tfrecord_crcs_are_checked_by_default(tmp_path):
     with pytest.raises(CorruptFileError, match=f"byte offset {offsets[11]}"):
         list(TFRecordDataset(tmp_path / "tf", shuffle=True))
     # Across a worker the message survives (torch re-raises it by class and text).
+    batches = iter(DataLoader(TFRecordDataset(tmp_path / "tf"), num_workers=1, multiprocessing_context="fork"))
     with pytest.raises(Exception, match=f"corrupt at byte offset {offsets[11]}"):
-        list(DataLoader(TFRecordDataset(tmp_path / "tf"), num_workers=1, multiprocessing_context="fork"))
+        list(batches)
+    to_the_end(batches, Exception)
     err = CorruptFileError(shard, 5, "why")
     assert str(pickle.loads(pickle.dumps(err))) == str(err)
 
@@ -237,7 +240,9 @@ def test_hdf5_dataset_never_yields_items_from_corrupt_offsets(tmp_path, workers,
     _corrupt_offsets(path, 5, number)  # ...changed before the loader runs
     where = "decrease at record 4" if value == "decrease" else f"gives {number} for record 5, outside the data"
     loader = DataLoader(ds, batch_size=2, num_workers=workers, multiprocessing_context="fork" if workers else None)
+    batches = iter(loader)
     with pytest.raises(ConvertError, match=f"{path}: image/offsets {where}"):
-        list(loader)
+        list(batches)
+    to_the_end(batches, ConvertError)
     with pytest.raises(ConvertError, match=f"{path}: image/offsets {where}"):
         HDF5Dataset(path)
