@@ -3,7 +3,7 @@ epoch, its processes against the node's cores, its batches in flight against /de
 
 No I/O: the figures were measured by instrument/loaderfacts.py (NOTE [ Loader
 start-up and shards ]) and read at the start by samplers/node.py and
-samplers/host.py; diagnosis.py turns them into warnings and evidence, advice.py into
+samplers/host.py; diagnosis.py turns them into warnings and evidence, the advice package into
 the fixes. Each check returns the measured figures and one line that says them.
 """
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-#: as the cache advice in advice.py: leave room for the model, workers and the OS).
+#: as the cache advice in advice/loader.py: leave room for the model, workers and the OS).
 CACHE_MEMORY_SHARE = 0.25
 #: Items read twice by the cache safety probe (first, middle, last index).
 PROBE_ITEMS = 3
