@@ -26,6 +26,15 @@ more than the share of time no kernel ran (1 - NVML utilisation): a wait the GPU
 on queued work cost nothing. The rest of the idle share is "other idle" (the step's own
 host work, synchronisation, logging). Per day and per epoch assume the run goes on at
 the measured rate on the GPUs it used.
+
+A multi-process job's cost is its ranks' costs summed (``job_cost``): GPU-hours lost a
+day and energy across every GPU the job trains on, each rank's figures taken on its own
+device (the one its process holds memory on, else its local rank's index). Ranks that
+share a GPU (several on one device, or two that cannot be told apart) count it once,
+with the lower rank's figures: NVML reads the device, not the process, so a second
+rank's reading of it is the same energy and the same idle time again. Shares
+(input wait, other idle) are weighted by GPUs; energy a step is the sum over ranks, a
+job's step running on all of them at once.
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ class Cost:
     why_not: str | None = None  # measured False: why (no GPU, GPU idle throughout, no steps)
     gpus: list[int] = field(default_factory=list)  # NVML indices of the GPUs the run used
     gpus_basis: str = ""  # how they were told apart: "process memory", "busiest GPU"
+    ranks: list[int] | None = None  # a job's: the measured ranks, whose GPUs are summed (None: one run)
     span_s: float = 0.0  # the judged steps' span, seconds
     energy_source: str | None = None  # "counter", "power", "counter+power"; None: no energy read
     energy_j: float | None = None  # over the judged steps, all used GPUs
@@ -192,8 +202,11 @@ def _examples(steps: list[Step], metrics: Metrics) -> float | None:
     return None
 
 
-def cost_of(run: Run, metrics: Metrics, gpu_hour_price: float | None = None) -> Cost:
-    """The cost of ``run``'s judged steps (``metrics`` from diagnosis.compute_metrics)."""
+def cost_of(run: Run, metrics: Metrics, gpu_hour_price: float | None = None,
+            gpus: tuple[list[int], str] | None = None) -> Cost:
+    """The cost of ``run``'s judged steps (``metrics`` from diagnosis.compute_metrics);
+    ``gpus``: the devices it used and how that is known, where the caller knows better
+    (a job's rank: ``rank_gpus``)."""
     cost = Cost(measured=False, gpu_hour_price=gpu_hour_price)
     steps = run.steps[metrics.warmup_steps:]
     if not run.gpu_samples:
@@ -209,7 +222,7 @@ def cost_of(run: Run, metrics: Metrics, gpu_hour_price: float | None = None) -> 
     start, end = steps[0].start, steps[-1].end
     cost.span_s = end - start
     window = [g for g in run.gpu_samples if start <= g.t <= end] or run.gpu_samples
-    cost.gpus, cost.gpus_basis = _gpus_used(window)
+    cost.gpus, cost.gpus_basis = gpus if gpus is not None else _gpus_used(window)
     cost.measured = True
     n_gpus = len(cost.gpus)
 
@@ -236,17 +249,24 @@ def cost_of(run: Run, metrics: Metrics, gpu_hour_price: float | None = None) -> 
             cost.gpu_hours_idle_per_epoch = cost.other_idle_fraction * hours
     else:
         cost.notes.append("per epoch: the training loader's length is not known")
-    if gpu_hour_price is not None:
-        cost.money_input_per_day = cost.gpu_hours_input_per_day * gpu_hour_price
-        if cost.gpu_hours_idle_per_day is not None:
-            cost.money_idle_per_day = cost.gpu_hours_idle_per_day * gpu_hour_price
-        if cost.gpu_hours_input_per_epoch is not None:
-            cost.money_input_per_epoch = cost.gpu_hours_input_per_epoch * gpu_hour_price
-        if cost.gpu_hours_idle_per_epoch is not None:
-            cost.money_idle_per_epoch = cost.gpu_hours_idle_per_epoch * gpu_hour_price
-
+    _price(cost)
     _energy(cost, run, steps, metrics)
     return cost
+
+
+def _price(cost: Cost) -> None:
+    """The money figures at ``cost.gpu_hour_price`` (none without a price)."""
+    price = cost.gpu_hour_price
+    if price is None:
+        return
+    cost.money_input_per_day = cost.gpu_hours_input_per_day * price
+    cost.money_idle_per_day = _times(cost.gpu_hours_idle_per_day, price)
+    cost.money_input_per_epoch = _times(cost.gpu_hours_input_per_epoch, price)
+    cost.money_idle_per_epoch = _times(cost.gpu_hours_idle_per_epoch, price)
+
+
+def _times(x: float | None, y: float) -> float | None:
+    return None if x is None else x * y
 
 
 def _energy(cost: Cost, run: Run, steps: list[Step], metrics: Metrics) -> None:
@@ -279,6 +299,105 @@ def _energy(cost: Cost, run: Run, steps: list[Step], metrics: Metrics) -> None:
     cost.input_wait_energy_fraction = cost.input_wait_energy_j / cost.energy_j if cost.energy_j > 0 else 0.0
 
 
+def rank_gpus(run: Run, local_rank: int | None) -> tuple[list[int], str] | None:
+    """A job's rank's own device where its process memory does not tell (NOTE [ Energy
+    of a run ]): the GPU of its local rank's index; None: let ``cost_of`` find it."""
+    if any((g.process_memory_used or 0) > 0 for g in run.gpu_samples):
+        return None
+    if local_rank is not None and any(g.index == local_rank for g in run.gpu_samples):
+        return [local_rank], "local rank"
+    return None
+
+
+@dataclass
+class RankCost:
+    """One rank's cost, and where it ran (its GPUs are told apart by host)."""
+
+    rank: int
+    host: str
+    cost: Cost
+
+
+def job_cost(parts: list[RankCost], gpu_hour_price: float | None = None) -> Cost:
+    """A job's cost: its ranks' summed (NOTE [ Energy of a run ]); ``parts`` in any order."""
+    parts = sorted(parts, key=lambda p: p.rank)
+    measured: list[int] = []
+    out = Cost(measured=False, gpu_hour_price=gpu_hour_price, ranks=measured)
+    counted: list[RankCost] = []
+    owner: dict[tuple[str, int], int] = {}  # (host, GPU index) -> the rank that counts it
+    shared: list[str] = []
+    unmeasured: dict[str, list[int]] = {}
+    for p in parts:
+        if not p.cost.measured:
+            unmeasured.setdefault(p.cost.why_not or "not measured", []).append(p.rank)
+            continue
+        devices = [(p.host, i) for i in p.cost.gpus]
+        first = next((owner[d] for d in devices if d in owner), None)
+        measured.append(p.rank)
+        if first is not None:
+            shared.append(f"rank {p.rank} shares a GPU with rank {first} on {p.host or 'its host'}")
+            continue
+        owner.update(dict.fromkeys(devices, p.rank))
+        counted.append(p)
+    if not counted:
+        reasons = list(unmeasured)
+        out.why_not = (f"{reasons[0]}, on every rank" if len(reasons) == 1 else
+                       "; ".join(f"{why} (ranks {_list(ranks)})" for why, ranks in unmeasured.items())
+                       if reasons else "no rank's run arrived")
+        return out
+    out.measured = True
+    costs = [p.cost for p in counted]
+    out.gpus = [i for c in costs for i in c.gpus]
+    out.gpus_basis = ", ".join(dict.fromkeys(c.gpus_basis for c in costs))
+    out.span_s = max(c.span_s for c in costs)
+    weights = [len(c.gpus) for c in costs]
+    total = max(sum(weights), 1)
+    out.input_wait_fraction = sum(c.input_wait_fraction * w for c, w in zip(costs, weights, strict=True)) / total
+    idle = [c.other_idle_fraction for c in costs]
+    if all(x is not None for x in idle):
+        out.other_idle_fraction = sum((x or 0.0) * w for x, w in zip(idle, weights, strict=True)) / total
+    out.gpu_hours_input_per_day = sum(c.gpu_hours_input_per_day for c in costs)
+    out.gpu_hours_idle_per_day = _sum([c.gpu_hours_idle_per_day for c in costs])
+    out.steps_per_epoch = _max([c.steps_per_epoch for c in costs])  # the ranks go in step
+    out.epoch_s = _max([c.epoch_s for c in costs])
+    out.gpu_hours_input_per_epoch = _sum([c.gpu_hours_input_per_epoch for c in costs])
+    out.gpu_hours_idle_per_epoch = _sum([c.gpu_hours_idle_per_epoch for c in costs])
+    _price(out)
+    out.energy_j = _sum([c.energy_j for c in costs])
+    if out.energy_j is not None:
+        sources = {s for c in costs for s in (c.energy_source or "").split("+") if s}
+        out.energy_source = "+".join(s for s in ("counter", "power") if s in sources)
+        gpu_seconds = sum(c.span_s * w for c, w in zip(costs, weights, strict=True))
+        out.mean_power_w = out.energy_j / gpu_seconds if gpu_seconds > 0 else None
+        out.joules_per_step = _sum([c.joules_per_step for c in costs])
+        examples = _sum([c.energy_j / c.joules_per_sample if c.energy_j and c.joules_per_sample else None
+                         for c in costs])
+        out.joules_per_sample = out.energy_j / examples if examples else None
+        out.input_wait_energy_j = _sum([c.input_wait_energy_j for c in costs])
+        if out.input_wait_energy_j is not None:
+            out.input_wait_energy_fraction = out.input_wait_energy_j / out.energy_j if out.energy_j > 0 else 0.0
+    else:
+        out.notes.append(f"energy: not read on rank(s) {_list([p.rank for p in counted if p.cost.energy_j is None])}")
+    for why, ranks in unmeasured.items():
+        out.notes.append(f"not counted: rank(s) {_list(ranks)}: {why}")
+    out.notes += shared
+    out.notes += list(dict.fromkeys(n for c in costs for n in c.notes))
+    return out
+
+
+def _sum(values: list[float | None]) -> float | None:
+    """The sum where every value is known (a partial sum would read as the whole job's)."""
+    return None if any(v is None for v in values) else sum(v or 0.0 for v in values)
+
+
+def _max(values: list[float | None]) -> float | None:
+    return None if any(v is None for v in values) else max(v or 0.0 for v in values)
+
+
+def _list(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in ranks[:16]) + (" ..." if len(ranks) > 16 else "")
+
+
 def _joules(j: float) -> str:
     for scale, unit in ((1e9, "GJ"), (1e6, "MJ"), (1e3, "kJ")):
         if j >= scale:
@@ -291,6 +410,8 @@ def cost_line(cost: Cost) -> str:
     if not cost.measured:
         return f"Cost: not measured ({cost.why_not})"
     gpus = f"{len(cost.gpus)} GPU" + ("s" if len(cost.gpus) > 1 else "")
+    if cost.ranks is not None:
+        gpus += f" of {len(cost.ranks)} rank" + ("s" if len(cost.ranks) > 1 else "")
     parts = [f"input wait {cost.gpu_hours_input_per_day:.2f} GPU-h/day on {gpus}"]
     if cost.gpu_hours_input_per_epoch is not None:
         parts[0] += f" ({cost.gpu_hours_input_per_epoch:.3g} an epoch)"

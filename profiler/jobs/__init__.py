@@ -244,7 +244,7 @@ class Job:
                 problems.append(f"rank 0's own report not written: {exc}")
         job = JobRun(world_size=self.ctx.world_size, run_id=self.ctx.run_id, merged="at exit",
                      ranks=ranks, limitations=problems)
-        return build_job_report(job, own)
+        return build_job_report(job, own, report.gpu_hour_price)
 
 
 def _missing_rank(r: int, ctx: JobContext, hello: dict[str, Any], steps: int | None, why: str) -> RankRun:

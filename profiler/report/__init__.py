@@ -268,7 +268,7 @@ def load_report(path: str | os.PathLike[str], gpu_hour_price: float | None = Non
         from .job import load_job
 
         try:
-            return load_job(data["job"])
+            return load_job(data["job"], gpu_hour_price)
         except RecordError as exc:
             raise ReportError(f"{p}: {exc}") from None
     raw = data.get("run", data)

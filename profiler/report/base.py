@@ -83,7 +83,7 @@ class Report(ABC):
 
     @property
     def cost(self) -> Cost | None:
-        """What the input wait cost (cost.py); None where not worked out (a job's report)."""
+        """What the input wait cost (cost.py; a job's summed over its ranks); None where not worked out."""
         return None
 
     #: the judgement: a run's ``Diagnosis`` or a job's ``JobDiagnosis``

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from ..cost import Cost
     from ..jobs.records import RankRun
     from ..stagemodel import Loading
     from . import Report
@@ -115,7 +116,7 @@ class HtmlPageRenderer:
         recs = [(r.title, r.id, r.detail, r.code, r.estimated_speedup, r.basis, "") for r in report.recommendations]
         title = f"loadprof report: {_script(run.command)}"
         return _report_page(title, _started(run), head, report, evidence, recs, "", list(run.limitations),
-                            self.buckets)
+                            self.buckets, report.cost)
 
     @_page.register
     def _job(self, job: JobReport) -> str:
@@ -144,7 +145,7 @@ class HtmlPageRenderer:
                    f"(it sets the job's pace); every rank is in Ranks below")
         ranks = _job_ranks_section(data, job.job.ranks, self.buckets)
         return _report_page(title, started, head, report, evidence, recs, ranks,
-                            list(job.job.limitations) + list(first.run.limitations), self.buckets)
+                            list(job.job.limitations) + list(first.run.limitations), self.buckets, job.cost)
 
 
 @dataclass
@@ -163,7 +164,8 @@ def _started(run: Any) -> str:
 
 
 def _report_page(title: str, started: str, head: _Head, report: RunReport, evidence: list[tuple[Any, ...]],
-                 recs: list[tuple[Any, ...]], ranks: str, limitations: list[str], buckets: int) -> str:
+                 recs: list[tuple[Any, ...]], ranks: str, limitations: list[str], buckets: int,
+                 cost: Cost) -> str:
     run, m = report.run, report.diagnosis.metrics
     colour = _VERDICT_COLOURS.get(head.verdict, "#555555")
     cause = f" ({_e(head.cause)})" if head.cause else ""
@@ -183,7 +185,7 @@ def _report_page(title: str, started: str, head: _Head, report: RunReport, evide
         ("usable cores", str(m.usable_cores),
          f"{m.workers_seen} loader workers seen" if m.workers_seen else "no loader workers seen"),
     ]))
-    out.append(_cost_section(report))
+    out.append(_cost_section(cost))
     out.append("<h2>Over time</h2>")
     out.append(_run_charts(report, buckets))
     if report.stages is not None:
@@ -264,11 +266,11 @@ def _figures(items: list[tuple[str, str, str]]) -> str:
     return f"<div class='figures'>{cells}</div>"
 
 
-def _cost_section(report: RunReport) -> str:
-    """The cost of the wait (cost.py) as figures; one line where it was not measured."""
+def _cost_section(cost: Cost) -> str:
+    """The cost of the wait (cost.py; a job's: across its ranks' GPUs) as figures; one line
+    where it was not measured."""
     from ..cost import cost_line
 
-    cost = report.cost
     if not cost.measured:
         return f"<p class='muted'>{_e(cost_line(cost))}</p>"
     items = [("GPU-hours lost to input", f"{cost.gpu_hours_input_per_day:.2f}/day",
@@ -285,7 +287,11 @@ def _cost_section(report: RunReport) -> str:
     if cost.money_input_per_day is not None and cost.gpu_hour_price is not None:
         items.append(("money lost to input", f"{cost.money_input_per_day:.2f}/day",
                       f"at {cost.gpu_hour_price:g} a GPU-hour"))
-    return "<h2>Cost of the wait</h2>" + _figures(items)
+    gpus = f"{len(cost.gpus)} GPU" + ("s" if len(cost.gpus) > 1 else "")
+    ranks = cost.ranks
+    across = f"on {gpus}" + (f" of {len(ranks)} rank{'s' if len(ranks) > 1 else ''}, summed" if ranks is not None
+                             else "")
+    return f"<h2>Cost of the wait</h2><p class='muted'>{_e(across)}</p>" + _figures(items)
 
 
 #: Colours of the stage kinds in the stacked bar.

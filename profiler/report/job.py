@@ -2,8 +2,9 @@
 
 ``build_job_report(job)`` is where per-rank diagnosis, the diagnosis across ranks and
 advice meet a ``JobRun``; ``JobConsoleRenderer`` prints it, and ``to_dict`` is its
-JSON (the usual keys of a report, plus ``world_size``, ``ranks``, ``stragglers`` and
-the raw ``job`` that ``loadprof report`` diagnoses again).
+JSON (the usual keys of a report, ``cost`` summed over the ranks' GPUs, plus
+``world_size``, ``ranks``, ``stragglers`` and the raw ``job`` that ``loadprof report``
+diagnoses again).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..advice import Recommendation, recommend
+from ..cost import Cost, RankCost, cost_line, cost_of, job_cost, rank_gpus
 from ..diagnosis import DEFAULT_THRESHOLDS, Evidence
 from ..jobs.diagnosis import JobDiagnosis, OwnVerdict, RankFigures, diagnose_job, passing_run, where
 from ..jobs.records import JobRun
@@ -74,6 +76,30 @@ class JobReport(Report):
     job: JobRun
     diagnosis: JobDiagnosis
     recommendations: list[JobRecommendation] = field(default_factory=list)
+    gpu_hour_price: float | None = None  # the user's, for ``cost``'s money figures (no default)
+    _rank_costs: dict[int, Cost] | None = field(default=None, init=False, compare=False)
+
+    @property
+    def cost(self) -> Cost:
+        """The input wait's cost across the job's GPUs (NOTE [ Energy of a run ] in cost.py)."""
+        costs = self.rank_costs()
+        parts = [RankCost(r.rank, r.host, costs[r.rank]) for r in self.job.ranks if r.rank in costs]
+        missing = [RankCost(r, "", Cost(measured=False, why_not="no report from the rank"))
+                   for r in self.diagnosis.missing if r not in costs]
+        return job_cost(parts + missing, self.gpu_hour_price)
+
+    def rank_costs(self) -> dict[int, Cost]:
+        """Each present rank's own cost, by rank (worked out once: a rank's run may have
+        to be built from its columns)."""
+        if self._rank_costs is None:
+            d = self.diagnosis
+            self._rank_costs = {}
+            for rank in self.job.ranks:
+                run = passing_run(rank) if rank.rank in d.per_rank else None
+                if run is not None:
+                    self._rank_costs[rank.rank] = cost_of(run, d.per_rank[rank.rank].metrics,
+                                                          gpus=rank_gpus(run, rank.local_rank))
+        return self._rank_costs
 
     @property
     def limitations(self) -> list[str]:
@@ -113,6 +139,7 @@ class JobReport(Report):
         None: no ``job``."""
         d = self.diagnosis
         pace = d.per_rank.get(d.pace_ranks[0]) if d.pace_ranks else None
+        costs = self.rank_costs()
         rank0 = next((r.head for r in self.job.ranks if r.rank == 0 and r.head is not None), None)
         return {
             "schema": SCHEMA_VERSION,
@@ -124,12 +151,13 @@ class JobReport(Report):
             "evidence": [{**asdict(e), "rank": d.pace_ranks[0]} for e in pace.evidence] if pace else [],
             "recommendations": [r.to_dict() for r in self.recommendations],
             "world_size": self.job.world_size,
-            "ranks": [_row_dict(row) for row in d.ranks],
+            "ranks": [_row_dict(row, costs.get(row.rank)) for row in d.ranks],
             "stragglers": [asdict(s) for s in d.stragglers],
             "pace_ranks": list(d.pace_ranks),
             "missing_ranks": list(d.missing),
             "steps": {"median_s": d.step_time, "end_spread_s": d.step_end_spread},
             "data_wait_fraction": self.data_wait_fraction,
+            "cost": self.cost.to_dict(),
             "limitations": list(self.job.limitations),
             "exit_status": rank0.exit_status if rank0 else "",
             "duration_s": rank0.duration if rank0 else None,
@@ -146,7 +174,8 @@ class JobReport(Report):
         return f'{head},\n  "job": {raw}\n}}\n'
 
 
-def _row_dict(row: RankFigures) -> dict[str, Any]:
+def _row_dict(row: RankFigures, cost: Cost | None) -> dict[str, Any]:
+    measured = cost is not None and cost.measured
     return {
         "rank": row.rank, "local_rank": row.local_rank, "node_rank": row.node_rank, "host": row.host,
         "verdict": row.verdict, "cause": row.cause, "missing": row.missing or None, "steps": row.steps,
@@ -155,11 +184,15 @@ def _row_dict(row: RankFigures) -> dict[str, Any]:
         "data_wait_fraction": row.data_wait_fraction, "gpu_util": row.gpu_util,
         "gpu_memory_peak_fraction": row.gpu_memory_peak, "cpu_cores": row.cpu_cores,
         "workers_cpu_cores": row.workers_cpu_cores, "clock_offset_s": row.clock_offset,
+        # its own share of the job's cost (null: not measured on this rank)
+        "gpu_hours_input_per_day": cost.gpu_hours_input_per_day if cost is not None and measured else None,
     }
 
 
-def build_job_report(job: JobRun, own: dict[int, OwnVerdict] | None = None) -> JobReport:
-    """The job's report; ``own``: verdicts the ranks made of themselves (``diagnose_job``)."""
+def build_job_report(job: JobRun, own: dict[int, OwnVerdict] | None = None,
+                     gpu_hour_price: float | None = None) -> JobReport:
+    """The job's report; ``own``: verdicts the ranks made of themselves (``diagnose_job``);
+    ``gpu_hour_price`` for the cost's money figures."""
     d = diagnose_job(job, own_verdicts=own)
     by_rank = {r.rank: r for r in job.ranks}
     hosts = {row.rank: row.host for row in d.ranks}
@@ -178,12 +211,12 @@ def build_job_report(job: JobRun, own: dict[int, OwnVerdict] | None = None) -> J
             entry.ranks.append(rank)
             if hosts.get(rank) and hosts[rank] not in entry.hosts:
                 entry.hosts.append(hosts[rank])
-    return JobReport(job, d, list(grouped.values()))
+    return JobReport(job, d, list(grouped.values()), gpu_hour_price)
 
 
-def load_job(data: Any) -> JobReport:
+def load_job(data: Any, gpu_hour_price: float | None = None) -> JobReport:
     """A saved job report's ``job``, validated (RecordError) and diagnosed again."""
-    return build_job_report(JobRun.from_dict(data))
+    return build_job_report(JobRun.from_dict(data), gpu_hour_price=gpu_hour_price)
 
 
 def _secs(x: float | None) -> str:
@@ -225,6 +258,8 @@ class JobConsoleRenderer:
             head.append(detail, style="yellow")
         c.print(Panel(head, expand=False))
         c.print(self._table(d))
+        cost = report.cost
+        c.print(Text(cost_line(cost), style="dim" if not cost.measured else ""))
         for s in d.stragglers:
             line = Text(f"straggler: {where(_find(d, s.rank))}, cause {s.cause}: ", style="bold red")
             line.append(s.detail)

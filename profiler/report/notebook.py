@@ -23,7 +23,7 @@ def _speedup(r: Advice) -> str:
 
 
 def _cost(report: Report) -> str:
-    """The terminal's cost line (cost.py); "" for a report without one (a job's)."""
+    """The terminal's cost line (cost.py): a run's, or a job's across its ranks' GPUs."""
     from ..cost import cost_line
 
     return cost_line(report.cost) if report.cost is not None else ""
