@@ -538,14 +538,15 @@ class Profile:
             self._job.release_sigterm()  # held since stop(): jobs/__init__.py
 
     def _log_trackers(self) -> None:
-        """NOTE [ Logging into the script's own run ] in trackers/__init__.py: rank 0's own report."""
+        """NOTE [ Logging into the script's own run ] in trackers/__init__.py: rank 0's report
+        (the job's, where the ranks' were merged)."""
         job = self._job or (self._outer._job if self._outer is not None else None)
         try:
             rank = job.ctx.rank if job is not None else int(os.environ.get("RANK", "0") or 0)
         except ValueError:
             rank = 0
         if self._trackers is not None:
-            self._trackers.log(self._rank_report or self._report, rank=rank, note=_note, warn=_warn)
+            self._trackers.log(self._report, rank=rank, note=_note, warn=_warn)
 
     def _seamed(self, out: Output) -> Output:
         """An output whose rendering passes the test seam named after it ("html", ...)."""

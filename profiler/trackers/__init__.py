@@ -10,7 +10,9 @@ tracker keeps text, and the JSON report as an artifact.
 - loadprof never starts a run the script did not, unless asked (``--log-to``,
   ``Profile(log_to=...)``): then, for each tracker named that has no run of the
   script's, it starts one, logs, and ends it.
-- Only rank 0 of a job logs (``RANK``; the job's rank where loadprof joined one).
+- Only rank 0 of a job logs (``RANK``; the job's rank where loadprof joined one), once:
+  the job's report where the ranks' reports were merged (its cost summed over the
+  ranks' GPUs), else its own.
 - It runs at the end, after the report is written and printed, each tracker in its
   own guard: a tracker missing, offline or failing costs one warning line, never the
   training run (NOTE [ Never break the run ] in session.py).
@@ -25,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import mlflow_run, tb_writer, wandb_run
-from .fields import NAMES, markdown, parse_log_to, summary_fields
+from .fields import NAMES, logged_step, markdown, parse_log_to, summary_fields
 
 __all__ = ["TRACKERS", "Trackers", "parse_log_to"]
 
@@ -43,15 +45,18 @@ class Trackers:
         self.log_to = dict(log_to)
         self.started_at = started_at
         self._watch: tb_writer.WriterWatch | None = None
+        self._runs: mlflow_run.RunWatch | None = None
 
     def start(self) -> Trackers:
         self._watch = tb_writer.WriterWatch().start()
+        self._runs = mlflow_run.RunWatch().start()
         return self
 
     def stop(self) -> list[str]:
-        """Unwrap the watch; lines for ``Run.limitations`` where a wrap had to stay."""
+        """Unwrap the watches; lines for ``Run.limitations`` where a wrap had to stay."""
         watch, self._watch = self._watch, None
-        return watch.stop() if watch is not None else []
+        runs, self._runs = self._runs, None
+        return (watch.stop() if watch is not None else []) + (runs.stop() if runs is not None else [])
 
     def log(self, report: Any, *, rank: int, note: Callable[[str], None],
             warn: Callable[[str], None]) -> list[str]:
@@ -61,7 +66,7 @@ class Trackers:
         try:
             numbers, texts = summary_fields(report)
             text = markdown(report)
-            step = int(report.steps["count"])
+            step = logged_step(report)
         except Exception as err:  # NOTE [ Never break the run ]
             warn(f"trackers: the summary could not be made ({type(err).__name__}: {err})")
             return []

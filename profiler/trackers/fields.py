@@ -9,6 +9,7 @@ the script's own metrics. The list is documented in docs/trackers.md.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,14 +30,33 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def _run_numbers(report: Any) -> dict[str, Any]:
+    """A run's figures: its steps and its GPU."""
+    from ..report.job import JobReport
+
+    if isinstance(report, JobReport):  # the job's: its step, its ranks' GPUs, the stragglers
+        d = report.diagnosis
+        utils = [r.gpu_util for r in d.ranks if r.gpu_util is not None]
+        return {"step_ms_median": None if d.step_time is None else d.step_time * 1000.0,
+                "steps": logged_step(report), "gpu_util_median": statistics.median(utils) if utils else None,
+                "world_size": d.world_size, "stragglers": len(d.stragglers)}
+    return {"step_ms_median": report.steps["median_s"] * 1000.0, "steps": report.steps["count"],
+            "gpu_util_median": report.samples["gpu"]["util_median"]}
+
+
+def logged_step(report: Any) -> int:
+    """The step the summary is logged at: the run's last (a job's: its ranks' most)."""
+    from ..report.job import JobReport
+
+    if isinstance(report, JobReport):
+        return max((r.steps for r in report.diagnosis.ranks if r.steps is not None), default=0)
+    return int(report.steps["count"])
+
+
 def summary_fields(report: Any) -> tuple[dict[str, float], dict[str, str]]:
-    """(numbers, texts) of ``report`` (a ``loadprof.Report``), keys ``loadprof/...``."""
-    numbers: dict[str, Any] = {
-        "data_wait_fraction": report.data_wait_fraction,
-        "step_ms_median": report.steps["median_s"] * 1000.0,
-        "steps": report.steps["count"],
-        "gpu_util_median": report.samples["gpu"]["util_median"],
-    }
+    """(numbers, texts) of ``report`` (a ``loadprof.Report``: a run's, or a job's across
+    its ranks), keys ``loadprof/...``."""
+    numbers: dict[str, Any] = {"data_wait_fraction": report.data_wait_fraction, **_run_numbers(report)}
     texts: dict[str, Any] = {
         "verdict": report.verdict,
         "cause": report.cause,

@@ -1,26 +1,97 @@
-"""MLflow: the script's active run (or the one it ended while profiled), and logging into it.
+"""MLflow: the script's run, and logging into it.
 
 Numbers are metrics, texts are tags, the JSON report an artifact under ``loadprof/``.
-A script run under ``loadprof diagnose`` usually ends its run (``with
-mlflow.start_run():``) before the profile ends; ``mlflow.last_active_run()`` gives it
-back, taken only when it ended after the profile began, so that an older run of the
-same process (a notebook's earlier cell) is never written to. Logging to an ended run
-through the client is what MLflow allows.
+The script's run is, first, MLflow's active run. A script run under ``loadprof
+diagnose`` usually ends its run (``with mlflow.start_run():``) before the profile ends;
+``mlflow.last_active_run()`` gives it back, taken only when it ended after the profile
+began, so that an older run of the same process (a notebook's earlier cell) is never
+written to. Failing both, the newest run the script created through an ``MlflowClient``
+while profiled: Lightning's ``MLFlowLogger`` makes its run so, never as the active run,
+in the store of its own ``tracking_uri``; ``RunWatch`` notes each such run with the
+client that made it, and the summary goes through that client, to that store.
+Logging to an ended run through the client is what MLflow allows.
 """
 
 from __future__ import annotations
 
+import collections
+import functools
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from typing import Any
+
+from ..instrument import ImportWatch
+from ..patch import Patches
 
 label = "MLflow"
 
 #: MLflow refuses longer tag values (5,000 characters before 2.x's 8,000)
 TAG_LIMIT = 5000
+#: where ``MlflowClient`` lives: watched once the script imports it
+MODULE = "mlflow.tracking.client"
 
 
-def active(since: float) -> list[Any]:
+@dataclass
+class Target:
+    """A run to log into, and the client of its store (None: MLflow's default, the fluent API's)."""
+
+    run_id: str
+    client: Any = None
+
+
+#: (unix time, run id, client) of the runs made through a client while a watch was on
+_created: collections.deque[tuple[float, str, Any]] = collections.deque(maxlen=32)
+_created_lock = threading.Lock()
+
+
+class RunWatch:
+    """Notes every run ``MlflowClient.create_run`` makes between ``start()`` and ``stop()``."""
+
+    def __init__(self) -> None:
+        self._patches = Patches("mlflow watch")
+        self._finder: ImportWatch | None = None
+        self._on = False
+
+    def start(self) -> RunWatch:
+        self._on = True
+        if MODULE in sys.modules:
+            self._wrap(MODULE)
+        else:
+            self._finder = ImportWatch([MODULE], self._wrap).install()
+        return self
+
+    def _wrap(self, name: str) -> None:
+        cls = getattr(sys.modules.get(name), "MlflowClient", None)
+        if not isinstance(cls, type) or not self._on:
+            return
+        watch = self
+
+        def make(inner: Any) -> Any:
+            @functools.wraps(inner)
+            def create_run(client: Any, *args: Any, **kwargs: Any) -> Any:
+                run = inner(client, *args, **kwargs)
+                if watch._on:  # inert once the watch stopped (NOTE [ One patcher ])
+                    run_id = getattr(getattr(run, "info", None), "run_id", None)
+                    if isinstance(run_id, str):
+                        with _created_lock:
+                            _created.append((time.time(), run_id, client))
+                return run
+
+            return create_run
+
+        self._patches.wrap(cls, "create_run", make)
+
+    def stop(self) -> list[str]:
+        self._on = False
+        if self._finder is not None:
+            self._finder.remove()
+            self._finder = None
+        return self._patches.restore()
+
+
+def active(since: float) -> list[Target]:
     mlflow = sys.modules.get("mlflow")
     if mlflow is None:
         return []
@@ -32,32 +103,35 @@ def active(since: float) -> list[Any]:
         last = mlflow.last_active_run()
         if last is not None and (last.info.end_time or 0) / 1000.0 >= since:
             run = last
-    return [run] if run is not None else []
+    if run is not None:
+        return [Target(run.info.run_id)]
+    with _created_lock:
+        made = [(run_id, client) for t, run_id, client in _created if t >= since]
+    return [Target(*made[-1])] if made else []
 
 
-def start(arg: str | None) -> Any:
+def start(arg: str | None) -> Target:
     import mlflow
 
     if arg:
         mlflow.set_experiment(arg)
-    return mlflow.start_run(run_name="loadprof")
+    return Target(mlflow.start_run(run_name="loadprof").info.run_id)
 
 
-def finish(run: Any) -> None:
+def finish(target: Target) -> None:
     import mlflow
 
     mlflow.end_run()
 
 
-def log(run: Any, numbers: dict[str, float], texts: dict[str, str], artifact: str, markdown: str,
+def log(target: Target, numbers: dict[str, float], texts: dict[str, str], artifact: str, markdown: str,
         step: int) -> str:
     from mlflow.entities import Metric, RunTag
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient()
-    run_id = run.info.run_id
+    client = target.client if target.client is not None else MlflowClient()
     now = int(time.time() * 1000)
-    client.log_batch(run_id, metrics=[Metric(k, v, now, step) for k, v in numbers.items()],
+    client.log_batch(target.run_id, metrics=[Metric(k, v, now, step) for k, v in numbers.items()],
                      tags=[RunTag(k, v[:TAG_LIMIT]) for k, v in texts.items()])
-    client.log_artifact(run_id, artifact, artifact_path="loadprof")
-    return f"MLflow run {run_id}"
+    client.log_artifact(target.run_id, artifact, artifact_path="loadprof")
+    return f"MLflow run {target.run_id}"

@@ -16,6 +16,7 @@ import pytest
 
 from loadprof import Profile
 from loadprof.cli import main
+from tests.conftest import LOADPROF, LOOP, PREAMBLE, TORCHRUN, finish, start
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -296,3 +297,112 @@ def test_diagnose_logs_into_the_scripts_own_tensorboard_writer_with_no_code(tmp_
     assert len(acc.Scalars("loss")) == 16  # the script's own, untouched
     assert acc.Scalars("loadprof/steps")[-1].value == 16
     assert _text(acc, "loadprof/verdict") in ("data-starved", "compute-bound", "host-bound", "inconclusive")
+
+
+# -- a multi-process job: rank 0 logs the job's report, once -------------------------------
+JOB_SCRIPT = PREAMBLE + textwrap.dedent('''
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(log_dir=os.environ["TB_DIR"]) if rank == 0 else None  # the script's own, rank 0's
+    dist.init_process_group("gloo")
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+''') + LOOP + "if writer is not None:\n    writer.close()\n"
+
+
+@pytest.mark.slow
+def test_rank_0_of_a_torchrun_job_logs_the_jobs_report_with_its_cost_once(tmp_path):
+    pytest.importorskip("tensorboard")
+    (tmp_path / "work.py").write_text(JOB_SCRIPT)
+    proc = start([TORCHRUN, "--standalone", "--nproc-per-node=2", "--no-python", LOADPROF, "diagnose", "--no-gpu",
+                  "--gpu-hour-price", "2.5", "--json", "r.json", "work.py"], tmp_path,
+                 TB_DIR=str(tmp_path / "tb"), STEPS="20")
+    code, out = finish(proc)
+    assert code == 0, out[-3000:]
+    assert out.count("summary logged to TensorBoard") == 1, out[-3000:]
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["world_size"] == 2 and doc["cost"]["measured"] is False
+    why = "no GPU readings: GPU unavailable (GPU sampling turned off), on every rank"
+    assert doc["cost"]["why_not"] == why and doc["cost"]["gpu_hour_price"] == 2.5
+    assert f"Cost: not measured ({why})" in " ".join(out.split())  # the job's terminal summary, wrapped at 80
+    acc = _events(tmp_path / "tb")
+    assert acc.Scalars("loadprof/world_size")[-1].value == 2  # the job's report, not rank 0's own
+    assert acc.Scalars("loadprof/cost/measured")[-1].value == 0
+    assert _text(acc, "loadprof/cost") == f"Cost: not measured ({why})"
+    assert _text(acc, "loadprof/verdict") == doc["verdict"]
+    assert json.loads((tmp_path / "tb" / "loadprof-report.json").read_text())["world_size"] == 2
+
+
+# -- Lightning's loggers: the summary goes into the run the logger made -------------------
+LIGHTNING_SCRIPT = """
+import sys
+import torch
+import lightning as L
+from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 2)
+
+    def training_step(self, batch, index):
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(self.layer(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(512, 8), torch.randint(0, 2, (512,))),
+                                   batch_size=16)
+mlf = MLFlowLogger(experiment_name="lit", tracking_uri={uri!r})
+tb = TensorBoardLogger({tb!r}, name="lit")
+trainer = L.Trainer(max_steps=24, logger=[mlf, tb], log_every_n_steps=4, accelerator="cpu", devices=1,
+                    enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(Model(), data)
+print("LOGGERS", mlf.run_id, tb.log_dir, file=sys.stderr)
+"""
+
+
+@pytest.mark.slow
+def test_lightnings_mlflow_and_tensorboard_loggers_get_the_summary_in_their_own_runs(tmp_path, monkeypatch):
+    pytest.importorskip("lightning")
+    mlflow = pytest.importorskip("mlflow")
+    pytest.importorskip("tensorboard")
+    uri = (tmp_path / "store").as_uri()  # the logger's own store, not MLflow's default (./mlruns)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow-skinny has no SQL store
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    script = tmp_path / "train.py"
+    script.write_text(LIGHTNING_SCRIPT.format(uri=uri, tb=str(tmp_path / "tb")))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "loadprof", "diagnose", "--no-gpu", "--json", "r.json",
+                           str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_id, logdir = next(line.split()[1:] for line in proc.stderr.splitlines() if line.startswith("LOGGERS "))
+    assert (f"loadprof: summary logged to MLflow run {run_id}, TensorBoard {logdir} "
+            "(loadprof/* fields, loadprof-report.json)") in proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["steps"]["count"] == 24
+
+    client = mlflow.MlflowClient(uri)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])  # no run of ours
+    assert run.info.run_id == run_id and run.info.status == "FINISHED"  # the logger's run, ended by Lightning
+    assert "train_loss" in run.data.metrics  # the script's own metrics, in the same run
+    assert run.data.tags["loadprof/verdict"] == report["verdict"]
+    assert run.data.tags["loadprof/cost"] == f"Cost: not measured ({report['cost']['why_not']})"
+    assert run.data.metrics["loadprof/steps"] == 24
+    assert run.data.metrics["loadprof/data_wait_fraction"] == pytest.approx(report["data_wait_fraction"])
+    assert [a.path for a in client.list_artifacts(run_id, "loadprof")] == ["loadprof/loadprof-report.json"]
+    saved = json.loads(Path(client.download_artifacts(run_id, "loadprof/loadprof-report.json", str(tmp_path)))
+                       .read_text())
+    assert saved["verdict"] == report["verdict"]
+    assert not (tmp_path / "mlruns").exists()  # nothing went to MLflow's default store
+
+    acc = _events(Path(logdir))
+    assert [s.step for s in acc.Scalars("train_loss")] == [3, 7, 11, 15, 19, 23]  # Lightning's own
+    assert acc.Scalars("loadprof/steps")[-1].value == 24
+    assert _text(acc, "loadprof/verdict") == report["verdict"]
+    assert json.loads((Path(logdir) / "loadprof-report.json").read_text())["verdict"] == report["verdict"]
