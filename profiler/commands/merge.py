@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..options import UsageError
+from ..options import UsageError, add_price_option
 
 
 class MergeCommand:
@@ -20,6 +20,7 @@ class MergeCommand:
         parser.add_argument("--trace", metavar="PATH", help="write every rank's run as one Chrome trace-event file")
         parser.add_argument("--html", metavar="PATH", help="write the job's report as one self-contained HTML page")
         parser.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
+        add_price_option(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         from ..jobs.merge import MergeError, check_total, merge_ranks, read_rank_file
@@ -33,7 +34,7 @@ class MergeCommand:
             job = merge_ranks([read_rank_file(p) for p in args.paths])
         except MergeError as exc:
             raise UsageError(str(exc)) from None
-        report: Any = build_job_report(job)
+        report: Any = build_job_report(job, gpu_hour_price=args.gpu_hour_price)
         if not args.quiet:
             render_console(report, file=sys.stdout)
         return finish_command(report_outputs(report, json=args.json, trace=args.trace, html=args.html))

@@ -9,8 +9,9 @@ import json
 
 import pytest
 
+from loadprof.cli import main
 from loadprof.cost import cost_line
-from loadprof.jobs.records import JobRun, RankRun
+from loadprof.jobs.records import JobRun, RankRun, rank_to_dict
 from loadprof.report import load_report, render_console
 from loadprof.report.html import HtmlPageRenderer
 from loadprof.report.job import JobReport, build_job_report
@@ -124,3 +125,16 @@ def test_a_jobs_tracker_fields_are_the_jobs(tmp_path):
     assert texts["loadprof/cost"].startswith("Cost: input wait 28.80 GPU-h/day on 2 GPUs of 2 ranks")
     assert texts["loadprof/verdict"] == report.verdict == "data-starved"
     assert logged_step(report) == numbers["loadprof/steps"] == 24
+
+
+def test_merge_prices_the_jobs_cost(tmp_path, capsys):
+    files = []
+    for r in (rank(0), rank(1)):
+        r.world_size, r.run_id = 2, "t"
+        files.append(tmp_path / f"report.rank{r.rank}.json")
+        files[-1].write_text(json.dumps(rank_to_dict(r)))
+    out = tmp_path / "job.json"
+    assert main(["merge", "-q", "--gpu-hour-price", "2", "--json", str(out), *map(str, files)]) == 0
+    cost = json.loads(out.read_text())["cost"]
+    assert cost["gpu_hours_input_per_day"] == pytest.approx(28.8)
+    assert cost["money_input_per_day"] == pytest.approx(57.6)
