@@ -81,9 +81,9 @@ class ConsoleRenderer:
         elif d.verdict != "inconclusive":
             c.print(Text("No changes recommended: nothing measured points at a fix.", style="dim"))
 
-        if run.limitations:
+        if report.limitations:
             c.print(Text("Not measured:", style="bold yellow"))
-            for line in run.limitations:
+            for line in report.limitations:
                 c.print(Text(f"  - {line}", style="yellow"))
         if run.exit_status not in ("ok", ""):
             c.print(Text(f"Run ended: {run.exit_status}", style="dim"))

@@ -115,7 +115,7 @@ class HtmlPageRenderer:
         evidence = [(ev.label, ev.display, ev.threshold, ev.source) for ev in d.evidence]
         recs = [(r.title, r.id, r.detail, r.code, r.estimated_speedup, r.basis, "") for r in report.recommendations]
         title = f"loadprof report: {_script(run.command)}"
-        return _report_page(title, _started(run), head, report, evidence, recs, "", list(run.limitations),
+        return _report_page(title, _started(run), head, report, evidence, recs, "", list(report.limitations),
                             self.buckets, report.cost)
 
     @_page.register

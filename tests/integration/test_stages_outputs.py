@@ -6,6 +6,7 @@ the report's table."""
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import time
@@ -103,6 +104,14 @@ def test_a_tf_data_report_lists_its_stages_as_not_measured_and_a_torch_one_does_
     assert report.limitations.count(TF_NOT_TIMED) == 1 and report.to_dict()["limitations"] == report.limitations
     assert TF_NOT_TIMED not in run.limitations  # the run itself holds what was recorded
     assert TF_NOT_TIMED not in build_report(_recorded_run()).limitations
+    # and every renderer says so, not the JSON alone
+    from loadprof.report import render_console
+    from loadprof.report.html import HtmlPageRenderer
+
+    out = io.StringIO()
+    render_console(report, file=out, width=400)
+    assert f"  - {TF_NOT_TIMED}" in out.getvalue()
+    assert html.escape(TF_NOT_TIMED) in HtmlPageRenderer().render(report)
 
 
 def _view(snapshot: Run) -> tuple[LiveView, list[float]]:
