@@ -69,7 +69,7 @@ def builtin_variants(cores: int | None = None) -> dict[str, Variant]:
     return {v.name: v for v in (
         Variant("baseline", "the script as written"),
         Variant("cache", "caching + prefetching: torch map-style datasets read once into memory (when they fit "
-                         "and two reads of an index agree); tf.data .cache() before the first shuffle/batch/repeat "
+                         "and reads of an index agree); tf.data .cache() before the first shuffle/batch/repeat "
                          "after a map, and .prefetch(AUTOTUNE) after batch()",
                 Changes(cache=True, prefetch=True)),
         Variant("amp", "mixed precision: torch autocast around each outermost module call (bf16 where the device "

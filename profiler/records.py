@@ -184,7 +184,7 @@ class LoaderInfo:
     dataset_length: int | None = None
     dataset_type: str | None = None
     sample_nbytes: int | None = None  # bytes of one sample as loaded, when measurable
-    items_repeat: bool | None = None  # two reads of one item gave the same data (None: not checked)
+    items_repeat: bool | None = None  # every read of one item gave the same data (None: not checked)
     iterations: int = 0  # times the loader was iterated (epochs); > 1 makes worker start-up recur
     eval_iterations: int = 0  # of those, begun with gradients off: evaluation (NOTE [ Evaluation batches ])
     # tf.data graph facts: which transformations the pipeline already has.

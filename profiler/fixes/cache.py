@@ -1,6 +1,6 @@
 """The in-memory cache of a torch dataset, and whether one is safe.
 
-``check_cacheable`` reads a few items twice: a dataset whose items differ
+``check_cacheable`` reads a few items twice or more: a dataset whose items differ
 between reads (random augmentation) must not be cached, since a cache would
 freeze one draw of it; nor one that would not fit. ``CachedDataset`` holds every
 item read once. ``raw_batches`` iterates a DataLoader as loadprof's own reads do
@@ -25,6 +25,11 @@ import psutil
 CACHE_MEMORY_SHARE = 0.25
 #: Items read twice by the cache safety probe (first, middle, last index).
 PROBE_ITEMS = 3
+#: Reads of an index before its item counts as repeatable: a random flip reads the same
+#: twice half the time, ten times in one case of 512...
+MAX_READS = 10
+#: ...while the reads after the first two fit in this time.
+EXTRA_READS_S = 0.5
 
 
 # -- item comparison and size ---------------------------------------------
@@ -97,6 +102,20 @@ class CacheCheck:
         return dataclasses.asdict(self)
 
 
+def more_reads_differ(dataset: Any, firsts: dict[int, Any]) -> int | None:
+    """After two reads of each index gave the same item (``firsts``), read them again, up
+    to ``MAX_READS`` each while it takes under ``EXTRA_READS_S``: the first index whose
+    item changes, or None. Two reads alone miss a coin-flip augmentation half the time."""
+    deadline = time.perf_counter() + EXTRA_READS_S
+    for _ in range(MAX_READS - 2):
+        for i, first in firsts.items():
+            if time.perf_counter() > deadline:
+                return None
+            if not same_item(first, dataset[i]):
+                return i
+    return None
+
+
 def check_cacheable(dataset: Any, memory_available: int | None = None) -> CacheCheck:
     """Read a few indices twice: a dataset whose items differ between reads (random
     augmentation) must not be cached, since a cache would freeze one draw of it."""
@@ -114,6 +133,7 @@ def check_cacheable(dataset: Any, memory_available: int | None = None) -> CacheC
     indices = sorted({0, n // 2, n - 1})[:PROBE_ITEMS]
     total = 0
     t0 = time.perf_counter()
+    firsts: dict[int, Any] = {}
     for i in indices:
         first = dataset[i]
         second = dataset[i]
@@ -121,7 +141,12 @@ def check_cacheable(dataset: Any, memory_available: int | None = None) -> CacheC
             return CacheCheck(False, f"item {i} differs between two reads (random augmentation?): "
                                      "a cache would freeze one draw of it", n)
         total += item_nbytes(first)
+        firsts[i] = first
     per_item = (time.perf_counter() - t0) / (2 * len(indices))
+    changed = more_reads_differ(dataset, firsts)
+    if changed is not None:
+        return CacheCheck(False, f"item {changed} differs between reads (random augmentation?): "
+                                 "a cache would freeze one draw of it", n)
     estimate = total * n // len(indices)
     avail = psutil.virtual_memory().available if memory_available is None else memory_available
     if estimate > CACHE_MEMORY_SHARE * avail:

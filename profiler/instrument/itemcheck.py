@@ -22,14 +22,15 @@ import sys
 import time
 from typing import Any
 
-#: The longest the training process waits for the child's answer (two item reads).
+#: The longest the training process waits for the child's answer (the item's reads).
 TIMEOUT = 5.0
 
 _SAME, _DIFFERENT = b"S", b"D"
 
 
 def items_repeat(dataset: Any, index: int = 0, timeout: float = TIMEOUT) -> bool | None:
-    """True when two reads of ``dataset[index]`` are identical, False when they differ
+    """True when every read of ``dataset[index]`` is identical (two, and more while they are
+    quick: ``fixes.cache.more_reads_differ``), False when they differ
     (random augmentation), None when it could not be told (no fork, an error, too slow)."""
     if not hasattr(os, "fork") or not sys.platform.startswith("linux"):
         return None
@@ -47,9 +48,11 @@ def items_repeat(dataset: Any, index: int = 0, timeout: float = TIMEOUT) -> bool
             torch = sys.modules.get("torch")
             if torch is not None:
                 torch.set_num_threads(1)
-            from ..fixes.cache import same_item
+            from ..fixes.cache import more_reads_differ, same_item
 
-            answer = _SAME if same_item(dataset[index], dataset[index]) else _DIFFERENT
+            first = dataset[index]
+            same = same_item(first, dataset[index]) and more_reads_differ(dataset, {index: first}) is None
+            answer = _SAME if same else _DIFFERENT
         except BaseException:  # anything the dataset raises: no answer
             pass
         try:

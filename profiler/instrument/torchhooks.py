@@ -93,7 +93,7 @@ class TorchHooks:
         # Keyed by id() with a weak reference to tell a new object from a freed one
         # whose id it reuses (a DataLoader built per epoch often lands at the same address).
         self._loaders: dict[int, tuple[Callable[[], Any] | None, LoaderInfo]] = {}
-        # map-style datasets to read twice at the end: held, because under `loadprof
+        # map-style datasets to read again at the end: held, because under `loadprof
         # diagnose` the script's loaders are gone by then (its main() has returned)
         self._datasets: dict[int, Any] = {}
         self._checked: dict[int, Callable[[], Any] | None] = {}  # optimizers whose parameter dtype was looked at

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 from loadprof import Profile
 from loadprof.advice import recommend
 from loadprof.diagnosis import diagnose
+from loadprof.fixes.cache import check_cacheable
 from loadprof.instrument.itemcheck import items_repeat
 from tests import torch_loops as loops
 from tests.conftest import LOADPROF, make_run
@@ -41,6 +42,17 @@ class RandomCrop(Dataset):
         return torch.rand(4), i
 
 
+class CoinFlip(Dataset):
+    """A random flip: two reads agree half the time."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        x = torch.arange(4.0) + i
+        return (x.flip(0) if torch.rand(()) < 0.5 else x), i
+
+
 class Broken(Dataset):
     def __len__(self) -> int:
         return 8
@@ -61,6 +73,15 @@ class Stuck(Dataset):
 def test_items_repeat_tells_fixed_from_random_items() -> None:
     assert items_repeat(Fixed()) is True
     assert items_repeat(RandomCrop()) is False
+
+
+def test_a_coin_flip_augmentation_is_not_taken_for_repeatable_items() -> None:
+    # the child draws from the generator it inherits: each seed is one fixed sequence of flips
+    for seed in range(20):
+        torch.manual_seed(seed)
+        assert items_repeat(CoinFlip()) is False, seed
+    torch.manual_seed(0)
+    assert check_cacheable(CoinFlip()).cacheable is False
 
 
 def test_the_check_leaves_the_training_process_random_state_as_it_was() -> None:
