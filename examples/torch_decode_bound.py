@@ -73,6 +73,20 @@ class PngFolder(Dataset):
         return self.transform(img), i % 10
 
 
+class CachedPrefix(PngFolder):
+    """loadprof's advice applied: the deterministic steps once per item, the flip every time."""
+
+    def __init__(self, folder: str, deterministic, augment) -> None:
+        super().__init__(folder, deterministic)
+        self.augment = augment
+        self.cache: dict[int, torch.Tensor] = {}
+
+    def __getitem__(self, i: int):
+        if i not in self.cache:
+            self.cache[i] = super().__getitem__(i)[0]
+        return self.augment(self.cache[i]), i % 10
+
+
 def write_folder(folder: str, n: int, size: int) -> None:
     rng = np.random.default_rng(0)
     for i in range(n):
@@ -86,11 +100,17 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=384)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--cache-decoded", action="store_true",
+                        help="keep each decoded, resized image in memory; flip it every epoch")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with tempfile.TemporaryDirectory() as folder:
         write_folder(folder, args.images, args.size)
-        data = PngFolder(folder, Compose([Resize(64), ToTensor(), RandomHorizontalFlip()]))
+        deterministic = Compose([Resize(64), ToTensor()])
+        if args.cache_decoded:
+            data: Dataset = CachedPrefix(folder, deterministic, RandomHorizontalFlip())
+        else:
+            data = PngFolder(folder, Compose([*deterministic.transforms, RandomHorizontalFlip()]))
         loader = DataLoader(data, batch_size=32, shuffle=True, num_workers=args.workers)
         model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
                               nn.Linear(256, 10)).to(device)

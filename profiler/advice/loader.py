@@ -12,7 +12,7 @@ from typing import Any
 from ..diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Metrics, Thresholds, is_tf, steady_wait
 from ..loaderhost import cores_per_rank, restart_cost, shm_fit
 from ..records import LoaderInfo, Run
-from .base import Recommendation, size_text
+from .base import MEASURE, Recommendation, size_text
 
 
 def workers_needed(m: Metrics, loader: LoaderInfo | None) -> tuple[int, float] | None:
@@ -50,13 +50,16 @@ def compute_cpu_per_step(m: Metrics, loader: LoaderInfo | None) -> float:
 
 
 def step_with_workers(m: Metrics, loader: LoaderInfo | None, load: float, workers: int) -> tuple[float, bool]:
-    """(estimated step seconds with ``workers`` loader workers, whether they share cores with the model).
+    """(estimated step seconds with ``workers`` loader workers, whether cores they share with
+    the model set that step).
 
     Compute takes C seconds of wall time on p threads at once (its measured CPU over C);
     loading needs ``load`` CPU seconds a step over the workers. On K free cores (the
     usable ones less those other processes keep busy), while the model computes, its p
-    threads and the w workers each get r = min(1, K / (p + w)) of a core, and the
-    model's threads, which wait for one another, go at that rate. If the workers keep
+    threads and the w workers each get r = min(1, K / (p + b w)) of a core, where b is
+    the part of a worker's time that is CPU (loading's CPU over its wall time: a worker
+    waiting on storage holds no core), and the model's threads, which wait for one
+    another, go at that rate. If the workers keep
     up, they run for part of the compute; otherwise compute is slowed throughout and
     the workers finish the loading alone. Two floors: all the CPU a step needs over K,
     and the loading's wall time over the workers (a batch that waits on storage or
@@ -67,14 +70,17 @@ def step_with_workers(m: Metrics, loader: LoaderInfo | None, load: float, worker
     compute_cpu = compute_cpu_per_step(m, loader)
     threads = min(cores, max(1.0, compute_cpu / compute))
     w = max(1, workers)
-    rate = min(1.0, cores / (threads + w))
+    busy = min(1.0, load / max(loading_wall(m, loader, load), 1e-9))
+    rate = min(1.0, cores / (threads + busy * w))
     if load / w <= compute:
         step = compute + load / (w * rate) * (1.0 - rate)
     else:
         step = compute / rate + (load - w * compute) / min(w, cores)
     cpu_bound = (compute_cpu + load) / cores
-    step = max(step, cpu_bound, loading_wall(m, loader, load) / w)
-    return step, rate < 1.0 or cpu_bound >= 0.8 * step
+    wall = loading_wall(m, loader, load) / w
+    step = max(step, cpu_bound, wall)
+    # shared cores set the step (not the workers' own wall time, as for reads that wait)
+    return step, wall < 0.95 * step and (rate < 1.0 or cpu_bound >= 0.8 * step)
 
 
 def loading_wall(m: Metrics, loader: LoaderInfo | None, load: float) -> float:
@@ -124,9 +130,16 @@ def torch_input_advice(run: Run, diagnosis: Diagnosis, loader: LoaderInfo,
             new_step = est + m.h2d_fraction * step
             speedup = step / new_step if new_step > 0 else None
             limited = " (capped by the usable cores; loading alone would need more)" if need[0] > cap else ""
-            shared = (f" The model's own threads use {compute_cpu_per_step(m, loader) * 1000:.1f} ms of CPU per "
-                      "step on the same cores, and the workers would share them: the estimate counts that "
-                      "sharing, and is uncertain; `loadprof tune` measures it." if shares else "")
+            basis = "estimate: the workers' CPU and wall time over the free cores"
+            shared = ""
+            if shares:
+                # measured on two cores, the model of that sharing missed by +10% to +113%
+                # (docs/dev/advice-accuracy.md): no figure rather than one that does not come true
+                speedup = None
+                basis = "no estimate: the workers would share the cores with the model; " + MEASURE.split(": ", 1)[1]
+                shared = (f" The model's own threads use {compute_cpu_per_step(m, loader) * 1000:.1f} ms of CPU "
+                          "per step on the same cores, and the workers would share them: how much that costs "
+                          "the model is not known until measured; `loadprof tune` measures it.")
             if contended:
                 speedup = None
                 shared = (f" Other processes kept {m.others_cpu_cores or 0.0:.1f} of the {cores} cores busy: "
@@ -140,8 +153,8 @@ def torch_input_advice(run: Run, diagnosis: Diagnosis, loader: LoaderInfo,
                 + (", persistent_workers=True" if (loader.iterations or 0) > 1 else "") + ")",
                 {"num_workers": target, "current": workers, "usable_cores": cores},
                 round(speedup, 2) if speedup else None,
-                "estimate: the model's threads and the workers sharing the free cores" if speedup else
-                "no estimate: other processes share the cores; measure it with `loadprof tune`",
+                "no estimate: other processes share the cores; measure it with `loadprof tune`" if contended
+                else basis,
             ))
     # Cores loading alone needs to keep pace with compute (no safety worker here).
     load_cores = need[1] / max(m.compute_per_step, 1e-6) if need is not None else None
@@ -330,7 +343,7 @@ def cache_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, tf: bo
         "cache", "Cache the decoded dataset in memory",
         f"The dataset is about {size_text(size)} as loaded ({loader.dataset_length} samples of "
         f"{size_text(loader.sample_nbytes)}), {'under 0.1%' if size < 0.001 * avail else f'{size / avail:.1%}'} of available memory. "
-        + ("Two reads of an item gave the same data, so a cache changes nothing the model sees."
+        + ("Repeated reads of an item gave the same data, so a cache changes nothing the model sees."
            if loader.items_repeat else
            "Cache after deterministic steps only: caching a random augmentation freezes it."),
         code, {"dataset_bytes": size}, framework="tf" if tf else "torch",

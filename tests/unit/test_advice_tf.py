@@ -128,6 +128,18 @@ def test_parallel_calls_are_estimated_at_autotunes_budget_and_the_gil():
     assert half.estimated_speedup == round(0.1 / (0.5 * 0.09), 2) and "GIL" in half.basis
 
 
+def test_a_map_of_cpu_work_sharing_the_models_cores_gets_no_figure():
+    # a map of TF ops keeping 1.2 cores busy while the loop waits, the process using both
+    # cores: parallel calls would take the model's cores, a cost the estimate cannot know
+    waits = tf_loader(transformations=["from_tensor_slices", "map", "batch[32]"], has_prefetch=True)
+    run = tf_run(waits, wait=0.06, cpu_cores=1.2, cores=2)
+    for h in run.host_samples:
+        h.process_cpu, h.cpu_per_core = 200.0, [100.0, 100.0]
+    rec = advice(run)["parallel_map"]
+    assert rec.estimated_speedup is None and "share the cores with the model" in rec.basis
+    assert "loadprof tune" in rec.basis
+
+
 def test_a_prefetch_tensorflow_already_injects_comes_after_the_changes_that_help():
     recs = list(advice(tf_run(tf_loader(notes=["prefetch_injected"]), wait=0.06)))
     assert recs[-1] == "prefetch" and len(recs) > 1

@@ -290,34 +290,33 @@ def _num_workers(run: Run):
     return next(r for r in recommend(run, diagnose(run)) if r.id == "num_workers")
 
 
-def test_the_worker_estimate_counts_the_cores_the_model_already_uses():
+def test_a_worker_that_would_share_the_models_cores_gets_no_estimate():
     # 20.6 ms of in-process loading, 48.3 ms of compute. With the model on one core a
-    # worker hides the loading (~1.43x); with torch's threads on both cores there is no
-    # core left for it, which measured runs show (no gain), so the estimate says ~1.0x.
+    # worker hides the loading (~1.43x); with torch's threads on both cores the worker
+    # takes a core from them, at a cost no model here predicted within 15% on two cores
+    # (+10% to +113%): the advice stands, its figure is left to `loadprof tune`.
     one_core = make_run(n=40, step=0.0689, wait=0.0206, workers=0, cores=2, tree_cpu=100.0)
     both = make_run(n=40, step=0.0689, wait=0.0206, workers=0, cores=2, tree_cpu=200.0)
     assert _num_workers(one_core).estimated_speedup == pytest.approx(1.43, abs=0.02)
+    assert "share the cores" not in _num_workers(one_core).basis
     rec = _num_workers(both)
-    assert rec.estimated_speedup == pytest.approx(1.0, abs=0.02)
-    assert "uncertain" in rec.detail and "loadprof tune" in rec.detail
-    assert "uncertain" not in _num_workers(one_core).detail
+    assert rec.estimated_speedup is None and rec.values["num_workers"] == 1
+    assert "would share the cores with the model" in rec.basis and "loadprof tune" in rec.basis
+    assert "not known until measured" in rec.detail and "loadprof tune" in rec.detail
 
 
-def test_the_worker_estimate_counts_the_cores_the_worker_takes_from_the_models_threads():
+def test_the_worker_estimate_with_cores_to_spare_is_loading_over_the_workers():
     # torch_starved.py on a quiet 2-core VM, no worker: a 106.7 ms step, 81 ms of it
-    # loading, the model's two threads using 61.5 ms of CPU in ~26 ms. One worker took
-    # a core from those threads: 97.6 ms a step measured (1.09x), not the 81 ms loading
-    # alone would allow (1.32x). Three threads share two cores while the model computes.
+    # loading, the model's two threads using 61.5 ms of CPU in ~26 ms. On two cores a
+    # worker shares them (no figure); with cores to spare loading over the workers sets
+    # the step.
     run = make_run(n=40, step=0.1067, wait=0.081, workers=0, cores=2, tree_cpu=133.6)
-    rec = _num_workers(run)
-    assert rec.estimated_speedup == pytest.approx(1.14, abs=0.02)
-    assert "uncertain" in rec.detail
-    # With cores to spare, nothing is shared: loading over the workers sets the step.
+    assert _num_workers(run).estimated_speedup is None
     roomy = make_run(n=40, step=0.1067, wait=0.081, workers=0, cores=16, tree_cpu=133.6)
     rec = _num_workers(roomy)
     assert rec.values["num_workers"] == 5
     assert rec.estimated_speedup == pytest.approx(0.1067 / 0.0257, abs=0.05)
-    assert "uncertain" not in rec.detail
+    assert "not known until measured" not in rec.detail
 
 
 def test_the_worker_estimate_for_loading_that_waits_counts_each_batchs_wait():

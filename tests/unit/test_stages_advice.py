@@ -39,13 +39,17 @@ def test_a_dominant_deterministic_prefix_is_cached_with_an_estimate():
     stages = [_st("read", "file reads", 5, cpu=False, files=BATCH * BATCHES), _st("decode", "PIL PNG decode", 50),
               _st("transform", "Resize(64)", 10, False, 0, nbytes=300_000),
               _st("transform", "RandomFlip()", 5, True, 1, nbytes=12_288), _st("collate", "default_collate", 2)]
-    run = _run(stages, wait=0.072)
+    run = _run(stages, wait=0.072, cuda=True)
     advice = _advice(run)
     cache = advice["cache"]
     assert "Resize(64)" in cache.detail and "RandomFlip" not in cache.detail.split("(")[1].split(")")[0]
     assert cache.values["dataset_bytes"] == 12_288 * 320  # the flip's input, measured, times the items
     # step 0.1 s = 0.028 compute + 0.072 loading; without the prefix (65 ms) the step is 0.035 s
     assert abs(cache.estimated_speedup - 0.1 / 0.035) < 0.05
+    # a model on the CPU timed between in-process loads runs faster without them: compute
+    # would set the step, so no figure
+    cpu = _advice(_run(stages, wait=0.072))["cache"]
+    assert cpu.estimated_speedup is None and "timed between in-process loads" in cpu.basis
 
 
 def test_no_estimate_where_the_model_misses_the_measured_step():
