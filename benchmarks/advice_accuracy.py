@@ -157,7 +157,8 @@ def measure(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
         bases.append(base)
         report = build_report(base.run)
         warned = "".join(f", warning {w.id}" for w in report.warnings)
-        print(f"  diagnosed {report.headline()}{warned}; recommends {', '.join(report.recommendation_ids) or '-'}",
+        said = [r.id + (f" ~{r.estimated_speedup:.2f}x" if r.estimated_speedup else "") for r in report.recommendations]
+        print(f"  diagnosed {report.headline()}{warned}; recommends {', '.join(said) or '-'}",
               file=sys.stderr, flush=True)
         verdicts.append(f"{report.verdict} ({report.cause}){warned}")
         for rec in report.recommendations:
@@ -284,6 +285,8 @@ def run(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for name in names:
         rows.extend(measure_job(name, o) if name in JOBS else measure(name, o))
+        if o.json:  # each example's rows as soon as they are measured: a run cut short keeps them
+            write_json(o.json, {"options": vars(o), "rows": rows})
     print(f"machine: {os.cpu_count()} logical cores; {o.warmup} warm-up + {o.steps} measured steps per run, "
           f"{o.repeats} rounds")
     for name in names:

@@ -390,3 +390,12 @@ def test_a_rank_is_told_its_share_of_the_cores_the_nodes_ranks_share():
         recs["offline_preprocessing"].detail
     alone = make_run(step=0.1, wait=0.08, workers=0, cores=2, tree_cpu=100.0)
     assert "2 are usable" in {r.id: r for r in recommend(alone, diagnose(alone))}["offline_preprocessing"].detail
+
+
+def test_no_more_workers_than_an_epoch_has_batches():
+    # 16 cores and loading that would need them all, but 128 items in batches of 32: four
+    # batches an epoch, so a fifth worker would wait idle
+    run = make_run(n=40, step=0.1067, wait=0.081, workers=0, cores=16, tree_cpu=133.6)
+    run.loaders[0].dataset_length, run.loaders[0].batch_size = 128, 32
+    rec = _num_workers(run)
+    assert rec.values["num_workers"] == 4 and "capped by the 4 batches of an epoch" in rec.detail
