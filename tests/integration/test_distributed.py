@@ -200,7 +200,7 @@ def test_a_stopped_store_host_costs_the_ranks_one_store_call_at_exit_not_a_hang(
     # the agent stopped reads no pipe: the ranks write to a file
     # steps enough that the job is still training when the agent stops (a fast machine
     # finished 60 steps and merged before a 3 s sleep was over)
-    full.update({"OMP_NUM_THREADS": "1", "LOADPROF_DIST_TIMEOUT": "20", "STEPS": "300"})
+    full.update({"OMP_NUM_THREADS": "1", "LOADPROF_DIST_TIMEOUT": "6", "STEPS": "150"})
     with log.open("w") as sink:
         agent = subprocess.Popen([TORCHRUN, "--standalone", "--nproc-per-node=2", "--no-python", LOADPROF,
                                   "diagnose", "--no-gpu", "--json", "r.json", "work.py"], cwd=tmp_path, env=full,
@@ -218,7 +218,7 @@ def test_a_stopped_store_host_costs_the_ranks_one_store_call_at_exit_not_a_hang(
         time.sleep(0.5)
         os.kill(agent.pid, signal.SIGSTOP)
         stopped = time.monotonic()
-        # 300 steps at ~30 ms, then one store call's deadline (min(10 s, the exchange timeout))
+        # 150 steps at ~30 ms, then one store call's deadline (min(10 s, the exchange timeout))
         bound = 60
         while not all(_exited(p) for p in pids) and time.monotonic() - stopped < bound:
             time.sleep(0.2)

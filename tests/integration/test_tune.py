@@ -124,8 +124,8 @@ def test_caching_a_random_augmentation_is_unsafe(tmp_path: Path) -> None:
 def test_a_failing_trial_is_stopped_and_the_search_goes_on(tmp_path: Path, mode: str) -> None:
     script = _script(tmp_path, STARVED)
     marker = tmp_path / "marker"
-    # a bounded trial: the hanging one is stopped at 20 s, not at its estimate + 30 s
-    data = _tune(tmp_path, script, "--budget", "150", "--fixes", "workers", "--trial-timeout", "20",
+    # a bounded trial: the hanging one is stopped at 12 s, not at its estimate + 30 s
+    data = _tune(tmp_path, script, "--budget", "150", "--fixes", "workers", "--trial-timeout", "12",
                  args=(str(marker), mode))
     assert marker.exists()
     statuses = [t["status"] for t in data["trials"]]
