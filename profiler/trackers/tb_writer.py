@@ -32,6 +32,11 @@ MODULES = ("torch.utils.tensorboard", "tensorboardX")
 
 #: writers made while a watch was on, for as long as the script keeps them
 _seen: weakref.WeakSet[Any] = weakref.WeakSet()
+#: ...and their folders, for the ones it drops: HF Trainer's callback closes its writer
+#: as training ends and lets it go; a new writer on the same folder is the same run
+_folders: list[str] = []
+#: folders remembered at most (a script making a writer per epoch)
+MAX_FOLDERS = 8
 _seen_lock = threading.Lock()
 
 
@@ -45,6 +50,8 @@ class WriterWatch:
 
     def start(self) -> WriterWatch:
         self._on = True
+        with _seen_lock:
+            _folders.clear()
         pending = [name for name in MODULES if name not in sys.modules]
         for name in MODULES:
             if name in sys.modules:
@@ -64,8 +71,11 @@ class WriterWatch:
             def __init__(writer: Any, *args: Any, **kwargs: Any) -> None:
                 inner(writer, *args, **kwargs)
                 if watch._on:  # inert once the watch stopped (NOTE [ One patcher ])
+                    folder = _logdir(writer)
                     with _seen_lock:
                         _seen.add(writer)
+                        if folder and folder not in _folders and len(_folders) < MAX_FOLDERS:
+                            _folders.append(folder)
 
             return __init__
 
@@ -80,11 +90,20 @@ class WriterWatch:
 
 
 def active(since: float) -> list[Any]:
-    """The writers made while profiled that the script still holds; where there are none,
-    the ones it made before (the module doc says how, and what that costs)."""
+    """The writers made while profiled that the script still holds; where it let them all
+    go, their folders (``log`` writes there with a writer of its own); where it made none
+    while profiled, the ones it made before (the module doc says how, and what that costs)."""
     with _seen_lock:
         seen = list(_seen)
-    return seen or _made_before()
+        folders = list(_folders)
+    return seen or folders or _made_before()
+
+
+def _logdir(writer: Any) -> str | None:
+    folder = getattr(writer, "log_dir", None) or getattr(writer, "logdir", None)
+    if folder is None and callable(getattr(writer, "get_logdir", None)):
+        folder = writer.get_logdir()
+    return str(folder) if folder else None
 
 
 def _made_before() -> list[Any]:
@@ -117,9 +136,14 @@ def finish(writer: Any) -> None:
 
 def log(writer: Any, numbers: dict[str, float], texts: dict[str, str], artifact: str, markdown: str,
         step: int) -> str:
-    """Scalars and texts at the run's last step, and the JSON report beside the event files."""
-    logdir = getattr(writer, "log_dir", None) or getattr(writer, "logdir", None) or writer.get_logdir()
-    closed = getattr(writer, "all_writers", {}) is None  # HF closes its writer as training ends
+    """Scalars and texts at the run's last step, and the JSON report beside the event files.
+    ``writer`` may be the folder of one the script let go: a writer of ours writes there."""
+    if isinstance(writer, str):
+        writer = start(writer)
+        closed = True
+    else:
+        closed = getattr(writer, "all_writers", {}) is None  # HF closes its writer as training ends
+    logdir = _logdir(writer)
     for key, value in numbers.items():
         writer.add_scalar(key, value, global_step=step)
     for key, text in texts.items():
@@ -128,5 +152,5 @@ def log(writer: Any, numbers: dict[str, float], texts: dict[str, str], artifact:
     writer.flush()
     if closed:  # adding reopened it: leave it as the script did
         writer.close()
-    shutil.copyfile(artifact, os.path.join(logdir, "loadprof-report.json"))
+    shutil.copyfile(artifact, os.path.join(str(logdir), "loadprof-report.json"))
     return f"TensorBoard {logdir}"

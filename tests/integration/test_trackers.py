@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import struct
@@ -253,6 +254,23 @@ def test_a_summarywriter_made_before_the_profile_gets_the_summary_too(tmp_path):
         loop(prof)
     assert _text(_events(tmp_path / "tb"), "loadprof/verdict") == prof.report.verdict
     writer.close()
+
+
+def test_a_summarywriter_the_script_closed_and_let_go_gets_the_summary_in_its_folder(tmp_path):
+    # HF Trainer's TensorBoardCallback closes its writer as training ends and drops it
+    pytest.importorskip("tensorboard")
+    tb = pytest.importorskip("torch.utils.tensorboard")
+    with quiet() as prof:
+        writer = tb.SummaryWriter(log_dir=str(tmp_path / "tb"))
+        writer.add_scalar("loss", 1.0, 0)
+        loop(prof)
+        writer.close()
+        del writer
+        gc.collect()
+    acc = _events(tmp_path / "tb")
+    assert len(acc.Scalars("loss")) == 1  # the script's own, in the same run
+    assert _text(acc, "loadprof/verdict") == prof.report.verdict
+    assert (tmp_path / "tb" / "loadprof-report.json").exists()
 
 
 def test_log_to_tensorboard_dir_writes_there(tmp_path):
