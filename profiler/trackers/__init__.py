@@ -28,6 +28,7 @@ from typing import Any
 
 from . import mlflow_run, tb_writer, wandb_run
 from .fields import NAMES, logged_step, markdown, parse_log_to, summary_fields
+from .watch import MethodWatch
 
 __all__ = ["TRACKERS", "Trackers", "parse_log_to"]
 
@@ -44,12 +45,12 @@ class Trackers:
     def __init__(self, log_to: dict[str, str | None], started_at: float) -> None:
         self.log_to = dict(log_to)
         self.started_at = started_at
-        self._watch: tb_writer.WriterWatch | None = None
-        self._runs: mlflow_run.RunWatch | None = None
+        self._watch: MethodWatch | None = None
+        self._runs: MethodWatch | None = None
 
     def start(self) -> Trackers:
-        self._watch = tb_writer.WriterWatch().start()
-        self._runs = mlflow_run.RunWatch().start()
+        self._watch = tb_writer.watch().start()
+        self._runs = mlflow_run.watch().start()
         return self
 
     def stop(self) -> list[str]:

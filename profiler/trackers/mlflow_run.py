@@ -7,7 +7,7 @@ diagnose`` usually ends its run (``with mlflow.start_run():``) before the profil
 began, so that an older run of the same process (a notebook's earlier cell) is never
 written to. Failing both, the newest run the script created through an ``MlflowClient``
 while profiled: Lightning's ``MLFlowLogger`` makes its run so, never as the active run,
-in the store of its own ``tracking_uri``; ``RunWatch`` notes each such run with the
+in the store of its own ``tracking_uri``; ``watch()`` notes each such run with the
 client that made it, and the summary goes through that client, to that store.
 Logging to an ended run through the client is what MLflow allows.
 """
@@ -15,15 +15,13 @@ Logging to an ended run through the client is what MLflow allows.
 from __future__ import annotations
 
 import collections
-import functools
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..instrument import ImportWatch
-from ..patch import Patches
+from .watch import MethodWatch
 
 label = "MLflow"
 
@@ -46,49 +44,16 @@ _created: collections.deque[tuple[float, str, Any]] = collections.deque(maxlen=3
 _created_lock = threading.Lock()
 
 
-class RunWatch:
-    """Notes every run ``MlflowClient.create_run`` makes between ``start()`` and ``stop()``."""
+def _noted(client: Any, run: Any) -> None:
+    run_id = getattr(getattr(run, "info", None), "run_id", None)
+    if isinstance(run_id, str):
+        with _created_lock:
+            _created.append((time.time(), run_id, client))
 
-    def __init__(self) -> None:
-        self._patches = Patches("mlflow watch")
-        self._finder: ImportWatch | None = None
-        self._on = False
 
-    def start(self) -> RunWatch:
-        self._on = True
-        if MODULE in sys.modules:
-            self._wrap(MODULE)
-        else:
-            self._finder = ImportWatch([MODULE], self._wrap).install()
-        return self
-
-    def _wrap(self, name: str) -> None:
-        cls = getattr(sys.modules.get(name), "MlflowClient", None)
-        if not isinstance(cls, type) or not self._on:
-            return
-        watch = self
-
-        def make(inner: Any) -> Any:
-            @functools.wraps(inner)
-            def create_run(client: Any, *args: Any, **kwargs: Any) -> Any:
-                run = inner(client, *args, **kwargs)
-                if watch._on:  # inert once the watch stopped (NOTE [ One patcher ])
-                    run_id = getattr(getattr(run, "info", None), "run_id", None)
-                    if isinstance(run_id, str):
-                        with _created_lock:
-                            _created.append((time.time(), run_id, client))
-                return run
-
-            return create_run
-
-        self._patches.wrap(cls, "create_run", make)
-
-    def stop(self) -> list[str]:
-        self._on = False
-        if self._finder is not None:
-            self._finder.remove()
-            self._finder = None
-        return self._patches.restore()
+def watch() -> MethodWatch:
+    """Notes every run ``MlflowClient.create_run`` makes while it runs."""
+    return MethodWatch("mlflow watch", [MODULE], "MlflowClient", "create_run", _noted)
 
 
 def active(since: float) -> list[Target]:

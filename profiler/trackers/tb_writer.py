@@ -1,6 +1,6 @@
 """TensorBoard: the ``SummaryWriter``s the script makes while profiled, and logging into them.
 
-Live writers are found by wrapping ``SummaryWriter.__init__`` through the one patcher
+Live writers are found by wrapping ``SummaryWriter.__init__`` (trackers/watch.py) through the one patcher
 (NOTE [ One patcher ] in patch.py) while a Profile runs, and only once the script
 imports ``torch.utils.tensorboard`` or ``tensorboardX`` (an import watch, as for the
 framework hooks): Lightning's ``TensorBoardLogger`` and HF Trainer's
@@ -14,7 +14,6 @@ runs.
 
 from __future__ import annotations
 
-import functools
 import gc
 import os
 import shutil
@@ -23,8 +22,7 @@ import threading
 import weakref
 from typing import Any
 
-from ..instrument import ImportWatch
-from ..patch import Patches
+from .watch import MethodWatch
 
 label = "TensorBoard"
 #: modules whose ``SummaryWriter`` we watch (torch's is preferred by Lightning and HF)
@@ -40,53 +38,19 @@ MAX_FOLDERS = 8
 _seen_lock = threading.Lock()
 
 
-class WriterWatch:
-    """Notes every SummaryWriter made between ``start()`` and ``stop()``."""
+def _noted(writer: Any, _: Any) -> None:
+    folder = _logdir(writer)
+    with _seen_lock:
+        _seen.add(writer)
+        if folder and folder not in _folders and len(_folders) < MAX_FOLDERS:
+            _folders.append(folder)
 
-    def __init__(self) -> None:
-        self._patches = Patches("tensorboard watch")
-        self._finder: ImportWatch | None = None
-        self._on = False
 
-    def start(self) -> WriterWatch:
-        self._on = True
-        with _seen_lock:
-            _folders.clear()
-        pending = [name for name in MODULES if name not in sys.modules]
-        for name in MODULES:
-            if name in sys.modules:
-                self._wrap(name)
-        if pending:
-            self._finder = ImportWatch(pending, self._wrap).install()
-        return self
-
-    def _wrap(self, name: str) -> None:
-        cls = getattr(sys.modules.get(name), "SummaryWriter", None)
-        if not isinstance(cls, type) or not self._on:
-            return
-        watch = self
-
-        def make(inner: Any) -> Any:
-            @functools.wraps(inner)
-            def __init__(writer: Any, *args: Any, **kwargs: Any) -> None:
-                inner(writer, *args, **kwargs)
-                if watch._on:  # inert once the watch stopped (NOTE [ One patcher ])
-                    folder = _logdir(writer)
-                    with _seen_lock:
-                        _seen.add(writer)
-                        if folder and folder not in _folders and len(_folders) < MAX_FOLDERS:
-                            _folders.append(folder)
-
-            return __init__
-
-        self._patches.wrap(cls, "__init__", make)
-
-    def stop(self) -> list[str]:
-        self._on = False
-        if self._finder is not None:
-            self._finder.remove()
-            self._finder = None
-        return self._patches.restore()
+def watch() -> MethodWatch:
+    """Notes every SummaryWriter made while it runs (and forgets the folders of a past one)."""
+    with _seen_lock:
+        _folders.clear()
+    return MethodWatch("tensorboard watch", MODULES, "SummaryWriter", "__init__", _noted)
 
 
 def active(since: float) -> list[Any]:
