@@ -29,6 +29,14 @@ from tests.fake_pynvml import FakeGpu, FakeNvml
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Started as a background job, the test processes ignore SIGINT and every process a test
+    # starts inherits that (an ignored signal stays ignored across exec): the tests that
+    # press Ctrl-C on a child need it handled, as at a terminal.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def strict_json(text: str) -> object:
     """``json.loads`` that refuses NaN and Infinity, as jq and JavaScript do."""
 

@@ -72,9 +72,7 @@ def test_a_signal_during_a_trial_ends_with_one_line_and_no_trial_left(tmp_path: 
     proc = subprocess.Popen(
         [LOADPROF, *argv, str(script), str(marker)],
         cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True,
-        # Python leaves SIGINT ignored when it starts ignored (a background job): Ctrl-C as at a terminal
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while not marker.exists():
