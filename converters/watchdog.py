@@ -32,6 +32,7 @@ else DEFAULT_STALL.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import faulthandler
 import os
 import pickle
@@ -56,6 +57,8 @@ __all__ = ["run_watched", "DEFAULT_STALL", "default_stall", "memory_budget"]
 # 1 MB/s, far below any disk, while a looping libhdf5 never reports again.
 DEFAULT_STALL = 30.0
 STALL_ENV = "LOADPROF_HDF5_STALL"
+#: prctl(2): the signal a process gets when its parent ends (linux/prctl.h)
+PR_SET_PDEATHSIG = 1
 
 # Set in a watched child: its progress callback, which nested run_watched calls share.
 _in_child: Callable[[int], None] | None = None
@@ -106,8 +109,22 @@ def _send(out: BinaryIO, message: tuple[str, Any]) -> None:
     out.flush()
 
 
-def _work(fd: int, target: Callable[..., Any], args: tuple[Any, ...], budget: int | None) -> None:
+def _die_with(parent: int) -> None:
+    """Have Linux SIGKILL this child when ``parent`` ends, however it ends: a parent killed
+    with SIGKILL runs no handler, and a libhdf5 that loops would spin on alone."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it ended before the request was made
+        os._exit(1)
+
+
+def _work(fd: int, target: Callable[..., Any], args: tuple[Any, ...], budget: int | None, parent: int) -> None:
     """The child's side: run ``target``, send progress and the outcome on ``fd``."""
+    _die_with(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # The parent's one line is the whole report: nothing of a crash dump or a library's
@@ -144,10 +161,10 @@ def _work(fd: int, target: Callable[..., Any], args: tuple[Any, ...], budget: in
 def _serve() -> None:
     """Entry point of a fresh interpreter: ``python -c '...; _serve()' FD``, the job on stdin."""
     fd = int(sys.argv[1])
-    path, budget = pickle.load(sys.stdin.buffer)
+    path, budget, parent = pickle.load(sys.stdin.buffer)
     sys.path[:] = path
     target, args = pickle.load(sys.stdin.buffer)
-    _work(fd, target, args, budget)
+    _work(fd, target, args, budget, parent)
 
 
 class _Child:
@@ -159,6 +176,7 @@ class _Child:
         self.popen: subprocess.Popen[bytes] | None = None
         self.pid = 0
         self.code: int | None = None  # once reaped
+        parent = os.getpid()
         if threading.active_count() == 1 and sys.platform != "darwin":
             with warnings.catch_warnings():
                 # Python 3.12+ warns about forking with native threads; see the NOTE for why it is safe here.
@@ -168,7 +186,7 @@ class _Child:
                 code = 0
                 try:
                     os.close(read)
-                    _work(write, target, args, budget)
+                    _work(write, target, args, budget, parent)
                 except BaseException:
                     code = 1
                 finally:
@@ -182,7 +200,7 @@ class _Child:
         self.pid = self.popen.pid
         assert self.popen.stdin is not None
         with contextlib.suppress(BrokenPipeError):
-            self.popen.stdin.write(pickle.dumps((list(sys.path), budget)) + pickle.dumps((target, args)))
+            self.popen.stdin.write(pickle.dumps((list(sys.path), budget, parent)) + pickle.dumps((target, args)))
             self.popen.stdin.close()
 
     def wait(self, timeout: float) -> int | None:

@@ -341,6 +341,39 @@ def _forked_children(pid: int) -> list[str]:
         return []
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl's parent-death signal is Linux's")
+def test_the_watched_check_ends_with_a_convert_killed_by_sigkill(tmp_path):
+    """A looping libhdf5 in the watched child must not outlive a parent no handler can save."""
+    np.save(tmp_path / "x.npy", np.arange(10))
+    out = tmp_path / "out.h5"
+    shutil.copy(DATA / "hdf5_hangs_libhdf5.h5", out)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from loadprof.cli import main_entry; main_entry()",
+         "convert", str(tmp_path / "x.npy"), str(out), "--to", "hdf5", "--overwrite"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "LOADPROF_HDF5_STALL": "60"},
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (children := _forked_children(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert children, "the watched check never began"
+    finally:
+        proc.kill()
+        proc.communicate()
+    child = Path(f"/proc/{children[0]}")
+    deadline = time.monotonic() + 10
+    while child.exists() and "Z" not in _state(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not child.exists() or "Z" in _state(child), "the watched child outlived its parent"
+
+
+def _state(proc_dir: Path) -> str:
+    try:
+        return (proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "Z"
+
+
 @pytest.mark.parametrize("how", ["stall", "SIGTERM", "SIGINT"])
 def test_overwrite_onto_an_hdf5_file_that_hangs_libhdf5_stops(tmp_path, how):
     """Checking whether OUT is ours looped for ever in libhdf5, deaf to SIGTERM and Ctrl-C."""
