@@ -117,8 +117,7 @@ def torch_input_advice(run: Run, diagnosis: Diagnosis, loader: LoaderInfo,
         # Waiting on I/O does not use a core: more workers than cores can hide latency.
         cap = max(cap, 2 * per_rank)
     # A worker makes whole batches, and an epoch's iterator hands out only its own: more
-    # workers than an epoch's batches wait idle (15 workers on 4 batches an epoch measured
-    # 3x on an H100 machine, where 15 were estimated at 14x)
+    # workers than an epoch's batches wait idle
     capped_by = "the usable cores"
     epoch = math.ceil(loader.dataset_length / loader.batch_size) if loader.dataset_length and loader.batch_size else 0
     if 0 < epoch < cap:
@@ -140,7 +139,7 @@ def torch_input_advice(run: Run, diagnosis: Diagnosis, loader: LoaderInfo,
             basis = "estimate: the workers' CPU and wall time over the free cores"
             shared = ""
             if shares:
-                # measured on two cores, the model of that sharing missed by +10% to +113%
+                # what the sharing costs the model's threads, no model here predicted within 15%
                 # (docs/dev/advice-accuracy.md): no figure rather than one that does not come true
                 speedup = None
                 basis = "no estimate: the workers would share the cores with the model; " + MEASURE.split(": ", 1)[1]

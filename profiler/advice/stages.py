@@ -54,9 +54,9 @@ def _stage_estimate(run: Run, model: Pipeline, m: Metrics, rows: list[StageRow],
         return None, "no estimate: the stage model does not reproduce the measured step; " + MEASURE.split(": ", 1)[1]
     cpu_model = not run.environment.cuda_in_use
     if cpu_model and not model.workers and changed.batch * changed.sample_s < model.compute_s:
-        # A model on the CPU, timed between in-process loads, ran slower than it does once
-        # they are gone (11.2 against ~4.5 ms a step measured on two cores): where compute would then
-        # set the step, that figure would not come true.
+        # A model on the CPU, timed between in-process loads, runs slower than it does once
+        # they are gone (docs/dev/advice-accuracy.md): where compute would then set the
+        # step, the figure would not come true.
         return None, ("no estimate: compute would set the step, and it was timed between in-process loads, "
                       "which slow it; " + MEASURE.split(": ", 1)[1])
     return round(speedup, 2), "estimate: the stage model (stagemodel.py) without these stages"

@@ -77,8 +77,7 @@ def tf_input_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, d: 
         serial = (m.wait_cpu_cores or 0.0) * m.wait_per_step if python_map else 0.0
         # all the CPU a step takes today, over the cores: where that sets the step and the calls
         # are CPU work (not waits), they and the model's threads would share the cores, at a
-        # cost no model here predicted within 15% (2.00x estimated, 1.32x measured on two
-        # cores): then no figure
+        # cost no model here predicted within 15% (docs/dev/advice-accuracy.md): then no figure
         cpu_floor = (m.tree_cpu_cores or 0.0) * step / max(1, cores)
         new_step = max(compute, pipeline / parallel, serial, cpu_floor) if pipeline else 0.0
         shares = cpu_floor >= 0.8 * new_step and (m.wait_cpu_cores or 0.0) >= 0.5
