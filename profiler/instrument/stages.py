@@ -52,7 +52,7 @@ SWITCH_INTERVAL = 0.0002
 #: The first ``TIME_FIRST`` batches of a producing process are timed stage by stage, then
 #: one in ``TIME_EVERY`` (NOTE [ Timing a sample of the batches ]).
 TIME_FIRST = 8
-TIME_EVERY = 8
+TIME_EVERY = 16
 #: In the training process each timed fetch also wakes the stack sampler there, which
 #: takes the GIL from the loop: one in ``TIME_EVERY_MAIN`` after the first.
 TIME_EVERY_MAIN = 32
