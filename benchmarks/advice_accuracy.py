@@ -1,12 +1,14 @@
 """Advice accuracy: each recommendation's estimated speed-up against the speed-up
 measured by applying it.
 
-For each shipped example, a bounded baseline run (``warmup + steps`` training
-steps, in a child process: loadprof's trial machinery, as ``loadprof tune`` uses)
-is diagnosed; every recommendation that carries an estimate and that loadprof's
-fixes can apply from outside the script (DataLoader workers, prefetch, cache,
-tf.data prefetch/parallel map/cache, mixed precision, accumulation) is then run
-as a trial with that change alone. Each round (``--repeats``) runs a baseline and
+For each shipped example and each realistic script of ``advice_scripts/``, a
+bounded baseline run (``warmup + steps`` training steps, in a child process:
+loadprof's trial machinery, as ``loadprof tune`` uses) is diagnosed; every
+recommendation that loadprof's fixes can apply from outside the script
+(DataLoader workers, prefetch, cache, tf.data prefetch/parallel map/cache, mixed
+precision, accumulation), or that the script's own flag applies as the snippet
+says (``Example.flags``), is then run as a trial with that change alone. A
+multi-rank job (``JOBS``) runs whole under torchrun, baseline and fixed. Each round (``--repeats``) runs a baseline and
 then the trials; a trial's speed-up is its throughput (samples/s after warm-up)
 over its own round's baseline, so load that drifts between rounds cancels. The
 measured speed-up is the median over rounds, the estimate the baselines' median
