@@ -159,14 +159,15 @@ class TfStages:
         cpu_clock = self._cpu_clock
         lock = self._lock
 
-        def __call__(registry: Any, token: Any, device: Any, args: Any) -> Any:
+        # the rest of the call passed as it came: another TensorFlow's signature still runs
+        def __call__(registry: Any, token: Any, *rest: Any, **kwargs: Any) -> Any:
             stage = by_token.get(token)
             if stage is None or not ours():
-                return original(registry, token, device, args)
+                return original(registry, token, *rest, **kwargs)
             c0 = cpu_clock()
             t0 = clock()
             try:
-                return original(registry, token, device, args)
+                return original(registry, token, *rest, **kwargs)
             finally:
                 t1 = clock()
                 c1 = cpu_clock()
