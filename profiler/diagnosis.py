@@ -26,14 +26,11 @@ from typing import Any
 
 from .loaderhost import oversubscribed, shards_fewer_than_workers, shm_fit, shm_small, start_up
 from .oom import OutOfMemory, classify, describe
-from .records import GpuSample, HostSample, LoaderInfo, Run, Step
+from .records import GpuSample, HostSample, LoaderInfo, Run, Step, is_tf
 from .stagemodel import loading, top_stage_line
 from .units import size_text
 
 VERDICTS = ("data-starved", "compute-bound", "memory-bound", "host-bound", "inconclusive")
-
-#: ``LoaderInfo.framework`` values of TensorFlow input pipelines.
-TF_FRAMEWORKS = ("tf.data", "keras")
 
 #: Sub-causes of a data-starved verdict.
 CAUSES = {
@@ -623,10 +620,6 @@ def _idle_or_contended(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
     if delays and max(delays) >= th.contended_run_delay and (m.cpu_busy or 0.0) >= th.cpu_saturated:
         return "cpu-bound-preprocessing"
     return "io-latency"
-
-
-def is_tf(loader: LoaderInfo | None) -> bool:
-    return loader is not None and loader.framework in TF_FRAMEWORKS
 
 
 def _tf_data_cause(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:

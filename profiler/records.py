@@ -212,6 +212,15 @@ class LoaderInfo:
     shards: int | None = None  # shards the dataset says it has (n_shards, its urls), where it says
 
 
+#: ``LoaderInfo.framework`` values of TensorFlow input pipelines (their transformations run
+#: in its C++ runtime).
+TF_FRAMEWORKS = ("tf.data", "keras")
+
+
+def is_tf(loader: LoaderInfo | None) -> bool:
+    return loader is not None and loader.framework in TF_FRAMEWORKS
+
+
 @dataclass
 class Environment:
     """Where the run happened."""

@@ -17,12 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .records import LoaderInfo, Run, StageTime
+from .records import LoaderInfo, Run, StageTime, is_tf
 
 KINDS = ("read", "decode", "transform", "user", "collate", "pin", "copy")
-#: Loaders whose stages are only the Python functions they call: tf.data's graph
-#: transformations run in C++ (NOTE [ Timing tf.data's Python functions ] in instrument/tfstages.py).
-PYTHON_ONLY = ("tf.data", "keras")
 #: The model's step time may differ from the measured one by this share at most for
 #: its estimates to be shown (advice-accuracy: beyond it the model misses something).
 TRUST = 0.25
@@ -81,7 +78,9 @@ def loading(run: Run, loader: LoaderInfo | None) -> Loading | None:
     wait = None
     if not loader.num_workers and run.steps:
         wait = 1000 * sum(s.data_wait for s in run.steps) / batches
-    python_only = loader.framework in PYTHON_ONLY
+    # TensorFlow's graph transformations run in C++: its stages are only the Python functions
+    # the pipeline calls (NOTE [ Timing tf.data's Python functions ] in instrument/tfstages.py)
+    python_only = is_tf(loader)
     fetch = None if python_only else 1000 * loader.stage_seconds / n
     return Loading(rows, 1000 * total / n, fetch, wait, n, loader.batch_size or 1, python_only)
 
