@@ -8,13 +8,15 @@ augmentations use, and a dataset that opens its files lazily would open them in 
 main process, where forked loader workers would then share the handles. So the
 reads happen in a child forked for the purpose, which answers one byte on a pipe
 and exits; the training process only waits for that byte, at most ``TIMEOUT``
-seconds, once per loader, after its hooks are removed. The child sets torch to one
-thread first (as a DataLoader worker does: OpenMP's pool does not survive a fork).
+seconds, once per loader, after its hooks are removed. The child's output goes to
+/dev/null, and it sets torch to one thread first (as a DataLoader worker does:
+OpenMP's pool does not survive a fork).
 Where ``fork`` is missing, the answer is "not checked".
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import select
 import signal
@@ -43,6 +45,7 @@ def items_repeat(dataset: Any, index: int = 0, timeout: float = TIMEOUT) -> bool
         return None
     if pid == 0:  # the child: never returns
         os.close(read)
+        _quiet()
         answer = b""
         try:
             torch = sys.modules.get("torch")
@@ -78,6 +81,20 @@ def items_repeat(dataset: Any, index: int = 0, timeout: float = TIMEOUT) -> bool
     finally:
         os.close(read)
         _reap(pid)
+
+
+def _quiet() -> None:
+    """Keep the child off the user's terminal: a print in the dataset would show twice,
+    and faulthandler's dump of a read that kills the child would read as the run's own
+    crash (the answer is then only "not checked")."""
+    faulthandler.disable()
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
 
 
 def _reap(pid: int) -> None:

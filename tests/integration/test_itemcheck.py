@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -95,6 +96,28 @@ def test_the_check_leaves_the_training_process_random_state_as_it_was() -> None:
 def test_a_dataset_that_fails_or_hangs_is_not_checked() -> None:
     assert items_repeat(Broken()) is None
     assert items_repeat(Stuck(), timeout=0.3) is None
+
+
+CRASHING_READ = """
+import os, signal
+from loadprof.instrument.itemcheck import items_repeat
+
+class Crash:
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        print("reading", i)
+        os.kill(os.getpid(), signal.SIGBUS)
+
+print(items_repeat(Crash()))
+"""
+
+
+def test_the_checking_child_writes_nothing_to_the_terminal_even_when_a_read_kills_it() -> None:
+    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", CRASHING_READ],
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "None\n", "")
 
 
 @pytest.mark.parametrize("repeat, cached", [(False, False), (True, True), (None, True)])
