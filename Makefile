@@ -4,7 +4,13 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-PIP    := $(BIN)/python -m pip install -q -c constraints-dev.txt
+# uv installs what pip would, in half the time; compiled to bytecode at install, as
+# pip does (where PYTHONDONTWRITEBYTECODE is set, nothing else ever compiles it)
+PIP    := $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -c constraints-dev.txt
+# uv reads no pip configuration: the wheels pip is told to find (the CPU build of torch) it finds too
+ifdef PIP_FIND_LINKS
+export UV_FIND_LINKS ?= $(PIP_FIND_LINKS)
+endif
 # the demo needs the package and torch; the tests add TensorFlow and the dev tools
 DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
@@ -13,7 +19,7 @@ TEST_STAMP := $(VENV)/.installed-test
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q uv
 
 $(DEMO_STAMP): pyproject.toml constraints-dev.txt | $(VENV)/bin/python
 	$(PIP) -e '.[torch]'
