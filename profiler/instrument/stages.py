@@ -34,6 +34,7 @@ stagepipe.py).
 from __future__ import annotations
 
 import builtins
+import gc
 import io
 import os
 import sys
@@ -111,6 +112,9 @@ class StageRecorder:
         self.depth = 0  # hooked calls open on the fetching thread; 1: in the fetch itself
         self.child_wall = 0.0
         self.child_cpu = 0.0
+        # garbage collections on the fetching thread so far (NOTE [ Collections are no stage ])
+        self.gc_wall = 0.0
+        self.gc_cpu = 0.0
         self.totals: dict[tuple[str, str], list[Any]] = {}
         self.batches = 0  # batches timed
         self.seen = 0  # batches fetched, timed or not
@@ -169,13 +173,14 @@ def _timed(kind: str, name: str, fn: Callable[..., Any], order: int = 0, random:
         saved_w, saved_c = rec.child_wall, rec.child_cpu
         rec.child_wall = rec.child_cpu = 0.0
         rec.depth += 1
+        g0, gc0 = rec.gc_wall, rec.gc_cpu
         c0 = _cpu()
         t0 = _perf()
         try:
             return fn(*args, **kwargs)
         finally:
-            dw = _perf() - t0
-            dc = _cpu() - c0
+            dw = _perf() - t0 - (rec.gc_wall - g0)
+            dc = _cpu() - c0 - (rec.gc_cpu - gc0)
             rec.depth -= 1
             acc = rec.slot(kind, named(args[0]) if named is not None and args else name, order, random)
             acc[0] += dw - rec.child_wall
@@ -200,11 +205,12 @@ class TimedReader(io.BufferedReader):
         if rec is None or rec.thread != _ident():
             return method(self, *args)
         rec.depth += 1
+        g0 = rec.gc_wall
         t0 = _perf()
         try:
             out = method(self, *args)
         finally:
-            dw = _perf() - t0
+            dw = _perf() - t0 - (rec.gc_wall - g0)
             rec.depth -= 1
         acc = rec.slot("read", READ_SLOT)
         acc[0] += dw
@@ -234,6 +240,7 @@ def _wrap_open(original: Callable[..., Any]) -> Callable[..., Any]:
         plain = (mode in ("rb", "br") and buffering == -1 and not args and not kwargs
                  and isinstance(file, (str, bytes, os.PathLike)))
         rec.depth += 1
+        g0 = rec.gc_wall
         t0 = _perf()
         try:
             if plain:
@@ -246,7 +253,7 @@ def _wrap_open(original: Callable[..., Any]) -> Callable[..., Any]:
             else:
                 out = original(file, mode, buffering, *args, **kwargs)
         finally:
-            dw = _perf() - t0
+            dw = _perf() - t0 - (rec.gc_wall - g0)
             rec.depth -= 1
         acc = rec.slot("read", READ_SLOT)
         acc[0] += dw
@@ -481,6 +488,7 @@ def _wrap_fetch(rest: str) -> Callable[[Any], Any]:
             switch = _getswitch()
             if switch > SWITCH_INTERVAL:
                 _setswitch(SWITCH_INTERVAL)  # NOTE [ Sampling the user's code ]
+            g0, gc0 = rec.gc_wall, rec.gc_cpu
             c0 = _cpu()
             t0 = _perf()
             done = False
@@ -489,8 +497,8 @@ def _wrap_fetch(rest: str) -> Callable[[Any], Any]:
                 done = True
                 return out
             finally:
-                dw = _perf() - t0
-                dc = _cpu() - c0
+                dw = _perf() - t0 - (rec.gc_wall - g0)
+                dc = _cpu() - c0 - (rec.gc_cpu - gc0)
                 _state.current = None
                 _state.fetching.clear()
                 rec.depth = 0
@@ -517,6 +525,27 @@ def _wrap_fetch(rest: str) -> Callable[[Any], Any]:
 _after_fetch: Callable[[StageRecorder], None] | None = None
 
 
+# NOTE [ Collections are no stage ]
+# A garbage collection runs in whatever call allocated last, and beside a framework's
+# millions of objects a full one takes a good part of a second: counted there, it makes
+# that call (PIL's Image.open, say) the slowest stage. The loop's waits leave collections
+# out (NOTE [ Garbage collection in a wait ] in timeline.py); so do the stages: every
+# timed call subtracts the collections its thread ran meanwhile.
+_gc_started: list[float] = [0.0, 0.0]
+
+
+def _on_gc(phase: str, info: dict[str, Any]) -> None:
+    rec = _state.current
+    if rec is None or rec.thread != _ident():
+        return
+    if phase == "start":
+        _gc_started[0], _gc_started[1] = _perf(), _cpu()
+    elif _gc_started[0]:
+        rec.gc_wall += _perf() - _gc_started[0]
+        rec.gc_cpu += _cpu() - _gc_started[1]
+        _gc_started[0] = 0.0
+
+
 def install() -> None:
     """Install the stage hooks in this process (once)."""
     if _state.patches is not None:
@@ -533,6 +562,8 @@ def install() -> None:
     wrap(_fetch._IterableDatasetFetcher, "fetch", _wrap_fetch("rest of __iter__"))
     wrap(builtins, "open", _wrap_open)
     wrap(io, "open", lambda f: builtins.open)
+    if _on_gc not in gc.callbacks:
+        gc.callbacks.append(_on_gc)
     hook_modules()
 
 
@@ -589,6 +620,8 @@ def uninstall() -> list[str]:
         _state.sampler.stop()
         _state.sampler = None
     unwrap_transforms()
+    if _on_gc in gc.callbacks:
+        gc.callbacks.remove(_on_gc)
     problems = _state.patches.restore() if _state.patches is not None else []
     _state.patches = None
     _state.hooked.clear()
