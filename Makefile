@@ -19,13 +19,15 @@ TEST_STAMP := $(VENV)/.installed-test
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
+
+$(BIN)/uv: | $(VENV)/bin/python
 	$(BIN)/python -m pip install -q uv
 
-$(DEMO_STAMP): pyproject.toml constraints-dev.txt | $(VENV)/bin/python
+$(DEMO_STAMP): pyproject.toml constraints-dev.txt | $(BIN)/uv
 	$(PIP) -e '.[torch]'
 	touch $@
 
-$(TEST_STAMP): pyproject.toml constraints-dev.txt | $(VENV)/bin/python
+$(TEST_STAMP): pyproject.toml constraints-dev.txt | $(BIN)/uv
 	$(PIP) -e '.[torch,dev]' tensorflow-cpu
 	touch $@ $(DEMO_STAMP)
 

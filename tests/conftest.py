@@ -35,6 +35,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # press Ctrl-C on a child need it handled, as at a terminal.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # TensorFlow's oneDNN allocator waits 10 s for memory to be freed before it reports an
+    # out-of-memory error; its plain CPU allocator reports the same error at once (named
+    # "cpu", not "mklcpu"). Read at TensorFlow's import: the test processes and their
+    # children run without it.
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 
 def strict_json(text: str) -> object:

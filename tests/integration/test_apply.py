@@ -17,8 +17,11 @@ from loadprof.fixes.cache import CachedDataset, check_cacheable
 class Slow(Dataset):
     """Deterministic items that cost ~4 ms each: a data-starved loop with no workers."""
 
+    def __init__(self, n: int = 192) -> None:
+        self.n = n
+
     def __len__(self) -> int:
-        return 192
+        return self.n
 
     def __getitem__(self, i: int):
         time.sleep(0.004)
@@ -40,7 +43,7 @@ def train(epochs: int = 4, evaluate: bool = False) -> tuple[list[float], DataLoa
     joins the list)."""
     torch.manual_seed(0)
     loader = DataLoader(Slow(), batch_size=16, shuffle=True, num_workers=0)
-    val = DataLoader(Slow(), batch_size=64, num_workers=0) if evaluate else None
+    val = DataLoader(Slow(64), batch_size=64, num_workers=0) if evaluate else None
     model = torch.nn.Linear(16, 3)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -54,7 +55,8 @@ SCRIPT = textwrap.dedent("""
 def tmux(tmp_path: Path) -> Iterator[Callable[..., str]]:
     if TMUX is None:
         pytest.skip("tmux is not installed (apt-get install tmux): the live view needs a real terminal to test")
-    socket = f"loadprof-test-{os.getpid()}"
+    # a server per test: the previous test's may still be going away when the next starts
+    socket = f"loadprof-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
     def run(*args: str) -> str:
         return subprocess.run([TMUX, "-L", socket, "-f", "/dev/null", *args], check=True,

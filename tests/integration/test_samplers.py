@@ -725,7 +725,9 @@ def test_host_readings_come_from_a_helper_process_that_is_no_worker_and_ends_wit
         assert host.problems() == []
         (helper,) = helper_pids()
         served_from = time.perf_counter() - began
+        wall, cpu = time.perf_counter(), time.thread_time()
         burn(0.4)  # this thread's CPU, read by the helper from outside
+        share = 100 * (time.thread_time() - cpu) / (time.perf_counter() - wall)
         n = len(s.host_samples)
         assert wait_until(lambda: len(s.host_samples) > n + 3)  # handed over every DRAIN_EVERY intervals
         tree = host.pids()  # as the helper listed it
@@ -740,7 +742,9 @@ def test_host_readings_come_from_a_helper_process_that_is_no_worker_and_ends_wit
     assert times == sorted(times) and 0.0 <= times[0] and times[-1] <= elapsed  # on the sampler's clock
     late = [h for h in samples if h.t > served_from + 0.05]
     assert len(late) >= 10
-    assert statistics.median(h.process_cpu for h in late[:10]) > 50.0  # the burn, seen from the helper
+    # the burn, seen from the helper: on a busy host the thread gets less than a core, and
+    # the helper reads what it got (the process's CPU, at least this thread's)
+    assert statistics.median(h.process_cpu for h in late[:10]) > share / 2, share
     assert all(h.window > 0 for h in late)
 
 
