@@ -99,7 +99,7 @@ def test_a_slow_validation_pass_each_epoch_is_left_out_of_the_training_steps():
 
 
 class _CollectingDataset(torch.utils.data.Dataset):
-    """In-memory samples; the first sample of each batch sets off a full garbage
+    """In-memory samples; the first sample of every other batch sets off a full garbage
     collection, as a dataset growing a cache of Python objects does now and then."""
 
     def __init__(self, n: int, batch_size: int) -> None:
@@ -111,7 +111,7 @@ class _CollectingDataset(torch.utils.data.Dataset):
         return len(self.y)
 
     def __getitem__(self, i: int):
-        if i % self.batch_size == 0:
+        if i % (2 * self.batch_size) == 0:
             gc.collect()
             self.collections += 1
         return self.x[i], self.y[i]
@@ -126,10 +126,10 @@ def test_garbage_collections_inside_batch_waits_are_not_input_time():
     report = profiled(lambda: loops.train(loader, loops.heavy_model(width=1024))).report
     del heap
     run = report.run
-    assert data.collections == 16
+    assert data.collections == 8
     assert report.verdict == "compute-bound"
     assert report.data_wait_fraction < 0.05
-    assert run.probes["gc_collections"] >= 16
+    assert run.probes["gc_collections"] >= 8
     assert run.probes["gc_in_wait_seconds"] >= 0.8 * run.probes["gc_seconds"] > 0
     assert "gc_in_waits" in [e["key"] for e in report.to_dict()["evidence"]]
 

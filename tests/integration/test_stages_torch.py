@@ -117,12 +117,12 @@ def test_heavy_png_decode_leads_the_table(tmp_path):
             decode += time.thread_time() - t0
     expected = decode / _batches_time(ds, len(paths))
     _, load = _profile(ds)
-    # the decode stages lead together; which of them is first moves with a busy host's
-    # stretch of wall time (the CPU is in the PNG decode)
-    assert load.rows[0].kind == "decode" and any("PNG" in r.name for r in load.rows if r.kind == "decode")
     # their CPU's share, as the expectation is measured: on a host shared with other work
-    # (a CI runner) wall time stretches wherever the loop is preempted, CPU time does not
+    # (a CI runner) wall time stretches wherever the loop is preempted (the rest of
+    # __getitem__ led the table once, three test processes on two cores), CPU time does not
     cpu = [r for r in load.rows if r.cpu_ms_per_batch is not None]
+    assert max(cpu, key=lambda r: r.cpu_ms_per_batch or 0.0).kind == "decode"
+    assert any("PNG" in r.name for r in load.rows if r.kind == "decode")
     decodes = sum(r.cpu_ms_per_batch or 0.0 for r in cpu if r.kind == "decode") / sum(
         r.cpu_ms_per_batch or 0.0 for r in cpu)
     table = [(r.stage, round(r.share, 2), r.cpu_ms_per_batch) for r in load.rows[:5]]

@@ -342,9 +342,9 @@ def test_evaluate_and_predict_inside_the_block_are_not_counted_as_steps():
 # -- long fits ----------------------------------------------------------------------------------
 def test_a_long_fit_keeps_its_measured_input_time_for_every_step_and_bounded_memory(monkeypatch):
     # Past its bound the timeline merges older step records pairwise; the bound is lowered
-    # so that 8,000 steps of a tiny model (seconds) pass it several times.
-    monkeypatch.setattr("loadprof.timeline.MAX_STEP_RECORDS", 1000)
-    epochs, per_epoch = 4, 2000
+    # so that 4,000 steps of a tiny model (seconds) pass it several times.
+    monkeypatch.setattr("loadprof.timeline.MAX_STEP_RECORDS", 250)
+    epochs, per_epoch = 4, 1000
     x, y = arrays(per_epoch, features=4)
     opts = tf.data.Options()
     opts.experimental_optimization.inject_prefetch = False
@@ -371,7 +371,7 @@ def test_a_long_fit_keeps_its_measured_input_time_for_every_step_and_bounded_mem
 
     prof = profiled(lambda: model.fit(ds, epochs=epochs, verbose=0, callbacks=[Memory()]))
     steps = prof.run.steps
-    assert sum(s.merged for s in steps) == epochs * per_epoch and len(steps) <= 1000
+    assert sum(s.merged for s in steps) == epochs * per_epoch and len(steps) <= 250
     assert prof.run.data_wait_method == "differential"
     merged = [s for s in steps if s.merged > 1]
     single = [s for s in steps if s.merged == 1]
@@ -381,7 +381,7 @@ def test_a_long_fit_keeps_its_measured_input_time_for_every_step_and_bounded_mem
     # the older steps, merged before the probe measured them after the run, kept their waits
     assert per_step[0] > 0.3 * per_step[1], (per_step, prof.run.probes)
     # no record of a step outlives the timeline's bound, and what the process holds stops growing
-    assert alive[0] <= 1000 + 8
+    assert alive[0] <= 250 + 8
     grown = (objects[-1] - objects[0]) / ((epochs - 1) * per_epoch)
     assert grown < 0.5, f"{grown:.2f} objects per step"
 
