@@ -7,9 +7,12 @@ BIN    := $(VENV)/bin
 # uv installs what pip would, in half the time; compiled to bytecode at install, as
 # pip does (where PYTHONDONTWRITEBYTECODE is set, nothing else ever compiles it)
 PIP    := $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -c constraints-dev.txt
-# uv reads no pip configuration: the wheels pip is told to find (the CPU build of torch) it finds too
+# uv reads no pip configuration: the wheels pip is told to find (the CPU build of torch) it finds
+# too (pip's list is separated by spaces, uv's by commas)
+empty :=
+comma := ,
 ifdef PIP_FIND_LINKS
-export UV_FIND_LINKS ?= $(PIP_FIND_LINKS)
+export UV_FIND_LINKS ?= $(subst $(empty) $(empty),$(comma),$(strip $(PIP_FIND_LINKS)))
 endif
 # the demo needs the package and torch; the tests add TensorFlow and the dev tools
 DEMO_STAMP := $(VENV)/.installed-demo
