@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import faulthandler
 import os
 import pickle
 import select
@@ -48,6 +47,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
+from ..quietchild import silence
 from .errors import ConvertError
 
 __all__ = ["run_watched", "DEFAULT_STALL", "default_stall", "memory_budget"]
@@ -129,11 +129,7 @@ def _work(fd: int, target: Callable[..., Any], args: tuple[Any, ...], budget: in
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # The parent's one line is the whole report: nothing of a crash dump or a library's
     # message goes to the terminal from here.
-    faulthandler.disable()
-    null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 1)
-    os.dup2(null, 2)
-    os.close(null)
+    silence()
     _limit_memory(budget)
     with open(fd, "wb", closefd=True) as out:
 

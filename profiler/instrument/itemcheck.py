@@ -16,13 +16,14 @@ Where ``fork`` is missing, the answer is "not checked".
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import select
 import signal
 import sys
 import time
 from typing import Any
+
+from ..quietchild import silence
 
 #: The longest the training process waits for the child's answer (the item's reads).
 TIMEOUT = 5.0
@@ -45,7 +46,7 @@ def items_repeat(dataset: Any, index: int = 0, timeout: float = TIMEOUT) -> bool
         return None
     if pid == 0:  # the child: never returns
         os.close(read)
-        _quiet()
+        silence()
         answer = b""
         try:
             torch = sys.modules.get("torch")
@@ -81,20 +82,6 @@ def items_repeat(dataset: Any, index: int = 0, timeout: float = TIMEOUT) -> bool
     finally:
         os.close(read)
         _reap(pid)
-
-
-def _quiet() -> None:
-    """Keep the child off the user's terminal: a print in the dataset would show twice,
-    and faulthandler's dump of a read that kills the child would read as the run's own
-    crash (the answer is then only "not checked")."""
-    faulthandler.disable()
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-    except OSError:
-        return
-    os.dup2(null, 1)
-    os.dup2(null, 2)
-    os.close(null)
 
 
 def _reap(pid: int) -> None:
