@@ -145,6 +145,7 @@ class _State:
         self.limitations: list[str] = []
         self.hooked: set[str] = set()  # the modules hooked (hook_modules)
         self.fetching = threading.Event()  # a timed fetch runs: the site sampler reads stacks
+        self.gc_started: tuple[float, float] | None = None  # (wall, thread CPU) of a collection in a fetch
 
 
 _state = _State()
@@ -531,19 +532,17 @@ _after_fetch: Callable[[StageRecorder], None] | None = None
 # that call (PIL's Image.open, say) the slowest stage. The loop's waits leave collections
 # out (NOTE [ Garbage collection in a wait ] in timeline.py); so do the stages: every
 # timed call subtracts the collections its thread ran meanwhile.
-_gc_started: list[float] = [0.0, 0.0]
-
-
 def _on_gc(phase: str, info: dict[str, Any]) -> None:
     rec = _state.current
     if rec is None or rec.thread != _ident():
         return
     if phase == "start":
-        _gc_started[0], _gc_started[1] = _perf(), _cpu()
-    elif _gc_started[0]:
-        rec.gc_wall += _perf() - _gc_started[0]
-        rec.gc_cpu += _cpu() - _gc_started[1]
-        _gc_started[0] = 0.0
+        _state.gc_started = (_perf(), _cpu())
+    elif _state.gc_started is not None:
+        wall, cpu = _state.gc_started
+        rec.gc_wall += _perf() - wall
+        rec.gc_cpu += _cpu() - cpu
+        _state.gc_started = None
 
 
 def install() -> None:
