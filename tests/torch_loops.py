@@ -87,9 +87,14 @@ def generator_batches(n_batches: int, delay_cpu: float, batch_size: int = 32):
         yield torch.randn(batch_size, 32, generator=g), torch.randint(0, 4, (batch_size,), generator=g)
 
 
+def contended(report) -> bool:
+    """Whether the report warns that other processes held the cores (a busy CI host)."""
+    return "host-contended" in [w.id for w in report.warnings]
+
+
 def assert_verdict(report, verdict: str, cause: str) -> None:
     """What the tool must say given what it measured: ``cause``, or ``host-contended``
     where the report itself warns that other processes held the cores (a busy CI host)."""
-    contended = "host-contended" in [w.id for w in report.warnings]
     got = (report.verdict, report.cause)
-    assert got == (verdict, cause) or (contended and got == (verdict, "host-contended")), (got, report.warnings)
+    assert got == (verdict, cause) or (contended(report) and got == (verdict, "host-contended")), \
+        (got, report.warnings)

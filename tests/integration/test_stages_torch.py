@@ -67,7 +67,7 @@ def _check(report, kind: str, expected: float, name: str | None = None, toleranc
     assert top.kind == kind, table
     if name is not None:
         assert name in top.name, table
-    if "host-contended" in [w.id for w in report.warnings]:
+    if loops.contended(report):
         tolerance *= 2
     assert abs(top.share - expected) <= tolerance, (expected, table)
 
@@ -90,7 +90,7 @@ def test_a_slow_transform_leads_the_table_in_process(pngs):
     # the stages add up to the loop's own wait for its batches; on a host the report calls
     # contended the timed batches run slower than the others (each wake of the stack reader
     # hands the GIL to a thread that must wait for a core), 18-20% with a test beside this one
-    busy = "host-contended" in [w.id for w in report.warnings]
+    busy = loops.contended(report)
     assert abs(load.ms_per_batch - load.wait_ms_per_batch) <= (0.25 if busy else 0.1) * load.wait_ms_per_batch
 
 
