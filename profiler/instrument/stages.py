@@ -50,6 +50,8 @@ from ..patch import Patches
 #: the GIL switch interval while a batch is made (NOTE [ Sampling the user's code ]).
 SAMPLE_INTERVAL = 0.005
 SWITCH_INTERVAL = 0.0002
+#: Seconds the sampler sleeps between checks when no fetch runs (stop wakes it at once).
+IDLE_WAIT = 0.5
 #: The first ``TIME_FIRST`` batches of a producing process are timed stage by stage, then
 #: one in ``TIME_EVERY`` (NOTE [ Timing a sample of the batches ]).
 TIME_FIRST = 8
@@ -418,15 +420,18 @@ class _SiteSampler:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()  # seen within the loop's half-second wait: a profile leaves no thread behind
+        self._stop.set()
+        fetching = _state.fetching
+        fetching.set()  # wakes the loop from its idle wait: the run's end waits for no timeout
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=1.0)
+        fetching.clear()  # the hooks are gone: no fetch runs now
 
     def _loop(self) -> None:
         # Asleep between timed fetches: a thread that woke to find nothing to read
         # would still take the GIL from the training loop every interval.
         while not self._stop.is_set():
-            if not _state.fetching.wait(0.5) or self._stop.wait(SAMPLE_INTERVAL):
+            if not _state.fetching.wait(IDLE_WAIT) or self._stop.wait(SAMPLE_INTERVAL):
                 continue
             rec = _state.current
             if rec is None or rec.depth != 1:

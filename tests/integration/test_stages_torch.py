@@ -193,17 +193,28 @@ class Collects:
 
 
 def test_a_garbage_collection_is_left_out_of_the_stage_it_ran_in(pngs):
-    held = [[i] for i in range(1_500_000)]  # a full collection walks every one
+    held = [[i] for i in range(300_000)]  # a full collection walks every one
     t0 = time.perf_counter()
     gc.collect()
     pause = time.perf_counter() - t0
     ds = sl.ImageFolder(pngs, sl.Compose([sl.ToArray(), sl.SlowBlur(0.002), Collects()]))
-    _, load = _profile(ds, epochs=3)
+    _, load = _profile(ds)
     row = next(r for r in load.rows if r.name == "Collects()")
     # one collection a batch: counted in, the row would hold about ``pause`` a batch
     assert row.ms_per_batch < 0.25 * pause * 1000, ([(r.stage, r.ms_per_batch) for r in load.rows], pause)
     assert load.rows[0].name == "SlowBlur(0.002)", [(r.stage, round(r.share, 2)) for r in load.rows]
     del held
+
+
+def test_the_stack_reader_ends_with_the_profile_not_at_its_idle_timeout(monkeypatch):
+    from loadprof.instrument import stages
+
+    monkeypatch.setattr(stages, "IDLE_WAIT", 60.0)  # asleep, no fetch running
+    stages.start_sampler()
+    sampler = stages._state.sampler
+    stages.uninstall()  # joins it for at most a second
+    assert sampler is not None and not sampler._thread.is_alive()
+    assert not stages._state.fetching.is_set()
 
 
 def test_an_iterable_dataset_in_workers(pngs):
