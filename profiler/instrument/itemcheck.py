@@ -10,12 +10,13 @@ reads happen in a child forked for the purpose, which answers one byte on a pipe
 and exits; the training process only waits for that byte, at most ``TIMEOUT``
 seconds, once per loader, after its hooks are removed. The child's output goes to
 /dev/null, and it sets torch to one thread first (as a DataLoader worker does:
-OpenMP's pool does not survive a fork).
+OpenMP's pool does not survive a fork). It never collects what it inherited.
 Where ``fork`` is missing, the answer is "not checked".
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import select
 import signal
@@ -45,6 +46,10 @@ def items_repeat(dataset: Any, index: int = 0, timeout: float = TIMEOUT) -> bool
         os.close(write)
         return None
     if pid == 0:  # the child: never returns
+        # What the training process holds is never collected here: a collection would write
+        # to every object's header (copying the heap page by page) and run finalizers meant
+        # for the parent (a tf.data iterator's waits on threads this child does not have).
+        gc.freeze()
         os.close(read)
         silence()
         answer = b""

@@ -4,6 +4,7 @@ and the cache advice that follows from it."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -118,6 +119,43 @@ def test_the_checking_child_writes_nothing_to_the_terminal_even_when_a_read_kill
     done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", CRASHING_READ],
                           capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout, done.stderr) == (0, "None\n", "")
+
+
+PARENTS_GARBAGE = """
+import gc, os, sys
+from loadprof.instrument.itemcheck import items_repeat
+
+class Held:
+    def __init__(self):
+        self.me = self  # a cycle: freed only by a collection
+    def __del__(self):
+        os.write(int(sys.argv[1]), b"finalized in %d\\n" % os.getpid())
+
+class Collects:
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        gc.collect()
+        return i
+
+gc.disable()
+Held()
+print(items_repeat(Collects()), os.getpid(), flush=True)
+"""
+
+
+def test_the_checking_child_never_collects_what_the_training_process_holds() -> None:
+    # the parent's garbage, finalized in the child, would run a finalizer meant for the
+    # parent (a tf.data iterator's joins TensorFlow's threads, which a fork has not)
+    read, write = os.pipe()
+    done = subprocess.run([sys.executable, "-c", PARENTS_GARBAGE, str(write)], capture_output=True, text=True,
+                          timeout=60, pass_fds=(write,))
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        finalized = pipe.read().split()
+    answer, parent = done.stdout.split()
+    assert (done.returncode, answer) == (0, "True"), done.stderr
+    assert finalized in ([], ["finalized", "in", parent]), finalized  # at the parent's exit, if at all
 
 
 @pytest.mark.parametrize("repeat, cached", [(False, False), (True, True), (None, True)])
