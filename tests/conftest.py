@@ -6,8 +6,10 @@ Imported as ``tests.conftest``; helper modules with real training loops live bes
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -40,6 +42,16 @@ def pytest_configure(config: pytest.Config) -> None:
     # "cpu", not "mklcpu"). Read at TensorFlow's import: the test processes and their
     # children run without it.
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    # The suite runs more test processes, each with its children, than the machine has
+    # cores. OpenMP's threads (torch's intra-op pool) spin before they sleep by default, and
+    # spinning on a core another process needs burned 15-40% more CPU for the same work.
+    # Read when torch loads libgomp: none of this is loaded yet.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # A test that ran TensorFlow can leave cyclic garbage holding a tf.data iterator, whose
+    # destructor waits for TensorFlow's threads. Collected inside a DataLoader worker forked
+    # later from this process, where those threads do not exist, it waited forever. What a
+    # forked child inherits is never collected there.
+    os.register_at_fork(after_in_child=gc.freeze)
 
 
 def strict_json(text: str) -> object:
@@ -242,6 +254,61 @@ def torchrun(tmp_path: Path, nproc: int = 2, **env: str) -> tuple[int, str, dict
     path = tmp_path / "r.json"
     assert path.exists(), out[-3000:]
     return code, out, json.loads(path.read_text())
+
+
+def check_a_job(capsys: pytest.CaptureFixture[str], job: Path, folder: Path) -> None:
+    """``loadprof check`` on a real job's report: every limit, with the job itself and with
+    a single process's run as the baseline."""
+    from loadprof.cli import main
+    from loadprof.report import build_report, write_json
+
+    def check(*argv: str) -> tuple[int, list[str], list[str]]:
+        code = main(["check", *argv])
+        out, err = capsys.readouterr()
+        return code, out.splitlines(), err.splitlines()
+
+    report = json.loads(job.read_text())
+    ranks = [r for r in report["ranks"] if r["data_wait_fraction"] is not None]
+    worst = max(ranks, key=lambda r: r["data_wait_fraction"])
+    rank, share = worst["rank"], worst["data_wait_fraction"]
+    assert len(ranks) == 2 and share > 0.05, report["ranks"]
+    code, out, err = check(str(job), "--max-data-wait", f"{share + 0.005:.4f}")
+    assert code == 0 and err == [], (out, err)
+    assert f"data wait {share:.1%} on rank {rank} (the job's worst)" in out[0] and "the job's slowest" in out[0]
+    below = f"{share - 0.005:.4f}"
+    code, out, err = check(str(job), "--max-data-wait", below)
+    assert code == 1 and err == [], (out, err)
+    assert out == [f"loadprof check: {job}: data wait {share:.1%} of step time on rank {rank} (the job's worst) "
+                   f"> limit {float(below):.1%}"]
+    # itself as the baseline: the same measurements, so no slowdown; the verdict is the job's
+    code, out, err = check(str(job), "--baseline", str(job), "--max-slowdown", "0", "--fail-on", report["verdict"])
+    assert code == 1 and err == [], (out, err)
+    assert len(out) == 1 and out[0].endswith(f"is in --fail-on (baseline {report['verdict']})"), out
+    code, out, err = check(str(job), "--baseline", str(job), "--max-slowdown", "0")
+    assert code == 0 and "ok (1 limit held" in out[0], out
+    # a single process against a job: a clear mismatch, exit 2, unless forced
+    single = folder / "single.json"
+    write_json(build_report(make_run(wait=0.01)), single)
+    for run, base in ((single, job), (job, single)):
+        code, out, err = check(str(run), "--baseline", str(base), "--max-slowdown", "1000")
+        assert code == 2 and out == [] and len(err) == 1, (out, err)
+        assert "a job of 2 ranks" in err[0] and "a single process" in err[0] and "not comparable" in err[0]
+    code, out, err = check(str(single), "--baseline", str(job), "--max-data-wait", "1", "--force")
+    assert code == 0 and err == [], (out, err)
+
+
+# -- HTML pages ------------------------------------------------------------------------------
+def assert_self_contained(page: str) -> None:
+    """Nothing in the page is fetched when it is viewed."""
+    assert page.startswith("<!DOCTYPE html>")
+    assert not re.search(r"""(?:src|href|action|poster|data)\s*=\s*["']?\s*(?:https?:)?//""", page, re.I)
+    assert not re.search(r"@import|url\(\s*['\"]?(?:https?:)?//", page, re.I)
+    assert not re.search(r"<(?:script|link|iframe|object|embed|img)\b", page, re.I)
+    assert "<!DOCTYPE svg" not in page and "<?xml" not in page
+
+
+def svg_count(page: str) -> int:
+    return len(re.findall(r"<svg\b", page))
 
 
 # -- trace files ---------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """`loadprof check RUN.json`: exit 0 when every limit holds, 1 with one line per broken
-limit, 2 on a usage error or a run it cannot read; runs saved by real small loops."""
+limit, 2 on a usage error or a run it cannot read; runs saved by real small loops. A job's
+report is checked where the real jobs run (test_distributed.py, ``check_a_job``)."""
 
 from __future__ import annotations
 
@@ -181,94 +182,3 @@ def test_a_run_whose_steps_have_no_data_wait_is_an_error_not_a_zero_wait(runs, c
     assert err == [f"loadprof: error: {nulls}: run.steps[0].data_wait: null: the step has no data-wait measurement"]
     code, out, err = _check(capsys, str(runs["starved"]), "--baseline", str(nulls), "--max-slowdown", "5")
     assert code == 2 and out == [] and "has no data-wait measurement" in err[0]
-
-
-# -- multi-process jobs: real torchrun output and `loadprof merge` output ------------------
-def _job_figures(path: Path) -> tuple[int, float, int]:
-    """The worst rank by input share, that share, and the slowest rank's step (from the JSON)."""
-    ranks = [r for r in _report(path)["ranks"] if r["data_wait_fraction"] is not None]
-    worst = max(ranks, key=lambda r: r["data_wait_fraction"])
-    return worst["rank"], worst["data_wait_fraction"], len(ranks)
-
-
-def _check_a_job(capsys: pytest.CaptureFixture[str], job: Path, single: Path) -> None:
-    """Every limit on a job's report, with itself and with a single run as the baseline."""
-    report = _report(job)
-    rank, share, judged = _job_figures(job)
-    assert judged == 2 and share > 0.05, report["ranks"]
-    code, out, err = _check(capsys, str(job), "--max-data-wait", f"{share + 0.005:.4f}")
-    assert code == 0 and err == [], (out, err)
-    assert f"data wait {share:.1%} on rank {rank} (the job's worst)" in out[0] and "the job's slowest" in out[0]
-    below = f"{share - 0.005:.4f}"
-    code, out, err = _check(capsys, str(job), "--max-data-wait", below)
-    assert code == 1 and err == [], (out, err)
-    assert out == [f"loadprof check: {job}: data wait {share:.1%} of step time on rank {rank} (the job's worst) "
-                   f"> limit {float(below):.1%}"]
-    # itself as the baseline: the same measurements, so no slowdown; the verdict is the job's
-    code, out, err = _check(capsys, str(job), "--baseline", str(job), "--max-slowdown", "0",
-                            "--fail-on", report["verdict"])
-    assert code == 1 and err == [], (out, err)
-    assert len(out) == 1 and out[0].endswith(f"is in --fail-on (baseline {report['verdict']})"), out
-    code, out, err = _check(capsys, str(job), "--baseline", str(job), "--max-slowdown", "0")
-    assert code == 0 and "ok (1 limit held" in out[0], out
-    # a single process against a job: a clear mismatch, exit 2, unless forced
-    for run, base in ((single, job), (job, single)):
-        code, out, err = _check(capsys, str(run), "--baseline", str(base), "--max-slowdown", "1000")
-        assert code == 2 and out == [] and len(err) == 1, (out, err)
-        assert "a job of 2 ranks" in err[0] and "a single process" in err[0] and "not comparable" in err[0]
-    code, out, err = _check(capsys, str(single), "--baseline", str(job), "--max-data-wait", "1", "--force")
-    assert code == 0 and err == [], (out, err)
-
-
-@pytest.mark.slow
-def test_a_torchrun_jobs_report_is_checked_on_its_ranks(runs, capsys, tmp_path):
-    from tests.conftest import torchrun
-
-    code, out, _ = torchrun(tmp_path, STEPS="16")
-    assert code == 0, out[-3000:]
-    _check_a_job(capsys, tmp_path / "r.json", runs["fast"])
-
-
-RANK_ALONE = """
-import os, time
-import torch
-from torch.utils.data import DataLoader, Dataset
-
-class Data(Dataset):
-    def __len__(self):
-        return 20
-
-    def __getitem__(self, i):
-        time.sleep(0.03 if os.environ["RANK"] == "1" else 0.01)
-        return torch.randn(8), torch.randn(1)
-
-model = torch.nn.Linear(8, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for x, y in DataLoader(Data(), batch_size=1):
-    loss = ((model(x) - y) ** 2).mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-"""
-
-
-@pytest.mark.slow
-def test_a_merged_jobs_report_is_checked_on_its_ranks(runs, capsys, tmp_path):
-    import subprocess
-
-    from tests.conftest import LOADPROF, finish, free_port, start
-
-    # Ranks that cannot reach each other's store each write their own file (as in
-    # test_distributed.py), which `loadprof merge` joins.
-    (tmp_path / "alone.py").write_text(RANK_ALONE)
-    port = free_port()
-    procs = [start([LOADPROF, "diagnose", "--no-gpu", "--json", "r.json", "alone.py"], tmp_path,
-                   RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   TORCHELASTIC_RUN_ID="offline", TORCHELASTIC_USE_AGENT_STORE="True", LOADPROF_DIST_TIMEOUT="2")
-             for r in (0, 1)]
-    for code, out in [finish(p, timeout=120) for p in procs]:
-        assert code == 0, out[-3000:]
-    merge = subprocess.run([LOADPROF, "merge", "r.rank0.json", "r.rank1.json", "--json", "merged.json"],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert merge.returncode == 0, merge.stderr
-    _check_a_job(capsys, tmp_path / "merged.json", runs["fast"])

@@ -49,7 +49,7 @@ def loadprof(*args: str, cwd: Path | None = None, timeout: float = 120, **kw) ->
 
 
 @pytest.mark.slow
-def test_diagnose_runs_the_script_as_python_would_and_writes_json(tmp_path):
+def test_diagnose_runs_the_script_as_python_would_and_report_renders_its_json_again(tmp_path):
     path = script(tmp_path, after_step="if i == 40: break")
     out = tmp_path / "run.json"
     proc = loadprof("diagnose", "--json", str(out), str(path), "--lr", "3", cwd=tmp_path)
@@ -59,6 +59,14 @@ def test_diagnose_runs_the_script_as_python_would_and_writes_json(tmp_path):
     data = json.loads(out.read_text())
     assert data["steps"]["count"] == 41
     assert data["verdict"] in ("data-starved", "compute-bound")
+    # `loadprof report` renders the saved run again, to the same verdict
+    again = tmp_path / "again.json"
+    proc = loadprof("report", str(out), "--json", str(again))
+    assert proc.returncode == 0, proc.stderr
+    assert "loadprof verdict" in proc.stdout
+    second = json.loads(again.read_text())
+    assert second["verdict"] == data["verdict"]
+    assert second["data_wait_fraction"] == pytest.approx(data["data_wait_fraction"])
 
 
 @pytest.mark.slow
@@ -174,20 +182,6 @@ def test_the_commands_are_one_module_each():
     names = [c.name for c in all_commands()]
     assert names == ["diagnose", "report", "tune", "compare", "check", "merge", "convert", "inspect"]
     assert [type(c).__module__ for c in all_commands()] == [f"loadprof.commands.{n}" for n in names]
-
-
-@pytest.mark.slow
-def test_report_rerenders_a_saved_run(tmp_path):
-    path = script(tmp_path, after_step="if i == 30: break")
-    out = tmp_path / "run.json"
-    assert loadprof("diagnose", "-q", "--json", str(out), str(path)).returncode == 0
-    again = tmp_path / "again.json"
-    proc = loadprof("report", str(out), "--json", str(again))
-    assert proc.returncode == 0, proc.stderr
-    assert "loadprof verdict" in proc.stdout
-    first, second = json.loads(out.read_text()), json.loads(again.read_text())
-    assert first["verdict"] == second["verdict"]
-    assert first["data_wait_fraction"] == pytest.approx(second["data_wait_fraction"])
 
 
 @pytest.mark.parametrize(

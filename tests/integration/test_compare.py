@@ -22,6 +22,7 @@ from loadprof.compare import (
 )
 from loadprof.jsonio import dumps
 from loadprof.trial import TrialResult
+from tests.conftest import assert_self_contained, svg_count
 
 TRAIN = """
 import os, time
@@ -63,19 +64,21 @@ def _script(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_compare_writes_table_json_and_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_compare_writes_table_json_png_and_page(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = _script(tmp_path)
     hook = tmp_path / "hook.py"
     hook.write_text(textwrap.dedent(HOOK))
-    out, png = tmp_path / "cmp.json", tmp_path / "cmp.png"
-    rc = main(["compare", "--no-gpu", "-q", "--variants", "baseline,cache,accum,mine,hooked",
-               "--variant", "mine:FLAVOUR=sour,amp", "--variant", f"hooked:hook={hook}",
-               "--json", str(out), "--png", str(png), str(script)])
+    out, png, page = tmp_path / "cmp.json", tmp_path / "cmp.png", tmp_path / "cmp.html"
+    # compare's own options may follow the script; what follows "--" is the script's
+    rc = main(["compare", str(script), "--no-gpu", "-q", "--variants", "baseline,cache,accum,mine",
+               "--variant", f"mine:FLAVOUR=sour,amp,hook={hook}", f"--json={out}", "--png", str(png),
+               "--html", str(page), "--", "--ignored-by-the-script"])
     assert rc == 0
     data = json.loads(out.read_text())
     names = [v["name"] for v in data["variants"]]
-    assert names == ["baseline", "cache", "accum", "mine", "hooked"]
+    assert names == ["baseline", "cache", "accum", "mine"]
     assert data["reference"] == "baseline"
+    assert data["command"][-1] == "--ignored-by-the-script"
     by = {v["name"]: v for v in data["variants"]}
     assert by["baseline"]["ratio"] == pytest.approx(1.0)
     for v in data["variants"]:
@@ -84,7 +87,7 @@ def test_compare_writes_table_json_and_png(tmp_path: Path, capsys: pytest.Captur
     assert by["cache"]["changes"]["cache"] is True and by["cache"]["applied"]
     assert by["accum"]["changes"]["accumulation"] == 2
     assert by["mine"]["env"] == {"FLAVOUR": "sour"} and by["mine"]["changes"]["amp"] == "auto"
-    assert by["hooked"]["hook"] == str(hook)
+    assert by["mine"]["hook"] == str(hook)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = capsys.readouterr().out
     rows = {line.split("│")[1].strip(): line for line in table.splitlines()
@@ -94,6 +97,10 @@ def test_compare_writes_table_json_and_png(tmp_path: Path, capsys: pytest.Captur
     assert rows["baseline"].split("│")[4].strip() == "baseline"  # the "vs baseline" column
     for name in names[1:]:
         assert re.search(r"\d+\.\d\dx \([+-]\d+%\)", rows[name].split("│")[4]), rows[name]
+    text = page.read_text(encoding="utf-8")
+    assert_self_contained(text)
+    assert svg_count(text) == 1 and "time (s), whole script" in text  # the --png figure, drawn in the page
+    assert all(name in text for name in names) and "vs baseline" in text
 
 
 @pytest.mark.parametrize("argv, word", [
@@ -143,18 +150,6 @@ def test_list_shows_the_builtins(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for name in ("baseline", "cache", "amp", "accum"):
         assert name in out
-
-
-@pytest.mark.slow
-def test_compare_options_may_follow_the_script(tmp_path: Path) -> None:
-    script = _script(tmp_path)
-    out = tmp_path / "after.json"
-    rc = main(["compare", str(script), "--variants", "baseline,accum", "--no-gpu", "--quiet",
-               f"--json={out}", "--", "--ignored-by-the-script"])
-    assert rc == 0
-    data = json.loads(out.read_text())
-    assert [v["name"] for v in data["variants"]] == ["baseline", "accum"]
-    assert data["command"][-1] == "--ignored-by-the-script"
 
 
 def _result(name: str, *losses_per_run: list[float], seconds: float = 1.0) -> VariantResult:

@@ -23,6 +23,7 @@ from tests.conftest import (
     PREAMBLE,
     TORCHRUN,
     WORKLOAD,
+    check_a_job,
     finish,
     free_port,
     start,
@@ -34,7 +35,7 @@ pytest.importorskip("torch.distributed")
 pytestmark = pytest.mark.slow
 
 
-def test_balanced_job_one_report_on_rank_zero_and_no_straggler(tmp_path):
+def test_balanced_job_one_report_on_rank_zero_and_no_straggler_and_check_reads_it(tmp_path, capsys):
     code, out, report = torchrun(tmp_path)
     assert code == 0, out[-3000:]
     assert report["world_size"] == 2 and [r["rank"] for r in report["ranks"]] == [0, 1]
@@ -46,6 +47,7 @@ def test_balanced_job_one_report_on_rank_zero_and_no_straggler(tmp_path):
     assert ranks[1]["clock_offset"] is not None and abs(ranks[1]["clock_offset"]) < 0.05  # one host, one clock
     again = load_report(tmp_path / "r.json").job.ranks  # the raw runs, read back from their columns
     assert [r.collective_wait for r in again] == [r["collective_wait"] for r in ranks]
+    check_a_job(capsys, tmp_path / "r.json", tmp_path)
 
 
 def test_rank_with_slow_input_is_named_with_cause_input(tmp_path):
@@ -136,7 +138,7 @@ def test_two_profile_blocks_in_one_job_give_two_reports_neither_read_from_the_ot
     assert not list(tmp_path.glob("block*.rank*.json"))
 
 
-def test_unreachable_store_each_rank_writes_its_own_file_and_merge_joins_them(tmp_path):
+def test_unreachable_store_each_rank_writes_its_own_file_and_merge_joins_them(tmp_path, capsys):
     (tmp_path / "plain.py").write_text(textwrap.dedent('''
         import os, time
         import torch
@@ -178,6 +180,7 @@ def test_unreachable_store_each_rank_writes_its_own_file_and_merge_joins_them(tm
     again = subprocess.run([LOADPROF, "report", "merged.json"], cwd=tmp_path, capture_output=True, text=True,
                            timeout=120)
     assert again.returncode == 0 and "straggler" in again.stdout
+    check_a_job(capsys, tmp_path / "merged.json", tmp_path)
 
 
 def _exited(pid: int) -> bool:

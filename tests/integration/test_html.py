@@ -27,24 +27,12 @@ from loadprof.report import build_report, write_json
 from loadprof.report.html import PLOT_HINT, HtmlPageRenderer
 from loadprof.report.job import build_job_report
 from tests import torch_loops as loops
+from tests.conftest import assert_self_contained, svg_count
 from tests.fake_pynvml import FakeGpu, FakeNvml
 
 ROOT = Path(__file__).resolve().parents[2]
 GiB = 2**30
 CHROMIUM = "/usr/bin/chromium"
-
-
-def assert_self_contained(page: str) -> None:
-    """Nothing in the page is fetched when it is viewed."""
-    assert page.startswith("<!DOCTYPE html>")
-    assert not re.search(r"""(?:src|href|action|poster|data)\s*=\s*["']?\s*(?:https?:)?//""", page, re.I)
-    assert not re.search(r"@import|url\(\s*['\"]?(?:https?:)?//", page, re.I)
-    assert not re.search(r"<(?:script|link|iframe|object|embed|img)\b", page, re.I)
-    assert "<!DOCTYPE svg" not in page and "<?xml" not in page
-
-
-def svg_count(page: str) -> int:
-    return len(re.findall(r"<svg\b", page))
 
 
 # -- a real torch run, with a scripted NVML for the GPU panels ---------------------------
@@ -355,92 +343,6 @@ def test_chromium_shows_escaped_text_as_text(tmp_path: Path) -> None:
     assert "<script" not in dom.lower()  # parsed as text, never as an element
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom
     assert len(re.findall(r"<svg\b", dom)) == 1 and "<path" in dom
-
-
-# -- Keras, tune and compare ---------------------------------------------------------------
-KERAS_SCRIPT = """
-import time
-import numpy as np, tensorflow as tf, keras
-keras.utils.set_random_seed(0)
-x = np.random.default_rng(0).random((512, 8), dtype=np.float32)
-y = (x.sum(axis=1) > 4).astype(np.int32)
-def slow(a, b):
-    def wait(v):
-        time.sleep(0.002)
-        return v
-    out = tf.py_function(wait, [a], tf.float32)
-    out.set_shape([8])
-    return out, b
-ds = tf.data.Dataset.from_tensor_slices((x, y)).map(slow).batch(32)
-model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)])
-model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-model.fit(ds, epochs=2, verbose=0)
-"""
-
-
-@pytest.mark.tensorflow
-@pytest.mark.slow
-def test_a_keras_fit_writes_the_page_too(tmp_path: Path) -> None:
-    pytest.importorskip("tensorflow")
-    (tmp_path / "fit.py").write_text(KERAS_SCRIPT)
-    page = tmp_path / "fit.html"
-    proc = subprocess.run([sys.executable, "-m", "loadprof", "diagnose", "-q", "--no-gpu", "--html", str(page),
-                           "fit.py"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    text = page.read_text(encoding="utf-8")
-    assert_self_contained(text)
-    assert "DATA-STARVED" in text and "timed by differential" in text
-    assert svg_count(text) == 1 and "input wait" in text and "tensorflow" in text
-
-
-TRAIN = """
-import time, torch
-from torch.utils.data import DataLoader, Dataset
-class Items(Dataset):
-    def __len__(self):
-        return 192
-    def __getitem__(self, i):
-        time.sleep(0.003)
-        return torch.full((8,), float(i % 5) / 5), i % 2
-torch.manual_seed(0)
-loader = DataLoader(Items(), batch_size=8, shuffle=True)
-model = torch.nn.Linear(8, 2)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for epoch in range(2):
-    for x, y in loader:
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-"""
-
-
-@pytest.mark.slow
-def test_compare_writes_its_table_and_bar_chart_as_a_page(tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(TRAIN)
-    page = tmp_path / "cmp.html"
-    assert main(["compare", "--no-gpu", "-q", "--variants", "baseline,workers", "--html", str(page),
-                 str(script)]) == 0
-    text = page.read_text(encoding="utf-8")
-    assert_self_contained(text)
-    assert svg_count(text) == 1 and "time (s), whole script" in text  # compare's own --png figure
-    assert "baseline" in text and "workers" in text and "vs baseline" in text
-
-
-@pytest.mark.slow
-def test_tune_writes_its_trial_table_and_bar_chart_as_a_page(tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(TRAIN)
-    page = tmp_path / "tune.html"
-    assert main(["tune", "--steps", "8", "--warmup", "2", "--no-ideal", "--no-gpu", "-q", "--budget", "90",
-                 "--fixes", "workers", "--html", str(page), str(script)]) == 0
-    text = page.read_text(encoding="utf-8")
-    assert_self_contained(text)
-    assert svg_count(text) == 1 and "steps/s (measured steps)" in text
-    assert "baseline" in text and "num_workers" in text
-
 
 
 # -- a multi-process job ---------------------------------------------------------------------

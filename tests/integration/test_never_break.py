@@ -124,14 +124,9 @@ def test_a_failing_seam_is_a_limitation(tmp_path: Path, unprofiled_losses: list[
     _check_clean(result, unprofiled_losses)
     assert any(line.startswith(expected) for line in _limitations(tmp_path / "run.json")), proc.stderr
     assert "loadprof verdict" in proc.stderr
-
-
-@pytest.mark.slow
-def test_a_failing_sampler_leaves_the_steps_measured(tmp_path: Path, unprofiled_losses: list[float]) -> None:
-    _, result = _train(tmp_path, faults="sampler_start")
-    _check_clean(result, unprofiled_losses)
-    data = json.loads((tmp_path / "run.json").read_text())
-    assert data["steps"]["count"] == 48 and data["samples"]["host"]["count"] == 0
+    if seam == "sampler_start":  # a failing sampler leaves the steps measured
+        data = json.loads((tmp_path / "run.json").read_text())
+        assert data["steps"]["count"] == 48 and data["samples"]["host"]["count"] == 0
 
 
 @pytest.mark.slow

@@ -20,12 +20,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: A real small torch loop over a 3-million-object heap, collecting every step (~0.25 s
+#: A real small torch loop over a million-object heap, collecting every step (~0.2 s
 #: each). Without the fix it ignores the signal and finishes its 150 steps (exit 0).
 GC_LOOP = """
 import gc, sys
 import torch
-heap = [[i] for i in range(3_000_000)]
+heap = [[i] for i in range(1_000_000)]
 torch.manual_seed(0)
 model = torch.nn.Linear(16, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -45,7 +45,7 @@ def _env() -> dict[str, str]:
 
 
 def _wait_for_steps(proc: subprocess.Popen[str], n: int) -> None:
-    """Return inside the collection that follows the n-th step (each takes ~0.25 s)."""
+    """Return inside the collection that follows the n-th step (each takes ~0.2 s)."""
     assert proc.stdout is not None
     for _ in range(n):
         line = proc.stdout.readline()
@@ -82,7 +82,7 @@ IN_CODE = """
 import gc, sys
 import torch
 from loadprof import Profile
-heap = [[i] for i in range(3_000_000)]
+heap = [[i] for i in range(1_000_000)]
 torch.manual_seed(0)
 model = torch.nn.Linear(16, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)

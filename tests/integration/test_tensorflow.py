@@ -27,6 +27,7 @@ from loadprof import Profile, patch  # noqa: E402
 from loadprof.fixes import Applier, Changes  # noqa: E402
 from loadprof.instrument import ImportWatch  # noqa: E402
 from loadprof.records import Step  # noqa: E402
+from tests.conftest import assert_self_contained, svg_count  # noqa: E402
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 
@@ -472,14 +473,19 @@ def _key_shape(value, depth: int = 0):
     return None
 
 
-def test_diagnose_a_keras_script_reports_in_the_same_json_form_as_pytorch(tmp_path):
+def test_diagnose_a_keras_script_reports_in_the_same_json_form_as_pytorch_and_as_a_page(tmp_path):
     pytest.importorskip("torch")
     (tmp_path / "fit.py").write_text(KERAS_SCRIPT)
     (tmp_path / "torch_loop.py").write_text(TORCH_SCRIPT)
-    proc = loadprof("diagnose", "--json", str(tmp_path / "tf.json"), "fit.py", "--flag", cwd=tmp_path)
+    proc = loadprof("diagnose", "--json", str(tmp_path / "tf.json"), "--html", str(tmp_path / "fit.html"), "fit.py",
+                    "--flag", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "argv ['--flag']" in proc.stdout
     assert "DATA-STARVED" in proc.stderr and "input timed by differential" in proc.stderr
+    page = (tmp_path / "fit.html").read_text(encoding="utf-8")
+    assert_self_contained(page)
+    assert "DATA-STARVED" in page and "timed by differential" in page
+    assert svg_count(page) == 1 and "input wait" in page and "tensorflow" in page
     proc = loadprof("diagnose", "-q", "--json", str(tmp_path / "torch.json"), "torch_loop.py", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     tf_report = json.loads((tmp_path / "tf.json").read_text())

@@ -320,9 +320,12 @@ def test_diagnose_logs_into_the_scripts_own_tensorboard_writer_with_no_code(tmp_
 # -- a multi-process job: rank 0 logs the job's report, once -------------------------------
 JOB_SCRIPT = PREAMBLE + textwrap.dedent('''
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.tensorboard import SummaryWriter
 
-    writer = SummaryWriter(log_dir=os.environ["TB_DIR"]) if rank == 0 else None  # the script's own, rank 0's
+    writer = None
+    if rank == 0:  # the script's own writer, rank 0's (torch's writer imports TensorFlow where installed)
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(log_dir=os.environ["TB_DIR"])
     dist.init_process_group("gloo")
     model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
 ''') + LOOP + "if writer is not None:\n    writer.close()\n"

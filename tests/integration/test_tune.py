@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import loadprof
 from loadprof.cli import main
+from tests.conftest import assert_self_contained, svg_count
 
 # A data-starved loop: each item costs ~4 ms of "decoding", the model almost nothing.
 # MARKER (a path or "") lets one worker trial crash or hang: the first DataLoader
@@ -94,9 +95,10 @@ def _tune(tmp_path: Path, script: Path, *options: str, args: tuple[str, ...] = (
 
 
 @pytest.mark.slow
-def test_starved_script_gets_more_workers_and_json_has_the_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_starved_script_gets_more_workers_with_json_and_page(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = _script(tmp_path, STARVED)
-    data = _tune(tmp_path, script, "--budget", "90", "--fixes", "workers", args=("", "none"))
+    page = tmp_path / "tune.html"
+    data = _tune(tmp_path, script, "--budget", "90", "--fixes", "workers", "--html", str(page), args=("", "none"))
     assert data["baseline"]["steps_per_s"] > 0
     assert data["best"]["changes"]["num_workers"] >= 1
     assert data["best"]["steps_per_s"] > 0
@@ -104,6 +106,10 @@ def test_starved_script_gets_more_workers_and_json_has_the_keys(tmp_path: Path, 
     out = capsys.readouterr().out
     assert "baseline" in out and "num_workers" in out
     assert "Change to make in the script" in out and "num_workers=" in out  # the exact code change
+    text = page.read_text(encoding="utf-8")
+    assert_self_contained(text)
+    assert svg_count(text) == 1 and "steps/s (measured steps)" in text
+    assert "baseline" in text and "num_workers" in text
 
 
 @pytest.mark.slow
