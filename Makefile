@@ -17,7 +17,7 @@ endif
 DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: demo test lint typecheck warm pytest test-fast bench clean system-packages
+.PHONY: demo test lint typecheck warm warm-torch warm-tensorflow pytest test-fast bench clean system-packages
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -54,10 +54,14 @@ typecheck: $(TEST_STAMP)
 	$(BIN)/mypy
 
 # bytecode for what most test processes import, written once before the test processes
-# start (three of them compiling the same modules at once did the work three times)
-warm: $(TEST_STAMP)
-	PYTHONDONTWRITEBYTECODE= TF_CPP_MIN_LOG_LEVEL=3 $(BIN)/python -c "import torch, torch._dynamo, \
-	torch.distributed, torch.nn.parallel, tensorflow, keras, matplotlib.pyplot, h5py, PIL.Image, rich, psutil"
+# start (three of them compiling the same modules at once did the work three times); torch
+# and TensorFlow in two processes, one a core
+warm: warm-torch warm-tensorflow
+warm-torch: $(TEST_STAMP)
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -c "import torch, torch._dynamo, torch.distributed, torch.nn.parallel"
+warm-tensorflow: $(TEST_STAMP)
+	PYTHONDONTWRITEBYTECODE= TF_CPP_MIN_LOG_LEVEL=3 TF_ENABLE_ONEDNN_OPTS=0 $(BIN)/python -c "import tensorflow, \
+	keras, matplotlib.pyplot, h5py, PIL.Image, rich, psutil"
 
 # programs some tests drive from outside (chromium, tmux): installed when missing, never fatal
 system-packages:
@@ -78,7 +82,7 @@ test-fast: lint typecheck
 
 # lint, type checks and the bytecode side by side, then the suite
 test: $(TEST_STAMP)
-	$(MAKE) --no-print-directory -j3 lint typecheck warm
+	$(MAKE) --no-print-directory -j4 lint typecheck warm
 	$(MAKE) --no-print-directory pytest
 
 bench: $(DEMO_STAMP)
