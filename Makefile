@@ -54,8 +54,8 @@ typecheck: $(TEST_STAMP)
 	$(BIN)/mypy
 
 # bytecode for what most test processes import, written once before the test processes
-# start (three of them compiling the same modules at once did the work three times); torch
-# and TensorFlow in two processes, one a core
+# start (three collecting at once would each compile the same modules); torch and
+# TensorFlow in two processes, one a core
 warm: warm-torch warm-tensorflow
 warm-torch: $(TEST_STAMP)
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -c "import torch, torch._dynamo, torch.distributed, torch.nn.parallel"

@@ -1,5 +1,6 @@
 """What the tests share: hand-built runs (``make_run``), torchrun jobs launched from a
-test (``torchrun``, ``start``, ``finish``), and the check of a trace file's format.
+test (``torchrun``, ``start``, ``finish``) and ``check`` on their reports
+(``check_a_job``), the checks of an HTML page and of a trace file's format.
 Imported as ``tests.conftest``; helper modules with real training loops live beside it
 (torch_loops.py, stage_loops.py, job_files.py, convert_helpers.py, fake_pynvml.py)."""
 
@@ -43,8 +44,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # children run without it.
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
     # The suite runs more test processes, each with its children, than the machine has
-    # cores. OpenMP's threads (torch's intra-op pool) spin before they sleep by default, and
-    # spinning on a core another process needs burned 15-40% more CPU for the same work.
+    # cores. OpenMP's threads (torch's intra-op pool) spin before they sleep by default:
+    # three 2-thread training loops on the two cores used 13-64% more CPU for the same work.
     # Read when torch loads libgomp: none of this is loaded yet.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # A test that ran TensorFlow can leave cyclic garbage holding a tf.data iterator, whose
