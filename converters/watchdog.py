@@ -47,7 +47,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from ..quietchild import silence
+from ..quietchild import quiet_child
 from .errors import ConvertError
 
 __all__ = ["run_watched", "DEFAULT_STALL", "default_stall", "memory_budget"]
@@ -128,8 +128,9 @@ def _work(fd: int, target: Callable[..., Any], args: tuple[Any, ...], budget: in
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # The parent's one line is the whole report: nothing of a crash dump or a library's
-    # message goes to the terminal from here.
-    silence()
+    # message goes to the terminal from here; nor does a collection here reach the heap a
+    # fork inherited (a training process's, where the readers open their files).
+    quiet_child()
     _limit_memory(budget)
     with open(fd, "wb", closefd=True) as out:
 

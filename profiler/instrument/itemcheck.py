@@ -16,7 +16,6 @@ Where ``fork`` is missing, the answer is "not checked".
 
 from __future__ import annotations
 
-import gc
 import os
 import select
 import signal
@@ -24,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from ..quietchild import silence
+from ..quietchild import quiet_child
 
 #: The longest the training process waits for the child's answer (the item's reads).
 TIMEOUT = 5.0
@@ -46,12 +45,8 @@ def items_repeat(dataset: Any, index: int = 0, timeout: float = TIMEOUT) -> bool
         os.close(write)
         return None
     if pid == 0:  # the child: never returns
-        # What the training process holds is never collected here: a collection would write
-        # to every object's header (copying the heap page by page) and run finalizers meant
-        # for the parent (a tf.data iterator's waits on threads this child does not have).
-        gc.freeze()
+        quiet_child()
         os.close(read)
-        silence()
         answer = b""
         try:
             torch = sys.modules.get("torch")

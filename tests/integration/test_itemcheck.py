@@ -123,6 +123,7 @@ def test_the_checking_child_writes_nothing_to_the_terminal_even_when_a_read_kill
 
 PARENTS_GARBAGE = """
 import gc, os, sys
+from loadprof.converters.watchdog import run_watched
 from loadprof.instrument.itemcheck import items_repeat
 
 class Held:
@@ -138,18 +139,24 @@ class Collects:
         gc.collect()
         return i
 
+def collects(progress):
+    gc.collect()
+    return True
+
 gc.disable()
 Held()
-print(items_repeat(Collects()), os.getpid(), flush=True)
+print({call}, os.getpid(), flush=True)
 """
 
 
-def test_the_checking_child_never_collects_what_the_training_process_holds() -> None:
+@pytest.mark.parametrize("call", ["items_repeat(Collects())", "run_watched(collects, (), path='f.h5')"],
+                         ids=["item check", "HDF5 watchdog"])
+def test_our_forked_children_never_collect_what_the_training_process_holds(call: str) -> None:
     # the parent's garbage, finalized in the child, would run a finalizer meant for the
     # parent (a tf.data iterator's joins TensorFlow's threads, which a fork has not)
     read, write = os.pipe()
-    done = subprocess.run([sys.executable, "-c", PARENTS_GARBAGE, str(write)], capture_output=True, text=True,
-                          timeout=60, pass_fds=(write,))
+    done = subprocess.run([sys.executable, "-c", PARENTS_GARBAGE.format(call=call), str(write)],
+                          capture_output=True, text=True, timeout=60, pass_fds=(write,))
     os.close(write)
     with os.fdopen(read) as pipe:
         finalized = pipe.read().split()
