@@ -257,44 +257,47 @@ def torchrun(tmp_path: Path, nproc: int = 2, **env: str) -> tuple[int, str, dict
     return code, out, json.loads(path.read_text())
 
 
+def run_check(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[str], list[str]]:
+    """``loadprof check ARGV`` in this process: its exit code and its stdout and stderr lines."""
+    from loadprof.cli import main
+
+    code = main(["check", *argv])
+    out, err = capsys.readouterr()
+    return code, out.splitlines(), err.splitlines()
+
+
 def check_a_job(capsys: pytest.CaptureFixture[str], job: Path, folder: Path) -> None:
     """``loadprof check`` on a real job's report: every limit, with the job itself and with
     a single process's run as the baseline."""
-    from loadprof.cli import main
     from loadprof.report import build_report, write_json
-
-    def check(*argv: str) -> tuple[int, list[str], list[str]]:
-        code = main(["check", *argv])
-        out, err = capsys.readouterr()
-        return code, out.splitlines(), err.splitlines()
 
     report = json.loads(job.read_text())
     ranks = [r for r in report["ranks"] if r["data_wait_fraction"] is not None]
     worst = max(ranks, key=lambda r: r["data_wait_fraction"])
     rank, share = worst["rank"], worst["data_wait_fraction"]
     assert len(ranks) == 2 and share > 0.05, report["ranks"]
-    code, out, err = check(str(job), "--max-data-wait", f"{share + 0.005:.4f}")
+    code, out, err = run_check(capsys, str(job), "--max-data-wait", f"{share + 0.005:.4f}")
     assert code == 0 and err == [], (out, err)
     assert f"data wait {share:.1%} on rank {rank} (the job's worst)" in out[0] and "the job's slowest" in out[0]
     below = f"{share - 0.005:.4f}"
-    code, out, err = check(str(job), "--max-data-wait", below)
+    code, out, err = run_check(capsys, str(job), "--max-data-wait", below)
     assert code == 1 and err == [], (out, err)
     assert out == [f"loadprof check: {job}: data wait {share:.1%} of step time on rank {rank} (the job's worst) "
                    f"> limit {float(below):.1%}"]
     # itself as the baseline: the same measurements, so no slowdown; the verdict is the job's
-    code, out, err = check(str(job), "--baseline", str(job), "--max-slowdown", "0", "--fail-on", report["verdict"])
+    code, out, err = run_check(capsys, str(job), "--baseline", str(job), "--max-slowdown", "0", "--fail-on", report["verdict"])
     assert code == 1 and err == [], (out, err)
     assert len(out) == 1 and out[0].endswith(f"is in --fail-on (baseline {report['verdict']})"), out
-    code, out, err = check(str(job), "--baseline", str(job), "--max-slowdown", "0")
+    code, out, err = run_check(capsys, str(job), "--baseline", str(job), "--max-slowdown", "0")
     assert code == 0 and "ok (1 limit held" in out[0], out
     # a single process against a job: a clear mismatch, exit 2, unless forced
     single = folder / "single.json"
     write_json(build_report(make_run(wait=0.01)), single)
     for run, base in ((single, job), (job, single)):
-        code, out, err = check(str(run), "--baseline", str(base), "--max-slowdown", "1000")
+        code, out, err = run_check(capsys, str(run), "--baseline", str(base), "--max-slowdown", "1000")
         assert code == 2 and out == [] and len(err) == 1, (out, err)
         assert "a job of 2 ranks" in err[0] and "a single process" in err[0] and "not comparable" in err[0]
-    code, out, err = check(str(single), "--baseline", str(job), "--max-data-wait", "1", "--force")
+    code, out, err = run_check(capsys, str(single), "--baseline", str(job), "--max-data-wait", "1", "--force")
     assert code == 0 and err == [], (out, err)
 
 

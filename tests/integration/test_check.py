@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
 from loadprof import Profile  # noqa: E402
-from loadprof.cli import main  # noqa: E402
+from tests.conftest import run_check  # noqa: E402
 from tests.torch_loops import Sleepy, heavy_model, in_memory_loader, small_model, train  # noqa: E402
 
 
@@ -37,12 +37,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"fast": fast, "starved": starved, "batch16": other_batch}
 
 
-def _check(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[str], list[str]]:
-    code = main(["check", *argv])
-    out, err = capsys.readouterr()
-    return code, out.splitlines(), err.splitlines()
-
-
 def _report(path: Path) -> dict:
     return json.loads(path.read_text())
 
@@ -50,7 +44,7 @@ def _report(path: Path) -> dict:
 def test_limits_that_hold_exit_0_with_one_ok_line(runs, capsys):
     fast = _report(runs["fast"])
     assert fast["data_wait_fraction"] < 0.5, fast["data_wait_fraction"]
-    code, out, err = _check(capsys, str(runs["fast"]), "--max-data-wait", "0.5", "--fail-on", "data-starved")
+    code, out, err = run_check(capsys, str(runs["fast"]), "--max-data-wait", "0.5", "--fail-on", "data-starved")
     assert code == 0, (out, err)
     assert len(out) == 1 and ": ok (2 limits held" in out[0]
     assert err == []
@@ -59,7 +53,7 @@ def test_limits_that_hold_exit_0_with_one_ok_line(runs, capsys):
 def test_each_broken_limit_is_one_line_with_the_measured_and_the_baseline_value(runs, capsys):
     starved, fast = _report(runs["starved"]), _report(runs["fast"])
     assert starved["verdict"] == "data-starved"
-    code, out, _ = _check(capsys, str(runs["starved"]), "--baseline", str(runs["fast"]),
+    code, out, _ = run_check(capsys, str(runs["starved"]), "--baseline", str(runs["fast"]),
                           "--max-data-wait", "20%", "--max-slowdown", "10", "--fail-on", "data-starved", "host-bound")
     assert code == 1
     # the starved steps wait ~80 ms for storage, the heavy model's take ~10 ms on a quiet
@@ -88,16 +82,16 @@ def _quicker_twin(path: Path, tmp_path: Path, factor: float) -> Path:
 
 def test_the_slowdown_limit_holds_for_a_faster_run_and_breaks_for_a_slower_one(runs, capsys, tmp_path):
     quick = _quicker_twin(runs["fast"], tmp_path, 0.8)
-    code, out, _ = _check(capsys, str(quick), "--baseline", str(runs["fast"]), "--max-slowdown", "0")
+    code, out, _ = run_check(capsys, str(quick), "--baseline", str(runs["fast"]), "--max-slowdown", "0")
     assert code == 0, out
     assert "ok (1 limit held" in out[0]
-    code, out, _ = _check(capsys, str(runs["fast"]), "--baseline", str(quick), "--max-slowdown", "20")
+    code, out, _ = run_check(capsys, str(runs["fast"]), "--baseline", str(quick), "--max-slowdown", "20")
     assert code == 1 and len(out) == 1, out
     assert "is 25.0% slower than the baseline's" in out[0] and "> limit 20%" in out[0]
 
 
 def test_a_baseline_of_another_batch_size_is_refused_unless_forced(runs, capsys, tmp_path):
-    code, out, err = _check(capsys, str(runs["batch16"]), "--baseline", str(runs["fast"]), "--max-slowdown", "1000")
+    code, out, err = run_check(capsys, str(runs["batch16"]), "--baseline", str(runs["fast"]), "--max-slowdown", "1000")
     assert code == 2 and out == []
     assert err == ["loadprof: error: the run's batch size is 16, the baseline's 8: not comparable "
                    "(--force compares anyway)"]
@@ -111,9 +105,9 @@ def test_a_baseline_of_another_batch_size_is_refused_unless_forced(runs, capsys,
         loader["batch_size"] = 16
     twin = tmp_path / "fast16.json"
     twin.write_text(json.dumps(data))
-    code, _, err = _check(capsys, str(twin), "--baseline", str(runs["fast"]), "--max-slowdown", "5")
+    code, _, err = run_check(capsys, str(twin), "--baseline", str(runs["fast"]), "--max-slowdown", "5")
     assert code == 2 and err[0].startswith("loadprof: error: the run's batch size is 16, the baseline's 8")
-    code, out, _ = _check(capsys, str(twin), "--baseline", str(runs["fast"]), "--max-slowdown", "5", "--force")
+    code, out, _ = run_check(capsys, str(twin), "--baseline", str(runs["fast"]), "--max-slowdown", "5", "--force")
     assert code == 0 and "ok (1 limit held" in out[0], out
 
 
@@ -122,10 +116,10 @@ def test_a_baseline_of_another_script_is_refused_unless_forced(runs, capsys, tmp
     data["run"]["command"] = ["/ci/checkout/other_train.py", "--epochs", "1"]
     other = tmp_path / "other.json"
     other.write_text(json.dumps(data))
-    code, _, err = _check(capsys, str(runs["fast"]), "--baseline", str(other), "--max-slowdown", "5")
+    code, _, err = run_check(capsys, str(runs["fast"]), "--baseline", str(other), "--max-slowdown", "5")
     assert code == 2
     assert len(err) == 1 and "the baseline of other_train.py: not comparable" in err[0]
-    code, _, _ = _check(capsys, str(runs["fast"]), "--baseline", str(other), "--max-slowdown", "5", "--force")
+    code, _, _ = run_check(capsys, str(runs["fast"]), "--baseline", str(other), "--max-slowdown", "5", "--force")
     assert code == 0  # the same measurements: no slowdown
 
 
@@ -135,7 +129,7 @@ def test_the_same_script_from_another_folder_is_comparable(runs, capsys, tmp_pat
     data["run"]["command"] = [f"/elsewhere/{script}"]
     moved = tmp_path / "moved.json"
     moved.write_text(json.dumps(data))
-    code, out, _ = _check(capsys, str(runs["fast"]), "--baseline", str(moved), "--max-slowdown", "0")
+    code, out, _ = run_check(capsys, str(runs["fast"]), "--baseline", str(moved), "--max-slowdown", "0")
     assert code == 0, out
 
 
@@ -144,7 +138,7 @@ def test_the_same_script_from_another_folder_is_comparable(runs, capsys, tmp_pat
     (["--max-slowdown", "10"], "--max-slowdown needs --baseline BASE.json"),
 ])
 def test_usage_errors_exit_2_with_one_line(runs, capsys, argv, message):
-    code, out, err = _check(capsys, str(runs["fast"]), *argv)
+    code, out, err = run_check(capsys, str(runs["fast"]), *argv)
     assert code == 2 and out == []
     assert err == [f"loadprof: error: {message}"]
 
@@ -152,7 +146,7 @@ def test_usage_errors_exit_2_with_one_line(runs, capsys, argv, message):
 @pytest.mark.parametrize("argv", [["--max-data-wait", "1.5"], ["--max-data-wait", "lots"],
                                   ["--max-slowdown", "-3"], ["--fail-on", "slow"]])
 def test_bad_limit_values_exit_2(runs, capsys, argv):
-    code, out, err = _check(capsys, str(runs["fast"]), *argv)
+    code, out, err = run_check(capsys, str(runs["fast"]), *argv)
     assert code == 2 and out == []
     assert "error: argument" in err[-1]
 
@@ -162,10 +156,10 @@ def test_an_unreadable_run_exits_2_with_the_loaders_one_line(runs, capsys, tmp_p
     data = _report(runs["fast"])
     data["run"]["steps"][3]["end"] = "soon"
     bad.write_text(json.dumps(data))
-    code, out, err = _check(capsys, str(bad), "--max-data-wait", "0.2")
+    code, out, err = run_check(capsys, str(bad), "--max-data-wait", "0.2")
     assert code == 2 and out == []
     assert err == [f"loadprof: error: {bad}: run.steps[3].end: expected a number, got a string \"soon\""]
-    code, _, err = _check(capsys, str(runs["fast"]), "--baseline", str(tmp_path / "missing.json"),
+    code, _, err = run_check(capsys, str(runs["fast"]), "--baseline", str(tmp_path / "missing.json"),
                           "--max-slowdown", "5")
     assert code == 2 and err == [f"loadprof: error: {tmp_path / 'missing.json'}: no such file"]
 
@@ -177,8 +171,8 @@ def test_a_run_whose_steps_have_no_data_wait_is_an_error_not_a_zero_wait(runs, c
         step["data_wait"] = None
     nulls = tmp_path / "nulls.json"
     nulls.write_text(json.dumps(data))
-    code, out, err = _check(capsys, str(nulls), "--max-data-wait", "0.2")
+    code, out, err = run_check(capsys, str(nulls), "--max-data-wait", "0.2")
     assert code == 2 and out == []
     assert err == [f"loadprof: error: {nulls}: run.steps[0].data_wait: null: the step has no data-wait measurement"]
-    code, out, err = _check(capsys, str(runs["starved"]), "--baseline", str(nulls), "--max-slowdown", "5")
+    code, out, err = run_check(capsys, str(runs["starved"]), "--baseline", str(nulls), "--max-slowdown", "5")
     assert code == 2 and out == [] and "has no data-wait measurement" in err[0]
