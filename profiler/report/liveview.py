@@ -6,7 +6,11 @@ What it shows, about twice a second (``PERIOD``): steps and steps/s over the las
 ``RECENT`` seconds; the input share of step time (wait + host-to-device copy, as the
 report counts it) over that window and so far (after the first ``WARMUP`` steps, the
 report's warm-up once a run has 50); each GPU's utilization and memory; the CPU of
-the training process and of its loader workers; the running verdict, the
+the training process and of its loader workers (from the newest host reading that
+listed workers within the last ``TREE_EVERY`` readings, else the newest: the tree is
+listed once a second and the helper's readings arrive once a second, in step with it,
+so the newest alone never showed workers that live under a second, an epoch's); the
+running verdict, the
 report's own diagnosis of the run so far; and the training loader's slowest stage
 with its share of loading ("top stage", docs/stages.md), read from the same
 snapshot as the verdict, once its ``LoaderInfo.stages`` hold figures (the stage
@@ -52,6 +56,7 @@ from rich.live import Live
 from rich.text import Text
 
 from ..records import GpuSample, HostSample, Run, Step
+from ..samplers.host import TREE_EVERY
 from ..stagemodel import StageRow
 
 PERIOD = 0.5  # seconds between redraws
@@ -222,8 +227,9 @@ class LiveView:
             s.steps_per_s = 0.0 if steps else None
             s.recent_share = None
         s.total_share = min(1.0, self._total_wait / self._total_time) if self._total_time > 0 else None
-        hosts, gpus = self._samples(8)
-        s.host = hosts[-1] if hosts else s.host
+        hosts, gpus = self._samples(TREE_EVERY)
+        if hosts:
+            s.host = next((h for h in reversed(hosts) if h.n_children), hosts[-1])
         newest: dict[int, GpuSample] = {}
         for g in gpus:
             newest[g.index] = g

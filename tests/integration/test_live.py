@@ -261,3 +261,27 @@ def test_the_sampler_hands_the_view_copies_of_its_newest_readings() -> None:
     assert [h.t for h in hosts] == [h.t for h in everything[-5:]] and gpus == []
     hosts[-1].process_cpu = -1.0  # a copy: the sampler's own reading is untouched
     assert s.host_samples[-1].process_cpu != -1.0
+
+
+def test_workers_an_earlier_reading_listed_are_shown_though_the_newest_missed_them() -> None:
+    # The tree is listed every TREE_EVERY readings and the helper's readings arrive as many
+    # at once: workers that live under a second are in the listing's reading, gone by the newest.
+    import io
+
+    from loadprof.records import HostSample, Run
+    from loadprof.report.liveview import LiveView
+    from loadprof.samplers.host import TREE_EVERY
+
+    readings: list[HostSample] = []
+    view = LiveView(steps=lambda: [], samples=lambda n: (readings[-n:], []), snapshot=lambda: Run(),
+                    clock=lambda: 1.0, file=io.StringIO(), title="train.py")
+
+    def cpu_row() -> str:
+        view.update()
+        return next(line for line in view.render().plain.splitlines() if line.startswith("CPU"))
+
+    readings += [HostSample(t=0.1, process_cpu=40.0, n_children=2, children_cpu=30.0, worker_cpu=[20.0, 10.0])]
+    readings += [HostSample(t=0.1 * (i + 2), process_cpu=50.0) for i in range(TREE_EVERY - 1)]
+    assert "process 40% of a core   2 loader workers 30%: 20% 10%" in cpu_row()
+    readings += [HostSample(t=2.0, process_cpu=60.0)]  # the listing's reading is no longer among the last
+    assert cpu_row().endswith("process 60% of a core   no loader workers")
