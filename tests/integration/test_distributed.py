@@ -191,6 +191,7 @@ def _exited(pid: int) -> bool:
         return True
 
 
+@pytest.mark.waits
 def test_a_stopped_store_host_costs_the_ranks_one_store_call_at_exit_not_a_hang(tmp_path):
     # torchrun's agent hosts the job's TCPStore (NOTE [ Merging a job's reports ]); stopped, it
     # still accepts what the ranks send but never answers: every call at exit must give up in time

@@ -131,6 +131,7 @@ def test_caching_a_random_augmentation_is_unsafe(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_failing_trials_are_stopped_and_the_search_goes_on(tmp_path: Path) -> None:
     script = _script(tmp_path, STARVED)
     marker = tmp_path / "marker"
