@@ -9,7 +9,7 @@ report's warm-up once a run has 50); each GPU's utilization and memory; the CPU 
 the training process and of its loader workers (from the newest host reading that
 listed workers within the last ``TREE_EVERY`` readings, else the newest: the tree is
 listed once a second and the helper's readings arrive once a second, in step with it,
-so the newest alone never showed workers that live under a second, an epoch's); the
+so the newest alone could miss, for a whole run, workers of epochs under a second); the
 running verdict, the
 report's own diagnosis of the run so far; and the training loader's slowest stage
 with its share of loading ("top stage", docs/stages.md), read from the same
