@@ -54,7 +54,7 @@ def test_each_broken_limit_is_one_line_with_the_measured_and_the_baseline_value(
     starved, fast = _report(runs["starved"]), _report(runs["fast"])
     assert starved["verdict"] == "data-starved"
     code, out, _ = run_check(capsys, str(runs["starved"]), "--baseline", str(runs["fast"]),
-                          "--max-data-wait", "20%", "--max-slowdown", "10", "--fail-on", "data-starved", "host-bound")
+                             "--max-data-wait", "20%", "--max-slowdown", "10", "--fail-on", "data-starved", "host-bound")
     assert code == 1
     # the starved steps wait ~80 ms for storage, the heavy model's take ~10 ms on a quiet
     # machine; a busy one can stretch those past the starved run's, and the check says so
@@ -160,7 +160,7 @@ def test_an_unreadable_run_exits_2_with_the_loaders_one_line(runs, capsys, tmp_p
     assert code == 2 and out == []
     assert err == [f"loadprof: error: {bad}: run.steps[3].end: expected a number, got a string \"soon\""]
     code, _, err = run_check(capsys, str(runs["fast"]), "--baseline", str(tmp_path / "missing.json"),
-                          "--max-slowdown", "5")
+                             "--max-slowdown", "5")
     assert code == 2 and err == [f"loadprof: error: {tmp_path / 'missing.json'}: no such file"]
 
 

@@ -342,7 +342,7 @@ def test_chromium_shows_escaped_text_as_text(tmp_path: Path) -> None:
     dom = proc.stdout
     assert "<script" not in dom.lower()  # parsed as text, never as an element
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom
-    assert len(re.findall(r"<svg\b", dom)) == 1 and "<path" in dom
+    assert svg_count(dom) == 1 and "<path" in dom
 
 
 # -- a multi-process job ---------------------------------------------------------------------
