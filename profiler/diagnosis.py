@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .loaderhost import oversubscribed, shards_fewer_than_workers, shm_fit, shm_small, start_up
-from .oom import OutOfMemory, classify, describe
+from .oom import OutOfMemory, WorkerDeath, classify, describe, worker_death
 from .records import GpuSample, HostSample, LoaderInfo, Run, Step, is_tf
 from .stagemodel import loading, top_stage_line
 from .units import size_text
@@ -538,6 +538,25 @@ def _out_of_memory(run: Run, m: Metrics, oom: OutOfMemory, ev: list[Evidence]) -
     return Diagnosis("memory-bound", cause, f"ran out of memory {where}: {describe(oom)}; {held}", confidence, ev, m)
 
 
+def _worker_statuses(run: Run) -> dict[str, WorkerDeath]:
+    """Loader workers that died of something other than memory (an exit code, a signal
+    other than the OOM killer's SIGKILL and /dev/shm's SIGBUS), by pid."""
+    lines = [run.exit_status.removeprefix("exception: ")] + run.oom_errors
+    found = (worker_death(line) for line in lines)
+    return {d.worker: d for d in found if d is not None and not d.could_be_oom and d.signal != "Bus error"}
+
+
+def _worker_crash(run: Run) -> str | None:
+    """What a loader worker that crashed died of, in the report's words; None when none did."""
+    died = next(iter(_worker_statuses(run).values()), None)
+    if died is None:
+        return None
+    how = ("a crash in native code or a signal sent to it" if died.signal is not None
+           else "its own exit (os._exit or sys.exit in the dataset or a library it calls)")
+    return (f"{died.what()}: {how}, not out of memory (the kernel's OOM killer sends SIGKILL); "
+            "rerun with num_workers=0 to see the error where it happens")
+
+
 # -- decision --------------------------------------------------------------
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
@@ -670,6 +689,9 @@ def diagnose(run: Run, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Diagnosis
                 + ": timings and the advice's estimates depend on them",
             ))
             d.confidence = "medium" if d.confidence == "high" else "low"
+    crash = _worker_crash(run)
+    if crash is not None:
+        d.warnings.append(("loader-worker-died", crash))
     near = (near_limit(m.headroom, thresholds, m.gpu_in_use)
             if d.verdict not in ("memory-bound", "inconclusive") else None)
     if near:
@@ -709,9 +731,12 @@ def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:
     ev: list[Evidence] = []
 
     # An out-of-memory error decides, however few steps ran before it.
+    statuses = _worker_statuses(run)
     for oom in (classify(line) for line in run.oom_errors):
         if oom is None:
             continue
+        if oom.kind == "worker-died" and any(pid.strip() in statuses for pid in (oom.worker or "").split(",")):
+            continue  # its exit status, read after it died, says what it died of
         if oom.kind == "worker-died" and m.oom_kills == 0:
             # The kernel's OOM killer did not run: the worker crashed some other way.
             ev.append(Evidence("worker_died", "A loader worker died without an error", None,

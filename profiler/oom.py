@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .units import size_text
 
-__all__ = ["OutOfMemory", "classify", "describe", "parse_size", "record_line"]
+__all__ = ["OutOfMemory", "WorkerDeath", "classify", "describe", "parse_size", "record_line", "worker_death"]
 
 
 @dataclass(frozen=True)
@@ -88,13 +88,50 @@ def classify(line: str) -> OutOfMemory | None:
     if caught and caught.group(1) in ("MemoryError", "_ArrayMemoryError", "OutOfMemoryError"):
         at = text.find("Unable to allocate")
         return OutOfMemory("worker", "host", parse_size(text[at:]) if at >= 0 else None, text, worker=caught.group(2))
-    died = re.match(r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]+)\) (exited unexpectedly|is killed by signal: (\w+))", text)
-    if died:
-        return OutOfMemory("worker-died", "host", None, text, worker=died.group(1).strip())
+    died = worker_death(text)
+    if died is not None and died.could_be_oom:
+        return OutOfMemory("worker-died", "host", None, text, worker=died.worker)
     if name in ("MemoryError", "_ArrayMemoryError"):
         kind = "numpy" if "Unable to allocate" in text else "memory"
         return OutOfMemory(kind, "host", parse_size(text) if kind == "numpy" else None, text)
     return None
+
+
+@dataclass(frozen=True)
+class WorkerDeath:
+    """A loader worker that died without raising, as torch reports it."""
+
+    worker: str  # its pid, or pids
+    exit_code: int | None  # "exited unexpectedly with exit code N"
+    signal: str | None  # "is killed by signal: NAME" (strsignal's words, "Segmentation fault")
+
+    @property
+    def could_be_oom(self) -> bool:
+        """The kernel's OOM killer sends SIGKILL; an exit code or any other signal is a crash
+        of another kind. torch's liveness check ("exited unexpectedly") says neither."""
+        return self.exit_code is None and self.signal in (None, "Killed")
+
+    def what(self) -> str:
+        if self.exit_code is not None:
+            return f"loader worker (pid {self.worker}) exited with status {self.exit_code}"
+        if self.signal is not None:
+            return f"loader worker (pid {self.worker}) was killed by signal {self.signal}"
+        return f"loader worker (pid {self.worker}) died without an error"
+
+
+_DIED = re.compile(r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]+)\) (?:exited unexpectedly"
+                   r"(?: with exit code (-?\d+))?|is killed by signal: ([A-Za-z][\w ]*?)\s*(?:\.|\(|$))")
+
+
+def worker_death(text: str) -> WorkerDeath | None:
+    """The worker death in a line of torch's (``RuntimeError: DataLoader worker (pid 12) is
+    killed by signal: Segmentation fault.``), or None. A SIGBUS is /dev/shm's
+    (``_shared_memory``)."""
+    found = _DIED.search(text)
+    if found is None:
+        return None
+    code = found.group(2)
+    return WorkerDeath(found.group(1).strip(), int(code) if code is not None else None, found.group(3))
 
 
 def _shared_memory(text: str, low: str, worker: str | None) -> OutOfMemory | None:

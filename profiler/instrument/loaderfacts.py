@@ -31,8 +31,9 @@ NOTE [ Loader start-up and shards ]
   as "is killed by signal: Bus error" or, when its own liveness check sees it first,
   as "exited unexpectedly", which says nothing of why. At the end the last iterators
   with workers still alive (the failed loop's frame holds its iterator) are asked for
-  their workers' exit codes, and a SIGBUS is recorded in torch's own words
-  (``finish``'s lines, for ``Run.oom_errors``; oom.py reads them).
+  their workers' exit codes, and each death is recorded in torch's own words
+  (``finish``'s lines, for ``Run.oom_errors``; oom.py reads them): a SIGBUS is /dev/shm,
+  an exit code or a signal other than SIGKILL is no out-of-memory.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ class LoaderFacts:
 
     def finish(self) -> list[str]:
         """The run is over: every share read and folded into its loader's record. Returns
-        a line for each worker found killed by SIGBUS, in torch's words."""
+        a line for each worker found dead of a signal or an exit status, in torch's words."""
         self.pid = -1
         self.starting.clear()
         for share in self._shares.values():
@@ -148,10 +149,9 @@ class LoaderFacts:
         killed = []
         for ref in self._pools:
             for worker in getattr(ref(), "_workers", None) or ():
-                code = getattr(worker, "exitcode", None)  # polls without waiting
-                if code == -signal.SIGBUS:
-                    killed.append(f"DataLoader worker (pid {worker.pid}) is killed by signal: Bus error "
-                                  "(its exit status, read by loadprof)")
+                line = _died(worker.pid, getattr(worker, "exitcode", None))  # polls without waiting
+                if line:
+                    killed.append(line)
         self._pools.clear()
         return killed
 
@@ -247,3 +247,18 @@ def _ref(obj: Any) -> Callable[[], Any]:
         return weakref.ref(obj)
     except TypeError:  # no weak references: held only for identity checks
         return lambda: obj
+
+
+def _died(pid: int, code: int | None) -> str | None:
+    """A dead worker's exit status in the words torch's own SIGCHLD handler uses, or None
+    for a worker that is running or ended cleanly. SIGTERM is left out: it is how torch
+    itself stops a worker that did not exit in time at shutdown."""
+    if code is None or code == 0 or code == -signal.SIGTERM:
+        return None
+    if code > 0:
+        return f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {code} (read by loadprof)"
+    try:
+        name = signal.strsignal(-code) or f"signal {-code}"
+    except ValueError:
+        name = f"signal {-code}"
+    return f"DataLoader worker (pid {pid}) is killed by signal: {name} (its exit status, read by loadprof)"

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from loadprof import Profile
 from loadprof.advice import micro_batch, recommend
 from loadprof.diagnosis import diagnose
 from loadprof.oom import classify, parse_size, record_line
@@ -33,6 +34,21 @@ class Killed(Dataset):
 
     def __getitem__(self, i: int):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Crashes(Dataset):
+    """A worker that dies of something other than memory: an exit status, or a signal."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        if self.how == "exit":
+            os._exit(7)
+        os.kill(os.getpid(), signal.SIGSEGV)
 
 
 class Hungry(Dataset):
@@ -64,6 +80,26 @@ def test_a_loader_worker_that_dies_without_a_word_is_recognised():
     exc = raised(lambda: next(iter(DataLoader(Killed(), num_workers=1))))
     oom = classify(record_line(exc))
     assert oom is not None and oom.kind == "worker-died" and oom.worker and oom.worker.isdigit()
+
+
+@pytest.mark.parametrize("how, said", [("exit", "exited with status 7"),
+                                       ("segv", "was killed by signal Segmentation fault")])
+def test_a_worker_that_exits_or_crashes_is_no_out_of_memory_whatever_the_kernel_counts(how, said):
+    with pytest.raises(RuntimeError, match="DataLoader worker"):
+        with Profile(print_report=False, gpu=False, host_helper=False) as prof:
+            for _ in DataLoader(Crashes(how), num_workers=1):
+                prof.step()
+    # torch's liveness check saw it first ("exited unexpectedly", which could be the OOM
+    # killer); the status read after it died says otherwise
+    run = make_run(n=40, wait=0.0)
+    run.exit_status, run.oom_errors = prof.run.exit_status, prof.run.oom_errors
+    assert run.oom_errors
+    for h in run.host_samples:
+        h.oom_kills = None  # /proc/vmstat unreadable: nothing to rule an OOM kill out with
+    d = diagnose(run)
+    assert d.verdict != "memory-bound"
+    crash = dict(d.warnings)["loader-worker-died"]
+    assert said in crash and "not out of memory" in crash
 
 
 def test_messages_of_frameworks_not_installed_here():
