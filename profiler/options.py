@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .settings import Settings
+from .settings import Settings, gpu_hour_price
 
 if TYPE_CHECKING:
     from .target import Target
@@ -90,9 +90,12 @@ def price(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a price per GPU-hour such as 2.50, got {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite price >= 0, got {text!r}")
-    return value
+    try:
+        checked = gpu_hour_price(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace(repr(value), repr(text))) from None
+    assert checked is not None
+    return checked
 
 
 def option_strings(add: Callable[[argparse.ArgumentParser], None]) -> tuple[str, ...]:

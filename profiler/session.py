@@ -53,6 +53,7 @@ from .records import Environment, Run, Step
 from .samplers import HostProcess, NvmlSource, Sampler, usable_cores
 from .samplers.node import local_world_size, shm_space
 from .settings import Settings
+from .settings import gpu_hour_price as check_price
 from .signals import SafePoint, Terminated
 from .timeline import StopRun, Timeline
 from .trackers import Trackers, parse_log_to
@@ -160,8 +161,10 @@ class Profile:
             raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
         if max_steps is not None and max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps!r}")
-        if gpu_hour_price is not None and not gpu_hour_price >= 0:
-            raise ValueError(f"gpu_hour_price must be >= 0, got {gpu_hour_price!r}")
+        try:
+            gpu_hour_price = check_price(gpu_hour_price)
+        except ValueError as exc:
+            raise ValueError(f"gpu_hour_price: {exc}") from None
         self.settings = Settings(
             interval=interval,
             max_steps=max_steps,

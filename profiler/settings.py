@@ -8,7 +8,12 @@ host helper process, which starts on a bare interpreter) can use it too.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+#: The highest price of a GPU-hour taken, in any currency: a million times a cloud's list price
+#: and still far from where a day's money figures for a thousand GPUs would overflow a float.
+MAX_GPU_HOUR_PRICE = 1e9
 
 
 @dataclass
@@ -33,3 +38,25 @@ class Settings:
     #: trackers to log the summary to, starting a run where the script has none
     #: ("wandb", "mlflow", "tensorboard=DIR"); runs the script has get it anyway (trackers/)
     log_to: tuple[str, ...] = ()
+
+
+def gpu_hour_price(value: object) -> float | None:
+    """``value`` as a price of one GPU-hour, or ValueError saying what was expected.
+
+    The one check for ``--gpu-hour-price``, ``Profile(gpu_hour_price=...)`` and
+    ``load_report``: a real number from 0 to ``MAX_GPU_HOUR_PRICE`` (None: no price).
+    A bool is refused, not read as 0 or 1; an int too large for a float is refused,
+    not left to overflow later.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"expected a price per GPU-hour such as 2.50, got {value!r}")
+    try:
+        price = float(value)
+    except OverflowError:
+        price = math.inf
+    if not 0 <= price <= MAX_GPU_HOUR_PRICE:
+        shown = f"{value!r}" if len(repr(value)) <= 24 else f"{repr(value)[:20]}..."
+        raise ValueError(f"must be a price from 0 to {MAX_GPU_HOUR_PRICE:g} per GPU-hour, got {shown}")
+    return price

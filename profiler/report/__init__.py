@@ -16,6 +16,7 @@ from ..cost import Cost, cost_of
 from ..diagnosis import Diagnosis, Evidence, Headroom, diagnose, is_tf, near_limit
 from ..jsonio import JsonWriteError, read_json, write_text_atomic
 from ..records import SCHEMA_VERSION, Environment, LoaderInfo, RecordError, Run
+from ..settings import gpu_hour_price as check_price
 from ..stagemodel import Loading, loading
 from .base import RankRunOffset, Report, ReportWarning
 from .console import ConsoleRenderer
@@ -259,7 +260,11 @@ def load_report(path: str | os.PathLike[str], gpu_hour_price: float | None = Non
     """Read a saved report (or bare run) and diagnose it again with this loadprof.
 
     Every way the file can be wrong is one ReportError naming it (NOTE [ Reading a
-    saved run ] in records.py)."""
+    saved run ] in records.py); a price that is not one is a ValueError, as in ``Profile``."""
+    try:
+        gpu_hour_price = check_price(gpu_hour_price)
+    except ValueError as exc:
+        raise ValueError(f"gpu_hour_price: {exc}") from None
     p = Path(path)
     data = read_json(p, MAX_SAVED_BYTES, ReportError, "a loadprof report")
     if not isinstance(data, dict):

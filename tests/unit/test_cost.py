@@ -122,3 +122,33 @@ def test_nvml_reads_the_energy_counter_and_says_when_a_board_has_none(monkeypatc
     assert src.problems() == ["energy: Not Supported on GPU 1"]
 
 
+
+
+@pytest.mark.parametrize("bad", [1e308, float("inf"), float("nan"), -1, 10**400, True, "2.5"])
+def test_one_price_check_for_the_command_line_profile_and_saved_reports(tmp_path, capsys, bad):
+    from loadprof import Profile
+    from loadprof.cli import main
+
+    path = tmp_path / "r.json"
+    write_json(build_report(starved_run()), path)
+    with pytest.raises(ValueError, match="gpu_hour_price: "):
+        Profile(gpu_hour_price=bad)
+    with pytest.raises(ValueError, match="gpu_hour_price: "):
+        load_report(path, gpu_hour_price=bad)
+    if isinstance(bad, (float, int)) and not isinstance(bad, bool):
+        assert main(["report", "--gpu-hour-price", repr(bad), str(path)]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        assert "argument --gpu-hour-price: " in err.strip().splitlines()[-1]
+
+
+def test_the_highest_price_taken_keeps_every_money_figure_finite():
+    from loadprof.settings import MAX_GPU_HOUR_PRICE
+
+    report = build_report(starved_run(), gpu_hour_price=MAX_GPU_HOUR_PRICE)
+    doc = json.loads(report.to_json())
+    assert doc["cost"]["money_input_per_day"] > 0
+    out = io.StringIO()
+    render_console(report, file=out, width=200)
+    cost = next(line for line in out.getvalue().splitlines() if line.startswith("Cost:"))
+    assert "/GPU-h" in cost and "inf" not in cost
