@@ -8,7 +8,10 @@ NOTE [ Script runner lifecycle ]
 - Whatever ends it, the report is written in ``finally``: a normal end,
   ``sys.exit(n)`` (exit code n), an exception (its traceback is printed as
   Python would, exit code 1), Ctrl-C (130) or SIGTERM (143), or ``--max-steps``
-  (0). The script's own exit code is ours.
+  (0). The script's own exit code is ours. A Ctrl-C or SIGTERM while the report
+  is written waits for it (NOTE [ Signals while the report is written ] in
+  signals.py), then exits 130 or 143 unless the script's own code was not 0; a
+  second one stops it, with a line that says so.
 - loadprof's own options written after the script go to the script, as the
   usage says; NOTE [ Our options after the script ] says when the report warns.
 - Only the process that started profiling reports. A process forked from the
@@ -234,8 +237,6 @@ def run(target: Target, **profile_options: Any) -> int:
             # A forked child unwound into us (os.fork in the script): never report.
             os._exit(code)
         script_over = True
-        if not in_job:
-            signal.signal(signal.SIGTERM, previous_term)
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path:
             sys.path[0] = saved_path0
@@ -250,9 +251,18 @@ def run(target: Target, **profile_options: Any) -> int:
             prof.run.limitations.append(f"the script's arguments could not be checked ({type(err).__name__}: {err})")
         if line:
             prof.run.notices.append(Notice("script-arguments", line))
-        prof.stop(ended)
-        if in_job:
-            signal.signal(signal.SIGTERM, previous_term)
-            if held:
-                os.kill(os.getpid(), signal.SIGTERM)
+        try:
+            prof.stop(ended)  # a Ctrl-C or SIGTERM held meanwhile is raised at its end
+        except (KeyboardInterrupt, Terminated) as exc:
+            signalled = 130 if isinstance(exc, KeyboardInterrupt) else 143
+            if not prof.reported:
+                asked = [f"{o} {p}" for o, p in (("--json", prof.settings.json), ("--html", prof.settings.html),
+                                                  ("--trace", prof.settings.trace)) if p]
+                print(f"loadprof: error: {'Ctrl-C' if signalled == 130 else 'SIGTERM'} again while the report "
+                      "was written: it was not finished" + (f" ({', '.join(asked)} may be missing)" if asked else ""),
+                      file=sys.stderr)
+            code = code or signalled
+        signal.signal(signal.SIGTERM, previous_term)
+        if in_job and held:
+            os.kill(os.getpid(), signal.SIGTERM)
     return exit_code(code, prof.failed_outputs)

@@ -54,7 +54,7 @@ from .samplers import HostProcess, NvmlSource, Sampler, usable_cores
 from .samplers.node import local_world_size, shm_space
 from .settings import Settings
 from .settings import gpu_hour_price as check_price
-from .signals import SafePoint, Terminated
+from .signals import HeldSignals, SafePoint, Terminated
 from .timeline import StopRun, Timeline
 from .trackers import Trackers, parse_log_to
 
@@ -201,6 +201,8 @@ class Profile:
         self._host: HostProcess | None = None
         self._safepoint: SafePoint | None = None
         self._report: Any = None
+        #: the report was made and written to the end (a second Ctrl-C stops it half way)
+        self.reported = False
         self._live: Any = None  # report/liveview.py's LiveView while --live draws
         self._job: Any = None  # a torchrun job's part: jobs/__init__.py (None: single process)
         self._rank_report: Any = None  # in a job, this rank's own report (``_report`` is the job's on rank 0)
@@ -417,13 +419,21 @@ class Profile:
             self._timeline.mark(time.perf_counter())
 
     def stop(self, exc: BaseException | None = None) -> None:
-        global _active
         if self._stopped or not self._started or os.getpid() != self._pid:
             return
         if self._outer is not None:
             self._stop_inside(exc)
             return
         self._stopped = True
+        held = HeldSignals().hold()  # NOTE [ Signals while the report is written ] in signals.py
+        try:
+            self._stop_and_report(exc)
+            self.reported = True
+        finally:
+            held.release()
+
+    def _stop_and_report(self, exc: BaseException | None) -> None:
+        global _active
         if self._job is not None:
             self._job.hold_sigterm()  # the job's report must not die half way: jobs/__init__.py
         try:

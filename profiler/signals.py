@@ -31,6 +31,7 @@ Python call in between) delivers the exception when that function returns.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -122,3 +123,74 @@ class SafePoint:
         if exc is not None:
             self._raised = exc
             raise exc
+
+
+# NOTE [ Signals while the report is written ]
+# The script is over and the report takes a second or two (the item check's child,
+# the diagnosis, the HTML page's matplotlib import). Ctrl-C or SIGTERM landing then
+# would raise inside that work: a traceback of ours, no report, and the process dying
+# of the signal (-2, -15) instead of exiting 130 or 143. So from the start of
+# ``Profile.stop`` to its end, SIGINT and SIGTERM are held: the first one prints a line
+# and the report goes on; at the end the handlers that were there come back and the
+# held signal is raised again with ``signal.raise_signal``, which runs its handler at
+# once, so the script (or ``loadprof diagnose``) sees it as it would have a moment
+# earlier. A second signal stops holding at once: it is raised then, inside the
+# report's work, and whoever unwinds says the report was not finished. Only the main
+# thread of the process that started profiling holds (a handler can be set nowhere
+# else); a forked child that inherited the handler acts as before.
+
+class HeldSignals:
+    """SIGINT and SIGTERM held while the report is written (NOTE [ Signals while the
+    report is written ]). ``hold()`` then ``release()``; releasing twice is harmless."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self._pid = os.getpid()
+        self._previous: dict[int, Any] = {}
+        self.pending: int | None = None  # the held signal; SIGTERM wins over SIGINT
+
+    def hold(self) -> HeldSignals:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for signum in self.SIGNALS:
+            try:
+                previous = signal.signal(signum, self._on_signal)
+            except (ValueError, OSError):
+                continue
+            if previous is not None:  # None: a handler not set from Python, which cannot be put back
+                self._previous[signum] = previous
+            else:
+                signal.signal(signum, signal.SIG_DFL)
+        return self
+
+    def release(self) -> None:
+        """Put back the handlers held, then raise the held signal (its handler runs now)."""
+        previous, self._previous = self._previous, {}
+        for signum, handler in previous.items():
+            try:
+                signal.signal(signum, handler)
+            except (ValueError, OSError):
+                pass
+        pending, self.pending = self.pending, None
+        if pending is not None and pending in previous and os.getpid() == self._pid:
+            signal.raise_signal(pending)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self._pid:  # a forked child: as it would without us
+            handler = self._previous.get(signum, signal.SIG_DFL)
+            signal.signal(signum, handler)
+            signal.raise_signal(signum)
+            return
+        if self.pending is not None:  # a second one: the user means it
+            self.pending = signal.SIGTERM if signal.SIGTERM in (signum, self.pending) else signum
+            self.release()
+            return
+        self.pending = signum
+        name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+        line = (f"loadprof: {signal.Signals(signum).name}: finishing the report first (a few seconds); "
+                f"{name} again stops without it\n")
+        try:
+            os.write(2, line.encode())  # not print: the main thread may be inside a write to stderr
+        except OSError:
+            pass

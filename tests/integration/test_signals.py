@@ -153,3 +153,62 @@ def test_sigterm_at_rest_is_terminated_status(tmp_path: Path) -> None:
         proc.kill()
     assert proc.returncode == 143, stderr
     assert json.loads(out.read_text())["exit_status"] == "terminated by SIGTERM"
+
+
+#: A finished script whose signals land while loadprof writes its report: the item check
+#: (a child forked from the training process once the loop is over, which reads an item)
+#: sends them to its parent. Nothing else in the run is a child that is not a worker.
+AFTER_THE_END = """
+import os, signal, sys
+import torch
+from torch.utils.data import DataLoader, Dataset
+MAIN, SIGNALS = os.getpid(), [getattr(signal, s) for s in sys.argv[1].split(",")]
+class Items(Dataset):
+    def __len__(self):
+        return 256
+    def __getitem__(self, i):
+        if os.getpid() != MAIN and torch.utils.data.get_worker_info() is None:
+            while SIGNALS:  # the item check's child (which reads more than once): the script is over
+                os.kill(os.getppid(), SIGNALS.pop(0))
+                signal.sigtimedwait([], 0.3)
+        return torch.randn(8), i % 2
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in DataLoader(Items(), batch_size=8):
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+print("script over", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_while_the_report_is_written_waits_for_it(tmp_path: Path, sig: str, code: int) -> None:
+    path = tmp_path / "after.py"
+    path.write_text(AFTER_THE_END)
+    out, page = tmp_path / "run.json", tmp_path / "run.html"
+    proc = subprocess.run([sys.executable, "-m", "loadprof", "diagnose", "--json", str(out), "--html", str(page),
+                           str(path), sig], capture_output=True, text=True, env=_env(), timeout=120)
+    assert "script over" in proc.stdout
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert f"loadprof: {sig}: finishing the report first" in proc.stderr
+    assert proc.stderr.count("loadprof verdict") == 1
+    assert json.loads(out.read_text())["exit_status"] == "ok"  # the script itself ended well
+    assert page.read_text().startswith("<!DOCTYPE html>")
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_while_the_report_is_written_stops_it_and_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "after.py"
+    path.write_text(AFTER_THE_END)
+    out = tmp_path / "run.json"
+    proc = subprocess.run([sys.executable, "-m", "loadprof", "diagnose", "--json", str(out), str(path),
+                           "SIGINT,SIGINT"], capture_output=True, text=True, env=_env(), timeout=120)
+    assert proc.returncode == 130, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == (f"loadprof: error: Ctrl-C again while the report was written: it was not finished "
+                    f"(--json {out} may be missing)")
+    assert not out.exists() and not list(tmp_path.glob(".run.json.*"))
