@@ -427,6 +427,10 @@ def _value(value: Any, tp: Any, where: str) -> Any:
 
 #: Seconds since 1970 of the latest start a saved run may claim (the year 2286).
 _LATEST_TIME = 1e10
+#: GPU indices a saved run may name: NVML's are 0 to N-1 on a host, and NVIDIA's driver takes at
+#: most 32 GPUs a system (NV_MAX_DEVICES, nvlimits.h); twice that, for a later driver. Every
+#: reader and renderer does work per GPU: a file naming 20,000 took minutes to report.
+GPU_INDEX_LIMIT = 64
 
 
 def check_run(run: Run) -> None:
@@ -460,6 +464,13 @@ def check_run(run: Run) -> None:
     for i, ev in enumerate(run.evaluations):
         if ev.end < ev.start:
             raise bad(f"run.evaluations[{i}]", f"ends ({ev.end}) before it starts ({ev.start})")
+    listed = [g.index for g in env.gpus]
+    for what, indices in (("run.environment.gpus", listed), ("run.gpu_samples", [g.index for g in run.gpu_samples])):
+        for i, index in enumerate(indices):
+            if not 0 <= index < GPU_INDEX_LIMIT:
+                raise bad(f"{what}[{i}].index", f"expected a GPU index from 0 to {GPU_INDEX_LIMIT - 1}, got {index}")
+    if len(set(listed)) < len(listed):
+        raise bad("run.environment.gpus", "a GPU index given twice")
     for i, h in enumerate(run.host_samples):
         if h.worker_pids or h.worker_cpu:
             check_workers(h.worker_pids, h.worker_cpu, f"run.host_samples[{i}]")

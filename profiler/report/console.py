@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING
 
 from rich.console import Console, Group
@@ -14,8 +15,12 @@ from ..cost import cost_line
 from .stages import stage_table
 
 if TYPE_CHECKING:
+    from ..records import GpuInfo
     from . import RunReport
     from .base import Advice
+
+#: GPUs a report names: a node holds 16 at most, and a saved run may list thousands.
+MAX_GPUS_NAMED = 16
 
 _COLOURS = {
     "data-starved": "bold red",
@@ -42,9 +47,7 @@ class ConsoleRenderer:
             head.append(f" ({d.cause})")
         head.append(f"   confidence: {d.confidence}\n")
         head.append(d.summary)
-        gpu = run.environment.gpu_status
-        if run.environment.gpus:
-            gpu = ", ".join(g.name for g in run.environment.gpus)
+        gpu = gpu_names(run.environment.gpus) or run.environment.gpu_status
         head.append(
             f"\n{m.steps_total} steps ({m.warmup_steps} warm-up), input timed by "
             f"{run.data_wait_method or 'n/a'}; {run.duration:.1f} s; GPU: {gpu}; "
@@ -87,6 +90,12 @@ class ConsoleRenderer:
                 c.print(Text(f"  - {line}", style="yellow"))
         if run.exit_status not in ("ok", ""):
             c.print(Text(f"Run ended: {run.exit_status}", style="dim"))
+
+
+def gpu_names(gpus: Sequence[GpuInfo]) -> str:
+    """The GPUs' names, the first ``MAX_GPUS_NAMED`` of them and how many more; "" for none."""
+    more = len(gpus) - MAX_GPUS_NAMED
+    return ", ".join(g.name for g in gpus[:MAX_GPUS_NAMED]) + (f" and {more:,} more" if more > 0 else "")
 
 
 def print_recommendation(c: Console, i: int, r: Advice, where: str = "") -> None:

@@ -37,8 +37,9 @@ import numpy as np
 
 from ..jsonio import write_text_atomic
 from . import RunReport
+from .console import MAX_GPUS_NAMED, gpu_names
 from .job import JobReport
-from .stages import random_label
+from .stages import MAX_ROWS, random_label
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -256,8 +257,7 @@ def _size(n: float | None) -> str:
 
 
 def _gpu_names(run: Any) -> str:
-    gpus = run.environment.gpus
-    return ", ".join(g.name for g in gpus) if gpus else "no GPU sampled (see Environment)"
+    return gpu_names(run.environment.gpus) or "no GPU sampled (see Environment)"
 
 
 def _figures(items: list[tuple[str, str, str]]) -> str:
@@ -300,13 +300,20 @@ _STAGE_COLOURS = {"read": "#8c6d31", "decode": "#e4572e", "transform": "#4c72b0"
 
 
 def _stages_section(load: Loading) -> str:
-    """The loader's stages (stagemodel.py): one bar stacked by stage, and the table."""
-    bar = "".join(f"<span title='{_e(r.stage)}: {r.share:.0%}' style='width:{100 * r.share:.2f}%;"
-                  f"background:{_STAGE_COLOURS.get(r.kind, '#999999')}'></span>"
-                  for r in load.rows if r.share > 0)
+    """The loader's stages (stagemodel.py): one bar stacked by stage, and the table; the
+    slowest ``MAX_ROWS`` as the terminal's table, the rest as one piece and one row."""
+    shown, rest = load.rows[:MAX_ROWS], load.rows[MAX_ROWS:]
+    pieces = [(r.stage, r.share, _STAGE_COLOURS.get(r.kind, "#999999")) for r in shown]
+    if rest:
+        pieces.append((f"({len(rest):,} more)", sum(r.share for r in rest), "#cccccc"))
+    bar = "".join(f"<span title='{_e(name)}: {share:.0%}' style='width:{100 * share:.2f}%;background:{colour}'></span>"
+                  for name, share, colour in pieces if share > 0)
     rows = "".join(f"<tr><td>{_e(r.stage)}</td><td class='num'>{r.ms_per_batch:.2f}</td>"
                    f"<td class='num'>{r.share:.0%}</td><td>{_e(r.where)}</td><td>{_e(random_label(r.random))}</td></tr>"
-                   for r in load.rows)
+                   for r in shown)
+    if rest:
+        rows += (f"<tr><td>({len(rest):,} more)</td><td class='num'>{sum(r.ms_per_batch for r in rest):.2f}</td>"
+                 f"<td class='num'>{sum(r.share for r in rest):.0%}</td><td></td><td></td></tr>")
     waited = (f"; the loop waited {load.wait_ms_per_batch:.1f} ms a batch" if load.wait_ms_per_batch is not None
               else "")
     return (f"<h2>Loading, stage by stage</h2><p class='muted'>{load.ms_per_batch:.1f} ms a batch over "
@@ -319,24 +326,40 @@ def _rows(pairs: list[tuple[str, object]]) -> str:
     return "<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in pairs) + "</table>"
 
 
+#: Input pipelines the page lists, the most iterated: a script that makes a DataLoader
+#: every epoch has one per epoch. The JSON report lists them all.
+MAX_LOADER_ROWS = 16
+
+
 def _loaders_table(loaders: list[Any]) -> str:
     cols = ("framework", "kind", "batch_size", "num_workers", "pin_memory", "persistent_workers",
             "prefetch_factor", "dataset_type", "iterations")
     head = "".join(f"<th>{_e(c.replace('_', ' '))}</th>" for c in cols)
+    shown = loaders
+    if len(loaders) > MAX_LOADER_ROWS:  # the most iterated, in the order seen
+        keep = set(sorted(range(len(loaders)), key=lambda i: -loaders[i].iterations)[:MAX_LOADER_ROWS])
+        shown = [li for i, li in enumerate(loaders) if i in keep]
     rows = []
-    for li in loaders:
+    for li in shown:
         cells = "".join(f"<td>{_e('-' if getattr(li, c) is None else getattr(li, c))}</td>" for c in cols)
         notes = "; ".join(li.notes)
         rows.append(f"<tr>{cells}</tr>" + (f"<tr><td colspan='{len(cols)}' class='muted'>{_e(notes)}</td></tr>"
                                           if notes else ""))
-    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+    more = len(loaders) - len(shown)
+    rest = (f"<p class='muted'>{_plural(more, 'more input pipeline')}, iterated "
+            f"{sum(li.iterations for li in loaders) - sum(li.iterations for li in shown):,} times in all "
+            f"(the JSON report lists every one)</p>" if more else "")
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>{rest}"
 
 
 def _environment_table(report: RunReport) -> str:
     run, env = report.run, report.run.environment
+    more = len(env.gpus) - MAX_GPUS_NAMED
     gpus = "; ".join(f"GPU {g.index}: {g.name}, {_size(g.memory_total)}"
                      + (f", sm_{g.compute_capability[0]}{g.compute_capability[1]}" if g.compute_capability else "")
-                     for g in env.gpus) or env.gpu_status
+                     for g in env.gpus[:MAX_GPUS_NAMED]) or env.gpu_status
+    if more > 0:
+        gpus += f"; and {more:,} more"
     interval = run.sampling.get("interval")
     return _rows([
         ("command", " ".join(run.command)),
@@ -475,6 +498,59 @@ def _workers(host: Sequence[Any], most: int) -> _Workers:
     return _Workers(pids, list(cpu), rest, len(total))
 
 
+#: GPUs drawn one line each in the GPU and power charts: a node holds 8 (16 at most).
+#: Past that, the GPUs the process used, then the busiest, get a line each and the
+#: others one line of their mean: the chart's cost follows what it draws, never the
+#: number of GPU indices a saved run names.
+MAX_GPU_LINES = 8
+
+
+@dataclass
+class _Gpus:
+    """The drawn GPUs' readings by index (in index order) and the other GPUs' readings."""
+
+    drawn: dict[int, list[Any]]
+    rest: list[Any]
+    seen: int  # distinct GPU indices in the run
+
+
+def _gpus(samples: Sequence[Any], most: int) -> _Gpus:
+    """The ``most`` GPUs that matter: those holding the process's memory, then the busiest."""
+    by_index: dict[int, list[Any]] = {}
+    for g in samples:
+        by_index.setdefault(g.index, []).append(g)
+
+    def rank(i: int) -> tuple[bool, float, int]:
+        utils = [g.util_gpu for g in by_index[i] if g.util_gpu is not None]
+        used = any((g.process_memory_used or 0) > 0 for g in by_index[i])
+        return not used, -sum(utils) / len(utils) if utils else math.inf, i
+
+    drawn = {i: by_index[i] for i in sorted(sorted(by_index, key=rank)[:most])}
+    rest = [g for i, gs in by_index.items() if i not in drawn for g in gs]
+    return _Gpus(drawn, rest, len(by_index))
+
+
+def _memory_pct(g: Any) -> float:
+    return 100.0 * g.memory_used / g.memory_total if g.memory_used is not None and g.memory_total else math.nan
+
+
+def _across(t: Sequence[float], v: Sequence[float], span: float, buckets: int) -> _Binned:
+    """Readings of several GPUs as one series: at each reading time their mean, lowest and
+    highest; past ``buckets`` reading times, sliced as ``_bin`` slices."""
+    ta = np.asarray(t, dtype=float)
+    va = np.asarray(v, dtype=float)
+    keep = np.isfinite(va)
+    ta, va = ta[keep], va[keep]
+    times, at = np.unique(ta, return_inverse=True)
+    if len(times) > buckets:
+        return _bin(ta, va, span, buckets)
+    lo = np.full(len(times), np.inf)
+    hi = np.full(len(times), -np.inf)
+    np.minimum.at(lo, at, va)
+    np.maximum.at(hi, at, va)
+    return _Binned(times, np.bincount(at, weights=va) / np.bincount(at), lo, hi, True)
+
+
 @dataclass
 class _Downsampled:
     """What the page says about the slicing of its charts."""
@@ -486,6 +562,8 @@ class _Downsampled:
     binned: bool = False
     workers_seen: int = 0  # loader workers with CPU of their own recorded
     workers_drawn: int = 0
+    gpus_seen: int = 0  # distinct GPU indices sampled
+    gpus_drawn: int = 0
 
 
 def _run_charts(report: RunReport, buckets: int) -> str:
@@ -514,9 +592,12 @@ def _run_charts(report: RunReport, buckets: int) -> str:
         workers = " The CPU chart draws the CPU of each loader worker as a line of its own (legend: worker PID)."
     else:
         workers = ""
+    gpus = (f" The GPU charts draw {note.gpus_drawn} of {note.gpus_seen:,} GPUs one line each (those the training "
+            f"process used, then the busiest), the other {_plural(note.gpus_seen - note.gpus_drawn, 'GPU')} as one "
+            f"line of their mean." if note.gpus_seen > note.gpus_drawn else "")
     text = (f"{how}{note.steps:,} steps in {note.step_records:,} records{merged}; "
             f"{len(run.host_samples):,} host and {len(run.gpu_samples):,} GPU samples. "
-            f"The shaded yellow span is the judged window (warm-up steps left out of the verdict).{workers}")
+            f"The shaded yellow span is the judged window (warm-up steps left out of the verdict).{workers}{gpus}")
     return f"<p class='muted'>{_e(text)}</p><div class='chart'>{_svg(fig, 'run')}</div>"
 
 
@@ -529,11 +610,12 @@ def _run_figure(report: RunReport, buckets: int, note: _Downsampled) -> Figure |
                max((s.t for s in run.host_samples), default=0.0), max((g.t for g in run.gpu_samples), default=0.0))
     if span <= 0:
         return None
-    gpu_ids = sorted({g.index for g in run.gpu_samples})
+    gpus = _gpus(run.gpu_samples, MAX_GPU_LINES)
+    note.gpus_seen, note.gpus_drawn = gpus.seen, len(gpus.drawn)
     has_power = any(g.power_w is not None for g in run.gpu_samples)
     host = run.host_samples
     panels = ["steps"] if steps else []
-    if gpu_ids:
+    if gpus.seen:
         panels += ["gpu"] + (["power"] if has_power else [])
     if host:
         panels += ["cpu", "memory", "disk"]
@@ -541,37 +623,45 @@ def _run_figure(report: RunReport, buckets: int, note: _Downsampled) -> Figure |
         return None
     workers = _workers(host, MAX_WORKER_LINES)
     note.workers_seen, note.workers_drawn = workers.seen, len(workers.pids)
-    # the CPU panel's legend lists each worker drawn: room for it
+    # the CPU and GPU panels' legends list each worker or GPU drawn: room for them
     cpu_height = max(1.35, 0.19 * (3 + len(workers.pids) + (workers.rest is not None)))
-    heights = [2.2 if p == "steps" else cpu_height if p == "cpu" else 1.35 for p in panels]
+    gpu_lines = len(gpus.drawn) + bool(gpus.rest)
+    heights = [{"steps": 2.2, "cpu": cpu_height, "gpu": max(1.35, 0.19 * 2 * gpu_lines),
+                "power": max(1.35, 0.19 * gpu_lines)}.get(p, 1.35) for p in panels]
     fig = Figure(figsize=(10.5, 0.55 + sum(heights) * 1.05), dpi=96)
     axes = fig.subplots(len(panels), 1, sharex=True, gridspec_kw={"height_ratios": heights})
     axes = list(np.atleast_1d(axes))
     note.buckets, note.span = buckets, span
     judged = _judged_window(run, m.warmup_steps)
     weights = [h.window for h in host]
+    others = _plural(gpus.seen - len(gpus.drawn), "other GPU")
     for ax, panel in zip(axes, panels, strict=True):
         if judged is not None:
             ax.axvspan(judged[0], judged[1], color=_JUDGED, zorder=0, linewidth=0)
         if panel == "steps":
             _steps_panel(ax, steps, span, buckets, note)
         elif panel == "gpu":
-            for n, i in enumerate(gpu_ids):
-                gs = [g for g in run.gpu_samples if g.index == i]
+            for n, (i, gs) in enumerate(gpus.drawn.items()):
                 c = f"C{n % 10}"
                 _line(ax, _bin([g.t for g in gs], [_nan(g.util_gpu) for g in gs], span, buckets),
                       f"GPU {i} busy", c)
-                _line(ax, _bin([g.t for g in gs], [100.0 * g.memory_used / g.memory_total
-                                                    if g.memory_used is not None and g.memory_total else math.nan
-                                                    for g in gs], span, buckets), f"GPU {i} memory", c,
+                _line(ax, _bin([g.t for g in gs], [_memory_pct(g) for g in gs], span, buckets), f"GPU {i} memory", c,
                       linestyle="--")
+            if gpus.rest:
+                t = [g.t for g in gpus.rest]
+                _line(ax, _across(t, [_nan(g.util_gpu) for g in gpus.rest], span, buckets),
+                      f"{others} busy, mean", "#999999", linestyle=":")
+                _line(ax, _across(t, [_memory_pct(g) for g in gpus.rest], span, buckets),
+                      f"{others} memory, mean", "#999999", band=False, linestyle="-.")
             ax.set_ylim(0, 105)
             ax.set_ylabel("GPU %")
         elif panel == "power":
-            for n, i in enumerate(gpu_ids):
-                gs = [g for g in run.gpu_samples if g.index == i]
+            for n, (i, gs) in enumerate(gpus.drawn.items()):
                 _line(ax, _bin([g.t for g in gs], [_nan(g.power_w) for g in gs], span, buckets),
                       f"GPU {i}", f"C{n % 10}")
+            if gpus.rest:
+                _line(ax, _across([g.t for g in gpus.rest], [_nan(g.power_w) for g in gpus.rest], span, buckets),
+                      f"{others}, mean", "#999999", linestyle=":")
             ax.set_ylabel("power (W)")
             ax.set_ylim(bottom=0)
         elif panel == "cpu":
@@ -637,7 +727,7 @@ def _run_figure(report: RunReport, buckets: int, note: _Downsampled) -> Figure |
 
 
 def _plural(n: int, what: str) -> str:
-    return f"{n} {what}{'' if n == 1 else 's'}"
+    return f"{n:,} {what}{'' if n == 1 else 's'}"
 
 
 def _nan(value: float | None) -> float:
@@ -707,7 +797,7 @@ def _job_ranks_section(data: dict[str, Any], raw: list[RankRun], buckets: int) -
                                     f"{_e(s.get('detail') or '')}</li>" for r, s in stragglers.items()) + "</ul>")
     else:
         out.append("<p class='muted'>No straggler: no rank's own work kept the others waiting.</p>")
-    out.append(_chart(lambda: _ranks_figure(raw, set(stragglers), buckets), "ranks"))
+    out.append(_chart(lambda: _ranks_figure(raw, list(stragglers), buckets), "ranks"))
     cols = [("rank", "rank"), ("host", "host"), ("verdict", "verdict"), ("steps", "steps"),
             ("step_time_s", "step"), ("input_wait_s", "input wait"), ("h2d_s", "copy"), ("compute_s", "compute"),
             ("collective_s", "collectives"), ("data_wait_fraction", "input share"), ("gpu_util", "GPU busy"),
@@ -738,8 +828,13 @@ def _cell(key: str, value: Any) -> str:
     return str(value)
 
 
-def _ranks_figure(raw: list[RankRun], stragglers: set[Any], buckets: int) -> Figure | None:
-    """Rows: ranks; columns: time slices on rank 0's clock; colour: step time, then input share."""
+#: Ranks labelled on the heatmap's axis, and stragglers labelled beyond them.
+MAX_RANK_TICKS = 24
+
+
+def _ranks_figure(raw: list[RankRun], worst_first: list[Any], buckets: int) -> Figure | None:
+    """Rows: ranks; columns: time slices on rank 0's clock; colour: step time, then input share.
+    ``worst_first``: the stragglers; the worst ``MAX_RANK_TICKS`` get a tick of their own."""
     from matplotlib.figure import Figure
 
     series = []
@@ -773,6 +868,7 @@ def _ranks_figure(raw: list[RankRun], stragglers: set[Any], buckets: int) -> Fig
     height = 1.2 + 0.22 * len(series)
     fig = Figure(figsize=(10.5, min(2 * height + 0.8, 16)), dpi=96)
     axes = fig.subplots(2, 1, sharex=True)
+    stragglers, ticked = set(worst_first), set(worst_first[:MAX_RANK_TICKS])  # more ticks would overlap
     labels = [f"rank {rank}" + ("  straggler" if rank in stragglers else "") for rank, _, _ in series]
     for ax, grid, name, cmap in ((axes[0], step_ms, "step time (ms)", "viridis"),
                                  (axes[1], share, "input share of step (%)", "Reds")):
@@ -780,12 +876,12 @@ def _ranks_figure(raw: list[RankRun], stragglers: set[Any], buckets: int) -> Fig
                           extent=(first, first + span, len(series) - 0.5, -0.5), vmin=0,
                           vmax=100 if "share" in name else None)
         fig.colorbar(image, ax=ax, pad=0.01, fraction=0.04).set_label(name, fontsize=8)
-        every = max(1, len(series) // 24)  # a tick a rank up to 24 ranks, then fewer (stragglers always)
-        ticks = [i for i, (rank, _, _) in enumerate(series) if i % every == 0 or rank in stragglers]
+        every = max(1, len(series) // MAX_RANK_TICKS)  # a tick a rank up to 24, then fewer
+        ticks = [i for i, (rank, _, _) in enumerate(series) if i % every == 0 or rank in ticked]
         ax.set_yticks(ticks, [labels[i] for i in ticks], fontsize=7.5)
-        for i in ticks:
+        for i, label in zip(ticks, ax.get_yticklabels(), strict=True):
             if series[i][0] in stragglers:
-                ax.get_yticklabels()[ticks.index(i)].set_color("#c62828")
+                label.set_color("#c62828")
         ax.tick_params(labelsize=8)
         ax.set_title(name, fontsize=9, loc="left")
     axes[-1].set_xlabel("seconds since the first rank started (rank 0's clock)", fontsize=8.5)

@@ -25,7 +25,9 @@ metadata and ordered by ``process_sort_index``; a single-process run is rank 0. 
   report's table (ms/batch, share, where, random); and a counter per stage, named
   "loading stages (ms/batch): " and the stage as in the table, slowest first, each
   event ``args: {"value": v}`` like the samplers' counters, its value held from the
-  first step's start to the last step's end.
+  first step's start to the last step's end. As in the terminal's table, the slowest
+  12 stages (report/stages.py MAX_ROWS) are listed, the others summed as "(N more)":
+  a track a stage, and a saved run may name thousands.
   A tf.data or Keras loader whose Python functions (py_function, from_generator)
   were timed has their rows, and its slice's "not timed" argument says the graph
   transformations are not; one with none holds one slice, "loading stages: not
@@ -60,7 +62,7 @@ from ..diagnosis import is_tf, main_loader, warmup_count
 from ..jsonio import dumps, write_text_atomic
 from ..records import GpuSample, HostSample, Run
 from ..stagemodel import loading
-from .stages import TF_GRAPH_NOT_TIMED, TF_NOT_TIMED, random_label
+from .stages import MAX_ROWS, TF_GRAPH_NOT_TIMED, TF_NOT_TIMED, random_label
 
 if TYPE_CHECKING:
     from . import Report
@@ -243,13 +245,19 @@ def _stages(pid: int, run: Run, offset: float) -> Iterable[dict[str, Any]]:
         args["loop's wait ms per batch"] = round(load.wait_ms_per_batch, 3)
     if load.python_only:
         args["not timed"] = TF_GRAPH_NOT_TIMED
-    for r in load.rows:
+    shown, rest = load.rows[:MAX_ROWS], load.rows[MAX_ROWS:]  # as the terminal's table: a track a stage
+    for r in shown:
         args[r.stage] = f"{r.ms_per_batch:.2f} ms/batch, {r.share:.0%}, {r.where}, {random_label(r.random)}"
+    held = [(r.stage, r.ms_per_batch) for r in shown]
+    if rest:
+        more = f"({len(rest):,} more)"
+        held.append((more, sum(r.ms_per_batch for r in rest)))
+        args[more] = f"{held[-1][1]:.2f} ms/batch, {sum(r.share for r in rest):.0%}"
     yield {"name": f"loading stages: averages of {load.batches} timed batches", "cat": "loading stages", "ph": "X",
            "pid": pid, "tid": STAGES_TID, "ts": start, "dur": end - start, "args": args}
-    for r in load.rows:
+    for stage, ms in held:
         for ts in (start, end):  # held flat: an average over the run, not a reading at a time
-            yield _counter(pid, STAGE_COUNTER + r.stage, ts, r.ms_per_batch)
+            yield _counter(pid, STAGE_COUNTER + stage, ts, ms)
 
 
 def _counters(pid: int, run: Run, offset: float) -> Iterable[dict[str, Any]]:
