@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..records import (
+    GPU_INDEX_LIMIT,
     SCHEMA_VERSION,
     GpuSample,
     HostSample,
@@ -431,10 +432,23 @@ def decode_columns(head: Run, layout: Any, packed: bytes, where: str,
                     arrays[key] = np.full(counts[table], fill, "<f8" if kind == "f" else "<i8")
     _check_step_columns(arrays, f"{where}.steps")
     _check_worker_columns(arrays, f"{where}.host_samples")
+    _check_gpu_columns(arrays, f"{where}.gpu_samples")
     waits = found.get("collective_wait") if collective else None
     if waits is not None:
         waits = _check_waits(waits, arrays, where.rsplit(".", 1)[0])
     return RunColumns(head, arrays, counts, [[k, v] for k, v in sizes.items()], packed), waits
+
+
+def _check_gpu_columns(arrays: dict[str, Any], where: str) -> None:
+    """``check_run``'s check of the GPU indices, an array at a time."""
+    import numpy as np
+
+    index = arrays["gpu_samples.index"]
+    bad = (index < 0) | (index >= GPU_INDEX_LIMIT)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise RecordError(f"{where}[{i}].index: expected a GPU index from 0 to {GPU_INDEX_LIMIT - 1}, "
+                          f"got {int(index[i])}")
 
 
 def _check_step_columns(arrays: dict[str, Any], where: str) -> None:

@@ -178,3 +178,29 @@ def test_a_job_of_many_stragglers_labels_the_worst_two_dozen_on_the_heatmap() ->
     every_fifth = {r for r in range(0, world, world // 24) if r % 2 == 1}  # the regular ticks' stragglers
     assert worst <= labelled <= worst | every_fifth
     assert len(re.findall(r"rank \d+ is a straggler", page)) == 60  # the list above names every one
+
+
+def test_a_job_file_whose_rank_names_a_gpu_no_driver_has_is_one_line(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # a rank's readings travel as columns, checked an array at a time, not through check_run
+    import base64
+    import zlib
+
+    import numpy as np
+
+    from tests.job_files import small_job
+
+    doc = small_job(2)
+    held = doc["job"]["ranks"][1]["run"]["columns"]
+    raw = bytearray(zlib.decompress(base64.b64decode(held["data"])))
+    offset = 0
+    for name, count in held["layout"]:
+        if name == "gpu_samples.index":
+            raw[offset + 8:offset + 16] = np.array([20000], "<i8").tobytes()  # its second reading
+        offset += 8 * count
+    held["data"] = base64.b64encode(zlib.compress(bytes(raw))).decode("ascii")
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(doc))
+    assert main(["report", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"loadprof: error: {path}: ") and "[1].index: expected a GPU index from 0 to 63, got 20000" in err
