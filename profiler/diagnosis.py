@@ -94,6 +94,9 @@ class Thresholds:
     #: runnable but waiting for a CPU (Linux schedstat run-queue time): then a
     #: loader that looks idle is waiting for a core, not for I/O.
     contended_run_delay: float = 0.10
+    #: Ours: ... and for at least a third of the time they were off a core: queued that much,
+    #: more cores would cut their batches by a third; less, they sleep (storage, the network)
+    contended_idle_share: float = 1 / 3
 
 
 DEFAULT_THRESHOLDS = Thresholds()
@@ -538,6 +541,11 @@ def _out_of_memory(run: Run, m: Metrics, oom: OutOfMemory, ev: list[Evidence]) -
     return Diagnosis("memory-bound", cause, f"ran out of memory {where}: {describe(oom)}; {held}", confidence, ev, m)
 
 
+def holders(run: Run) -> str:
+    """The busiest processes outside the job, as a report names them, or ""."""
+    return ", ".join(f"pid {p.pid} `{p.command}` {p.cores:.2f} cores" for p in run.other_processes[:3])
+
+
 def _worker_statuses(run: Run) -> dict[str, WorkerDeath]:
     """Loader workers that died of something other than memory (an exit code, a signal
     other than the OOM killer's SIGKILL and /dev/shm's SIGBUS), by pid."""
@@ -583,7 +591,7 @@ def _data_cause(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
                 _pct(ratio), f">= {_pct(th.wait_cpu_bound)} = loading is CPU work", "loadprof",
             ))
         if ratio is not None and ratio < th.wait_cpu_bound:
-            return _idle_or_contended(m, th, ev)
+            return _idle_or_contended(m, th, ev, m.run_delay, m.wait_fraction * (1.0 - ratio))
         if m.usable_cores >= 2 and m.loader is not None:
             return "too-few-workers"
         return "cpu-bound-preprocessing"
@@ -609,7 +617,7 @@ def _data_cause(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
         return "cpu-bound-preprocessing"
     if per_worker >= th.worker_busy:
         return "too-few-workers"
-    return _idle_or_contended(m, th, ev)
+    return _idle_or_contended(m, th, ev, m.workers_run_delay, 1.0 - min(1.0, per_worker))
 
 
 def _contended(m: Metrics, th: Thresholds) -> bool:
@@ -617,26 +625,35 @@ def _contended(m: Metrics, th: Thresholds) -> bool:
     return m.others_cpu_cores is not None and m.others_cpu_cores / m.usable_cores >= th.contended_others
 
 
-def _idle_or_contended(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
-    """The cause when the input pipeline looks idle: waiting for I/O, unless its threads
-    were waiting for a CPU (schedstat): for cores that other processes held, or that
-    the job's own threads fill."""
+def _idle_or_contended(m: Metrics, th: Thresholds, ev: list[Evidence], delay: float | None,
+                       idle: float) -> str:
+    """The cause when the input pipeline looks idle: waiting for I/O, unless its own threads
+    (the workers, or the thread that loads) were waiting for a CPU (schedstat): for cores that
+    other processes held, or that the job's own threads fill.
+
+    ``delay`` is the share of the time those threads were runnable without a core, ``idle``
+    the share they spent neither on a core nor, where the wait is the CPU's, queued for one.
+    A pipeline starved of CPU is queued for most of its idle time; one that waits on storage
+    sleeps through it, however busy the neighbours keep the cores. Queued for a third of it
+    or more, more cores would cut its batches by as much: the cause is the CPU; under that,
+    I/O."""
     delays = [d for d in (m.run_delay, m.workers_run_delay) if d is not None]
     if delays:
         ev.append(Evidence(
             "run_delay", "Time the training thread (and each worker) waited for a CPU", max(delays),
             " / ".join(_pct(d) for d in delays),
-            f">= {_pct(th.contended_run_delay)} with the cores >= {_pct(th.cpu_saturated)} busy = waiting for CPU",
+            f">= {_pct(th.contended_run_delay)} and >= a third of the loaders' idle time = waiting for CPU",
             "Linux schedstat",
         ))
+    queued = delay is None or delay >= max(th.contended_run_delay, th.contended_idle_share * idle)
     # Other processes are to blame only when the pipeline's own threads were seen
     # queued for a core: with schedstat saying they rarely waited, the wait is I/O.
-    if _contended(m, th) and (not delays or max(delays) >= th.contended_run_delay):
+    if _contended(m, th) and queued:
         return "host-contended"
     # The job's own threads queue for the cores only where the cores are busy: on idle
     # ones the queueing is each wake-up's latency, which a thread waking for every read
     # (a sleeping or I/O-bound loader) piles up to ~10% of its time on a VM.
-    if delays and max(delays) >= th.contended_run_delay and (m.cpu_busy or 0.0) >= th.cpu_saturated:
+    if delay is not None and queued and (m.cpu_busy or 0.0) >= th.cpu_saturated:
         return "cpu-bound-preprocessing"
     return "io-latency"
 
@@ -662,8 +679,10 @@ def _tf_data_cause(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
     if cores >= th.cpu_saturated * m.usable_cores:
         return "cpu-bound-preprocessing"
     if cores >= th.wait_cpu_bound:
+        if _contended(m, th) and cores + (m.others_cpu_cores or 0.0) >= th.cpu_saturated * m.usable_cores:
+            return "host-contended"  # the cores it could grow into while the loop waits are others'
         return "too-few-workers"
-    return _idle_or_contended(m, th, ev)
+    return _idle_or_contended(m, th, ev, m.run_delay, m.wait_fraction * (1.0 - min(1.0, cores)))
 
 
 def diagnose(run: Run, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Diagnosis:
@@ -682,9 +701,11 @@ def diagnose(run: Run, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Diagnosis
                 for who, delay in (("the training thread", m.run_delay), ("each loader worker", m.workers_run_delay))
                 if delay is not None
             )
+            held = holders(run)
             d.warnings.append((
                 "host-contended",
                 f"other processes kept {m.others_cpu_cores:.1f} of the {m.usable_cores} usable cores busy"
+                + (f" ({held})" if held else "")
                 + (f"; {waits}" if waits else "")
                 + ": timings and the advice's estimates depend on them",
             ))

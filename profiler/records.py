@@ -183,6 +183,9 @@ class LoaderInfo:
     prefetch_factor: int | None = None
     dataset_length: int | None = None
     dataset_type: str | None = None
+    #: an IterableDataset: its items come from its iterator, with no index (no sampler, no
+    #: ``__getitems__``, no per-index cache); None: not known
+    iterable: bool | None = None
     sample_nbytes: int | None = None  # bytes of one sample as loaded, when measurable
     items_repeat: bool | None = None  # every read of one item gave the same data (None: not checked)
     iterations: int = 0  # times the loader was iterated (epochs); > 1 makes worker start-up recur
@@ -254,6 +257,19 @@ class Notice:
 
 
 @dataclass
+class OtherProcess:
+    """A process outside the job that held CPU while it ran (samplers/neighbours.py)."""
+
+    pid: int
+    command: str  # its command line, shortened
+    cores: float  # its CPU time over the run's, in cores
+
+
+#: Other processes a saved run may name, and the longest command it may give one.
+MAX_OTHER_PROCESSES, MAX_COMMAND_CHARS = 16, 200
+
+
+@dataclass
 class Run:
     """Everything measured during one profiled run."""
 
@@ -283,6 +299,8 @@ class Run:
     exit_status: str = "ok"  # "ok", "exception: ...", "interrupted", "stopped after N steps"
     #: Found by the runner, shown as report warnings (e.g. loadprof's option given to the script).
     notices: list[Notice] = field(default_factory=list)
+    #: the busiest processes outside the job while it ran, the busiest first
+    other_processes: list[OtherProcess] = field(default_factory=list)
 
     # -- JSON -----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -464,6 +482,12 @@ def check_run(run: Run) -> None:
     for i, ev in enumerate(run.evaluations):
         if ev.end < ev.start:
             raise bad(f"run.evaluations[{i}]", f"ends ({ev.end}) before it starts ({ev.start})")
+    if len(run.other_processes) > MAX_OTHER_PROCESSES:
+        raise bad("run.other_processes", f"{len(run.other_processes)} entries, at most {MAX_OTHER_PROCESSES}")
+    for i, other in enumerate(run.other_processes):
+        if other.pid < 0 or not 0 <= other.cores <= 4096 or len(other.command) > MAX_COMMAND_CHARS:
+            raise bad(f"run.other_processes[{i}]", f"expected a pid, a command of at most {MAX_COMMAND_CHARS} "
+                      "characters and 0 to 4096 cores")
     listed = [g.index for g in env.gpus]
     for what, indices in (("run.environment.gpus", listed), ("run.gpu_samples", [g.index for g in run.gpu_samples])):
         for i, index in enumerate(indices):

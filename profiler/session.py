@@ -50,7 +50,7 @@ from .oom import classify as classify_oom
 from .oom import record_line
 from .outputs import Output
 from .records import Environment, Run, Step
-from .samplers import HostProcess, NvmlSource, Sampler, usable_cores
+from .samplers import HostProcess, Neighbours, NvmlSource, Sampler, usable_cores
 from .samplers.node import local_world_size, shm_space
 from .settings import Settings
 from .settings import gpu_hour_price as check_price
@@ -199,6 +199,7 @@ class Profile:
         self._sampler: Sampler | None = None
         self._nvml: NvmlSource | None = None
         self._host: HostProcess | None = None
+        self._neighbours: Neighbours | None = None
         self._safepoint: SafePoint | None = None
         self._report: Any = None
         #: the report was made and written to the end (a second Ctrl-C stops it half way)
@@ -248,6 +249,8 @@ class Profile:
             self.run.environment.gpu_status = "unavailable (GPU sampling turned off)"
         self._guard("the sampler could not start: no host or GPU samples", self._start_sampler,
                     undo=self._close_sampler)
+        self._neighbours = self._guard("the processes outside the job are not named",
+                                       lambda: Neighbours(self._pid))
         self._watch = FrameworkWatch(self._make_hooks, on_error=self.run.limitations.append)
         self._guard("framework hooks could not be installed: no steps seen", self._watch.start)
         self._trackers = self._guard("TensorBoard writers are not watched", Trackers(
@@ -475,6 +478,10 @@ class Profile:
                 self._guard("NVML could not shut down", self._nvml.close)
             if self._host is not None:
                 self._guard("the host helper could not be stopped", self._host.close)
+            neighbours = self._neighbours
+            if neighbours is not None:
+                self.run.other_processes = self._guard("the processes outside the job are not named",
+                                                       lambda: neighbours.finish(end - self._t0)) or []
             assert self._timeline is not None
             timeline = self._timeline
             self.run.steps = self._guard("the steps could not be read", lambda: list(timeline.steps)) or []

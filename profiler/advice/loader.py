@@ -9,7 +9,15 @@ import math
 import shlex
 from typing import Any
 
-from ..diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Metrics, Thresholds, is_tf, steady_wait
+from ..diagnosis import (
+    DEFAULT_THRESHOLDS,
+    Diagnosis,
+    Metrics,
+    Thresholds,
+    holders,
+    is_tf,
+    steady_wait,
+)
 from ..loaderhost import cores_per_rank, restart_cost, shm_fit
 from ..records import LoaderInfo, Run
 from .base import MEASURE, Recommendation, size_text
@@ -255,13 +263,18 @@ def contention_advice(run: Run, m: Metrics, cause: bool) -> Recommendation:
     why += ("The input pipeline is waiting for cores, not for I/O. "
             if cause else "") + "Every figure here, and each estimate below, holds only while they keep running."
     command = " ".join(shlex.quote(a) for a in run.command) or "train.py"
+    named = run.other_processes[:3]
+    if named:
+        why += f" The busiest: {holders(run)}."
+        renice = "".join(f"renice -n 10 -p {p.pid}  # {p.command[:60]}, {p.cores:.2f} cores\n" for p in named)
+    else:
+        renice = "renice -n 10 -p <PID of the other job>\n"
     return Recommendation(
         "contention", "Give the job cores of its own",
         why,
         "# lower the other jobs' priority (or give them fewer cores), then measure again:\n"
-        "renice -n 10 -p <PID of the other job>\n"
-        f"loadprof diagnose {command}",
-        {"others_cpu_cores": round(others, 2)},
+        + renice + f"loadprof diagnose {command}",
+        {"others_cpu_cores": round(others, 2), "other_pids": [p.pid for p in named]},
     )
 
 
@@ -342,6 +355,9 @@ def cache_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, tf: bo
         return []
     if tf:
         code = "ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE).cache()  # before random augmentation"
+    elif loader.iterable:  # no indices: the stream read once
+        code = ("samples = list(dataset)  # once, one process; deterministic transforms only\n"
+                f"loader = DataLoader(samples, batch_size={loader.batch_size}, shuffle=True)")
     else:
         code = ("samples = [dataset[i] for i in range(len(dataset))]  # once; deterministic transforms only\n"
                 f"loader = DataLoader(samples, batch_size={loader.batch_size}, shuffle=True)")

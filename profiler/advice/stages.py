@@ -83,12 +83,19 @@ def _stage_prefix_advice(run: Run, m: Metrics, loader: LoaderInfo, load: Loading
             "cache", "Cache the deterministic steps in memory; keep the random ones online",
             why + f"Their output is about {size_text(size)} ({loader.dataset_length} items of {size_text(item or 0)}, "
             "measured on real items): it fits in memory.",
-            "# in the dataset: the deterministic prefix once per item, the random transforms every time\n"
-            "self.cache = {}\n"
-            "def __getitem__(self, i):\n"
-            "    if i not in self.cache:\n"
-            "        self.cache[i] = deterministic(read_and_decode(i))\n"
-            "    return random_transforms(self.cache[i])",
+            ("# the stream's deterministic steps once, the random transforms every epoch\n"
+             "prepared = [deterministic(read_and_decode(item)) for item in stream]  # once\n"
+             "class Prepared(IterableDataset):\n"
+             "    def __iter__(self):\n"
+             "        for x in prepared:  # shard it by worker as the stream did\n"
+             "            yield random_transforms(x)"
+             if loader.iterable else
+             "# in the dataset: the deterministic prefix once per item, the random transforms every time\n"
+             "self.cache = {}\n"
+             "def __getitem__(self, i):\n"
+             "    if i not in self.cache:\n"
+             "        self.cache[i] = deterministic(read_and_decode(i))\n"
+             "    return random_transforms(self.cache[i])"),
             {"dataset_bytes": size, "prefix_share": round(share, 3)}, speedup, basis)
     return Recommendation(
         "offline_preprocessing", "Store the output of the deterministic steps; keep the random ones online",
@@ -165,10 +172,24 @@ def _stage_python_advice(run: Run, m: Metrics, loader: LoaderInfo, load: Loading
     if share < STAGE_DOMINATES:
         return None
     top = max(rows, key=lambda r: r.share)
+    why = f"Per-sample Python and collation ({top.name} first) take {share:.0%} of loading. "
+    if loader.iterable:
+        # no indices reach an IterableDataset: it batches in its own iterator instead
+        return Recommendation(
+            "batched_getitems", "Make batches with array operations in the iterator, not per sample",
+            why + "An IterableDataset can yield whole batches made with array operations; the DataLoader "
+            "then passes them through (batch_size=None) instead of collating sample by sample.",
+            "class MyStream(IterableDataset):\n"
+            "    def __iter__(self):\n"
+            "        for chunk in self.chunks():  # e.g. one shard's arrays\n"
+            f"            for i in range(0, len(chunk), {loader.batch_size or 'B'}):\n"
+            f"                yield process_batch(chunk[i:i + {loader.batch_size or 'B'}])  # vectorised\n"
+            "DataLoader(MyStream(), batch_size=None, num_workers=W)",
+            {"share": round(share, 3), "top": top.name}, None, MEASURE)
     return Recommendation(
         "batched_getitems", "Make batches with array operations, not per-sample Python",
-        f"Per-sample Python and collation ({top.name} first) take {share:.0%} of loading. A dataset "
-        "`__getitems__(indices)` (PyTorch 2.1+) and a collate that stacks arrays do a batch's work at once.",
+        why + "A dataset `__getitems__(indices)` (PyTorch 2.1+) and a collate that stacks arrays do a "
+        "batch's work at once.",
         "class MyDataset(Dataset):\n"
         "    def __getitems__(self, indices):  # the DataLoader calls it with a batch's indices\n"
         "        return self.data[indices]  # one vectorised read instead of len(indices) calls\n"

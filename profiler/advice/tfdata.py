@@ -25,6 +25,14 @@ def _tf_pipeline_seconds(run: Run, m: Metrics, loader: LoaderInfo) -> float | No
     return m.wait_per_step + (m.compute_per_step if overlapped else 0.0)
 
 
+def cacheable_step(loader: LoaderInfo) -> bool:
+    """Whether the pipeline has a map that may give the same output every epoch: one with no
+    stateful (random) op. Only after such a step may a cache, or an offline copy, stand in for
+    the work. A Python map's randomness cannot be read from the graph: the advice says to
+    cache after its deterministic part only."""
+    return any(t.split("[")[0] in ("map", "parallel_map") and "stateful" not in t for t in loader.transformations)
+
+
 def tf_input_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, d: Diagnosis) -> list[Recommendation]:
     """tf.data advice from the pipeline's graph (``LoaderInfo``) and the measured costs.
 
@@ -68,8 +76,9 @@ def tf_input_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, d: 
         else:
             late_prefetch = rec  # it adds nothing measurable: after the changes that do
 
-    cpu_heavy_python = python_map and cause in ("too-few-workers", "cpu-bound-preprocessing")
-    if loader.parallel_map is False and starved and not cpu_heavy_python and cause != "cpu-bound-preprocessing":
+    # too little parallelism is what a parallel map answers, Python maps included: their waits
+    # and the native code they call overlap; the GIL's share is in the estimate
+    if loader.parallel_map is False and starved and cause != "cpu-bound-preprocessing":
         # AUTOTUNE's parallelism is bounded by its CPU budget, the schedulable cores
         # (tf.data.experimental.AutotuneOptions.cpu_budget), even for calls that wait.
         parallel = cores
@@ -115,7 +124,7 @@ def tf_input_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, d: 
     # caching its output pays even when input is only moderately slow (a shuffle
     # buffer refills through the map each epoch).
     per_epoch_map = loader.parallel_map is not None
-    if loader.has_cache is False:
+    if loader.has_cache is False and cacheable_step(loader):
         for rec in cache_advice(run, m, loader, starved or per_epoch_map, tf=True):
             rec.code = ("ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE).cache()  # after the "
                         "deterministic steps\nds = ds.shuffle(buffer).map(augment).batch(batch_size)"
@@ -125,11 +134,12 @@ def tf_input_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, d: 
             rec.basis = "no estimate: epochs after the first skip what the cache holds; " + MEASURE.split(": ", 1)[1]
             out.append(rec)
 
-    if starved and (cpu_heavy_python or cause == "cpu-bound-preprocessing"):
-        if cpu_heavy_python:
+    if starved and cause == "cpu-bound-preprocessing" and (python_map or cacheable_step(loader)):
+        if python_map:
             detail = (f"The map() runs Python: {m.wait_cpu_cores or 0:.1f} core(s) busy while the loop waits, "
                       "and parallel calls cannot use more cores under the GIL. Express it with TensorFlow ops, "
-                      "or do the deterministic part once, offline.")
+                      "or, where it gives the same output every epoch, do it once, offline (a random "
+                      "augmentation stays online).")
         else:
             detail = (f"The pipeline keeps {m.wait_cpu_cores or 0:.1f} of {cores} usable cores busy: more "
                       "parallelism cannot help. Do deterministic decoding/resizing once and store the result.")

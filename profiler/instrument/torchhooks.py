@@ -365,6 +365,7 @@ class TorchHooks:
             prefetch_factor=getattr(loader, "prefetch_factor", None) if workers > 0 else None,
             dataset_length=length,
             dataset_type=type(dataset).__module__ + "." + type(dataset).__qualname__ if dataset is not None else None,
+            iterable=isinstance(dataset, torch.utils.data.IterableDataset) if dataset is not None else None,
         )
         self._loaders[id(loader)] = (_ref(loader), info)
         self.run.loaders.append(info)

@@ -20,13 +20,14 @@ if TYPE_CHECKING:
     from loadprof.samplers.cores import cgroup_cpu_limit, usable_cores
     from loadprof.samplers.host import HostSource
     from loadprof.samplers.hostproc import HostProcess
+    from loadprof.samplers.neighbours import Neighbours
     from loadprof.samplers.nvml import PCIE_EVERY, NvmlSource
     from loadprof.samplers.thread import THREAD_NAME, Sampler
 
 #: public name -> the submodule that defines it
 _WHERE = {
     "HostSource": "host", "cgroup_cpu_limit": "cores", "usable_cores": "cores",
-    "HostProcess": "hostproc",
+    "HostProcess": "hostproc", "Neighbours": "neighbours",
     "PCIE_EVERY": "nvml", "NvmlSource": "nvml",
     "THREAD_NAME": "thread", "Sampler": "thread",
 }
@@ -36,6 +37,7 @@ __all__ = [
     "THREAD_NAME",
     "HostProcess",
     "HostSource",
+    "Neighbours",
     "NvmlSource",
     "Sampler",
     "cgroup_cpu_limit",

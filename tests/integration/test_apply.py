@@ -94,6 +94,7 @@ def test_the_report_after_apply_judges_the_loader_as_changed() -> None:
         _, loader, _ = train(epochs=4)
     assert loader.num_workers >= 1, prof.applied
     info = prof.run.loaders[0]
+    assert info.iterable is False  # a map-style dataset
     # the record and the judgement are of the loader as it ran last
     assert info.num_workers == loader.num_workers
     assert prof.run.judge_after is not None and prof.report.steps["judged"] < prof.report.steps["count"] - 12

@@ -119,3 +119,12 @@ def test_a_real_loop_beside_processes_that_hold_every_core_is_reported_contended
     assert data["samples"]["host"]["others_cpu_cores"] >= 0.5
     # schedstat read: the training thread queued for a core part of the time
     assert data["samples"]["host"]["run_delay"] is not None and data["samples"]["host"]["run_delay"] > 0
+    # the processes that held the cores are named, with what they held, and so is the fix
+    named = {p.pid: p for p in report.run.other_processes}
+    assert set(hogs) & set(named), report.run.other_processes
+    hog = named[next(pid for pid in hogs if pid in named)]
+    assert "while True: pass" in hog.command and 0.2 <= hog.cores <= 1.05
+    warned = dict((w["id"], w["detail"]) for w in data["warnings"])["host-contended"]
+    assert f"pid {hog.pid} " in warned
+    contention = next(r for r in report.recommendations if r.id == "contention")
+    assert f"renice -n 10 -p {hog.pid}" in contention.code

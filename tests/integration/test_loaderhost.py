@@ -188,6 +188,7 @@ def _train(loader: DataLoader, epochs: int = 1, pause: float = 0.0) -> Profile:
 def test_two_shards_across_four_workers_are_measured_and_warned() -> None:
     prof = _train(DataLoader(Sharded(2), batch_size=4, num_workers=4), epochs=2)
     loader = prof.report.loaders[0]
+    assert loader.iterable is True  # what the advice reads: no indices, no __getitems__
     assert loader.shards == 2 and loader.workers_ended_empty == 2
     assert loader.worker_batches[2:] == [0, 0] and min(loader.worker_batches[:2]) > 0
     warned = dict(prof.report.warnings)

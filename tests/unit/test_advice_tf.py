@@ -103,12 +103,32 @@ def test_cache_only_when_the_dataset_fits_in_memory():
     assert "cache" not in advice(tf_run(huge, wait=0.06))
 
 
-def test_python_map_that_computes_gets_offline_preprocessing_not_parallel_calls():
+def test_too_little_parallelism_in_a_python_map_gets_parallel_calls_and_no_offline_step():
     loader = tf_loader(transformations=["from_tensor_slices", "map[python]", "batch[32]"],
                        has_prefetch=True)
+    d = diagnose(tf_run(loader, wait=0.06, cpu_cores=1.0))  # one of 4 cores busy: cores left
+    assert d.cause == "too-few-workers"
     recs = advice(tf_run(loader, wait=0.06, cpu_cores=1.0))
+    assert "GIL" in recs["parallel_map"].basis  # its Python CPU stays serial: the estimate's floor
+    assert "offline_preprocessing" not in recs  # cores are left: parallel calls use them
+    # whether the Python map is random cannot be read from the graph: after its deterministic part
+    assert "deterministic steps only" in recs["cache"].detail
+
+
+def test_a_python_map_that_saturates_the_cores_gets_tensorflow_ops_or_offline_where_deterministic():
+    loader = tf_loader(transformations=["from_tensor_slices", "map[python]", "batch[32]"],
+                       has_prefetch=True)
+    recs = advice(tf_run(loader, wait=0.06, cpu_cores=4.0))
     assert "parallel_map" not in recs
-    assert "offline_preprocessing" in recs and "GIL" in recs["offline_preprocessing"].detail
+    rec = recs["offline_preprocessing"]
+    assert "GIL" in rec.detail and "random augmentation stays online" in rec.detail
+
+
+def test_no_cache_over_a_pipeline_whose_only_map_is_random():
+    loader = tf_loader(transformations=["from_tensor_slices", "map[stateful]", "batch[32]"])
+    assert "cache" not in advice(tf_run(loader, wait=0.06))
+    both = tf_loader(transformations=["from_tensor_slices", "map", "map[stateful]", "batch[32]"])
+    assert "cache" in advice(tf_run(both, wait=0.06))  # after the deterministic map
 
 
 def test_python_map_that_waits_gets_parallel_calls():

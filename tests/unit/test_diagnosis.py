@@ -399,3 +399,45 @@ def test_no_more_workers_than_an_epoch_has_batches():
     run.loaders[0].dataset_length, run.loaders[0].batch_size = 128, 32
     rec = _num_workers(run)
     assert rec.values["num_workers"] == 4 and "capped by the 4 batches of an epoch" in rec.detail
+
+
+def _beside_a_busy_neighbour(run: Run, others: float, thread_delay: float, worker_delay: float) -> Run:
+    """Readings of a host where other processes keep ``others`` cores busy; the training
+    thread and each worker queued for a core the given shares of the time (schedstat)."""
+    cores = run.environment.usable_cores
+    for h in run.host_samples:
+        total = min(100.0 * cores, h.process_cpu + h.children_cpu + 100.0 * others)
+        h.cpu_per_core = [total / cores] * cores
+        h.window = 0.1
+        h.process_run_delay = thread_delay
+        h.children_run_delay = worker_delay * h.n_children
+    return run
+
+
+def test_workers_that_sleep_on_storage_are_io_latency_whatever_the_neighbours_do():
+    # two workers at 3% of a core each, queued for a core 5% of the time: they sleep through
+    # their waits. The training thread, which computes, queues behind the neighbour.
+    run = _beside_a_busy_neighbour(make_run(n=40, wait=0.08, workers=2, cores=2, tree_cpu=60.0, children_cpu=6.0),
+                                   others=1.3, thread_delay=0.5, worker_delay=0.05)
+    d = diagnose(run)
+    assert (d.verdict, d.cause) == ("data-starved", "io-latency")
+    warned = dict(d.warnings)
+    assert "host-contended" in warned and "workers-oversubscribed" not in warned
+    assert d.confidence != "high"  # the neighbours still lower it
+
+
+def test_workers_queued_for_a_core_most_of_their_idle_time_are_contended():
+    run = _beside_a_busy_neighbour(make_run(n=40, wait=0.08, workers=2, cores=2, tree_cpu=60.0, children_cpu=20.0),
+                                   others=1.3, thread_delay=0.5, worker_delay=0.6)
+    assert diagnose(run).cause == "host-contended"
+
+
+def test_a_tf_pipeline_whose_free_cores_are_held_by_others_is_contended_not_short_of_parallelism():
+    from tests.unit.test_advice_tf import tf_loader, tf_run
+
+    run = tf_run(tf_loader(), wait=0.06, cpu_cores=1.0, cores=2)
+    assert diagnose(run).cause == "too-few-workers"  # alone on the host: a core is free
+    for h in run.host_samples:
+        h.cpu_per_core, h.window = [98.0, 98.0], 0.1  # the other core is another process's
+    d = diagnose(run)
+    assert d.cause == "host-contended" and "cores are idle" not in d.summary

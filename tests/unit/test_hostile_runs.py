@@ -204,3 +204,24 @@ def test_a_job_file_whose_rank_names_a_gpu_no_driver_has_is_one_line(tmp_path: P
     assert main(["report", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"loadprof: error: {path}: ") and "[1].index: expected a GPU index from 0 to 63, got 20000" in err
+
+
+def _others(entries: list[dict[str, Any]]) -> Any:
+    def edit(run: dict[str, Any]) -> None:
+        run["other_processes"] = entries
+    return edit
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (_others([{"pid": i, "command": "x", "cores": 0.1} for i in range(17)]),
+     "run.other_processes: 17 entries, at most 16"),
+    (_others([{"pid": 1, "command": "x" * 201, "cores": 0.1}]),
+     "run.other_processes[0]: expected a pid, a command of at most 200 characters and 0 to 4096 cores"),
+    (_others([{"pid": 1, "command": "x", "cores": 1e9}]),
+     "run.other_processes[0]: expected a pid, a command of at most 200 characters and 0 to 4096 cores"),
+])
+def test_a_saved_run_naming_other_processes_beyond_what_loadprof_writes_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: Any, message: str) -> None:
+    path = _saved(tmp_path, edit)
+    assert main(["report", str(path)]) == 2
+    assert capsys.readouterr().err.strip() == f"loadprof: error: {path}: {message}"

@@ -92,3 +92,22 @@ def test_per_sample_python_and_collate_get_batched_getitems():
               _st("transform", "RandomFlip()", 5, True, 0)]
     rec = _advice(_run(stages, wait=0.065))["batched_getitems"]
     assert "slow_part (data.py:12)" in rec.detail and rec.estimated_speedup is None
+
+
+def test_an_iterable_dataset_is_told_to_batch_in_its_iterator_not_to_write_getitems():
+    stages = [_st("user", "slow_part (data.py:12)", 40), _st("collate", "my_collate", 20),
+              _st("transform", "RandomFlip()", 5, True, 0)]
+    run = _run(stages, wait=0.065)
+    run.loaders[0].iterable = True
+    rec = _advice(run)["batched_getitems"]
+    assert "__getitems__" not in rec.detail + rec.code
+    assert "IterableDataset" in rec.detail and "batch_size=None" in rec.code
+
+
+def test_an_iterable_datasets_cache_reads_the_stream_once_with_no_index():
+    stages = [_st("decode", "PIL PNG decode", 50), _st("transform", "Resize(64)", 10, False, 0, nbytes=12_288),
+              _st("transform", "RandomFlip()", 5, True, 1, nbytes=12_288)]
+    run = _run(stages, wait=0.068)
+    run.loaders[0].iterable = True
+    rec = _advice(run)["cache"]
+    assert "[i]" not in rec.code and "for item in stream" in rec.code
