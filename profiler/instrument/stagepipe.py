@@ -73,6 +73,9 @@ PIPE_BUF = getattr(select, "PIPE_BUF", 512)
 #: share of the user's samples one needs to be listed.
 TOP_SITES = 3
 SITE_SHARE = 0.1
+#: Fewer stack samples than this split nothing: one sample of two is a coin's toss, and a
+#: table that gave each half the time would read as one stage listed twice.
+MIN_SPLIT_SAMPLES = 10
 
 
 # -- the worker's side -----------------------------------------------------------------
@@ -371,7 +374,7 @@ def _fill(entry: _Loader) -> None:
     out: list[StageTime] = []
     for (kind, name), (wall, cpu, calls, nbytes, files, order, random) in totals.items():
         measured_cpu = None if name == stages.READ_SLOT else max(0.0, cpu)
-        if kind == "user" and samples:
+        if kind == "user" and samples >= MIN_SPLIT_SAMPLES:
             # the user's own time, split over the functions the sampler saw most
             listed = [(s, c) for s, c in sorted(sites.items(), key=lambda kv: -kv[1])[:TOP_SITES]
                       if c >= SITE_SHARE * samples]

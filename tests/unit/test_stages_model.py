@@ -130,3 +130,20 @@ def test_stage_records_survive_a_saved_run_and_reach_the_json_report():
     assert stages[0]["stage"] == "decode: PIL PNG decode"
     assert set(stages[0]) >= {"stage", "kind", "name", "ms_per_batch", "share", "where", "random"}
     assert "slowest stage: decode: PIL PNG decode, 50% of loading" in report.summary
+
+
+@pytest.mark.parametrize("samples, rows", [(2, {"rest of __getitem__": 0.77}),
+                                           (20, {"Images.__getitem__ (b.py:66)": 0.385, "rest of __getitem__": 0.385})])
+def test_the_users_time_is_split_over_its_functions_only_with_samples_enough(samples, rows):
+    # a worker's figures as they reach the training process: the user's own time in the
+    # fetch, and the stack samples that saw the dataset's __getitem__ (half of them)
+    from loadprof.instrument.stagepipe import _fill, _Loader, _Producer
+
+    info = LoaderInfo("torch", "DataLoader", num_workers=2)
+    entry, producer = _Loader(info), _Producer()
+    producer.head = ("h", 123, 16, 7.07, 3.0, samples, (("Images.__getitem__ (b.py:66)", samples // 2),))
+    producer.rows = {("user", "rest of __getitem__"): ("user", "rest of __getitem__", 0.77, 0.03, 16, 0, 0, 0, None)}
+    entry.producers[(123, 0)] = producer
+    _fill(entry)
+    got = {s.name: round(s.seconds, 3) for s in info.stages}
+    assert got == rows and sum(got.values()) == pytest.approx(0.77)  # the rows add up to the user's time
