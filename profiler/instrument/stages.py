@@ -240,7 +240,9 @@ def _wrap_open(original: Callable[..., Any]) -> Callable[..., Any]:
         rec = _state.current
         if rec is None or rec.thread != _ident():
             return original(file, mode, buffering, *args, **kwargs)
-        plain = (mode in ("rb", "br") and buffering == -1 and not args and not kwargs
+        # a text read is the same binary reader under the text layer open() would add
+        text = mode in ("r", "rt", "tr") and set(kwargs) <= {"encoding", "errors", "newline"}
+        plain = ((mode in ("rb", "br") and not kwargs or text) and buffering == -1 and not args
                  and isinstance(file, (str, bytes, os.PathLike)))
         rec.depth += 1
         g0 = rec.gc_wall
@@ -250,6 +252,10 @@ def _wrap_open(original: Callable[..., Any]) -> Callable[..., Any]:
                 raw = io.FileIO(file, "r")
                 try:
                     out = TimedReader(raw, io.DEFAULT_BUFFER_SIZE)
+                    if text:
+                        out = io.TextIOWrapper(out, kwargs.get("encoding"), kwargs.get("errors"),
+                                               kwargs.get("newline"))
+                        out.mode = mode  # as open() sets it
                 except BaseException:
                     raw.close()
                     raise

@@ -239,3 +239,32 @@ def test_the_users_transforms_are_given_back_and_still_pickle(pngs):
     assert isinstance(pickle.loads(pickle.dumps(ds)).transform.transforms[0], sl.Resize)
     assert np.asarray(ds[0][0]).shape == (32,)
     assert torch.is_tensor(ds[0][0])
+
+
+class _TextRecords(torch.utils.data.Dataset):
+    """Each item parses a text file (opened in text mode, as JSON or CSV readers do)."""
+
+    def __init__(self, paths: list[str], encoding: bool) -> None:
+        self.paths, self.encoding = paths, encoding
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int):
+        with (open(self.paths[i], encoding="utf-8") if self.encoding else open(self.paths[i])) as f:
+            words = f.read().split()
+        return torch.tensor([float(len(words)), float(len(words[0]))] * 16), i % 2
+
+
+@pytest.mark.parametrize("encoding", [False, True])
+def test_reads_of_text_files_are_timed_like_binary_ones(tmp_path, encoding):
+    size = 2**20
+    paths = []
+    for i in range(64):
+        path = tmp_path / f"r{i}.txt"
+        path.write_text(("é word " * (size // 8))[:size // 2 * 2])
+        paths.append(str(path))
+    report, load = _profile(_TextRecords(paths, encoding))
+    reads = next(r for r in load.rows if r.kind == "read")
+    assert reads.files == BATCH * load.batches
+    assert reads.nbytes >= BATCH * load.batches * size  # bytes read from the file, not characters
