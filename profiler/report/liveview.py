@@ -253,8 +253,11 @@ class LiveView:
             d = diagnose(run)
             s.verdict, s.cause, s.verdict_at = d.verdict, d.cause, now
         cost = time.perf_counter() - began
-        # no steps yet: look again at the next frame, not to show a fit's zero waits for 5 s
-        self._next_verdict = now + max(VERDICT_EVERY, VERDICT_COST_RATIO * cost) if run.steps else now
+        # no steps yet: look again at the next frame, not to show a fit's zero waits for 5 s;
+        # too few steps to judge: again at the next frame too, or a short run shows
+        # "inconclusive" throughout (its steps are few, and so is a diagnosis's cost)
+        every = VERDICT_EVERY if s.verdict != "inconclusive" else 0.0
+        self._next_verdict = now + max(every, VERDICT_COST_RATIO * cost) if run.steps else now
 
     # -- drawing ------------------------------------------------------------------
     def render(self) -> Text:

@@ -82,3 +82,24 @@ def test_workers_an_earlier_reading_listed_are_shown_though_the_newest_missed_th
     assert "process 40% of a core   2 loader workers 30%: 20% 10%" in cpu_row()
     readings += [HostSample(t=2.0, process_cpu=60.0)]  # the listing's reading is no longer among the last
     assert cpu_row().endswith("process 60% of a core   no loader workers")
+
+
+def test_a_short_run_shows_a_verdict_once_its_steps_can_be_judged_not_inconclusive_throughout() -> None:
+    # 15 steps in 3 s (--max-steps 15): the first frame has too few steps to judge, and the
+    # next diagnosis must not wait VERDICT_EVERY (5 s), past the run's end
+    steps: list[Step] = []
+    now = [0.0]
+
+    def snapshot() -> Run:
+        return Run(environment=Environment(usable_cores=2, logical_cores=2), steps=list(steps),
+                   data_wait_method="iterator-next")
+
+    view = LiveView(steps=lambda: steps, samples=lambda n: ([], []), snapshot=snapshot, clock=lambda: now[0],
+                    file=io.StringIO(), title="train.py")
+    seen = []
+    for i in range(15):
+        steps.append(Step(i, i * 0.2, (i + 1) * 0.2, data_wait=0.15))
+        now[0] = (i + 1) * 0.2
+        if i % 2:  # a frame every other step: 0.4 s
+            seen.append(view.update().verdict)
+    assert seen[0] == "inconclusive" and seen[-1] == "data-starved", seen
