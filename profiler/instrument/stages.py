@@ -251,7 +251,7 @@ def _wrap_open(original: Callable[..., Any]) -> Callable[..., Any]:
             if plain:
                 raw = io.FileIO(file, "r")
                 try:
-                    out = TimedReader(raw, io.DEFAULT_BUFFER_SIZE)
+                    out: Any = TimedReader(raw, io.DEFAULT_BUFFER_SIZE)
                     if text:
                         out = io.TextIOWrapper(out, kwargs.get("encoding"), kwargs.get("errors"),
                                                kwargs.get("newline"))
