@@ -66,6 +66,8 @@ def describe_changes(winner: TrialResult, base: TrialResult, args: list[str] | N
         parts.append(_amp_recipe(winner))
     if ch.get("accumulation"):
         parts.append(_accumulation_recipe(winner))
+    if ch.get("threads"):
+        parts.append(f"# at the top of the script, before the model is built:\ntorch.set_num_threads({ch['threads']})")
     return "\n".join(p for p in parts if p)
 
 

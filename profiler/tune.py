@@ -44,7 +44,7 @@ from .trial import TrialResult, TrialSpec, compare_losses, run_trial
 MAX_ACCUMULATION = 32
 
 #: Fix families ``--fixes`` can name.
-FAMILIES = ("workers", "prefetch", "pin_memory", "cache", "tf_data", "amp", "accumulation")
+FAMILIES = ("workers", "prefetch", "pin_memory", "cache", "tf_data", "amp", "accumulation", "threads")
 
 
 @dataclass
@@ -110,8 +110,24 @@ class TuneResult:
             "best_share_of_ideal": self.share_of_ideal(),
             "ideal_noisy": self.ideal_noisy(),
             "warnings": self.warnings(),
-            "trials": [t.to_dict() for t in [self.baseline, *self.trials]],
+            "trials": [{**t.to_dict(), "above_ideal": self.above_ideal(t), "pays_back_steps": self.pays_back(t)}
+                       for t in [self.baseline, *self.trials]],
         }
+
+    def above_ideal(self, t: TrialResult) -> bool:
+        """Ran faster than the model-only rate, every trial's ceiling, by more than noise:
+        the trial's figure is noise, not a result."""
+        ideal = self.ideal
+        return bool(t is not self.ideal and t.ok and t.rate and ideal is not None and ideal.ok and ideal.rate
+                    and t.rate > ideal.rate * IDEAL_NOISE)
+
+    def pays_back(self, t: TrialResult) -> int | None:
+        """Training steps after which a fix's one-time work (a cache fill) is paid back by its
+        faster steps: the whole job gains only when it runs longer. None: no one-time work."""
+        base = self.baseline
+        if t.setup_s < 0.05 or not t.steps_per_s or not base.steps_per_s or t.steps_per_s <= base.steps_per_s:
+            return None
+        return math.ceil(t.setup_s / (1 / base.steps_per_s - 1 / t.steps_per_s))
 
     def warnings(self) -> list[dict[str, str]]:
         """The trials' warnings, one per id: how many runs carried it and the baseline's
@@ -275,13 +291,13 @@ class Search:
             t = self.trial(maybe)
             if self._better(t, best):
                 best = t
-        winner = best if best is not None and self._counts(best) else None
+        winner = self._simplest(best)
         ideal = None
         if o.ideal and _has_torch_loader(base):
             # The model-only rate of the same model cost as the winner: with its mixed
             # precision and accumulation, or a faster compute path would count as input.
             compute = {k: v for k, v in (winner.changes if winner else {}).items()
-                       if k in ("amp", "accumulation") and v}
+                       if k in ("amp", "accumulation", "threads") and v}
             label = "ideal (model only" + "".join(f", {k}={v}" for k, v in compute.items()) + ")"
             ideal = self.trial(Candidate(label, Changes(repeat_batch=True, **compute), "ideal",
                                          "every batch is the first batch again"))
@@ -331,6 +347,14 @@ class Search:
         if not self._counts(t):
             return False
         return than is None or (t.rate or 0) > (than.rate or 0)
+
+    def _simplest(self, best: TrialResult | None) -> TrialResult | None:
+        """Of the trials within noise (``min_gain``) of the fastest, the one that changes the
+        fewest things: a second change that buys 0.1% is noise, not advice."""
+        if best is None or not self._counts(best) or not best.rate:
+            return None
+        close = [t for t in self.trials if self._counts(t) and (t.rate or 0) >= best.rate / (1 + self.o.min_gain)]
+        return min(close, key=lambda t: (len(t.changes), -(t.rate or 0)), default=best)
 
     def _best(self, trials: list[TrialResult]) -> TrialResult | None:
         best = None
@@ -469,6 +493,8 @@ def plan_compute(base: TrialResult, best: TrialResult | None, o: TuneOptions) ->
             ch = on.merged(Changes(amp="auto"))
             where = "GPU" if cuda else "CPU (bf16 instructions)"
             out.append((Candidate(ch.describe(), ch, "amp", f"{verdict} on {where}"), ("", "")))
+    if "threads" in o.fixes:
+        out.extend(_thread_candidates(base, cur, on))
     if "accumulation" in o.fixes:
         if verdict != "memory-bound":
             out.append((None, ("gradient accumulation", f"{cur.name} is {verdict or 'not measured'}, not memory-bound: "
@@ -477,6 +503,25 @@ def plan_compute(base: TrialResult, best: TrialResult | None, o: TuneOptions) ->
             ch = on.merged(Changes(accumulation=2))
             out.append((Candidate(ch.describe(), ch, "accumulation", "memory-bound"), ("", "")))
     return out
+
+
+def _thread_candidates(base: TrialResult, cur: TrialResult,
+                       on: Changes) -> list[tuple[Candidate | None, tuple[str, str]]]:
+    """torch's intra-op threads on top of the best so far: one thread (small ops, split over
+    threads, wait on one another), and the cores the loader's workers leave."""
+    run = cur.run or base.run
+    threads = run.environment.intra_op_threads if run is not None else None
+    if not _has_torch_loader(base) and not (run and "torch" in run.environment.frameworks):
+        return [(None, ("threads", "no torch in the script"))]
+    if not threads or threads <= 1:
+        return [(None, ("threads", f"torch runs {threads or 'an unknown number of'} intra-op thread(s)"))]
+    cores = max(1, int(base.environment.get("usable_cores", 1)))
+    workers = on.num_workers if on.num_workers is not None else max(
+        (int(li.get("num_workers") or 0) for li in cur.loaders if li.get("framework") == "torch"), default=0)
+    counts = sorted({1, max(1, cores - workers)} - {threads})
+    why = f"{threads} intra-op threads, {workers} loader worker(s) on {cores} usable core(s)"
+    return [(Candidate(ch.describe(), ch, "threads", why), ("", ""))
+            for ch in (on.merged(Changes(threads=n)) for n in counts)]
 
 
 # -- rendering ------------------------------------------------------------------------
@@ -509,7 +554,10 @@ def render(result: TuneResult, file: IO[str] | None = None, width: int | None = 
         elif t.safe is False:
             status = f"unsafe: {t.unsafe_reason}"
         elif t.setup_s >= 0.05:
-            status += f" (+{t.setup_s:.1f} s one-time fill)"
+            back = result.pays_back(t)
+            status += f" (+{t.setup_s:.1f} s one-time fill" + (f", paid back after {back:,} steps)" if back else ")")
+        if result.above_ideal(t):
+            status += "; faster than the model-only rate: noise"
         if result.best is t:
             status = "best; " + status
         table.add_row(
@@ -531,7 +579,9 @@ def render(result: TuneResult, file: IO[str] | None = None, width: int | None = 
                      f"baseline ran out ({_num(best.samples_per_s)} samples/s)")
         console.print(line + (f", {result.ideal_text()}" if share is not None else ""))
         if best.setup_s >= 0.05:
-            console.print(f"  (plus a one-time {best.setup_s:.1f} s cache fill before the first step)")
+            back = result.pays_back(best)
+            console.print(f"  (plus a one-time {best.setup_s:.1f} s cache fill before the first step"
+                          + (f": the whole job gains only past {back:,} steps" if back else "") + ")")
         if result.code_change:
             console.print("Change to make in the script:")
             console.print(result.code_change, markup=False, highlight=False)

@@ -40,17 +40,23 @@ class Changes:
     #: per k of them (torch: loss / k and skipped steps; Keras: the optimizer's
     #: gradient_accumulation_steps).
     accumulation: int | None = None
+    #: torch: the training process's intra-op threads (``torch.set_num_threads``), the
+    #: script's own later calls held to it: fewer threads than cores leave the loader's
+    #: workers theirs, and small ops run faster on one thread than split over several.
+    threads: int | None = None
     #: Measurement only, never recommended: every batch of a torch DataLoader is
     #: its first batch again, so the loop runs at the model-only rate.
     repeat_batch: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("num_workers", "prefetch_factor", "accumulation"):
+        for name in ("num_workers", "prefetch_factor", "accumulation", "threads"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ValueError(f"{name}: expected a whole number >= 0, got {value!r}")
         if self.prefetch_factor == 0:
             raise ValueError("prefetch_factor: expected >= 1, got 0")
+        if self.threads == 0:
+            raise ValueError("threads: expected >= 1, got 0")
         if self.accumulation is not None and self.accumulation < 2:
             raise ValueError(f"accumulation: expected >= 2 micro-batches per step, got {self.accumulation!r}")
         if self.amp not in (None, "auto", "fp16", "bf16"):

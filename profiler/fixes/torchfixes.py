@@ -50,6 +50,7 @@ class TorchFixes:
         self.accumulating = False  # a loader's batch was divided: accumulation is on
         self.amp_dtype: Any = None
         self.roots: tuple[str, ...] = ()
+        self._threads_before: int | None = None
 
     # -- install / remove -----------------------------------------------------
     def install(self) -> None:
@@ -74,10 +75,30 @@ class TorchFixes:
             self.p.wrap(torch.optim.Optimizer, "__init__", self._wrap_optimizer_init)
         if c.accumulation:
             self.p.wrap(torch.nn.Module, "zero_grad", self._wrap_module_zero_grad)
+        if c.threads:
+            before = self._threads_before = torch.get_num_threads()
+            torch.set_num_threads(c.threads)
+            self.p.wrap(torch, "set_num_threads", self._wrap_set_num_threads)
+            self.a.say(f"torch intra-op threads: {before} -> {c.threads}")
+
+    def _wrap_set_num_threads(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        fixes = self
+
+        def set_num_threads(n: int) -> None:
+            if ThisProcess.pid != fixes.pid:  # a DataLoader worker sets its own: as it would
+                original(n)
+                return
+            if n != fixes.changes.threads:
+                fixes.a.say(f"torch.set_num_threads({n}) in the script held at {fixes.changes.threads}")
+
+        return set_num_threads
 
     def remove(self) -> list[str]:
         self.pid = -1  # every wrapper left in a chain calls straight through from now on
         problems = self.p.restore()
+        if self._threads_before is not None:
+            self.torch.set_num_threads(self._threads_before)  # as the process had them
+            self._threads_before = None
         if self.live is not None:
             self.live.clear()  # drops the iterators held for live tuning
         self._first_batch.clear()

@@ -176,3 +176,21 @@ def test_filling_a_cache_leaves_the_random_state_as_it_was() -> None:
     torch.manual_seed(1)
     CachedDataset.fill(Slow(), workers=2)  # reads through a DataLoader with workers
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_trials_thread_count_holds_against_the_scripts_own_call_and_is_put_back_after() -> None:
+    from loadprof.fixes.applier import Applier
+    from loadprof.fixes.spec import Changes
+
+    before = torch.get_num_threads()
+    applier = Applier(Changes(threads=1))
+    with Profile(apply=applier, print_report=False, gpu=False, host_helper=False) as prof:
+        torch.set_num_threads(2)  # the script's own setting, after the fix went in
+        seen = torch.get_num_threads()
+        x = torch.randn(64, 64)
+        for _ in range(8):
+            (x @ x).sum()
+            prof.step()
+    assert seen == 1
+    assert "torch intra-op threads" in " ".join(prof.applied) and "held at 1" in " ".join(prof.applied)
+    assert torch.get_num_threads() == before

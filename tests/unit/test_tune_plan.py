@@ -74,6 +74,8 @@ class FakeJob:
     cache_moves_loss: float = 0.0  # a cache that changes what the model sees
     crash: set[str] = field(default_factory=set)  # trial names whose child crashes
     others: float = 0.0  # cores other processes on the host keep busy during every trial
+    threads: int | None = None  # torch's intra-op threads, as the run records them
+    prefetch_gain: float = 0.0  # what a deeper prefetch takes off the workers' wait (a share of it)
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     def __call__(self, name: str, spec: TrialSpec, timeout: float, warmup: int) -> TrialResult:
@@ -89,12 +91,16 @@ class FakeJob:
             wait, wait_cpu, workers_cpu = 0.0005, 0.0, 0.0
         elif workers:
             wait, wait_cpu, workers_cpu = max(0.0005, self.load_cpu / workers - compute), 0.0, self.load_cpu
+            if ch.get("prefetch_factor"):
+                wait /= 1 + self.prefetch_gain
         else:
             wait, wait_cpu, workers_cpu = self.load_cpu, self.load_cpu, 0.0
         loader = LoaderInfo("torch", "DataLoader", batch_size=32, num_workers=workers, dataset_length=1000,
                             dataset_type="Images", iterations=1)
         run = job_run(steps=spec.max_steps or 40, compute=compute, wait=wait, wait_cpu=wait_cpu,
                       workers_cpu=workers_cpu, cores=self.cores, loaders=[loader], others=self.others)
+        run.environment.intra_op_threads = ch.get("threads") or self.threads
+        run.environment.frameworks = {"torch": "2.x"}
         # What the child's fixes report (result.json).
         after = {k: v for k, v in ch.items() if k in LOADER_KEYS}
         if ch.get("cache"):
@@ -214,11 +220,55 @@ def test_mixed_precision_is_planned_only_on_gpus_with_tensor_cores(script: Path,
 
 def test_no_mixed_precision_or_accumulation_for_a_data_starved_run(script: Path) -> None:
     base = baseline_of(FakeJob(script), TuneOptions())
-    out = plan_compute(base, None, TuneOptions())
+    out = plan_compute(base, None, TuneOptions(fixes=("amp", "accumulation")))
     assert [c for c, _ in out] == [None, None]
     whys = dict(reason for _, reason in out)
     assert "still data-starved" in whys["mixed precision"]
     assert "not memory-bound" in whys["gradient accumulation"]
+
+
+@pytest.mark.parametrize("workers, counts", [(0, [1]), (2, [1, 2]), (3, [1])])
+def test_thread_counts_tried_are_one_and_the_cores_the_workers_leave(script: Path, workers: int,
+                                                                    counts: list[int]) -> None:
+    base = baseline_of(FakeJob(script, cores=4, threads=4), TuneOptions())
+    on = TrialResult("workers", changes={"num_workers": workers} if workers else {})
+    out = plan_compute(base, on if workers else None, TuneOptions(fixes=("threads",)))
+    assert [c.changes.threads for c, _ in out if c is not None] == counts
+    alone = baseline_of(FakeJob(script, cores=4, threads=1), TuneOptions())
+    assert [why for c, (_, why) in plan_compute(alone, None, TuneOptions(fixes=("threads",)))] == [
+        "torch runs 1 intra-op thread(s)"]
+
+
+def test_the_search_keeps_the_simplest_change_within_noise_of_the_fastest(script: Path) -> None:
+    # prefetch on top of 4 workers takes 0.5 ms off a 25 ms step: within min_gain (3%), the
+    # workers alone win
+    job = FakeJob(script, cores=4, load_cpu=0.1, prefetch_gain=0.1)
+    result = Search(str(script), None, [], TuneOptions(fixes=("workers", "prefetch"), budget=600, ideal=False),
+                    runner=job).run()
+    names = [t.name for t in result.trials]
+    assert "num_workers=4, persistent_workers, prefetch_factor=4" in names
+    fastest = max((t for t in result.trials if t.ok), key=lambda t: t.rate or 0)
+    assert "prefetch_factor" in fastest.changes
+    assert result.best is not None and "prefetch_factor" not in result.best.changes
+    assert result.best.rate >= fastest.rate / 1.03
+
+
+def test_a_trial_above_the_model_only_rate_is_noise_and_a_fill_says_when_it_pays_back() -> None:
+    from loadprof.tune import TuneResult
+
+    base = TrialResult("baseline", steps_per_s=10.0, speedup=1.0)
+    cache = TrialResult("cache", changes={"cache": True}, steps_per_s=40.0, setup_s=12.0, speedup=4.0)
+    ideal = TrialResult("ideal", steps_per_s=30.0)
+    result = TuneResult(["train.py"], TuneOptions(), base, [cache], cache, ideal)
+    assert result.above_ideal(cache) and not result.above_ideal(base)
+    # 0.1 s a step before, 0.025 after: 12 s of filling is back after 160 steps
+    assert result.pays_back(cache) == 160 and result.pays_back(base) is None
+    out = io.StringIO()
+    render(result, file=out, width=200)
+    text = out.getvalue()
+    assert "paid back after 160 steps" in text and "faster than the model-only rate: noise" in text
+    trials = result.to_dict()["trials"]
+    assert trials[1]["above_ideal"] is True and trials[1]["pays_back_steps"] == 160
 
 
 # -- the search, through its runner ------------------------------------------------------
