@@ -19,7 +19,7 @@ IDS = (
     # /dev/shm too small for the batches in flight (loaderhost.py)
     "shared_memory",
     # from the loader's stages (stagemodel.py)
-    "gpu_transforms", "gpu_decode", "batched_getitems",
+    "gpu_transforms", "gpu_decode", "batched_getitems", "slow_stage",
 )
 
 

@@ -35,12 +35,55 @@ def stage_advice(run: Run, diagnosis: Diagnosis, out: list[Recommendation]) -> l
         return out
     cores = max(1.0, m.usable_cores - (m.others_cpu_cores or 0.0) - 1.0)
     model = pipeline(load, loader.num_workers or 0, cores, m.compute_per_step)
+    named: list[str] = []
     for rule in (_stage_prefix_advice, _stage_gpu_transforms_advice, _stage_gpu_decode_advice,
                  _stage_read_advice, _stage_python_advice):
         rec = rule(run, m, loader, load, model)
         if rec is not None:
             out = [r for r in out if r.id != rec.id] + [rec]
+            named.append(rec.detail)
+    rec = _stage_slowest_advice(run, m, loader, load, model, named)
+    if rec is not None:
+        out.append(rec)
     return out
+
+
+def _stage_slowest_advice(run: Run, m: Metrics, loader: LoaderInfo, load: Loading, model: Pipeline,
+                          named: list[str]) -> Recommendation | None:
+    """The one stage that dominates the loading, where no rule above named it: make that
+    stage cheaper. Its estimate is the stage model without it, the most a faster stage buys."""
+    top = max((r for r in load.rows if r.kind in ("transform", "decode")), key=lambda r: r.share, default=None)
+    if top is None or top.share < STAGE_DOMINATES or any(top.name in text for text in named):
+        return None
+    speedup, basis = _stage_estimate(run, model, m, [top], load)
+    gpu = run.environment.cuda_in_use
+    where = ("on the GPU after the copy, on the whole batch" if gpu
+             else "on the whole batch after batching (array operations over the batch dimension)")
+    if top.random is False:
+        where += ", or once, offline (it is deterministic)"
+    return Recommendation(
+        "slow_stage", f"Make {top.name} cheaper: it is {top.share:.0%} of loading",
+        f"{top.stage} takes {top.ms_per_batch:.1f} ms a batch, {top.share:.0%} of the loading time, per sample. "
+        f"Run it {where}, or with a faster implementation (vectorised NumPy or torch ops instead of "
+        "per-pixel Python).",
+        (f"x = batched_{_ident(top.name)}(x.to('cuda', non_blocking=True))  # in the loop, moved out of the dataset"
+         if gpu else
+         "def collate(samples):\n"
+         "    x, y = default_collate(samples)\n"
+         f"    return batched_{_ident(top.name)}(x), y  # one call on the (B, C, H, W) batch\n"
+         "DataLoader(dataset_without_it, batch_size=B, collate_fn=collate)"),
+        {"stage": top.name, "share": round(top.share, 3), "ms_per_batch": round(top.ms_per_batch, 2)},
+        speedup,
+        basis if speedup is None else basis.replace("without these stages", "without it: the most a faster "
+                                                    "implementation buys"))
+
+
+def _ident(name: str) -> str:
+    """A transform's name as a Python identifier: 'UnsharpMask(amount=0.7)' -> 'unsharp_mask'."""
+    import re
+
+    head = name.split("(")[0].split(" ")[-1]
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", head).lower().strip("_") or "transform"
 
 
 def _stage_estimate(run: Run, model: Pipeline, m: Metrics, rows: list[StageRow],

@@ -111,3 +111,19 @@ def test_an_iterable_datasets_cache_reads_the_stream_once_with_no_index():
     run.loaders[0].iterable = True
     rec = _advice(run)["cache"]
     assert "[i]" not in rec.code and "for item in stream" in rec.code
+
+
+def test_one_slow_transform_after_a_random_one_gets_its_own_advice_with_the_most_it_buys():
+    # the Compose of the shared evidence: a random flip, then UnsharpMask at ~76% of loading
+    stages = [_st("transform", "ToFloatCHW()", 1, False, 0), _st("transform", "RandomHFlip(p=0.5)", 1.4, True, 1),
+              _st("transform", "UnsharpMask(amount=0.7)", 50, None, 2), _st("transform", "Normalize()", 1.6, False, 3),
+              _st("collate", "default_collate", 4.8)]
+    run = _run(stages, wait=0.058, cuda=True)
+    advice = _advice(run)
+    rec = advice["slow_stage"]
+    assert "UnsharpMask(amount=0.7)" in rec.title and rec.values["share"] > 0.7
+    assert "unsharp_mask" in rec.code and rec.estimated_speedup is not None and rec.estimated_speedup > 1.5
+    assert "the most a faster implementation buys" in rec.basis
+    # a stage another rule names (a deterministic prefix cached) gets no second advice
+    prefix = [_st("decode", "PIL PNG decode", 50), _st("transform", "RandomFlip()", 5, True, 1, nbytes=100)]
+    assert "slow_stage" not in _advice(_run(prefix, wait=0.058, cuda=True))
