@@ -40,6 +40,9 @@ class Recommendation:
 
 
 MEASURE = "no estimate: measure it with `loadprof tune`"
+#: advice whose gain is the speed of a copy that does not exist yet
+STORED = ("no estimate: the stored copy's read speed is known once it exists; "
+          "`loadprof convert`, then `loadprof compare` the two")
 
 
 def size_text(nbytes: float) -> str:

@@ -9,6 +9,10 @@ from ..records import GpuInfo, Run
 from .base import MEASURE, Recommendation
 from .loader import compute_cpu_per_step
 
+#: the reason mixed precision on a GPU carries no figure
+TENSOR_CORES = ("no estimate: tensor cores speed up the matrix work, not the rest of the step, and "
+                "their share is not measured here; `loadprof tune` measures it (amp)")
+
 
 def host_bound_advice(m: Metrics, tf: bool) -> list[Recommendation]:
     """A host-bound run (the GPU idles while the loop is not waiting for data): a larger
@@ -21,6 +25,7 @@ def host_bound_advice(m: Metrics, tf: bool) -> list[Recommendation]:
             f"{(m.gpu_memory_peak_fraction or 0):.0%}: larger batches amortise per-step overhead.",
             "DataLoader(..., batch_size=2 * batch_size)  # scale the learning rate accordingly",
             {"batch_size_factor": 2},
+            basis="no estimate: it changes the optimisation; compare samples per second",
         ))
     if not tf:
         out.append(Recommendation(
@@ -28,6 +33,8 @@ def host_bound_advice(m: Metrics, tf: bool) -> list[Recommendation]:
             f"The GPU idles {100 - (m.gpu_util_median or 0):.0f}% of the time while the loop is not "
             "waiting for data: the host cannot launch kernels fast enough.",
             "model = torch.compile(model)  # or mode='reduce-overhead' for CUDA graphs",
+            basis="no estimate: the launches it saves depend on the model, and compiling takes the "
+                  "first steps; compare the median step with and without it",
         ))
     return out
 
@@ -49,7 +56,8 @@ def mixed_precision(run: Run, tf: bool) -> Recommendation | None:
         return Recommendation(
             "mixed_precision", f"Train in mixed precision ({policy})",
             f"The GPU (compute capability {cc[0]}.{cc[1]}) has tensor cores and the run uses float32.",
-            f'keras.mixed_precision.set_global_policy("{policy}")', {"policy": policy}, framework="tf",
+            f'keras.mixed_precision.set_global_policy("{policy}")', {"policy": policy},
+            basis=TENSOR_CORES, framework="tf",
         )
     code = (
         f"with torch.autocast('cuda', dtype=torch.{dtype}):\n    loss = loss_fn(model(x), y)\nloss.backward()"
@@ -60,7 +68,7 @@ def mixed_precision(run: Run, tf: bool) -> Recommendation | None:
     return Recommendation(
         "mixed_precision", f"Train in mixed precision ({dtype})",
         f"The GPU (compute capability {cc[0]}.{cc[1]}) has tensor cores and no autocast was seen.",
-        code, {"dtype": dtype},
+        code, {"dtype": dtype}, basis=TENSOR_CORES,
     )
 
 

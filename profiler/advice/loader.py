@@ -20,7 +20,7 @@ from ..diagnosis import (
 )
 from ..loaderhost import cores_per_rank, restart_cost, shm_fit
 from ..records import LoaderInfo, Run
-from .base import MEASURE, Recommendation, size_text
+from .base import MEASURE, STORED, Recommendation, size_text
 
 
 def workers_needed(m: Metrics, loader: LoaderInfo | None) -> tuple[int, float] | None:
@@ -185,6 +185,7 @@ def torch_input_advice(run: Run, diagnosis: Diagnosis, loader: LoaderInfo,
                 if per_rank < cores else f"{cores} are usable. "))
             + "Decode/resize once, store the result, and keep only random augmentation online.",
             offline_snippet(loader),
+            basis=STORED,
         ))
     if cause == "host-to-device" or (run.environment.cuda_in_use and loader.pin_memory is False and starved):
         out.append(Recommendation(
@@ -193,6 +194,8 @@ def torch_input_advice(run: Run, diagnosis: Diagnosis, loader: LoaderInfo,
             "the copy run asynchronously and faster.",
             "DataLoader(..., pin_memory=True)\nx = x.to(device, non_blocking=True)",
             {"pin_memory": True},
+            basis="no estimate: a pinned copy's speed is the GPU link's, not measured here; "
+                  "`loadprof tune` measures it",
         ))
     if workers > 0 and not loader.persistent_workers and (loader.iterations or 0) > 1:
         out.append(persistent_advice(run, m, loader))
@@ -203,6 +206,8 @@ def torch_input_advice(run: Run, diagnosis: Diagnosis, loader: LoaderInfo,
             f"{loader.prefetch_factor or 2} batches ready; uneven batch times drain that buffer.",
             f"DataLoader(..., num_workers={workers}, prefetch_factor=4)",
             {"prefetch_factor": 4},
+            basis="no estimate: it absorbs the spread of batch times, which the mean step does not show; "
+                  "`loadprof tune` measures it",
         ))
     out.extend(cache_advice(run, m, loader, starved, tf=False))
     if starved and cause == "io-latency":
@@ -234,7 +239,9 @@ def persistent_advice(run: Run, m: Metrics, loader: LoaderInfo) -> Recommendatio
     return Recommendation(
         "persistent_workers", "Keep workers alive between epochs", detail,
         f"DataLoader(..., num_workers={workers}, persistent_workers=True)", values, speedup,
-        "estimate: the measured restart waits taken out of the steps" if speedup else "",
+        "estimate: the measured restart waits taken out of the steps" if speedup else
+        "no estimate: the epochs' restarts were not seen apart from their steady batches "
+        "(too few epochs, or their first batches not timed)",
     )
 
 
@@ -252,6 +259,7 @@ def shm_advice(run: Run, m: Metrics) -> Recommendation:
         "# or, at the top of the script:\nimport torch.multiprocessing\n"
         "torch.multiprocessing.set_sharing_strategy('file_system')",
         {"shm_size_gib": size, "in_flight_bytes": fit.in_flight if fit else None},
+        basis="memory: the workers die without the room; with it the run goes on at its own speed",
     )
 
 
@@ -275,6 +283,7 @@ def contention_advice(run: Run, m: Metrics, cause: bool) -> Recommendation:
         "# lower the other jobs' priority (or give them fewer cores), then measure again:\n"
         + renice + f"loadprof diagnose {command}",
         {"others_cpu_cores": round(others, 2), "other_pids": [p.pid for p in named]},
+        basis="no estimate: what the job gains is what the other processes give up",
     )
 
 
@@ -368,7 +377,11 @@ def cache_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, tf: bo
         + ("Repeated reads of an item gave the same data, so a cache changes nothing the model sees."
            if loader.items_repeat else
            "Cache after deterministic steps only: caching a random augmentation freezes it."),
-        code, {"dataset_bytes": size}, framework="tf" if tf else "torch",
+        code, {"dataset_bytes": size},
+        basis="no estimate: from the second epoch on, reads and decodes are gone and the step is the "
+              "model's, which here was timed beside the loading; the first epoch fills the cache. "
+              "`loadprof tune` measures both",
+        framework="tf" if tf else "torch",
     )]
 
 
@@ -378,5 +391,5 @@ def convert_advice(loader: LoaderInfo) -> Recommendation:
         "The loop waits while the loaders barely use the CPU: per-file open/read latency dominates. "
         "Reading one packed file is measured several times faster (see README, converters).",
         "loadprof convert <your data folder> data.h5 --to hdf5\ndataset = loadprof.converters.torch.HDF5Dataset('data.h5')",
-        framework="tf" if is_tf(loader) else "torch",
+        basis=STORED, framework="tf" if is_tf(loader) else "torch",
     )

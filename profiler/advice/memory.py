@@ -100,6 +100,7 @@ def memory_advice(run: Run, m: Metrics, tf: bool, cause: str | None) -> list[Rec
             f"DataLoader(..., num_workers={fewer}, prefetch_factor=1)" if workers else
             "DataLoader(..., num_workers=0)",
             {"num_workers": fewer, "prefetch_factor": 1},
+            basis=MEMORY,
         ))
         if cause == "loader-out-of-memory":
             return out
@@ -121,7 +122,7 @@ def memory_advice(run: Run, m: Metrics, tf: bool, cause: str | None) -> list[Rec
             f"({batch or 'as it is'}); {basis}.",
             f"optimizer = keras.optimizers.Adam(gradient_accumulation_steps={steps})\n"
             f"model.fit(ds.rebatch({size}), ...)",
-            {"micro_batch": micro, "accumulation_steps": steps}, framework="tf",
+            {"micro_batch": micro, "accumulation_steps": steps}, basis=MEMORY, framework="tf",
         ))
     else:
         out.append(Recommendation(
@@ -131,7 +132,7 @@ def memory_advice(run: Run, m: Metrics, tf: bool, cause: str | None) -> list[Rec
             f"for i, (x, y) in enumerate(loader):  # a loader with batch_size={size}\n"
             f"    loss = loss_fn(model(x), y) / {steps}\n    loss.backward()\n"
             f"    if i % {steps} == {steps - 1}:\n        optimizer.step(); optimizer.zero_grad()",
-            {"micro_batch": micro, "accumulation_steps": steps},
+            {"micro_batch": micro, "accumulation_steps": steps}, basis=MEMORY,
         ))
         ckpt = _checkpointing_advice(m, oom)
         if ckpt is not None:
@@ -142,6 +143,10 @@ def memory_advice(run: Run, m: Metrics, tf: bool, cause: str | None) -> list[Rec
         out.append(mp)
     return out
 
+
+#: memory advice: what it buys is a run that fits, at about the speed it had
+MEMORY = "memory: the run fits, at about its speed per sample; no speed-up is claimed"
+RECOMPUTE = "memory: the activations it frees, for about a third more compute a step"
 
 #: Ours: activations dominate when what a step holds only while it runs is at least half
 #: its peak; then checkpointing cuts the larger part.
@@ -171,7 +176,7 @@ def _checkpointing_advice(m: Metrics, oom: OutOfMemory | None) -> Recommendation
         if transient:
             values["activation_bytes"] = transient
         return Recommendation("gradient_checkpointing", "Recompute activations instead of storing them", why, code,
-                              values)
+                              values, basis=RECOMPUTE)
     if state and transient:
         share = transient / (transient + state)
         if share < ACTIVATIONS_DOMINATE:
@@ -182,10 +187,10 @@ def _checkpointing_advice(m: Metrics, oom: OutOfMemory | None) -> Recommendation
                "(about a third more compute).")
         return Recommendation("gradient_checkpointing", "Recompute activations instead of storing them", why, code,
                               {"activation_bytes": transient, "model_state_bytes": state,
-                               "activation_share": round(share, 3)})
+                               "activation_share": round(share, 3)}, basis=RECOMPUTE)
     return Recommendation(
         "gradient_checkpointing", "Recompute activations instead of storing them",
         "Activations, which grow with the batch, usually dominate training memory (not measured here); "
         "checkpointing a block stores only its input and recomputes the rest in backward (about a third "
-        "more compute).", code,
+        "more compute).", code, basis=RECOMPUTE,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..diagnosis import Diagnosis, Metrics
 from ..records import LoaderInfo, Run
-from .base import MEASURE, Recommendation
+from .base import MEASURE, STORED, Recommendation
 from .loader import cache_advice, convert_advice
 
 
@@ -117,7 +117,9 @@ def tf_input_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, d: 
             "ds = files.interleave(tf.data.TFRecordDataset, cycle_length=tf.data.AUTOTUNE,\n"
             "                      num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)\n"
             "# or: tf.data.TFRecordDataset(filenames, num_parallel_reads=tf.data.AUTOTUNE)",
-            {"num_parallel_calls": "AUTOTUNE"}, framework="tf",
+            {"num_parallel_calls": "AUTOTUNE"},
+            basis="no estimate: a file's latency is not timed inside a tf.data pipeline; `loadprof tune` "
+                  "measures it", framework="tf",
         ))
 
     # A map that runs every epoch (parallel_map is known) does its work again each epoch:
@@ -147,7 +149,7 @@ def tf_input_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, d: 
             "offline_preprocessing", "Move deterministic preprocessing offline", detail,
             "loadprof convert <your data folder> data.tfrecord --to tfrecord --decode\n"
             "ds = tf.data.TFRecordDataset(['data.tfrecord']).map(parse, num_parallel_calls=tf.data.AUTOTUNE)",
-            framework="tf",
+            basis=STORED, framework="tf",
         ))
 
     if starved and "many_small_files" in notes:

@@ -108,6 +108,8 @@ def print_recommendation(c: Console, i: int, r: Advice, where: str = "") -> None
     if where:
         title.append(f"  {where}", style="green")
     c.print(title)
+    if not r.estimated_speedup and r.basis:  # why it carries no figure
+        c.print(Text(f"   ({r.basis})", style="dim"))
     c.print(Text(f"   {r.detail}"))
     if r.code:
         c.print(Group(Syntax(r.code, "python", theme="ansi_dark", background_color="default", padding=(0, 3),

@@ -201,7 +201,8 @@ def _report_page(title: str, started: str, head: _Head, report: RunReport, evide
     out.append("<h2>Recommendations</h2>")
     if recs:
         for i, (rtitle, rid, detail, code, speedup, basis, note) in enumerate(recs, 1):
-            est = f" <span class='est'>~{speedup:.2f}x ({_e(basis)})</span>" if speedup else ""
+            est = (f" <span class='est'>~{speedup:.2f}x ({_e(basis)})</span>" if speedup else
+                   f" <span class='muted'>({_e(basis)})</span>" if basis else "")
             where = f" <span class='muted'>{_e(note)}</span>" if note else ""
             out.append(f"<div class='rec'><b>{i}. {_e(rtitle)}</b> <span class='id'>[{_e(rid)}]</span>{est}{where}"
                        f"<br>{_e(detail)}<pre><code>{_e(code)}</code></pre></div>")
