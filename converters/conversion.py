@@ -147,8 +147,15 @@ def _replaceable(out: Path, options: ConvertOptions, inputs: list[Path]) -> swap
 
     NOTE [ What --overwrite replaces ]
     --overwrite replaces only a previous output of loadprof, recognised by what loadprof
-    writes: an HDF5 file that starts with the HDF5 signature and carries the root attribute
-    loadprof_format = "loadprof-hdf5"; or a directory holding exactly one
+    writes: an HDF5 file that starts with the HDF5 signature, carries the root attribute
+    loadprof_format = "loadprof-hdf5" and passes every check a reader makes when it opens
+    it (``hdf5.check_output``: schema and attributes, each dataset against the schema,
+    record counts, offsets, chunk indexes, the per-record checksum table), parsed in a
+    watched child. Those checks are what make a file one of ours rather than a file with
+    our attribute: a file on which libhdf5 crashes or loops, or whose layout a reader
+    refuses, is refused too (the user deletes it if it is theirs to lose). Its data is not
+    read: a file of ours with damaged records is still ours, and converting again is how
+    it gets mended; or a directory holding exactly one
     ``SPLIT.info.json``, a complete manifest with "format": "loadprof-tfrecord", and regular
     files it lists as shards (and their ``.idx``), nothing else, each shard of the size the
     info file records and with valid framing at its first and last record (``manifest.owned``:
@@ -216,7 +223,7 @@ def _not_our_hdf5(path: Path) -> str | None:
     """Why ``path`` is not an HDF5 file loadprof wrote, or None if it is one.
 
     libhdf5 reads the file in a child that is stopped if it hangs: OUT may be any
-    file (NOTE [ Parsing HDF5 in a child process ] in watchdog.py).
+    file (NOTE [ Parsing HDF5 in a child process ] in watchdog.py). NOTE [ What --overwrite replaces ].
     """
     from . import watchdog
 
@@ -229,14 +236,12 @@ def _not_our_hdf5(path: Path) -> str | None:
     if head != _HDF5_SIGNATURE:
         return "not an HDF5 file"
     try:
-        found = watchdog.run_watched(
-            hdf5.read_format, (str(path),), path=path, memory=watchdog.memory_budget(size)
+        why: str | None = watchdog.run_watched(
+            hdf5.check_output, (str(path),), path=path, memory=watchdog.memory_budget(size)
         )
     except ConvertError as exc:
         return f"an HDF5 file libhdf5 cannot read ({str(exc).removeprefix(f'{path}: ')})"
-    if found != hdf5.FORMAT:
-        return "an HDF5 file not written by loadprof (no loadprof_format attribute)"
-    return None
+    return why
 
 
 def _names(names: list[str], most: int = 3) -> str:
@@ -458,8 +463,13 @@ def _read_back(tmp: Path, options: ConvertOptions, schema: Schema) -> Iterator[S
 def _verify(output: _Output, expected: SampleDigest) -> None:
     assert output.schema is not None
     digest = SampleDigest(output.schema)
-    for sample in _read_back(output.tmp, output.options, output.schema):
-        digest.update(sample)
+    try:
+        for sample in _read_back(output.tmp, output.options, output.schema):
+            digest.update(sample)
+    except ConvertError as exc:  # a record that fails its own checksum: named in OUT, not the temporary
+        if output.options.to != "hdf5":
+            raise
+        raise ConvertError(f"{output.out}: verification failed: {str(exc).removeprefix(f'{output.tmp}: ')}") from None
     if digest.count != expected.count:
         raise ConvertError(
             f"{output.out}: verification failed: read back {digest.count} records, wrote {expected.count}"

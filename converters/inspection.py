@@ -4,10 +4,10 @@ TFRecord: every record's two CRC-32Cs are checked, the ``.idx`` files compared w
 the records, and where our ``<split>.info.json`` is present, record counts and
 per-field checksums compared with those taken at conversion. HDF5: the layout is
 checked and every sample read, in a child process that is stopped if libhdf5 hangs
-(NOTE [ Parsing HDF5 in a child process ]); stored checksums are compared where
-present. Anything but a regular file or a directory is refused before it is opened.
-The first problem raises ConvertError (CorruptFileError with a byte offset for
-TFRecord framing), one line, naming the file.
+(NOTE [ Parsing HDF5 in a child process ]); stored checksums (per record, and per field
+over the whole file) are compared where present. Anything but a regular file or a
+directory is refused before it is opened. The first problem raises ConvertError
+(CorruptFileError with a byte offset for TFRecord framing), one line, naming the file.
 """
 
 from __future__ import annotations
@@ -116,6 +116,8 @@ def _inspect_hdf5(p: Path, size: int, stall: float | None) -> Summary:
             notes.append(str(compression))
         summary.features.append((fld.name, fld.describe(), ", ".join(notes)))
     summary.checks.append("layout consistent; every sample read")
+    if info["record_checksums"]:
+        summary.checks.append("every record matches the checksums stored for it at conversion")
     if info["checksums"] == "match":
         summary.checks.append("per-field checksums match those stored at conversion")
     summary.provenance = info["provenance"]

@@ -104,13 +104,18 @@ def hdf5_dataset(
     fields: Sequence[str] | None = None,
     shuffle: bool = False,
     seed: int | None = None,
+    verify: bool = True,
 ) -> tf.data.Dataset:
     """Samples of an HDF5 file via ``tf.data.Dataset.from_generator``.
 
     Each iteration opens its own reader; with ``shuffle`` every pass draws a new
-    order from one generator seeded by ``seed``.
+    order from one generator seeded by ``seed``. Each value is checked against the
+    CRC-32C stored for its record (``verify=False`` skips it): a damaged record ends
+    the iteration with ``tf.errors.UnknownError`` whose message starts with
+    ``ConvertError: FILE: record N of 'FIELD' ...`` (tf.data wraps what a generator
+    raises that way).
     """
-    reader = HDF5Reader(path, fields)
+    reader = HDF5Reader(path, fields, verify=verify)
     signature = {
         f.name: tf.TensorSpec(shape=(), dtype=tf.string)
         if f.kind == "bytes"
@@ -120,7 +125,7 @@ def hdf5_dataset(
     rng = np.random.default_rng(seed)
 
     def generate() -> Any:
-        r = HDF5Reader(path, fields)
+        r = HDF5Reader(path, fields, verify=verify)
         try:
             if shuffle:
                 for i in rng.permutation(len(r)).tolist():

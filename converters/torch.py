@@ -34,7 +34,10 @@ class HDF5Dataset(Dataset[Any]):
     """Map-style dataset over an HDF5 file: ``len()`` and ``[i]``.
 
     Picklable and safe with ``num_workers > 0`` under fork and spawn: see
-    NOTE [ HDF5 handles and worker processes ] in converters/hdf5.py.
+    NOTE [ HDF5 handles and worker processes ] in converters/hdf5.py. Each value is
+    checked against the CRC-32C stored for its record at conversion; a damaged record
+    raises ConvertError naming the file and record (``verify=False`` skips the check:
+    NOTE [ Per-record checksums ]).
     """
 
     def __init__(
@@ -42,8 +45,10 @@ class HDF5Dataset(Dataset[Any]):
         path: str | os.PathLike[str],
         fields: Sequence[str] | None = None,
         transform: Transform | None = None,
+        *,
+        verify: bool = True,
     ) -> None:
-        self.reader = HDF5Reader(path, fields)
+        self.reader = HDF5Reader(path, fields, verify=verify)
         self.transform = transform
 
     @property

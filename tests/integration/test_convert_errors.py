@@ -147,6 +147,7 @@ def _written_output(tmp_path, to: str):
 def test_verify_reports_a_field_that_reads_back_different_from_what_was_written(tmp_path):
     # The output changed between writing and reading back (a bad disk, a concurrent
     # writer): here one value is rewritten in place.
+    import google_crc32c
     import h5py
 
     from loadprof.converters.conversion import _verify
@@ -155,6 +156,13 @@ def test_verify_reports_a_field_that_reads_back_different_from_what_was_written(
     _verify(output, digest)  # untouched: passes
     with h5py.File(output.tmp, "r+") as f:
         f["x"][3, 1] = 99.0
+    with pytest.raises(ConvertError, match=r"^\S*out\.h5: verification failed: record 3 of 'x' does not match the "
+                                           r"checksum stored for it at conversion \(CRC-32C \w+, stored \w+\): "
+                                           r"the file is damaged$"):
+        _verify(output, digest)
+    # Changed together with its stored checksum: the digest of what was read from the source catches it.
+    with h5py.File(output.tmp, "r+") as f:
+        f["_crc32c"][3, 0] = google_crc32c.value(f["x"][3].tobytes())
     with pytest.raises(ConvertError, match=r"out\.h5: verification failed: field 'x' checksum \w+ differs from "
                                            r"the source's \w+$"):
         _verify(output, digest)

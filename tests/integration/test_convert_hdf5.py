@@ -207,11 +207,16 @@ def test_corrupt_offsets_are_refused_when_the_reader_opens(images_h5, entry, val
         inspect_path(path)
 
 
-def test_offsets_within_the_data_are_read_as_given_and_inspect_wants_all_of_it(images_h5):
+def test_offsets_moved_within_the_data_fail_the_record_checksum_and_inspect_wants_all_of_it(images_h5):
     path, offsets = images_h5
     end = int(offsets[-1])
-    _set_offset(path, 0, 1)  # still rising and inside the data: the reader gives what it says
-    assert len(HDF5Reader(path)[0]["image"]) == int(offsets[1]) - 1
+    _set_offset(path, 0, 1)  # still rising and inside the data: record 0 would lose its first byte
+    reader = HDF5Reader(path)
+    with pytest.raises(ConvertError, match=rf"^{re.escape(str(path))}: record 0 of 'image' does not match the "
+                                           r"checksum stored for it at conversion \(CRC-32C [0-9a-f]{8}, "):
+        reader[0]
+    assert len(reader[1]["image"]) == int(offsets[2] - offsets[1])  # the other records still read
+    assert len(HDF5Reader(path, verify=False)[0]["image"]) == int(offsets[1]) - 1  # unchecked: what offsets say
     with pytest.raises(ConvertError, match=rf"image/offsets run from 1 to {end}, expected 0 to {end}"):
         inspect_path(path)
 

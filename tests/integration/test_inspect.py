@@ -56,6 +56,7 @@ def test_summary_of_one_shard_and_of_hdf5(capsys, shards, tmp_path):
     assert rc == 0
     assert "HDF5 (loadprof-hdf5)" in out and "records: 20" in out
     assert "x  float32[3]" in out and "per-field checksums match" in out
+    assert "ok: every record matches the checksums stored for it at conversion" in out
 
 
 def test_flipped_byte(capsys, shards):
@@ -104,11 +105,17 @@ def test_stale_index_is_reported(capsys, shards):
     assert f"{idx}: lists {len(lines) - 1} records" in line
 
 
-def test_changed_hdf5_data_fails_the_stored_checksum(capsys, tmp_path):
+def test_changed_hdf5_data_fails_the_stored_checksums(capsys, tmp_path):
     np.save(tmp_path / "x.npy", np.arange(100, dtype=np.int32).reshape(50, 2))
     convert(tmp_path / "x.npy", tmp_path / "x.h5", ConvertOptions(to="hdf5"))
     with h5py.File(tmp_path / "x.h5", "r+") as f:
         f["data"][7] = [0, 0]
+    line = one_line_error(*run(capsys, tmp_path / "x.h5")[::2])
+    assert "x.h5: record 7 of 'data' does not match the checksum stored for it at conversion" in line
+    # Format version 1 stored no per-record checksums: the per-field ones over the whole file catch it.
+    with h5py.File(tmp_path / "x.h5", "r+") as f:
+        del f["_crc32c"]
+        f.attrs["loadprof_format_version"] = 1
     line = one_line_error(*run(capsys, tmp_path / "x.h5")[::2])
     assert "x.h5: field 'data' checksum" in line and "the data changed or is corrupt" in line
 

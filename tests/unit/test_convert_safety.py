@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 
-from loadprof.converters import ConvertError, ConvertOptions, convert
+from loadprof.converters import ConvertError, ConvertOptions, convert, inspect_path
 from tests.convert_helpers import leftovers, loadprof, make_image_folder
+
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def tree(root):
@@ -125,6 +131,66 @@ def test_a_previous_hdf5_output_is_replaced(tmp_path):
     assert convert(tmp_path / "y.npy", tmp_path / "o.h5", ConvertOptions(to="hdf5", overwrite=True)).records == 4
     with h5py.File(tmp_path / "o.h5") as f:
         assert int(f.attrs["num_records"]) == 4
+
+
+def _not_replaced(out):
+    return rf"^{re.escape(str(out))}: not replaced: --overwrite replaces only a previous loadprof output, and this is "
+
+
+def test_an_hdf5_file_that_crashes_libhdf5_is_not_replaced_though_it_carries_our_attribute(tmp_path):
+    """The root attribute alone let --overwrite replace a file that inspect reports as crashing libhdf5."""
+    np.save(tmp_path / "x.npy", np.arange(4))
+    out = tmp_path / "out.h5"
+    shutil.copy(DATA / "hdf5_crashes_libhdf5.h5", out)
+    before = out.read_bytes()
+    attr = subprocess.run([sys.executable, "-c", "import h5py, sys; print(h5py.File(sys.argv[1]).attrs['loadprof_format'])",
+                           str(out)], capture_output=True, text=True, timeout=60)
+    assert attr.stdout == "loadprof-hdf5\n", attr  # what the old check looked at, and all it looked at
+    crashed = r"libhdf5 crashed reading it \(SIGSEGV\): the file is corrupt" if h5py.version.hdf5_version == "1.14.6" else ""
+    with pytest.raises(ConvertError, match=_not_replaced(out) + r"an HDF5 file libhdf5 cannot read \(" + crashed):
+        convert(tmp_path / "x.npy", out, ConvertOptions(to="hdf5", overwrite=True))
+    with pytest.raises(ConvertError, match=crashed):
+        inspect_path(out)
+    assert out.read_bytes() == before and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (lambda f: f.attrs.__setitem__("num_records", 5), "attribute 'num_records' says 5 records, 'data' holds 4"),
+        (lambda f: f.__delitem__("_crc32c"), "'_crc32c' is missing, expected uint32[4, 1] (the per-record checksums)"),
+    ],
+)
+def test_an_output_of_ours_whose_layout_its_readers_refuse_is_not_replaced(tmp_path, edit, says):
+    np.save(tmp_path / "x.npy", np.arange(4))
+    out = tmp_path / "o.h5"
+    convert(tmp_path / "x.npy", out, ConvertOptions(to="hdf5"))
+    with h5py.File(out, "r+") as f:
+        edit(f)
+    before = out.read_bytes()
+    says = f"an HDF5 file marked as loadprof's that its readers refuse ({says})"
+    with pytest.raises(ConvertError, match=_not_replaced(out) + re.escape(says) + "$"):
+        convert(tmp_path / "x.npy", out, ConvertOptions(to="hdf5", overwrite=True))
+    assert out.read_bytes() == before and leftovers(tmp_path) == []
+
+
+def test_an_output_of_ours_with_damaged_records_or_of_an_older_loadprof_is_replaced(tmp_path):
+    """Damaged data does not make a file someone else's: converting again is how it is mended."""
+    np.save(tmp_path / "x.npy", np.arange(40))
+    out = tmp_path / "o.h5"
+    convert(tmp_path / "x.npy", out, ConvertOptions(to="hdf5"))
+    with h5py.File(out, "r+") as f:
+        f["data"][7] = 1000
+    with pytest.raises(ConvertError, match="record 7 of 'data' does not match the checksum stored for it"):
+        inspect_path(out)
+    assert convert(tmp_path / "x.npy", out, ConvertOptions(to="hdf5", overwrite=True)).records == 40
+    assert inspect_path(out).records == 40
+    with h5py.File(out, "r+") as f:  # as loadprof wrote it before per-record checksums (format version 1)
+        del f["_crc32c"]
+        f.attrs["loadprof_format_version"] = 1
+    assert convert(tmp_path / "x.npy", out, ConvertOptions(to="hdf5", overwrite=True)).records == 40
+    with h5py.File(out) as f:
+        assert f.attrs["loadprof_format_version"] == 2 and f["_crc32c"].shape == (40, 1)
 
 
 def _mkdir(path):
