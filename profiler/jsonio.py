@@ -26,6 +26,10 @@ a link whose chain reaches one of our own descriptors (``/dev/stdout`` ->
 is written through with an ordinary ``open`` (the kernel follows it, so its rule
 applies); a regular file is written through only when reached through our own
 descriptors (``--json /dev/stdout > run.json``).
+A file of ours in a folder of the script's (a TensorBoard log folder) is written
+``plain``: nobody asked for a stream there, and the link or the pipe found at its name
+is the user's, so anything there but a regular file is refused and left as it is (a
+pipe would also block the run until someone reads it).
 """
 
 from __future__ import annotations
@@ -70,8 +74,10 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (see the module doc); raises JsonWriteError."""
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, *, plain: bool = False) -> None:
+    """Write ``data`` to ``path`` atomically (see the module doc); raises JsonWriteError.
+    ``plain``: only a regular file or nothing is replaced; a link, a pipe or a device
+    there is refused and left as it is (NOTE [ Output paths and symbolic links ])."""
     target = os.fspath(path)
     mode: int | None = None  # a file replaced keeps its permissions
     try:
@@ -81,6 +87,10 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     except OSError as exc:
         raise JsonWriteError(f"{target}: cannot write ({exc.strerror or exc})") from None
     else:
+        if plain and not stat.S_ISREG(st.st_mode):
+            what = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode)
+                    else "not a regular file")
+            raise JsonWriteError(f"{target}: is {what}; left as it is")
         if stat.S_ISLNK(st.st_mode):
             through = _link_writes_through(target)
             if through is not None:

@@ -9,13 +9,21 @@ tracker keeps text, and the JSON report as an artifact.
   tb_writer.py say how each is found).
 - loadprof never starts a run the script did not, unless asked (``--log-to``,
   ``Profile(log_to=...)``): then, for each tracker named that has no run of the
-  script's, it starts one, logs, and ends it.
+  script's, it starts one, logs, and ends it. That run is a new one of loadprof's own,
+  never one an outer pipeline named (``MLFLOW_RUN_ID``, ``WANDB_RUN_ID``), and the
+  tracker's global state is left as the script had it (its active run and experiment,
+  the environment): mlflow_run.py and wandb_run.py say how.
 - Only rank 0 of a job logs (``RANK``; the job's rank where loadprof joined one), once:
   the job's report where the ranks' reports were merged (its cost summed over the
   ranks' GPUs), else its own.
 - It runs at the end, after the report is written and printed, each tracker in its
-  own guard: a tracker missing, offline or failing costs one warning line, never the
-  training run (NOTE [ Never break the run ] in session.py).
+  own guard: a tracker missing, offline or failing costs one warning line (a run that
+  cannot be read is not started over it), never the training run (NOTE [ Never break
+  the run ] in session.py), and a bounded wait: each tracker's ``calls()`` bounds its
+  client's retries for loadprof's calls only.
+- What loadprof writes into the script's folders goes through the one writer, which
+  never follows a link planted there; a folder the script removed is not made again
+  (tb_writer.py).
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ __all__ = ["TRACKERS", "Trackers", "parse_log_to"]
 TRACKERS: dict[str, types.ModuleType] = {"wandb": wandb_run, "mlflow": mlflow_run, "tensorboard": tb_writer}
 assert tuple(TRACKERS) == NAMES
 #: the module each needs, for the warning when it is missing
-PACKAGES = {"wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard (with torch or tensorboardX)"}
+PACKAGES = {"wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard (or tensorboardX)"}
 
 
 class Trackers:
@@ -74,45 +82,68 @@ class Trackers:
         done: list[str] = []
         with tempfile.TemporaryDirectory(prefix="loadprof-") as folder:
             artifact = os.path.join(folder, "loadprof-report.json")
-            wrote = False
+
+            def logged(tracker: types.ModuleType, handle: Any) -> str | None:
+                if not os.path.exists(artifact):  # written once, when a run is there to take it
+                    from ..report import write_json
+
+                    write_json(report, artifact)
+                return tracker.log(handle, numbers, texts, artifact, text, step, note=note, warn=warn)
+
             for name, tracker in TRACKERS.items():
                 try:
-                    handles = tracker.active(self.started_at)
-                except Exception as err:  # a tracker's own state we could not read
-                    warn(f"{tracker.label}: its run could not be read ({type(err).__name__}: {_line(err)})")
-                    handles = []
-                started = None
-                if not handles and name in self.log_to:
-                    try:
-                        started = tracker.start(self.log_to[name])
-                    except ImportError as err:
-                        warn(f"--log-to {name}: {PACKAGES[name]} is not installed ({_line(err)})")
-                        continue
-                    except Exception as err:
-                        warn(f"--log-to {name}: no run could be started ({type(err).__name__}: {_line(err)})")
-                        continue
-                    handles = [started]
-                for handle in handles:
-                    try:
-                        if not wrote:
-                            from ..report import write_json
-
-                            write_json(report, artifact)
-                            wrote = True
-                        done.append(tracker.log(handle, numbers, texts, artifact, text, step))
-                    except Exception as err:  # offline, a full disk, a server that said no
-                        warn(f"{tracker.label}: summary not logged ({type(err).__name__}: {_line(err)})")
-                if started is not None:
-                    try:
-                        tracker.finish(started)
-                    except Exception as err:
-                        warn(f"{tracker.label}: the run loadprof started could not be ended "
-                             f"({type(err).__name__}: {_line(err)})")
+                    with tracker.calls():
+                        done += self._log_one(name, tracker, logged, warn)
+                except Exception as err:  # putting the tracker back as it was
+                    warn(f"{tracker.label}: its state could not be restored ({type(err).__name__}: {_line(err)})")
         if done:
             note(f"summary logged to {', '.join(done)} (loadprof/* fields, loadprof-report.json)")
         return done
 
+    def _log_one(self, name: str, tracker: types.ModuleType,
+                 logged: Callable[[types.ModuleType, Any], str | None], warn: Callable[[str], None]) -> list[str]:
+        """Log into one tracker's runs (or the one loadprof starts, where asked): what it
+        logged to; at most one warning line for each run."""
+        unread = ""
+        try:
+            handles = tracker.active(self.started_at)
+        except Exception as err:  # a tracker's own state we could not read
+            unread = f"its run could not be read ({type(err).__name__}: {_line(err)})"
+            handles = []
+        started = None
+        if not handles and name in self.log_to:
+            try:
+                started = tracker.start(self.log_to[name])
+            except ImportError as err:
+                warn(f"--log-to {name}: {PACKAGES[name]} is not installed ({_line(err)})")
+                return []
+            except Exception as err:
+                warn(f"--log-to {name}: {unread + '; ' if unread else ''}no run could be started "
+                     f"({type(err).__name__}: {_line(err)})")
+                return []
+            handles = [started]
+        if unread:
+            warn(f"{tracker.label}: {unread}")
+        done: list[str] = []
+        for handle in handles:
+            problems = []
+            try:
+                label = logged(tracker, handle)
+                if label:
+                    done.append(label)
+            except Exception as err:  # offline, a full disk, a server that said no
+                problems.append(f"summary not logged ({type(err).__name__}: {_line(err)})")
+            if handle is started:
+                try:
+                    tracker.finish(started)
+                except Exception as err:
+                    problems.append(f"the run loadprof started could not be ended ({type(err).__name__}: {_line(err)})")
+            if problems:
+                warn(f"{tracker.label}: {'; '.join(problems)}")
+        return done
+
 
 def _line(err: BaseException) -> str:
-    text = str(err)
-    return text.splitlines()[0][:200] if text else ""
+    """The error's first line; a long one keeps its end, where a client says the cause."""
+    first = str(err).splitlines()[0] if str(err) else ""
+    return first if len(first) <= 200 else f"{first[:120]} ... {first[-75:]}"

@@ -2,15 +2,28 @@
 
 The summary goes into the run's summary (numbers and texts alike: W&B keeps text
 there), the JSON report in as an artifact of type ``loadprof-report``.
+
+A run loadprof starts (``--log-to wandb``) is a new one, under an id of its own: never
+the run ``WANDB_RUN_ID`` names (an orchestrator's, resumed), whatever ``WANDB_RESUME``
+says. W&B's state is left as it was (``calls()``): ``wandb.run`` none again, its
+``WANDB_*`` variables restored, and the service process loadprof's run needed stopped
+where the script had none.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
+import string
 import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 label = "W&B"
+#: seconds loadprof's own run waits for W&B's server to answer (W&B's default: 90; a lower
+#: WANDB_INIT_TIMEOUT of the script's kept)
+INIT_TIMEOUT_S = 15.0
 
 
 def active(since: float) -> list[Any]:
@@ -20,10 +33,36 @@ def active(since: float) -> list[Any]:
     return [run] if run is not None else []
 
 
+@contextlib.contextmanager
+def calls() -> Iterator[None]:
+    """W&B as loadprof found it once its calls are done (the module doc says what that is)."""
+    setup = sys.modules.get("wandb.sdk.wandb_setup")
+    had_setup = getattr(setup, "_singleton", None) is not None or "WANDB_SERVICE" in os.environ
+    saved = {k: v for k, v in os.environ.items() if k.startswith("WANDB_")}
+    try:
+        yield
+    finally:
+        wandb, setup = sys.modules.get("wandb"), sys.modules.get("wandb.sdk.wandb_setup")
+        ours = not had_setup and getattr(setup, "_singleton", None) is not None  # set up by our run
+        if ours and wandb is not None and getattr(wandb, "run", None) is None:
+            with contextlib.suppress(Exception):  # best effort: the run itself is already ended
+                wandb.teardown()
+        for key in [k for k in os.environ if k.startswith("WANDB_")]:
+            if key not in saved:
+                del os.environ[key]
+        os.environ.update(saved)
+
+
 def start(arg: str | None) -> Any:
     import wandb
 
-    return wandb.init(project=arg or os.environ.get("WANDB_PROJECT") or "loadprof", job_type="loadprof")
+    fresh = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    try:
+        timeout = min(INIT_TIMEOUT_S, float(os.environ.get("WANDB_INIT_TIMEOUT") or INIT_TIMEOUT_S))
+    except ValueError:
+        timeout = INIT_TIMEOUT_S
+    return wandb.init(project=arg or os.environ.get("WANDB_PROJECT") or "loadprof", job_type="loadprof",
+                      id=fresh, resume="never", settings=wandb.Settings(init_timeout=max(timeout, 1.0)))
 
 
 def finish(run: Any) -> None:
@@ -31,7 +70,7 @@ def finish(run: Any) -> None:
 
 
 def log(run: Any, numbers: dict[str, float], texts: dict[str, str], artifact: str, markdown: str,
-        step: int) -> str:
+        step: int, *, note: Callable[[str], None], warn: Callable[[str], None]) -> str:
     import wandb  # the script's own, already imported (or by start)
 
     run.summary.update({**numbers, **texts})
