@@ -15,7 +15,21 @@ a key dropped, a rank duplicated, a rank's columns declared a thousandfold large
 ``report``, ``report --html`` and ``check`` run on each in a child under a memory cap: any
 exit but 0, 1 or 2 with at most one line on stderr breaks the contract (docs/bad-input.md).
 
-    python benchmarks/fuzz_inputs.py [--seconds 120] [--seed 0] [--kinds tfrecord,info,example,index,hdf5,run,job]
+Kind ``trackers``: what the script's side holds where ``--log-to`` and the script's own
+tracker runs read and write (tests/fuzz_targets.py: a TensorBoard folder with a link, a
+pipe or a folder planted at the report's name, read-only, a file, removed by the script;
+an MLflow store that is a file, corrupt, read-only, a server that is down; a W&B folder
+that is a file, a corrupt settings file, a pipeline's run id), one random case for each of
+the three trackers in a child: a traceback, a hang, more than one warning line for a
+tracker, or a file of the user's touched breaks the contract.
+
+Kinds ``hdf5`` and ``hdf5tf``: half the cases flip bits aimed at the datasets' data (chunks),
+where libhdf5 sees nothing wrong and only the per-record checksums can; ``hdf5`` reads through
+inspect and the PyTorch reader, ``hdf5tf`` through the tf.data reader, 20 cases per fresh
+interpreter (TensorFlow's import). A reader that checks each record must give the data
+written or its one-line error: wrong data breaks the contract.
+
+    python benchmarks/fuzz_inputs.py [--seconds 120] [--seed 0] [--kinds tfrecord,info,example,index,hdf5,hdf5tf,run,job,trackers]
 """
 
 from __future__ import annotations
@@ -33,8 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.fuzz_t
 
 from tests import fuzz_targets as ft  # noqa: E402
 
-KINDS = ("tfrecord", "info", "example", "index", "hdf5", "run", "job")
+KINDS = ("tfrecord", "info", "example", "index", "hdf5", "hdf5tf", "run", "job", "trackers")
 SAVED = ("run", "job")
+ALONE = ("trackers",)  # kinds that make their own inputs
 
 
 def random_ops(rng: random.Random) -> list[tuple[Any, ...]]:
@@ -186,8 +201,16 @@ def check_saved(data: bytes, folder: Path) -> str:
     return "all ok" if set(labels) == {"ok"} else "all error" if set(labels) == {"error"} else "mixed"
 
 
+def tracker_case(rng: random.Random) -> tuple[str, tuple[Any, ...]]:
+    """One random case for each tracker, in one child (tests/fuzz_targets.py)."""
+    cases = {tracker: rng.choice(whats) for tracker, (_, whats) in ft.TRACKER_CASES.items()}
+    return ft.check_trackers(cases), (cases,)
+
+
 def one_case(kind: str, rng: random.Random, bases: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
     """(outcome label, arguments to replay it)."""
+    if kind == "trackers":
+        return tracker_case(rng)
     if kind in SAVED:
         data, how = mutate_saved(kind, bases["saved"][kind], rng)
         return check_saved(data, bases["folder"]), (how,)
@@ -209,8 +232,36 @@ def one_case(kind: str, rng: random.Random, bases: dict[str, Any]) -> tuple[str,
         rows = [(rng.randrange(-5, 10**19), rng.randrange(-5, 10**19)) for _ in range(rng.randint(0, 6))]
         text = ft.mutate("".join(f"{a} {b}\n" for a, b in rows).encode(), ops if rng.random() < 0.5 else [])
         return ft.run_case(ft.check_index, text, rng.randrange(10**6)), (text,)
+    if kind == "hdf5tf":
+        return hdf5_tf_case(rng, bases)
     name = rng.choice(sorted(bases["hdf5"]))
+    ops = hdf5_ops(rng, bases["hdf5"][name], ops)
     return ft.run_case(ft.check_hdf5, bases["hdf5"][name], ops), (name, ops)
+
+
+def hdf5_ops(rng: random.Random, base: dict[str, Any], ops: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """``ops``, or half the time one or two bit flips in the data of the file's datasets."""
+    if rng.random() < 0.5:
+        return ops
+    return [ft.data_flip(base, rng.randrange(1000), rng.randrange(1 << 20), rng.randrange(8))
+            for _ in range(rng.randint(1, 2))]
+
+
+_TF_PENDING: list[tuple[str, tuple[Any, ...]]] = []  # outcomes of the tf.data batch not yet counted
+
+
+def hdf5_tf_case(rng: random.Random, bases: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
+    """One case through the tf.data reader: a batch of 20 is run when none is left."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorflow") is None:
+        return "skipped: no TensorFlow", ()
+    if not _TF_PENDING:
+        names = [rng.choice(sorted(bases["hdf5"])) for _ in range(20)]
+        cases = [(bases["hdf5"][name], hdf5_ops(rng, bases["hdf5"][name], random_ops(rng))) for name in names]
+        labels = ft.check_hdf5_tf(cases)
+        _TF_PENDING.extend((label, (name, ops)) for label, name, (_, ops) in zip(labels, names, cases, strict=True))
+    return _TF_PENDING.pop(0)
 
 
 def main() -> None:
@@ -224,7 +275,7 @@ def main() -> None:
     counts: dict[str, Counter[str]] = {k: Counter() for k in kinds}
     failures: list[tuple[str, str, tuple[Any, ...]]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        bases = ft.build_bases(Path(tmp)) if set(kinds) - set(SAVED) else {}
+        bases = ft.build_bases(Path(tmp)) if set(kinds) - set(SAVED) - set(ALONE) else {}
         if set(kinds) & set(SAVED):
             bases["saved"], bases["folder"] = saved_bases(Path(tmp)), Path(tmp)
         start = time.monotonic()

@@ -10,7 +10,9 @@ run is the same every time; benchmarks/fuzz_inputs.py draws new ones for longer.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import random
 
 import numpy as np
 import pytest
@@ -94,6 +96,31 @@ def test_index_files(text, size):
 def test_hdf5_files(bases, data, ops):
     base = bases["hdf5"][data.draw(st.sampled_from(sorted(bases["hdf5"])))]
     holds(ft.run_case(ft.check_hdf5, base, ops))
+
+
+@settings(FUZZ, max_examples=20)
+@given(data=st.data(), extent=st.integers(0, 1000), offset=POSITION, bit=st.integers(0, 7))
+def test_hdf5_data_damage(bases, data, extent, offset, bit):
+    """A bit flipped in a dataset's data, where libhdf5 sees nothing wrong: the per-record checksums must."""
+    base = bases["hdf5"][data.draw(st.sampled_from(sorted(bases["hdf5"])))]
+    holds(ft.run_case(ft.check_hdf5, base, [ft.data_flip(base, extent, offset, bit)]))
+
+
+@pytest.mark.tensorflow
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs TensorFlow")
+def test_hdf5_damage_through_the_tf_data_reader(bases):
+    """The same contract through tf.data, in one fresh interpreter for a batch of cases (TensorFlow's import)."""
+    rng = random.Random(0)
+    cases = []
+    for name in sorted(bases["hdf5"]):
+        base = bases["hdf5"][name]
+        cases += [(base, [ft.data_flip(base, rng.randrange(1000), rng.randrange(1 << 20), rng.randrange(8))])
+                  for _ in range(3)]
+        cases.append((base, [("flip", rng.randrange(1 << 20), rng.randrange(8))]))
+    labels = ft.check_hdf5_tf(cases)
+    for label in labels:
+        holds(label)
+    assert sum("tf in order: error" in label for label in labels) >= len(bases["hdf5"]), labels  # damage was seen
 
 
 def test_a_broken_contract_is_seen(bases):
