@@ -1,6 +1,7 @@
 """What the tests share: hand-built runs (``make_run``), torchrun jobs launched from a
 test (``torchrun``, ``start``, ``finish``) and ``check`` on their reports
-(``check_a_job``), the checks of an HTML page and of a trace file's format.
+(``check_a_job``), the checks of an HTML page and of a trace file's format, and W&B
+offline and MLflow on a file store (the ``wandb`` and ``mlflow`` fixtures).
 Imported as ``tests.conftest``; helper modules with real training loops live beside it
 (torch_loops.py, stage_loops.py, job_files.py, convert_helpers.py, fake_pynvml.py)."""
 
@@ -407,6 +408,35 @@ def closing() -> Iterator[list[NvmlSource]]:
     yield sources
     for nv in sources:
         nv.close()
+
+
+# -- MLflow, on a file store ----------------------------------------------------------
+@pytest.fixture
+def mlflow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """MLflow itself on a file store in the test's folder; its runs and experiment put back after."""
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow-skinny has no SQL store
+    yield mlflow
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+    mlflow.tracking.fluent._active_experiment_id = None  # set_experiment's, kept per process
+    os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
+
+
+# -- W&B, offline ---------------------------------------------------------------------
+@pytest.fixture
+def wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """W&B itself, offline, its files in the test's folder; its run and service ended after."""
+    wandb = pytest.importorskip("wandb")
+    for key, value in (("WANDB_MODE", "offline"), ("WANDB_DIR", str(tmp_path)), ("WANDB_SILENT", "true"),
+                       ("WANDB_CONSOLE", "off")):
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    yield wandb
+    if wandb.run is not None:
+        wandb.finish()
+    wandb.teardown()  # its settings (WANDB_DIR) are kept per process otherwise
 
 
 # -- loader workers -------------------------------------------------------------------

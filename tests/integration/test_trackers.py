@@ -32,15 +32,7 @@ def quiet(**kw: object) -> Profile:
     return Profile(print_report=False, gpu=False, host_helper=False, **kw)  # type: ignore[arg-type]
 
 
-# -- MLflow: a file store, read back with mlflow.get_run ----------------------------------
-@pytest.fixture
-def mlflow(tmp_path, monkeypatch):
-    mlflow = pytest.importorskip("mlflow")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow-skinny has no SQL store
-    yield mlflow
-    while mlflow.active_run() is not None:
-        mlflow.end_run()
+# -- MLflow: a file store, read back with mlflow.get_run (the mlflow fixture: conftest.py) --
 
 
 def _runs(mlflow):
@@ -157,17 +149,6 @@ def _wandb_summary(folder: Path) -> tuple[dict, list[str], list]:
     return summary, artifacts, runs
 
 
-@pytest.fixture
-def wandb(tmp_path, monkeypatch):
-    wandb = pytest.importorskip("wandb")
-    for key, value in (("WANDB_MODE", "offline"), ("WANDB_DIR", str(tmp_path)), ("WANDB_SILENT", "true"),
-                       ("WANDB_CONSOLE", "off")):
-        monkeypatch.setenv(key, value)
-    monkeypatch.chdir(tmp_path)
-    yield wandb
-    if wandb.run is not None:
-        wandb.finish()
-    wandb.teardown()  # its settings (WANDB_DIR) are kept per process otherwise
 
 
 def test_wandb_run_gets_summary_fields_and_the_report_artifact(wandb, tmp_path):

@@ -107,17 +107,7 @@ def test_a_tensorboard_folder_the_script_removed_stays_removed(tb, tmp_path, cap
         writer.close()
 
 
-# -- MLflow: a file store ----------------------------------------------------------------
-@pytest.fixture
-def mlflow(tmp_path, monkeypatch):
-    mlflow = pytest.importorskip("mlflow")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow-skinny has no SQL store
-    yield mlflow
-    while mlflow.active_run() is not None:
-        mlflow.end_run()
-    mlflow.tracking.fluent._active_experiment_id = None  # set_experiment's, kept per process
-    os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
+# -- MLflow: a file store (the mlflow fixture: conftest.py) ------------------------------
 
 
 def _runs(mlflow) -> list:
@@ -229,20 +219,7 @@ def test_loadprof_asks_a_failing_server_a_bounded_number_of_times_and_the_script
     assert len(unavailable) == 1 + 4  # the script's own call: its retries, untouched
 
 
-# -- W&B offline: the run's .wandb file -----------------------------------------------------
-@pytest.fixture
-def wandb(tmp_path, monkeypatch):
-    wandb = pytest.importorskip("wandb")
-    for key, value in (("WANDB_MODE", "offline"), ("WANDB_DIR", str(tmp_path)), ("WANDB_SILENT", "true"),
-                       ("WANDB_CONSOLE", "off")):
-        monkeypatch.setenv(key, value)
-    monkeypatch.chdir(tmp_path)
-    yield wandb
-    if wandb.run is not None:
-        wandb.finish()
-    wandb.teardown()
-
-
+# -- W&B offline: the run's .wandb file (the wandb fixture: conftest.py) ----------------------
 def test_log_to_wandb_starts_a_new_run_never_the_one_wandb_run_id_names(wandb, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WANDB_RUN_ID", "pipeline1")  # an outer pipeline's run, to be resumed by its steps
     monkeypatch.setenv("WANDB_RESUME", "allow")
