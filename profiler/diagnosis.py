@@ -24,11 +24,19 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .loaderhost import oversubscribed, shards_fewer_than_workers, shm_fit, shm_small, start_up
+from .loaderhost import (
+    copy_on_read,
+    oversubscribed,
+    shards_fewer_than_workers,
+    shm_fit,
+    shm_small,
+    start_up,
+)
 from .oom import OutOfMemory, WorkerDeath, classify, describe, worker_death
 from .records import GpuSample, HostSample, LoaderInfo, Run, Step, is_tf
 from .stagemodel import loading, top_stage_line
 from .units import size_text
+from .waits import Waits, input_waits, stalls_warning
 
 VERDICTS = ("data-starved", "compute-bound", "memory-bound", "host-bound", "inconclusive")
 
@@ -97,6 +105,20 @@ class Thresholds:
     #: Ours: ... and for at least a third of the time they were off a core: queued that much,
     #: more cores would cut their batches by a third; less, they sleep (storage, the network)
     contended_idle_share: float = 1 / 3
+    #: Ours: a step's input wait is a stall from five times the judged steps' median wait
+    #: (a batch a few times the usual one is jitter; five times is out of the body) ...
+    stall_over_median: float = 5.0
+    #: ... and from half the median step: a shorter hiccup is not a pause anyone sees, and
+    #: with no median wait at all (workers keeping up) it is the only floor there is.
+    stall_of_step: float = 0.5
+    #: Ours: the loop waits for its tail (warning ``input-stalls``) when the stalls are at most
+    #: a quarter of the judged steps (more, and the long waits are the body, the input
+    #: share's business) ...
+    stall_steps_max: float = 0.25
+    #: ... hold at least half of the judged steps' input wait (the mean is made of them, so
+    #: a faster median would not help), and at least ``input_moderate`` of their time (the
+    #: share from which input is worth fixing at all).
+    stall_wait_share: float = 0.50
 
 
 DEFAULT_THRESHOLDS = Thresholds()
@@ -187,6 +209,7 @@ class Metrics:
     gpu_memory_peak_fraction: float | None = None
     pcie_rx_kbs: float | None = None
     headroom: Headroom | None = None  # memory at its fullest and what was left
+    waits: Waits | None = None  # the input wait per step as a distribution, and its stalls (diagnose sets it)
     loader: LoaderInfo | None = None
 
 
@@ -718,6 +741,10 @@ def diagnose(run: Run, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Diagnosis
     if near:
         d.warnings.append(("memory-near-limit", near))
     _loader_host(run, d)
+    m.waits = input_waits(run, m, thresholds)
+    stalls = stalls_warning(m, thresholds) if d.verdict != "inconclusive" else None
+    if stalls:
+        d.warnings.append(("input-stalls", stalls))
     return d
 
 
@@ -744,6 +771,9 @@ def _loader_host(run: Run, d: Diagnosis) -> None:
     shm = shm_small(run.environment, loader)
     if shm and d.cause != "shared-memory":  # a run that died of it says so in its verdict
         d.warnings.append(("shm-small", shm))
+    copied = copy_on_read(loader, run.host_samples)
+    if copied:
+        d.warnings.append(("workers-copy-on-read", copied))
 
 
 def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:

@@ -18,6 +18,7 @@ from ..jsonio import JsonWriteError, read_json, write_text_atomic
 from ..records import SCHEMA_VERSION, Environment, LoaderInfo, RecordError, Run
 from ..settings import gpu_hour_price as check_price
 from ..stagemodel import Loading, loading
+from ..waits import Waits
 from .base import RankRunOffset, Report, ReportWarning
 from .console import ConsoleRenderer
 from .jsonfile import JsonRenderer
@@ -46,7 +47,7 @@ class RunReport(Report):
 
     Each top-level key of ``to_dict()`` (what ``--json`` writes) is an attribute
     of the same name: ``verdict``, ``cause``, ``confidence``, ``summary``,
-    ``warnings``, ``evidence``, ``recommendations``, ``steps``,
+    ``warnings``, ``evidence``, ``recommendations``, ``steps``, ``waits``,
     ``data_wait_fraction``, ``data_wait_method``, ``samples``, ``memory``, ``loaders``,
     ``environment``, ``limitations``, ``exit_status``, ``duration_s``, ``cost``, ``run``.
     Objects stay objects (``recommendations[0].estimated_speedup``,
@@ -95,6 +96,12 @@ class RunReport(Report):
             "mean_s": m.step_time_mean,
             "compute_per_step_s": m.compute_per_step,
         }
+
+    @property
+    def waits(self) -> dict[str, Any] | None:
+        """The input wait per judged step as a distribution, and the steps that make its
+        tail (diagnosis.py's ``Waits``); None: no step was judged."""
+        return _waits(self.diagnosis.metrics.waits)
 
     @property
     def samples(self) -> dict[str, Any]:
@@ -181,6 +188,7 @@ class RunReport(Report):
             "evidence": [asdict(e) for e in self.evidence],
             "recommendations": [r.to_dict() for r in self.recommendations],
             "steps": self.steps,
+            "waits": self.waits,
             "data_wait_fraction": self.data_wait_fraction,
             "data_wait_method": self.data_wait_method,
             "samples": self.samples,
@@ -225,6 +233,19 @@ def _memory(h: Headroom | None, gpu_in_use: bool) -> dict[str, Any] | None:
         "swap_growth_bytes": h.swap_growth, "process_peak_bytes": h.process_peak,
         "model_state_bytes": h.model_state, "step_transient_bytes": h.step_transient,
         "near_limit": near_limit(h, gpu_in_use=gpu_in_use),
+    }
+
+
+def _waits(w: Waits | None) -> dict[str, Any] | None:
+    """The input waits (``Waits``) in seconds, as the JSON report's ``waits``."""
+    if w is None:
+        return None
+    return {
+        "steps": w.steps, "p50_s": w.p50, "p95_s": w.p95, "p99_s": w.p99, "max_s": w.max, "mean_s": w.mean,
+        "stall_cut_s": w.cut, "stall_steps": w.stall_steps, "stall_s": w.stall_seconds, "tail_share": w.tail_share,
+        "stalls": [{"index": st.index, "steps": st.steps, "wait_s": st.seconds, "at": st.at} for st in w.stalls],
+        "at_epoch_start": w.at_epoch_start, "epoch_start_s": w.epoch_start_seconds, "period_steps": w.period,
+        "first_batch_s": w.first_batch, "gc_in_waits_s": w.gc_in_waits,
     }
 
 

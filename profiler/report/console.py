@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..cost import cost_line
+from ..waits import waits_line
 from .stages import stage_table
 
 if TYPE_CHECKING:
@@ -54,6 +55,8 @@ class ConsoleRenderer:
             f"{run.environment.usable_cores} usable cores",
             style="dim",
         )
+        if m.waits is not None:
+            head.append(f"\n{waits_line(m.waits)}", style="dim")
         for wid, detail in report.warnings:
             head.append(f"\nwarning [{wid}]: ", style="bold yellow")
             head.append(detail, style="yellow")

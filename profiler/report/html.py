@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..jsonio import write_text_atomic
+from ..waits import waits_line
 from . import RunReport
 from .console import MAX_GPUS_NAMED, gpu_names
 from .job import JobReport
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from ..cost import Cost
     from ..jobs.records import RankRun
     from ..stagemodel import Loading
+    from ..waits import Waits
     from . import Report
 
 #: Time slices per chart (NOTE [ Honest downsampling ]): a few hundred keep each
@@ -181,11 +183,14 @@ def _report_page(title: str, started: str, head: _Head, report: RunReport, evide
         ("steps", f"{m.steps_total:,}", f"{m.warmup_steps} warm-up, {m.steps_judged:,} judged"),
         ("input share", f"{m.data_wait_fraction:.0%}", f"timed by {run.data_wait_method or 'n/a'}"),
         ("median step", _ms(m.step_time_median), f"compute {_ms(m.compute_per_step)} a step"),
+        *_wait_figure(m.waits),
         ("GPU busy (median)", f"{m.gpu_util_median:.0f}%" if m.gpu_util_median is not None else "n/a",
          _gpu_names(run)),
         ("usable cores", str(m.usable_cores),
          f"{m.workers_seen} loader workers seen" if m.workers_seen else "no loader workers seen"),
     ]))
+    if m.waits is not None and m.waits.stall_steps:
+        out.append(f"<p class='muted'>{_e(waits_line(m.waits))}</p>")
     out.append(_cost_section(cost))
     out.append("<h2>Over time</h2>")
     out.append(_run_charts(report, buckets))
@@ -265,6 +270,13 @@ def _figures(items: list[tuple[str, str, str]]) -> str:
     cells = "".join(f"<div><span class='muted'>{_e(k)}</span><b>{_e(v)}</b><span class='muted'>{_e(note)}</span></div>"
                     for k, v, note in items)
     return f"<div class='figures'>{cells}</div>"
+
+
+def _wait_figure(w: Waits | None) -> list[tuple[str, str, str]]:
+    """The input wait's tail as one figure (the stalls' line follows the figures)."""
+    if w is None:
+        return []
+    return [("input wait p95", _ms(w.p95), f"p50 {_ms(w.p50)}, p99 {_ms(w.p99)}, max {_ms(w.max)}")]
 
 
 def _cost_section(cost: Cost) -> str:

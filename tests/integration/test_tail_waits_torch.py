@@ -1,0 +1,54 @@
+"""A real PyTorch loop whose loader stalls now and then: the stalls located and warned of."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from loadprof import Profile
+from tests import torch_loops as loops
+
+pytestmark = pytest.mark.slow
+
+STALL = 0.2
+
+
+class EveryTenthSlow(Dataset):
+    """In-memory samples; items 5, 15, 25, ... wait ``STALL`` seconds, as a read that
+    misses a cache now and then."""
+
+    def __init__(self, n: int) -> None:
+        self.x, self.y = torch.randn(n, 32), torch.randint(0, 4, (n,))
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int):
+        if i % 10 == 5:
+            time.sleep(STALL)
+        return self.x[i], self.y[i]
+
+
+def test_a_slow_batch_in_ten_is_located_with_its_period_and_warned_of():
+    loader = DataLoader(EveryTenthSlow(100), batch_size=1, num_workers=0)
+    model = loops.small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    with Profile(interval=0.05, print_report=False) as prof:
+        for x, y in loader:
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            time.sleep(0.01)  # the model's time: the stalls' floor is half a step, above a busy host's jitter
+            opt.step()
+    report = prof.report
+    waits = report.waits
+    assert waits is not None and waits["steps"] == 95  # 100 steps, 5 warm-up
+    assert sorted(st["index"] for st in waits["stalls"]) == list(range(5, 100, 10))
+    assert all(st["wait_s"] >= STALL for st in waits["stalls"])
+    assert waits["period_steps"] == 10.0 and waits["max_s"] >= STALL > waits["p50_s"]
+    detail = dict((w.id, w.detail) for w in report.warnings).get("input-stalls")
+    assert detail is not None and "every 10 steps" in detail
+    assert "num_workers=0 makes each batch only when the loop asks for it" in detail
