@@ -1,5 +1,6 @@
 """Pure: a loader against its host: shards for its workers, its workers' start each
-epoch, its processes against the node's cores, its batches in flight against /dev/shm.
+epoch, its processes against the node's cores, its batches in flight against /dev/shm,
+its workers' own memory.
 
 No I/O: the figures were measured by instrument/loaderfacts.py (NOTE [ Loader
 start-up and shards ]) and read at the start by samplers/node.py and
@@ -11,9 +12,10 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .records import Environment, LoaderInfo
+from .records import Environment, HostSample, LoaderInfo
 from .units import size_text
 
 #: Ours: an epoch restart is worth fixing once the waits it adds reach 1% of the time in steps.
@@ -172,3 +174,48 @@ def shm_small(env: Environment, loader: LoaderInfo | None) -> str | None:
     return (f"{fit.line()}: a worker that finds it full dies (bus error, or 'No space left on device'). "
             f"Give the container more (docker run --shm-size={fit.suggested}g, or --ipc=host), or share "
             "through files: torch.multiprocessing.set_sharing_strategy('file_system')")
+
+
+#: A worker's own memory (USS) beyond what it makes, from which its copies of the training
+#: process's pages are worth a warning: a worker of a small dataset held 12 MiB on the 2-core
+#: VM (interpreter and torch pages it wrote after the fork); one over a 1.5-million-tuple
+#: index 86 MiB after 800 batches, its pages copied as it read the index.
+COPIED_PER_WORKER = 64 * 2**20
+#: What a worker is allowed beyond its batches in flight before the excess counts as copies.
+WORKER_OWN = 32 * 2**20
+
+
+def copy_on_read(loader: LoaderInfo | None, samples: Sequence[HostSample]) -> str | None:
+    """The ``workers-copy-on-read`` warning: loader workers holding memory of their own far
+    beyond the batches they make, measured as each worker's unique set size (USS): the
+    pages of the training process's Python objects that the fork shared, copied one by one
+    as the worker touched them (reference counts and the garbage collector write into
+    every object it reads), or, under spawn, unpickled whole. With the memory it saves,
+    and the fix."""
+    if loader is None or not loader.num_workers:
+        return None
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for h in samples:
+        for pid, uss in zip(h.worker_pids, h.worker_uss, strict=False):
+            first.setdefault(pid, uss)
+            last[pid] = uss
+    if not last:
+        return None
+    batch = (loader.sample_nbytes or 0) * (loader.batch_size or 1) * (loader.prefetch_factor or 2)
+    allowed = WORKER_OWN + batch
+    copied = {pid: uss - allowed for pid, uss in last.items() if uss - allowed >= COPIED_PER_WORKER}
+    if not copied or (len(last) > 1 and len(copied) * 2 <= len(last)):
+        return None  # not most workers: one large batch, or another loader's, not the dataset's pages
+    peak = sorted((last[p] for p in copied), reverse=True)
+    grew = max(last[p] - first[p] for p in copied)
+    total = sum(copied.values())
+    shown = ", ".join(size_text(u) for u in peak[:4]) + (f" and {len(peak) - 4} more" if len(peak) > 4 else "")
+    return (f"{len(copied)} of {len(last)} loader workers hold {shown} of their own (USS), "
+            f"{size_text(total)} more than their batches need"
+            + (f"; it grew by up to {size_text(grew)} a worker during the run" if grew >= 2**20 else "")
+            + ": the dataset's Python objects (lists, dicts, tuples of an index) copied into each worker "
+            "(after a fork, page by page as it reads them: reference counts and the garbage collector "
+            "write into every object; under spawn, whole, unpickled). Hold the index as NumPy arrays or "
+            "in one buffer (strings in an Arrow array), call gc.freeze() before the loader starts its "
+            f"workers (fork), or use fewer workers: about {size_text(total)} saved")

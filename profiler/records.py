@@ -118,6 +118,9 @@ class HostSample:
     #: same workers may share one ``worker_pids`` list (memory): treat it as read-only.
     worker_pids: list[int] = field(default_factory=list)
     worker_cpu: list[float] = field(default_factory=list)
+    #: each worker's unique set size (bytes: its private pages, those it copied on write
+    #: included) at the last PSS read, in ``worker_pids``' order; empty where not read
+    worker_uss: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)  # one per training step, made on the step's path: keep it cheap
@@ -498,6 +501,17 @@ def check_run(run: Run) -> None:
     for i, h in enumerate(run.host_samples):
         if h.worker_pids or h.worker_cpu:
             check_workers(h.worker_pids, h.worker_cpu, f"run.host_samples[{i}]")
+        if h.worker_uss:
+            check_uss(h.worker_pids, h.worker_uss, f"run.host_samples[{i}]")
+
+
+def check_uss(pids: Sequence[int], uss: Sequence[int], where: str) -> None:
+    """One reading's per-worker USS: none or one a worker, none negative."""
+    if len(uss) != len(pids):
+        raise RecordError(f"{where}.worker_uss: {len(uss)} values for {len(pids)} worker_pids")
+    for j, u in enumerate(uss):
+        if u < 0:
+            raise RecordError(f"{where}.worker_uss[{j}]: negative ({u})")
 
 
 def check_workers(pids: Sequence[int], cpu: Sequence[float], where: str) -> None:

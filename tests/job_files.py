@@ -24,7 +24,7 @@ def small_rank(rank: int, world: int, cores: int = 8, workers: int = 2) -> RankR
     hosts = [HostSample(t=0.1 * k, cpu_per_core=[50.0] * cores, process_cpu=95.0, children_cpu=40.0 * workers,
                         n_children=workers, process_rss=2**30, memory_available=2**34, window=0.1,
                         process_run_delay=0.01, worker_pids=[100 + w for w in range(workers)],
-                        worker_cpu=[40.0] * workers) for k in range(2)]
+                        worker_cpu=[40.0] * workers, worker_uss=[2**20] * workers) for k in range(2)]
     gpus = [GpuSample(t=0.1 * k, index=0, util_gpu=50.0, memory_used=2**30, memory_total=2**34) for k in range(2)]
     env = Environment(hostname=f"node{rank // 8}", usable_cores=cores, logical_cores=cores, memory_total=2**36)
     run = Run(started_at=1e9, duration=0.15, environment=env, steps=steps, host_samples=hosts, gpu_samples=gpus,

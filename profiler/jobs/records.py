@@ -22,6 +22,7 @@ from ..records import (
     Run,
     Step,
     check_run,
+    check_uss,
     check_workers,
     describe_value,
     field_types,
@@ -477,6 +478,13 @@ def _check_worker_columns(arrays: dict[str, Any], where: str) -> None:
     import numpy as np
 
     (n_pids, pids), (n_cpu, cpu) = arrays["host_samples.worker_pids"], arrays["host_samples.worker_cpu"]
+    n_uss, uss = arrays["host_samples.worker_uss"]
+    if ((n_uss != 0) & (n_uss != n_pids)).any() or (uss < 0).any():
+        i = int(np.argmax((n_uss != 0) & (n_uss != n_pids))) if ((n_uss != 0) & (n_uss != n_pids)).any() else \
+            int(np.searchsorted(n_uss.cumsum(), int(np.argmax(uss < 0)), side="right"))
+        ends = n_uss.cumsum()
+        check_uss(pids[n_pids.cumsum()[i] - n_pids[i]:n_pids.cumsum()[i]].tolist(),
+                  uss[ends[i] - n_uss[i]:ends[i]].tolist(), f"{where}[{i}]")
     bad_values = (pids <= 0) | (cpu < 0) if len(pids) == len(cpu) else np.ones(max(len(pids), len(cpu)), bool)
     if not (n_pids != n_cpu).any() and not bad_values.any():
         if not len(pids):

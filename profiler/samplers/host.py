@@ -137,6 +137,8 @@ class HostSource:
         #: process PSS, workers' PSS summed, the kernel's OOM kills so far, bytes left
         #: under the process's own memory limit (None: unreadable or no limit)
         self._memory: tuple[int | None, int | None, int | None, int | None] = (None, None, None, None)
+        self._uss: dict[int, int] = {}  # each worker's USS at the last PSS read
+        self._worker_uss: list[int] = []  # the last reading's, shared while it stands (memory)
         self._next_pss = 0.0  # time.monotonic() from which PSS is read again (PSS_BUDGET)
 
     # -- lifecycle -----------------------------------------------------------
@@ -222,6 +224,7 @@ class HostSource:
             self._memory = self._read_memory(pss=self._n > 1 and now >= self._next_pss)
         s.memory_percent, s.memory_available, s.swap_used, s.disk_read_bps = self._slow
         s.process_pss, s.children_pss, s.oom_kills, s.memory_limit_left = self._memory
+        s.worker_uss = self._uss_of(s.worker_pids)
         s.profiler_cpu = self._excluded_cpu(dt)
         self._last_wall = now
         return s
@@ -410,6 +413,15 @@ class HostSource:
         except GONE:
             return None
 
+    def _uss_of(self, pids: list[int]) -> list[int]:
+        """Each worker's USS at the last PSS read, in ``pids``' order; [] until every one was read."""
+        if not pids or any(p not in self._uss for p in pids):
+            return []
+        uss = [self._uss[p] for p in pids]
+        if uss != self._worker_uss:
+            self._worker_uss = uss
+        return self._worker_uss
+
     def _read_memory(self, pss: bool = True) -> tuple[int | None, int | None, int | None, int | None]:
         """PSS of the process and of its workers together (None when ``pss`` is False), and
         the kernel's count of OOM kills so far (Linux). PSS shares each page among the
@@ -420,7 +432,7 @@ class HostSource:
             return (*self._memory[:2], vmstat_oom_kills(self._vmstat_file), self._limit_left())
         began = time.thread_time()
         pids = sorted(self._pids or ())
-        read: dict[int, int | None] = {}
+        read: dict[int, tuple[int, int] | None] = {}
         for pid in pids:
             file = self._pss_files.get(pid)
             if file is None:
@@ -430,9 +442,10 @@ class HostSource:
             self._pss_files.pop(pid).close()  # a worker gone
         cost = time.thread_time() - began
         self._next_pss = time.monotonic() + min(PSS_MAX_PERIOD, cost / PSS_BUDGET)
-        own = read.get(self.pid)
+        own = read[self.pid][0] if read.get(self.pid) is not None else None  # type: ignore[index]
         workers = [v for p, v in read.items() if p != self.pid]
-        children = None if any(v is None for v in workers) else sum(v for v in workers if v is not None)
+        children = None if any(v is None for v in workers) else sum(v[0] for v in workers if v is not None)
+        self._uss = {p: v[1] for p, v in read.items() if p != self.pid and v is not None}
         return own, children, vmstat_oom_kills(self._vmstat_file), self._limit_left()
 
     def _excluded_cpu(self, dt: float) -> float:

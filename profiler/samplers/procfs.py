@@ -238,15 +238,21 @@ def linux_descendants(proc_root: Path, pid: int) -> list[int] | None:
     return found
 
 
-def read_pss(file: ProcFile) -> int | None:
-    """Proportional set size in bytes from /proc/PID/smaps_rollup (Linux 4.14+), or None."""
+def read_pss(file: ProcFile) -> tuple[int, int] | None:
+    """Proportional and unique set sizes in bytes from /proc/PID/smaps_rollup (Linux
+    4.14+), or None. USS is the private pages, clean and dirty: what the process alone
+    holds (a forked worker's pages it copied on write, say)."""
     try:
         data = file.read()
-        at = data.index(b"\nPss:")
-        return int(data[at + 5:].split(None, 1)[0]) * 1024  # kB
+        return _kib(data, b"\nPss:"), _kib(data, b"\nPrivate_Clean:") + _kib(data, b"\nPrivate_Dirty:")
     except (OSError, ValueError, IndexError):
         file.close()
         return None
+
+
+def _kib(data: bytes, key: bytes) -> int:
+    at = data.index(key)
+    return int(data[at + len(key):].split(None, 1)[0]) * 1024
 
 
 def vmstat_oom_kills(file: ProcFile) -> int | None:

@@ -15,8 +15,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from loadprof import Profile
@@ -303,3 +305,47 @@ def test_a_worker_killed_by_sigbus_is_named_even_when_torch_says_only_that_it_ex
             model(x).sum().backward()
     assert (prof.report.verdict, prof.report.cause) == ("memory-bound", "shared-memory")
     assert "killed by SIGBUS" in prof.report.summary
+
+
+class Indexed(Dataset):
+    """Items named by an index of 1.5 million entries: Python tuples and lists, or NumPy."""
+
+    def __init__(self, python: bool) -> None:
+        n = 1_500_000
+        self.index = [(f"img{i}.png", i, [i, i + 1]) for i in range(n)] if python else np.arange(n)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int):
+        entry = self.index[i]
+        return torch.ones(8), int(entry[1] if isinstance(entry, tuple) else entry) % 2
+
+
+@pytest.mark.parametrize("python", [True, False])
+def test_workers_that_copy_a_python_index_are_warned_with_the_memory_a_numpy_one_saves(
+        python: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loadprof.samplers import host
+
+    monkeypatch.setattr(host, "PSS_BUDGET", 1e9)  # USS read at every slow reading, not every 5 s
+    loader = DataLoader(Indexed(python), batch_size=256, shuffle=True, num_workers=2, persistent_workers=True)
+    net = nn.Linear(8, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    with Profile(print_report=False, gpu=False, interval=0.05, host_helper=False) as prof:
+        for _ in range(2):
+            for i, (x, y) in enumerate(loader):
+                opt.zero_grad()
+                nn.functional.cross_entropy(net(x), y).backward()
+                opt.step()
+                if i == 300:
+                    break
+    uss = [u for h in prof.run.host_samples for u in h.worker_uss]
+    assert uss, "no worker USS was read"
+    warned = dict(prof.report.diagnosis.warnings).get("workers-copy-on-read")
+    del loader  # its persistent workers end with it, not in the next test
+    if python:
+        assert warned is not None and "2 of 2 loader workers hold" in warned and "NumPy arrays" in warned
+        assert max(uss) >= 64 * 2**20
+    else:
+        assert warned is None, warned
+        assert max(uss) < 64 * 2**20

@@ -441,3 +441,17 @@ def test_a_tf_pipeline_whose_free_cores_are_held_by_others_is_contended_not_shor
         h.cpu_per_core, h.window = [98.0, 98.0], 0.1  # the other core is another process's
     d = diagnose(run)
     assert d.cause == "host-contended" and "cores are idle" not in d.summary
+
+
+def test_workers_holding_copies_of_the_dataset_are_warned_and_one_large_worker_is_not():
+    run = make_run(n=40, wait=0.0, workers=2)
+    MiB = 2**20
+    for i, h in enumerate(run.host_samples):
+        h.worker_pids, h.worker_cpu = [101, 102], [10.0, 10.0]
+        h.worker_uss = [80 * MiB + i * MiB, 100 * MiB]  # beyond 32 MiB of their own and 12 KiB x 32 x 2 of batches
+    warned = dict(diagnose(run).warnings)["workers-copy-on-read"]
+    assert warned.startswith("2 of 2 loader workers hold")
+    assert "NumPy arrays" in warned and "gc.freeze()" in warned
+    for h in run.host_samples:
+        h.worker_uss = [200 * MiB, 20 * MiB]  # one worker's batch: not most workers
+    assert "workers-copy-on-read" not in dict(diagnose(run).warnings)

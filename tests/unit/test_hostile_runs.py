@@ -180,9 +180,8 @@ def test_a_job_of_many_stragglers_labels_the_worst_two_dozen_on_the_heatmap() ->
     assert len(re.findall(r"rank \d+ is a straggler", page)) == 60  # the list above names every one
 
 
-def test_a_job_file_whose_rank_names_a_gpu_no_driver_has_is_one_line(tmp_path: Path,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    # a rank's readings travel as columns, checked an array at a time, not through check_run
+def _job_with_column(tmp_path: Path, column: str, at: int, value: int) -> Path:
+    """A job file whose rank 1 has ``value`` at row ``at`` of one of its columns."""
     import base64
     import zlib
 
@@ -195,15 +194,26 @@ def test_a_job_file_whose_rank_names_a_gpu_no_driver_has_is_one_line(tmp_path: P
     raw = bytearray(zlib.decompress(base64.b64decode(held["data"])))
     offset = 0
     for name, count in held["layout"]:
-        if name == "gpu_samples.index":
-            raw[offset + 8:offset + 16] = np.array([20000], "<i8").tobytes()  # its second reading
+        if name == column:
+            raw[offset + 8 * at:offset + 8 * at + 8] = np.array([value], "<i8").tobytes()
         offset += 8 * count
     held["data"] = base64.b64encode(zlib.compress(bytes(raw))).decode("ascii")
     path = tmp_path / "job.json"
     path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("column, at, value, said", [
+    ("gpu_samples.index", 1, 20000, "[1].index: expected a GPU index from 0 to 63, got 20000"),
+    ("host_samples.worker_uss.values", 2, -5, "[1].worker_uss[0]: negative (-5)"),
+])
+def test_a_job_file_whose_rank_columns_break_what_a_saved_run_holds_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], column: str, at: int, value: int, said: str) -> None:
+    # a rank's readings travel as columns, checked an array at a time, not through check_run
+    path = _job_with_column(tmp_path, column, at, value)
     assert main(["report", str(path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"loadprof: error: {path}: ") and "[1].index: expected a GPU index from 0 to 63, got 20000" in err
+    assert err.startswith(f"loadprof: error: {path}: ") and said in err, err
 
 
 def _others(entries: list[dict[str, Any]]) -> Any:
@@ -225,3 +235,13 @@ def test_a_saved_run_naming_other_processes_beyond_what_loadprof_writes_is_one_l
     path = _saved(tmp_path, edit)
     assert main(["report", str(path)]) == 2
     assert capsys.readouterr().err.strip() == f"loadprof: error: {path}: {message}"
+
+
+def test_a_saved_run_whose_worker_memory_does_not_match_its_workers_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def edit(run: dict[str, Any]) -> None:
+        run["host_samples"][0].update(worker_pids=[10, 11], worker_cpu=[1.0, 1.0], worker_uss=[5])
+    path = _saved(tmp_path, edit)
+    assert main(["report", str(path)]) == 2
+    assert capsys.readouterr().err.strip() == (f"loadprof: error: {path}: run.host_samples[0].worker_uss: "
+                                               "1 values for 2 worker_pids")
