@@ -254,7 +254,7 @@ class Profile:
         self._watch = FrameworkWatch(self._make_hooks, on_error=self.run.limitations.append)
         self._guard("framework hooks could not be installed: no steps seen", self._watch.start)
         self._trackers = self._guard("TensorBoard writers are not watched", Trackers(
-            parse_log_to(self.settings.log_to), self.run.started_at).start)
+            parse_log_to(self.settings.log_to), self.run.started_at, self._report_so_far).start)
         if self._applier is not None:  # after the watch: NOTE [ Import watch order ] in fixes/applier.py
             self._applier.start(self._snapshot)
         # NOTE [ Garbage collection in a wait ] in timeline.py; NOTE [ Signals during a collection ] in signals.py
@@ -368,6 +368,20 @@ class Profile:
         return Run(environment=dataclasses.replace(self.run.environment),
                    steps=[dataclasses.replace(step) for step in self._timeline.steps],
                    host_samples=list(self._sampler.host_samples) if self._sampler else [])
+
+    def _report_so_far(self) -> Any:
+        """The report of the run until now (a W&B run the script ends while profiled gets it:
+        NOTE [ Logging into the script's own run ] in trackers/__init__.py)."""
+        from .report import build_report
+
+        assert self._timeline is not None
+        sampler = self._sampler
+        run = dataclasses.replace(
+            self.run, steps=list(self._timeline.steps), data_wait_method=self._timeline.method(),
+            duration=time.perf_counter() - self._t0,
+            host_samples=list(sampler.host_samples) if sampler else [],
+            gpu_samples=list(sampler.gpu_samples) if sampler else [])
+        return build_report(run, self.settings.gpu_hour_price)
 
     def _start_sampler(self) -> None:
         assert self._timeline is not None and self._nvml is not None

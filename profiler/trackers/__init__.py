@@ -16,6 +16,9 @@ tracker keeps text, and the JSON report as an artifact.
 - Only rank 0 of a job logs (``RANK``; the job's rank where loadprof joined one), once:
   the job's report where the ranks' reports were merged (its cost summed over the
   ranks' GPUs), else its own.
+- A W&B run the script ends while profiled (most do: W&B's quickstart ends with
+  ``run.finish()``) would take nothing at the end: as the script ends it, before its
+  ``finish()`` goes on, it gets the report of the run so far (``report_so_far``).
 - It runs at the end, after the report is written and printed, each tracker in its
   own guard: a tracker missing, offline or failing costs one warning line (a run that
   cannot be read is not started over it), never the training run (NOTE [ Never break
@@ -48,28 +51,72 @@ PACKAGES = {"wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard (o
 
 
 class Trackers:
-    """What one Profile logs to: the writer watch while it runs, the logging at its end."""
+    """What one Profile logs to: the writer watch while it runs, the logging at its end.
 
-    def __init__(self, log_to: dict[str, str | None], started_at: float) -> None:
+    ``report_so_far`` makes the report of the run until now: a W&B run the script ends
+    while profiled gets that, as it ends (NOTE [ Logging into the script's own run ])."""
+
+    def __init__(self, log_to: dict[str, str | None], started_at: float,
+                 report_so_far: Callable[[], Any] | None = None) -> None:
         self.log_to = dict(log_to)
         self.started_at = started_at
+        self.report_so_far = report_so_far
         self._watch: MethodWatch | None = None
         self._runs: MethodWatch | None = None
+        self._finishing: MethodWatch | None = None
+        self._pid = os.getpid()
+        self._early: list[str] = []  # runs logged as the script ended them
+        self._early_problems: list[str] = []  # their warnings, said at the end with the rest
+        self._ended: set[int] = set()  # ids of the runs seen ending (a run finished twice)
 
     def start(self) -> Trackers:
         self._watch = tb_writer.watch().start()
         self._runs = mlflow_run.watch().start()
+        if self.report_so_far is not None:
+            self._finishing = wandb_run.finishing(self._on_wandb_finish).start()
         return self
 
     def stop(self) -> list[str]:
         """Unwrap the watches; lines for ``Run.limitations`` where a wrap had to stay."""
-        watch, self._watch = self._watch, None
-        runs, self._runs = self._runs, None
-        return (watch.stop() if watch is not None else []) + (runs.stop() if runs is not None else [])
+        watches = (self._watch, self._runs, self._finishing)
+        self._watch = self._runs = self._finishing = None
+        return [line for w in watches if w is not None for line in w.stop()]
+
+    def _on_wandb_finish(self, run: Any) -> None:
+        """The script ends a W&B run while profiled: log the report so far into it first.
+        Never raises: the script's finish() goes on whatever happens here."""
+        if os.getpid() != self._pid or id(run) in self._ended or getattr(run, "_is_finished", False):
+            return
+        self._ended.add(id(run))
+        try:
+            if int(os.environ.get("RANK", "0") or 0) != 0:  # only rank 0 logs, as at the end
+                return
+        except ValueError:
+            pass
+        try:
+            assert self.report_so_far is not None
+            report = self.report_so_far()
+            numbers, texts = summary_fields(report)
+            with tempfile.TemporaryDirectory(prefix="loadprof-") as folder:
+                from ..report import write_json
+
+                artifact = os.path.join(folder, "loadprof-report.json")
+                write_json(report, artifact)
+                label = wandb_run.log(run, numbers, texts, artifact, markdown(report), logged_step(report),
+                                      note=lambda line: None, warn=self._early_problems.append)
+            self._early.append(f"{label} (as the script ended it)")
+        except Exception as err:  # NOTE [ Never break the run ]: its finish() still runs
+            self._early_problems.append(f"{wandb_run.label}: summary not logged as the script ended its run "
+                                        f"({type(err).__name__}: {_line(err)})")
 
     def log(self, report: Any, *, rank: int, note: Callable[[str], None],
             warn: Callable[[str], None]) -> list[str]:
         """Log ``report`` into each tracker's run; what it logged to, one entry each. Never raises."""
+        early, problems = list(self._early), list(self._early_problems)
+        self._early.clear()
+        self._early_problems.clear()
+        for line in problems:
+            warn(line)
         if rank != 0:
             return []
         try:
@@ -79,7 +126,7 @@ class Trackers:
         except Exception as err:  # NOTE [ Never break the run ]
             warn(f"trackers: the summary could not be made ({type(err).__name__}: {err})")
             return []
-        done: list[str] = []
+        done: list[str] = early
         with tempfile.TemporaryDirectory(prefix="loadprof-") as folder:
             artifact = os.path.join(folder, "loadprof-report.json")
 

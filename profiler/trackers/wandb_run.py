@@ -20,10 +20,21 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .watch import MethodWatch
+
 label = "W&B"
+#: where ``Run`` (and so ``run.finish``, which ``wandb.finish()`` calls) is defined
+MODULE = "wandb.sdk.wandb_run"
 #: seconds loadprof's own run waits for W&B's server to answer (W&B's default: 90; a lower
 #: WANDB_INIT_TIMEOUT of the script's kept)
 INIT_TIMEOUT_S = 15.0
+
+
+def finishing(on_finish: Callable[[Any], None]) -> MethodWatch:
+    """Calls ``on_finish(run)`` as the script ends a run while profiled, before it ends:
+    most scripts finish their run (W&B's quickstart does), and a finished run takes
+    nothing more."""
+    return MethodWatch("W&B finish watch", [MODULE], "Run", "finish", lambda run, _: on_finish(run), before=True)
 
 
 def active(since: float) -> list[Any]:

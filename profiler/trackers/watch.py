@@ -20,13 +20,14 @@ from ..patch import Patches
 
 class MethodWatch:
     """Calls ``noted(obj, result)`` after each ``obj.<method>(...)`` of the class named
-    ``attr`` in each of ``modules``, between ``start()`` and ``stop()``."""
+    ``attr`` in each of ``modules``, between ``start()`` and ``stop()``; with ``before``,
+    ``noted(obj, None)`` before the call instead (what it ends is still there)."""
 
     def __init__(self, name: str, modules: Sequence[str], attr: str, method: str,
-                 noted: Callable[[Any, Any], None]) -> None:
+                 noted: Callable[[Any, Any], None], before: bool = False) -> None:
         self._patches = Patches(name)
         self._modules = tuple(modules)
-        self._attr, self._method, self._noted = attr, method, noted
+        self._attr, self._method, self._noted, self._before = attr, method, noted, before
         self._finder: ImportWatch | None = None
         self._on = False
 
@@ -49,8 +50,10 @@ class MethodWatch:
         def make(inner: Any) -> Any:
             @functools.wraps(inner)
             def call(obj: Any, *args: Any, **kwargs: Any) -> Any:
+                if watch._before and watch._on:
+                    watch._noted(obj, None)
                 result = inner(obj, *args, **kwargs)
-                if watch._on:  # inert once the watch stopped (NOTE [ One patcher ])
+                if not watch._before and watch._on:  # inert once the watch stopped (NOTE [ One patcher ])
                     watch._noted(obj, result)
                 return result
 

@@ -408,3 +408,19 @@ def test_lightnings_mlflow_and_tensorboard_loggers_get_the_summary_in_their_own_
     assert acc.Scalars("loadprof/steps")[-1].value == 24
     assert _text(acc, "loadprof/verdict") == report["verdict"]
     assert json.loads((Path(logdir) / "loadprof-report.json").read_text())["verdict"] == report["verdict"]
+
+
+def test_a_wandb_run_the_script_finishes_while_profiled_gets_the_report_so_far(wandb, tmp_path, capsys):
+    # W&B's quickstart: init, train, run.finish(), all inside the profiled script
+    with quiet() as prof:
+        run = wandb.init(project="t")
+        loop(prof)
+        run.finish()
+        wandb.finish()  # a second end of the same run: logged once
+    wandb.teardown()
+    summary, artifacts, runs = _wandb_summary(tmp_path)
+    assert len(runs) == 1
+    assert summary["loadprof/verdict"] == prof.report.verdict  # the steps were all taken before finish()
+    assert summary["loadprof/steps"] == prof.report.steps["count"]
+    assert artifacts == ["loadprof-report"]
+    assert f"summary logged to W&B run {run.id} (as the script ended it)" in capsys.readouterr().err
