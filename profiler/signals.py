@@ -154,14 +154,12 @@ class HeldSignals:
         if threading.current_thread() is not threading.main_thread():
             return self
         for signum in self.SIGNALS:
+            if signal.getsignal(signum) is None:
+                continue  # a handler not set from Python: once replaced it could not be put back
             try:
-                previous = signal.signal(signum, self._on_signal)
+                self._previous[signum] = signal.signal(signum, self._on_signal)
             except (ValueError, OSError):
                 continue
-            if previous is not None:  # None: a handler not set from Python, which cannot be put back
-                self._previous[signum] = previous
-            else:
-                signal.signal(signum, signal.SIG_DFL)
         return self
 
     def release(self) -> None:
