@@ -424,3 +424,33 @@ def test_a_wandb_run_the_script_finishes_while_profiled_gets_the_report_so_far(w
     assert summary["loadprof/steps"] == prof.report.steps["count"]
     assert artifacts == ["loadprof-report"]
     assert f"summary logged to W&B run {run.id} (as the script ended it)" in capsys.readouterr().err
+
+
+LIGHTNING_WANDB = LIGHTNING_SCRIPT.replace(
+    "mlf = MLFlowLogger(experiment_name=\"lit\", tracking_uri={uri!r})\ntb = TensorBoardLogger({tb!r}, name=\"lit\")\n",
+    "import wandb\nfrom lightning.pytorch.loggers import WandbLogger\nwb = WandbLogger(project=\"lit\", offline=True)\n",
+).replace("logger=[mlf, tb]", "logger=wb").replace(
+    "print(\"LOGGERS\", mlf.run_id, tb.log_dir, file=sys.stderr)",
+    "print(\"LOGGERS\", wb.experiment.id, file=sys.stderr)\nwandb.finish()  # as W&B's examples end")
+
+
+@pytest.mark.slow
+def test_lightnings_wandb_logger_gets_the_summary_though_the_script_finishes_its_run(tmp_path):
+    pytest.importorskip("lightning")
+    pytest.importorskip("wandb")
+    script = tmp_path / "train.py"
+    script.write_text(LIGHTNING_WANDB)
+    assert "WandbLogger" in LIGHTNING_WANDB and "MLFlowLogger(" not in LIGHTNING_WANDB
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path),
+           "WANDB_SILENT": "true", "WANDB_CONSOLE": "off"}
+    proc = subprocess.run([sys.executable, "-m", "loadprof", "diagnose", "--no-gpu", "--json", "r.json",
+                           str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_id = next(line.split()[1] for line in proc.stderr.splitlines() if line.startswith("LOGGERS "))
+    assert f"summary logged to W&B run {run_id} (as the script ended it)" in proc.stderr
+    summary, artifacts, runs = _wandb_summary(tmp_path)
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert len(runs) == 1 and run_id in runs[0].name  # the logger's run, no second one of ours
+    assert "train_loss" in summary  # the script's own metrics, in the same run
+    assert summary["loadprof/verdict"] == report["verdict"] and summary["loadprof/steps"] == 24
+    assert artifacts == ["loadprof-report"]
