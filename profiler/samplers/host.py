@@ -176,8 +176,10 @@ class HostSource:
             self._close_child(pid)
 
     # -- readings ------------------------------------------------------------
-    def sample(self, t: float) -> HostSample:
-        """One reading since the previous one (or since ``start()``). Never raises."""
+    def sample(self, t: float, final: bool = False) -> HostSample:
+        """One reading since the previous one (or since ``start()``). Never raises. The
+        ``final`` one, at the run's end, reads memory and PSS whatever their cadence: what
+        the workers copied by then (a run of seconds may have had one PSS read, early)."""
         if not self._started:
             self.start()
         now = time.monotonic()
@@ -200,7 +202,7 @@ class HostSource:
          s.process_run_delay, s.children_run_delay, s.worker_pids, s.worker_cpu) = self._read_tree(
             now, dt, relist=self._n % TREE_EVERY == 0 or self._n == 1)
 
-        if self._n % SLOW_EVERY == SLOW_EVERY // 2 or self._n == 1:
+        if self._n % SLOW_EVERY == SLOW_EVERY // 2 or self._n == 1 or final:
             mem_percent, available, swap, disk_bps = self._slow
             memory = proc_meminfo(self._meminfo_file)
             if memory is not None:
@@ -221,7 +223,7 @@ class HostSource:
             self._last_slow_wall = now
             self._slow = (mem_percent, available, swap, disk_bps)
             # not in the first reading, which Profile's entry waits for (PSS_BUDGET)
-            self._memory = self._read_memory(pss=self._n > 1 and now >= self._next_pss)
+            self._memory = self._read_memory(pss=self._n > 1 and (final or now >= self._next_pss))
         s.memory_percent, s.memory_available, s.swap_used, s.disk_read_bps = self._slow
         s.process_pss, s.children_pss, s.oom_kills, s.memory_limit_left = self._memory
         s.worker_uss = self._uss_of(s.worker_pids)

@@ -138,11 +138,11 @@ class HostProcess:
         """The last readings: the helper's final one and what it had not yet handed over,
         or one taken here. Stops the helper. Never raises."""
         if self._proc is None or self._gone:
-            return [self.fallback.sample(t)]
+            return [self.fallback.sample(t, final=True)]
         if not self._ready:
             # Still starting: its baseline would be later than ours; read here.
             self._stop_helper()
-            return [self.fallback.sample(t)]
+            return [self.fallback.sample(t, final=True)]
         self._command(b"q\n")
         got: list[HostSample] = []
         deadline = time.monotonic() + FINISH_TIMEOUT
@@ -155,7 +155,7 @@ class HostProcess:
             got.extend(self._drain())
         self._stop_helper()
         if not got:  # it timed out or died before answering: the last reading is taken here
-            got.append(self.fallback.sample(t))
+            got.append(self.fallback.sample(t, final=True))
         return got
 
     def close(self) -> None:
@@ -345,7 +345,7 @@ def _serve(pid: int, interval: float) -> int:
         if gone:
             last = True
         else:
-            sample = host.sample(now)
+            sample = host.sample(now, final=last)
             msg = {f.name: getattr(sample, f.name) for f in fields}  # flat: asdict's deep copy cost ~30 us
             msg["pids"] = sorted(host.pids())
             last = not send(msg) or last
