@@ -66,7 +66,8 @@ def add_profile_options(parser: argparse.ArgumentParser) -> None:
     add_price_option(parser)
     parser.add_argument("--log-to", metavar="TRACKERS", type=trackers,
                         help="log the summary to these trackers, starting a run where the script has none: "
-                             "wandb,mlflow,tensorboard[=DIR] (a run the script has gets it anyway)")
+                             "wandb,mlflow,tensorboard[=DIR] (a run the script has gets it anyway); otlp: "
+                             "export the figures while the job runs (OTEL_EXPORTER_OTLP_ENDPOINT, ...)")
 
 
 def trackers(text: str) -> str:

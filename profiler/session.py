@@ -580,7 +580,7 @@ class Profile:
         except ValueError:
             rank = 0
         if self._trackers is not None:
-            self._trackers.log(self._report, rank=rank, note=_note, warn=_warn)
+            self._trackers.log(self._report, rank=rank, note=_note, warn=_warn, own=self._rank_report)
 
     def _seamed(self, out: Output) -> Output:
         """An output whose rendering passes the test seam named after it ("html", ...)."""

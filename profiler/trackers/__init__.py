@@ -19,6 +19,8 @@ tracker keeps text, and the JSON report as an artifact.
 - A W&B run the script ends while profiled (most do: W&B's quickstart ends with
   ``run.finish()``) would take nothing at the end: as the script ends it, before its
   ``finish()`` goes on, it gets the report of the run so far (``report_so_far``).
+- ``otlp`` is no run: the figures are exported while the job runs (trackers/otlp.py),
+  by each process, and once more at the end, before the rank check.
 - It runs at the end, after the report is written and printed, each tracker in its
   own guard: a tracker missing, offline or failing costs one warning line (a run that
   cannot be read is not started over it), never the training run (NOTE [ Never break
@@ -68,13 +70,28 @@ class Trackers:
         self._early: list[str] = []  # runs logged as the script ended them
         self._early_problems: list[str] = []  # their warnings, said at the end with the rest
         self._ended: set[int] = set()  # ids of the runs seen ending (a run finished twice)
+        self._otlp: Any = None  # otlp.Exporter while it exports
+        self._otlp_problem = ""  # why it could not start, said at the end
 
     def start(self) -> Trackers:
         self._watch = tb_writer.watch().start()
         self._runs = mlflow_run.watch().start()
         if self.report_so_far is not None:
             self._finishing = wandb_run.finishing(self._on_wandb_finish).start()
+            if "otlp" in self.log_to:
+                self._start_otlp(self.report_so_far)
         return self
+
+    def _start_otlp(self, report_so_far: Callable[[], Any]) -> None:
+        try:
+            from .otlp import Exporter
+
+            self._otlp = Exporter(report_so_far)
+        except ImportError as err:
+            self._otlp_problem = (f"--log-to otlp: opentelemetry-sdk and opentelemetry-exporter-otlp-proto-http "
+                                  f"are not installed (pip install 'loadprof[otlp]'; {_line(err)})")
+        except Exception as err:  # NOTE [ Never break the run ]
+            self._otlp_problem = f"--log-to otlp: the exporter could not start ({type(err).__name__}: {_line(err)})"
 
     def stop(self) -> list[str]:
         """Unwrap the watches; lines for ``Run.limitations`` where a wrap had to stay."""
@@ -110,8 +127,11 @@ class Trackers:
                                         f"({type(err).__name__}: {_line(err)})")
 
     def log(self, report: Any, *, rank: int, note: Callable[[str], None],
-            warn: Callable[[str], None]) -> list[str]:
-        """Log ``report`` into each tracker's run; what it logged to, one entry each. Never raises."""
+            warn: Callable[[str], None], own: Any = None) -> list[str]:
+        """Log ``report`` into each tracker's run; what it logged to, one entry each. Never raises.
+        ``own``: this process's own report where ``report`` is its job's (the OTLP export is
+        each rank's)."""
+        self._finish_otlp(own if own is not None else report, note, warn)
         early, problems = list(self._early), list(self._early_problems)
         self._early.clear()
         self._early_problems.clear()
@@ -146,6 +166,23 @@ class Trackers:
         if done:
             note(f"summary logged to {', '.join(done)} (loadprof/* fields, loadprof-report.json)")
         return done
+
+    def _finish_otlp(self, report: Any, note: Callable[[str], None], warn: Callable[[str], None]) -> None:
+        """The OTLP export's last figures, and its end: a line either way."""
+        if self._otlp_problem:
+            warn(self._otlp_problem)
+            self._otlp_problem = ""
+        exporter, self._otlp = self._otlp, None
+        if exporter is None:
+            return
+        try:
+            problem = exporter.finish(report)
+        except Exception as err:  # NOTE [ Never break the run ]
+            problem = f"the exporter could not be shut down ({type(err).__name__}: {_line(err)})"
+        if problem:
+            warn(f"OTLP: {problem}")
+        else:
+            note(f"figures exported to OTLP {exporter.endpoint} while the job ran (loadprof.* metrics)")
 
     def _log_one(self, name: str, tracker: types.ModuleType,
                  logged: Callable[[types.ModuleType, Any], str | None], warn: Callable[[str], None]) -> list[str]:

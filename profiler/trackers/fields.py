@@ -91,13 +91,16 @@ def markdown(report: Any) -> str:
 
 #: The trackers ``log_to`` names (trackers/__init__.py maps each to its module).
 NAMES = ("wandb", "mlflow", "tensorboard")
+#: ... and the live exports: while the job runs, not into a run (trackers/otlp.py)
+LIVE = ("otlp",)
 
 
 def parse_log_to(spec: str | Iterable[str] | None) -> dict[str, str | None]:
     """``"wandb,mlflow,tensorboard=DIR"`` (or a list of those) -> {name: argument or None}.
 
-    The argument is W&B's project, MLflow's experiment, TensorBoard's log folder.
-    ValueError names what is not a tracker."""
+    The argument is W&B's project, MLflow's experiment, TensorBoard's log folder (OTLP
+    takes none: OpenTelemetry's own variables configure it). ValueError names what is
+    not a tracker."""
     if not spec:
         return {}
     items = spec.split(",") if isinstance(spec, str) else list(spec)
@@ -106,8 +109,8 @@ def parse_log_to(spec: str | Iterable[str] | None) -> dict[str, str | None]:
         name, eq, arg = item.strip().partition("=")
         if not name:
             continue
-        if name not in NAMES:
-            raise ValueError(f"log_to: expected trackers among {', '.join(NAMES)} (tensorboard=DIR), "
+        if name not in NAMES + LIVE:
+            raise ValueError(f"log_to: expected trackers among {', '.join(NAMES + LIVE)} (tensorboard=DIR), "
                              f"got {name!r}")
         out[name] = arg if eq and arg else None
     return out

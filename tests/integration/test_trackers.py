@@ -190,7 +190,7 @@ def test_log_to_names_are_checked_before_any_run(capsys):
     with pytest.raises(ValueError, match="expected trackers among wandb, mlflow, tensorboard"):
         Profile(log_to="wandb,neptune")
     assert main(["diagnose", "--log-to", "wandb,neptune", "train.py"]) == 2
-    assert "expected trackers among wandb, mlflow, tensorboard (tensorboard=DIR), got 'neptune'" in capsys.readouterr().err
+    assert "expected trackers among wandb, mlflow, tensorboard, otlp (tensorboard=DIR), got 'neptune'" in capsys.readouterr().err
 
 
 # -- TensorBoard: event files read with its own EventAccumulator ---------------------------
