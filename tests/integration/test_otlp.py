@@ -104,3 +104,29 @@ def test_an_endpoint_that_is_down_costs_one_line_and_seconds(monkeypatch, capsys
     assert len(lines) == 1 and lines[0].startswith("loadprof: warning: OTLP: ") and "failed" in lines[0], lines
     assert took < 30  # the exporter's own retries were minutes; its bound is seconds
     assert prof.report.exit_status == "ok"
+
+
+@pytest.mark.slow
+def test_each_rank_of_a_torchrun_job_exports_its_own_series_with_the_jobs_labels(receiver, tmp_path):
+    import textwrap
+
+    from tests.conftest import LOADPROF, LOOP, PREAMBLE, TORCHRUN, finish, start
+
+    script = PREAMBLE + textwrap.dedent('''
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        dist.init_process_group("gloo")
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+    ''') + LOOP
+    (tmp_path / "work.py").write_text(script)
+    proc = start([TORCHRUN, "--standalone", "--nproc-per-node=2", "--no-python", LOADPROF, "diagnose", "--no-gpu",
+                  "--log-to", "otlp", "work.py"], tmp_path, STEPS="20",
+                 OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{receiver.server_address[1]}",
+                 OTEL_METRIC_EXPORT_INTERVAL="500")
+    code, out = finish(proc)
+    assert code == 0, out[-3000:]
+    resources = [_resource(request) for _, _, request in receiver.got]
+    assert {r.get("loadprof.rank") for r in resources} == {0, 1}
+    assert len({r["loadprof.job.run_id"] for r in resources}) == 1  # one job: torchrun's run id
+    assert {r["loadprof.world_size"] for r in resources} == {2} and {r["process.command"] for r in resources} == {
+        "work.py"}
