@@ -126,6 +126,9 @@ class Exporter:
         self._next = 0.0  # time.monotonic() from which the report so far is made again
         self._final = False
         self.problems: list[str] = []
+        #: reports made for exports, and the seconds they took on the export thread (the
+        #: GIL held meanwhile: the training thread's Python waits that long)
+        self.made, self.spent = 0, 0.0
         self._quiet = _Quiet()
         for name in _LOGGERS:
             logging.getLogger(name).addFilter(self._quiet)
@@ -182,7 +185,9 @@ class Exporter:
                 note = f"the report so far could not be made ({type(err).__name__}: {err})"
                 if note not in self.problems:
                     self.problems.append(note)
-            self._next = now + COST_RATIO * (time.perf_counter() - began)
+            took = time.perf_counter() - began
+            self.made, self.spent = self.made + 1, self.spent + took
+            self._next = now + COST_RATIO * took
             return self._figures
 
     def finish(self, report: Any) -> str | None:
