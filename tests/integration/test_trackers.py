@@ -454,3 +454,63 @@ def test_lightnings_wandb_logger_gets_the_summary_though_the_script_finishes_its
     assert "train_loss" in summary  # the script's own metrics, in the same run
     assert summary["loadprof/verdict"] == report["verdict"] and summary["loadprof/steps"] == 24
     assert artifacts == ["loadprof-report"]
+
+
+HF_SCRIPT = '''
+import sys
+import torch
+from torch.utils.data import Dataset
+from transformers import Trainer, TrainingArguments
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 2)
+
+    def forward(self, x, labels=None):
+        logits = self.layer(x)
+        return {"loss": torch.nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+class Data(Dataset):
+    def __len__(self):
+        return 512
+
+    def __getitem__(self, i):
+        return {"x": torch.randn(8, generator=torch.Generator().manual_seed(i)), "labels": i % 2}
+
+
+args = TrainingArguments(output_dir="out", max_steps=24, per_device_train_batch_size=8, logging_steps=4,
+                         report_to=["wandb", "mlflow"], use_cpu=True, save_strategy="no", disable_tqdm=True,
+                         run_name="hf")
+Trainer(model=Model(), args=args, train_dataset=Data()).train()
+import mlflow, wandb
+print("LOGGERS", wandb.run.id, mlflow.last_active_run().info.run_id, file=sys.stderr)
+'''
+
+
+@pytest.mark.slow
+def test_hugging_face_trainers_wandb_and_mlflow_runs_get_the_summary(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow-skinny has no SQL store
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    mlflow = pytest.importorskip("mlflow")
+    pytest.importorskip("wandb")
+    (tmp_path / "train.py").write_text(HF_SCRIPT)
+    uri = (tmp_path / "mlruns").as_uri()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path),
+           "WANDB_SILENT": "true", "WANDB_CONSOLE": "off", "MLFLOW_TRACKING_URI": uri,
+           "MLFLOW_ALLOW_FILE_STORE": "true", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "loadprof", "diagnose", "--no-gpu", "--json", "r.json", "train.py"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    wandb_id, mlflow_id = next(line.split()[1:] for line in proc.stderr.splitlines() if line.startswith("LOGGERS "))
+    assert (f"summary logged to W&B run {wandb_id}, MLflow run {mlflow_id} "
+            "(loadprof/* fields, loadprof-report.json)") in proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    summary, artifacts, runs = _wandb_summary(tmp_path)
+    assert len(runs) == 1 and "train/loss" in summary  # the Trainer's own run and metrics
+    assert summary["loadprof/verdict"] == report["verdict"] and artifacts == ["loadprof-report"]
+    run = mlflow.MlflowClient(uri).get_run(mlflow_id)  # the Trainer's, ended by it while profiled
+    assert run.data.tags["loadprof/verdict"] == report["verdict"] and "loss" in run.data.metrics
