@@ -30,6 +30,7 @@ from .loaderhost import (
     shards_fewer_than_workers,
     shm_fit,
     shm_small,
+    slow_worker,
     start_up,
 )
 from .oom import OutOfMemory, WorkerDeath, classify, describe, worker_death
@@ -774,6 +775,9 @@ def _loader_host(run: Run, d: Diagnosis) -> None:
     copied = copy_on_read(loader, run.host_samples)
     if copied:
         d.warnings.append(("workers-copy-on-read", copied))
+    slow = slow_worker(loader)
+    if slow:
+        d.warnings.append(("slow-worker", slow))
 
 
 def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:

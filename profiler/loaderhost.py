@@ -219,3 +219,32 @@ def copy_on_read(loader: LoaderInfo | None, samples: Sequence[HostSample]) -> st
             "write into every object; under spawn, whole, unpickled). Hold the index as NumPy arrays or "
             "in one buffer (strings in an Arrow array), call gc.freeze() before the loader starts its "
             f"workers (fork), or use fewer workers: about {size_text(total)} saved")
+
+
+#: A worker is slow among its peers from twice their median time a batch, over at least
+#: this many timed batches of its own: one slow shard or file, or a core it shares.
+SLOW_WORKER_RATIO = 2.0
+SLOW_WORKER_BATCHES = 3
+
+
+def slow_worker(loader: LoaderInfo | None) -> str | None:
+    """The ``slow-worker`` warning: a loader worker whose own batches took twice its peers'
+    (its timed batches, instrument/stages.py), named with its slowest stage."""
+    if loader is None:
+        return None
+    timed = [f for f in loader.worker_fetch if f.batches >= SLOW_WORKER_BATCHES and f.seconds > 0]
+    if len(timed) < 2:
+        return None
+    per = {f.pid: f.seconds / f.batches for f in timed}
+    worst = max(timed, key=lambda f: per[f.pid])
+    others = statistics.median(per[f.pid] for f in timed if f is not worst)
+    if others <= 0 or per[worst.pid] < SLOW_WORKER_RATIO * others:
+        return None
+    where = f", most of it in {worst.top}" if worst.top else ""
+    fix = ("its shard holds slower items or files: spread them over the shards, or give the shards "
+           "equal work" if loader.iterable else
+           "a map-style loader deals indices to its workers in turn, so its items are the others' kind: "
+           "its process is slowed (a core it shares, memory it swaps) or a few of its items are slow")
+    return (f"loader worker pid {worst.pid} took {per[worst.pid] * 1000:.1f} ms a batch over {worst.batches} timed "
+            f"batches{where}, against {others * 1000:.1f} ms for the other {len(timed) - 1}: {fix}; the loop waits "
+            "for each batch in turn, so the slowest worker sets its pace")

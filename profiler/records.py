@@ -174,6 +174,16 @@ class StageTime:
 
 
 @dataclass
+class WorkerFetch:
+    """One loader worker's timed batches (instrument/stages.py): what making one took it."""
+
+    pid: int
+    batches: int  # batches it timed
+    seconds: float  # their fetches' wall time, summed
+    top: str = ""  # its slowest stage ("kind: name"), where its stages were timed
+
+
+@dataclass
 class LoaderInfo:
     """What the input pipeline is configured to do, as seen by the hooks."""
 
@@ -203,6 +213,8 @@ class LoaderInfo:
     #: what making its batches took, stage by stage (empty: not timed), over
     #: ``stage_batches`` batches whose fetches took ``stage_seconds`` in all
     stages: list[StageTime] = field(default_factory=list)
+    #: each worker's own timed batches, for a worker slower than its peers (loaderhost.py)
+    worker_fetch: list[WorkerFetch] = field(default_factory=list)
     stage_batches: int = 0
     stage_seconds: float = 0.0
     # Start-up and sharding, measured by instrument/loaderfacts.py (NOTE [ Loader start-up and shards ]).
@@ -270,6 +282,8 @@ class OtherProcess:
 
 #: Other processes a saved run may name, and the longest command it may give one.
 MAX_OTHER_PROCESSES, MAX_COMMAND_CHARS = 16, 200
+#: Workers whose timed batches a loader's record may hold (loadprof keeps 64)
+MAX_WORKERS_TIMED = 1024
 
 
 @dataclass
@@ -485,6 +499,13 @@ def check_run(run: Run) -> None:
     for i, ev in enumerate(run.evaluations):
         if ev.end < ev.start:
             raise bad(f"run.evaluations[{i}]", f"ends ({ev.end}) before it starts ({ev.start})")
+    for i, loader in enumerate(run.loaders):
+        if len(loader.worker_fetch) > MAX_WORKERS_TIMED:
+            raise bad(f"run.loaders[{i}].worker_fetch", f"{len(loader.worker_fetch)} entries, at most {MAX_WORKERS_TIMED}")
+        for j, f in enumerate(loader.worker_fetch):
+            if f.batches < 0 or f.seconds < 0 or len(f.top) > MAX_COMMAND_CHARS:
+                raise bad(f"run.loaders[{i}].worker_fetch[{j}]", "expected batches and seconds >= 0 and a stage name "
+                          f"of at most {MAX_COMMAND_CHARS} characters")
     if len(run.other_processes) > MAX_OTHER_PROCESSES:
         raise bad("run.other_processes", f"{len(run.other_processes)} entries, at most {MAX_OTHER_PROCESSES}")
     for i, other in enumerate(run.other_processes):

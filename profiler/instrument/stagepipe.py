@@ -51,7 +51,7 @@ from multiprocessing import connection, util
 from typing import Any
 
 from ..patch import Patches
-from ..records import LoaderInfo, StageTime
+from ..records import LoaderInfo, StageTime, WorkerFetch
 from . import stages
 
 #: Seconds between two sends of a worker's figures (after a batch; and at exit).
@@ -73,6 +73,8 @@ PIPE_BUF = getattr(select, "PIPE_BUF", 512)
 #: share of the user's samples one needs to be listed.
 TOP_SITES = 3
 SITE_SHARE = 0.1
+#: Workers whose own timed batches a loader's record keeps (a worker slower than its peers)
+MAX_WORKERS_KEPT = 64
 #: Fewer stack samples than this split nothing: one sample of two is a coin's toss, and a
 #: table that gave each half the time would read as one stage listed twice.
 MIN_SPLIT_SAMPLES = 10
@@ -342,9 +344,14 @@ def _fill(entry: _Loader) -> None:
     sites: dict[str, int] = {}
     where = ""
     producers: list[tuple[tuple[Any, ...] | None, dict[tuple[str, str], tuple[Any, ...]]]] = []
+    fetches: list[WorkerFetch] = []
     for p in entry.producers.values():
         producers.append((p.head, p.rows))
         where = "workers"
+        if p.head is not None and p.head[2]:
+            slowest = max(p.rows.values(), key=lambda row: row[2], default=None)
+            fetches.append(WorkerFetch(int(p.head[1]), int(p.head[2]), float(p.head[3]),
+                                       f"{slowest[0]}: {slowest[1]}" if slowest is not None else ""))
     if entry.main is not None and entry.main.batches:
         rec = entry.main
         mine: tuple[Any, ...] = ("h", 0, rec.batches, rec.fetch_wall, rec.fetch_cpu, rec.user_samples,
@@ -369,6 +376,7 @@ def _fill(entry: _Loader) -> None:
     if not batches:
         return
     info = entry.info
+    info.worker_fetch = sorted(fetches, key=lambda f: f.pid)[:MAX_WORKERS_KEPT]
     info.stage_batches = batches
     info.stage_seconds = fetch_wall
     out: list[StageTime] = []

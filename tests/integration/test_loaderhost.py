@@ -347,3 +347,32 @@ def test_workers_that_copy_a_python_index_are_warned_with_the_memory_a_numpy_one
     else:
         assert warned is None, warned
         assert max(uss) < 64 * 2**20
+
+
+class _OneSlowShard(IterableDataset):
+    """Two shards, worker 1's ten times slower a sample (a bad file on its shard)."""
+
+    def __iter__(self):
+        info = get_worker_info()
+        delay = 0.02 if info.id == 1 else 0.002
+        for i in range(info.id, 4000, info.num_workers):
+            time.sleep(delay)
+            yield torch.ones(8), i % 2
+
+
+def test_a_worker_slower_than_its_peers_is_named_with_where_its_time_went() -> None:
+    net = nn.Linear(8, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with Profile(print_report=False, gpu=False) as prof:
+        for i, (x, y) in enumerate(DataLoader(_OneSlowShard(), batch_size=8, num_workers=2)):
+            opt.zero_grad()
+            nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+            if i == 60:
+                break
+    fetch = prof.run.loaders[0].worker_fetch
+    assert len(fetch) == 2 and all(f.batches >= 3 for f in fetch)
+    slow = max(fetch, key=lambda f: f.seconds / f.batches)
+    warned = dict(prof.report.diagnosis.warnings)["slow-worker"]
+    assert warned.startswith(f"loader worker pid {slow.pid} took ") and "rest of __iter__" in warned
+    assert "spread them over the shards" in warned

@@ -455,3 +455,15 @@ def test_workers_holding_copies_of_the_dataset_are_warned_and_one_large_worker_i
     for h in run.host_samples:
         h.worker_uss = [200 * MiB, 20 * MiB]  # one worker's batch: not most workers
     assert "workers-copy-on-read" not in dict(diagnose(run).warnings)
+
+
+def test_a_worker_twice_as_slow_as_its_peers_is_warned_and_an_even_pool_is_not():
+    from loadprof.records import WorkerFetch
+
+    run = make_run(n=40, wait=0.06, workers=4, children_cpu=40.0)
+    run.loaders[0].worker_fetch = [WorkerFetch(100 + i, 10, 0.2, "decode: PIL PNG decode") for i in range(3)]
+    assert "slow-worker" not in dict(diagnose(run).warnings)
+    run.loaders[0].worker_fetch.append(WorkerFetch(200, 10, 0.5, "read: file reads"))
+    warned = dict(diagnose(run).warnings)["slow-worker"]
+    assert warned.startswith("loader worker pid 200 took 50.0 ms a batch over 10 timed batches, most of it in "
+                             "read: file reads, against 20.0 ms for the other 3")
