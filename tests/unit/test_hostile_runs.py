@@ -245,3 +245,13 @@ def test_a_saved_run_whose_worker_memory_does_not_match_its_workers_is_one_line(
     assert main(["report", str(path)]) == 2
     assert capsys.readouterr().err.strip() == (f"loadprof: error: {path}: run.host_samples[0].worker_uss: "
                                                "1 values for 2 worker_pids")
+
+
+def test_a_saved_run_whose_workers_timed_batches_are_not_loadprofs_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def edit(run: dict[str, Any]) -> None:
+        run["loaders"][0]["worker_fetch"] = [{"pid": 1, "batches": -2, "seconds": 0.1, "top": ""}]
+    path = _saved(tmp_path, edit)
+    assert main(["report", str(path)]) == 2
+    assert capsys.readouterr().err.strip() == (f"loadprof: error: {path}: run.loaders[0].worker_fetch[0]: expected "
+                                               "batches and seconds >= 0 and a stage name of at most 200 characters")
