@@ -36,6 +36,8 @@ from .loaderhost import (
 from .oom import OutOfMemory, WorkerDeath, classify, describe, worker_death
 from .records import GpuSample, HostSample, LoaderInfo, Run, Step, is_tf
 from .stagemodel import loading, top_stage_line
+from .units import percent_text as _pct
+from .units import seconds_text as _secs
 from .units import size_text
 from .waits import Waits, input_waits, stalls_warning
 
@@ -590,14 +592,6 @@ def _worker_crash(run: Run) -> str | None:
 
 
 # -- decision --------------------------------------------------------------
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
-def _secs(x: float) -> str:
-    return f"{x * 1000:.1f} ms" if x < 1 else f"{x:.2f} s"
-
-
 def _data_cause(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
     input_time = m.wait_fraction + m.h2d_fraction
     if input_time > 0 and m.h2d_fraction / input_time >= 0.5:

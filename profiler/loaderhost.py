@@ -16,14 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .records import Environment, HostSample, LoaderInfo
+from .units import seconds_text as _secs
 from .units import size_text
 
 #: Ours: an epoch restart is worth fixing once the waits it adds reach 1% of the time in steps.
 RESTART_SHARE = 0.01
-
-
-def _secs(x: float) -> str:
-    return f"{x * 1000:.1f} ms" if x < 1 else f"{x:.2f} s"
 
 
 # -- shards -------------------------------------------------------------------

@@ -14,17 +14,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .records import LoaderInfo, Run, is_tf
+from .units import percent_text as _pct
+from .units import seconds_text as _secs
 
 if TYPE_CHECKING:
     from .diagnosis import Metrics, Thresholds
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
-def _secs(x: float) -> str:
-    return f"{x * 1000:.1f} ms" if x < 1 else f"{x:.2f} s"
 
 
 @dataclass
