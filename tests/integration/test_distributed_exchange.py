@@ -85,3 +85,35 @@ def test_a_report_rank_zero_cannot_read_is_kept_by_its_rank(job_env):
     assert 1 not in got.docs and "could not be read" in got.missing[1]
     for ex in (rank0, rank1):
         ex.close()
+
+
+def test_exchange_over_a_real_store_carries_reports_offsets_and_names_a_silent_rank():
+    server = torch_dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                 timeout=timedelta(seconds=10))
+    env = {"WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.port),
+           "TORCHELASTIC_RUN_ID": f"t{time.time_ns()}", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    quick = Timeouts(connect=5.0, exchange=20.0, beat_interval=0.2, stale_after=2.0)
+    ranks = {}
+    for r in (0, 1):
+        ctx = JobContext.from_env({**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+        assert ctx is not None
+        ranks[r] = Exchange(ctx, quick, progress=lambda: 12)
+        ranks[r].start()
+    delivered: list[str | None] = []
+    sender = threading.Thread(target=lambda: delivered.append(ranks[1].deliver(b"from 1")))
+    sender.start()
+    started = time.monotonic()
+    got = ranks[0].collect()  # rank 2 never said hello: given up on after stale_after
+    sender.join(timeout=1.0)
+    assert sender.is_alive()  # delivered, it stays until rank 0's report is out ...
+    ranks[0].release()
+    sender.join(timeout=3.0)  # ... and then leaves
+    assert delivered == [None]
+    assert got.docs == {1: b"from 1"}
+    offset, rtt = got.offsets[1]
+    assert abs(offset) <= rtt / 2 + 1e-3  # one host, one clock: the offset is within its error
+    assert got.hellos[1]["local_rank"] == 1 and got.beats[1] == 12
+    assert 2 in got.missing and "never reached" in got.missing[2]
+    assert time.monotonic() - started < 20  # not the whole exchange timeout
+    for ex in ranks.values():
+        ex.close()

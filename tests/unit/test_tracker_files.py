@@ -1,5 +1,6 @@
 """What the trackers write into a script's folders, and the settings their own calls run
-under: files written and read back, the environment before, during and after."""
+under: files written and read back, the environment before, during and after. TensorBoard's
+reader imports TensorFlow: its reading of our event file is in tests/integration/test_tracker_event_file.py."""
 
 from __future__ import annotations
 
@@ -47,27 +48,6 @@ def _said() -> tuple[list[str], list[str], dict[str, object]]:
     notes: list[str] = []
     warnings: list[str] = []
     return notes, warnings, {"note": notes.append, "warn": warnings.append}
-
-
-def test_an_event_file_of_loadprofs_reads_back_as_a_summarywriters_would(tmp_path):
-    pytest.importorskip("tensorboard")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    artifact = tmp_path / "report.json"
-    artifact.write_text('{"verdict": "data-starved"}\n')
-    (tmp_path / "tb").mkdir()
-    notes, warnings, said = _said()
-    label = tb_writer.log(str(tmp_path / "tb"), {"loadprof/steps": 8.0}, {"loadprof/verdict": "data-starved"},
-                          str(artifact), "**verdict**", 8, **said)  # type: ignore[arg-type]
-    assert label == f"TensorBoard {tmp_path / 'tb'}" and notes == warnings == []
-    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0, "tensors": 0})
-    acc.Reload()
-    assert [(s.step, s.value) for s in acc.Scalars("loadprof/steps")] == [(8, 8.0)]
-    for tag, text in (("loadprof/verdict", "data-starved"), ("loadprof/report", "**verdict**")):
-        (event,) = acc.Tensors(f"{tag}/text_summary")
-        assert event.step == 8 and event.tensor_proto.string_val == [text.encode()]
-        assert acc.summary_metadata[f"{tag}/text_summary"].plugin_data.plugin_name == "text"
-    assert (tmp_path / "tb" / "loadprof-report.json").read_text() == '{"verdict": "data-starved"}\n'
 
 
 def test_a_log_folder_that_is_gone_gets_nothing_and_one_note(tmp_path):
