@@ -10,7 +10,9 @@ Verdicts, checked in this order:
    step time, with a sub-cause (``CAUSES``). For tf.data the sub-cause comes from
    the process's CPU while the loop waited (``_tf_data_cause``).
 4. ``memory-bound``: GPU memory >= 90% of capacity, or host memory pressure
-   (swap grew, or available memory fell under 5%).
+   (swap grew, or available memory fell under 5%); its cause ``workers-copy-on-read``
+   where the loader workers' copies of the dataset's objects are what ran the host
+   short (``copies_limit``), else ``host-memory``.
 5. ``host-bound``: a GPU is in use but busy < 50% of the time although input is
    not the problem: Python or kernel-launch overhead leaves it idle.
 6. ``compute-bound``: otherwise; the accelerator (or, with no GPU, the CPU) is
@@ -25,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .loaderhost import (
+    Copies,
     copy_on_read,
     oversubscribed,
     shards_fewer_than_workers,
@@ -32,6 +35,7 @@ from .loaderhost import (
     shm_small,
     slow_worker,
     start_up,
+    worker_copies,
 )
 from .oom import OutOfMemory, WorkerDeath, classify, describe, worker_death
 from .records import GpuSample, HostSample, LoaderInfo, Run, Step, is_tf
@@ -535,6 +539,33 @@ def near_limit(h: Headroom | None, th: Thresholds = DEFAULT_THRESHOLDS, gpu_in_u
     return None
 
 
+def _host_short(m: Metrics, th: Thresholds, freed: int = 0) -> bool:
+    """Host memory pressure: swap grew, or available memory fell under its mark; as it
+    would have been with ``freed`` bytes more available all along."""
+    low = m.memory_available_min_fraction is not None and m.memory_available_min_fraction < th.memory_available_low
+    if low and freed and m.memory_available_min is not None and m.memory_available_min_fraction:
+        total = m.memory_available_min / m.memory_available_min_fraction
+        low = (m.memory_available_min + freed) / total < th.memory_available_low
+    return m.swap_growth - freed >= th.swap_growth_bytes or low
+
+
+def copies_limit(m: Metrics, copies: Copies | None, th: Thresholds = DEFAULT_THRESHOLDS) -> str | None:
+    """What the loader workers' copies of the dataset did to the host's memory, where they
+    are what ran it short: under pressure, and with the copies' bytes free it would not
+    have been. None otherwise."""
+    if copies is None or not _host_short(m, th) or _host_short(m, th, copies.copied):
+        return None
+    parts = []
+    if m.memory_available_min_fraction is not None and m.memory_available_min_fraction < th.memory_available_low:
+        parts.append(f"host memory available fell to {_pct(m.memory_available_min_fraction)} "
+                     f"({size_text(m.memory_available_min or 0)}) at the lowest")
+    if m.swap_growth >= th.swap_growth_bytes:
+        parts.append(f"swap grew {size_text(m.swap_growth)}")
+    return (" and ".join(parts) + f": the loader workers' {size_text(copies.copied)} of copies of the dataset's "
+            f"objects are what ran it short (without them, {_pct(th.memory_available_low)} or more available and "
+            f"swap growth under {size_text(th.swap_growth_bytes)})")
+
+
 def _out_of_memory(run: Run, m: Metrics, oom: OutOfMemory, ev: list[Evidence]) -> Diagnosis:
     """The verdict of a run that ran out of memory: what failed, and what was held then."""
     ev.insert(0, Evidence("oom", "Out-of-memory error during the run", 1.0, describe(oom)))
@@ -735,7 +766,7 @@ def diagnose(run: Run, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Diagnosis
             if d.verdict not in ("memory-bound", "inconclusive") else None)
     if near:
         d.warnings.append(("memory-near-limit", near))
-    _loader_host(run, d)
+    _loader_host(run, d, thresholds)
     m.waits = input_waits(run, m, thresholds)
     stalls = stalls_warning(m, thresholds) if d.verdict != "inconclusive" else None
     if stalls:
@@ -748,7 +779,7 @@ def steady_wait(m: Metrics) -> float:
     return m.wait_per_step / max(m.batches_per_step, 1e-9)
 
 
-def _loader_host(run: Run, d: Diagnosis) -> None:
+def _loader_host(run: Run, d: Diagnosis, th: Thresholds) -> None:
     """The training loader against its host (loaderhost.py): its start-up as evidence,
     its shards, cores and /dev/shm as warnings with the measured figures."""
     loader = d.metrics.loader
@@ -766,7 +797,10 @@ def _loader_host(run: Run, d: Diagnosis) -> None:
     shm = shm_small(run.environment, loader)
     if shm and d.cause != "shared-memory":  # a run that died of it says so in its verdict
         d.warnings.append(("shm-small", shm))
-    copied = copy_on_read(loader, run.host_samples)
+    # a run whose verdict names the copies as its memory's limit says so in its summary
+    limit = copies_limit(d.metrics, worker_copies(loader, run.host_samples), th) \
+        if d.cause != "workers-copy-on-read" else None
+    copied = copy_on_read(loader, run.host_samples, f"{limit}: memory is the limit" if limit else "")
     if copied:
         d.warnings.append(("workers-copy-on-read", copied))
     slow = slow_worker(loader)
@@ -884,9 +918,7 @@ def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:
         return Diagnosis("data-starved", cause, summary, confidence, ev, m)
 
     moderate = m.data_wait_fraction >= th.input_moderate
-    memory_pressure = m.swap_growth >= th.swap_growth_bytes or (
-        m.memory_available_min_fraction is not None and m.memory_available_min_fraction < th.memory_available_low
-    )
+    memory_pressure = _host_short(m, th)
     if (m.gpu_memory_peak_fraction or 0.0) >= th.gpu_memory_high:
         return Diagnosis(
             "memory-bound", "gpu-memory",
@@ -900,6 +932,15 @@ def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:
         if m.memory_available_min_fraction is not None:
             ev.append(Evidence("memory_available_min", "Lowest available host memory", m.memory_available_min_fraction,
                                _pct(m.memory_available_min_fraction), f"< {_pct(th.memory_available_low)} = pressure"))
+        copies = worker_copies(m.loader, run.host_samples)
+        limit = copies_limit(m, copies, th)
+        if copies is not None and limit:
+            ev.append(Evidence("workers_copies", "Loader workers' copies of the dataset's Python objects (USS)",
+                               float(copies.copied), copies.line(),
+                               "the host short of memory without them = the copies are the limit", "loadprof"))
+            return Diagnosis("memory-bound", "workers-copy-on-read",
+                             f"host memory is the limit: {limit}; the fix is in the warning workers-copy-on-read",
+                             confidence, ev, m, moderate)
         return Diagnosis("memory-bound", "host-memory", "host memory is under pressure (swapping or nearly full)",
                          confidence, ev, m, moderate)
     if m.gpu_in_use and m.gpu_util_median is not None and m.gpu_util_median < th.gpu_util_low:

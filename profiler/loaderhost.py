@@ -182,40 +182,69 @@ COPIED_PER_WORKER = 64 * 2**20
 WORKER_OWN = 32 * 2**20
 
 
-def copy_on_read(loader: LoaderInfo | None, samples: Sequence[HostSample]) -> str | None:
-    """The ``workers-copy-on-read`` warning: loader workers holding memory of their own far
-    beyond the batches they make, measured as each worker's unique set size (USS): the
-    pages of the training process's Python objects that the fork shared, copied one by one
-    as the worker touched them (reference counts and the garbage collector write into
-    every object it reads), or, under spawn, unpickled whole. With the memory it saves,
-    and the fix."""
+@dataclass
+class Copies:
+    """Loader workers holding copies of the dataset's Python objects, from their USS."""
+
+    workers: int  # the loader's workers read
+    uss: list[int]  # the copying workers' USS at the last reading, the largest first
+    copied: int  # bytes they hold beyond their batches, at most the dataset's objects each: what the fix saves
+    grew: int  # the most one of them grew during the run
+
+    def line(self) -> str:
+        shown = ", ".join(size_text(u) for u in self.uss[:4]) + (f" and {len(self.uss) - 4} more"
+                                                               if len(self.uss) > 4 else "")
+        return (f"{len(self.uss)} of {self.workers} loader workers hold {shown} of their own (USS), "
+                f"{size_text(self.copied)} more than their batches need"
+                + (f"; it grew by up to {size_text(self.grew)} a worker during the run" if self.grew >= 2**20 else ""))
+
+
+def worker_copies(loader: LoaderInfo | None, samples: Sequence[HostSample]) -> Copies | None:
+    """Most of the loader's workers holding memory of their own far beyond the batches they
+    make (their USS), the dataset's objects being that large (NOTE [ Copies in loader
+    workers ] in instrument/pyobjects.py); None where they do not."""
     if loader is None or not loader.num_workers:
         return None
+    # its own workers where their pids were kept: spawn's resource tracker and another
+    # loader's workers are in the process tree too
+    own = set(loader.worker_pids)
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for h in samples:
         for pid, uss in zip(h.worker_pids, h.worker_uss, strict=False):
-            first.setdefault(pid, uss)
-            last[pid] = uss
+            if not own or pid in own:
+                first.setdefault(pid, uss)
+                last[pid] = uss
     if not last:
         return None
     batch = (loader.sample_nbytes or 0) * (loader.batch_size or 1) * (loader.prefetch_factor or 2)
     allowed = WORKER_OWN + batch
-    copied = {pid: uss - allowed for pid, uss in last.items() if uss - allowed >= COPIED_PER_WORKER}
+    # beyond what the dataset's objects weigh, a worker's memory is its interpreter (a spawned
+    # one imports torch anew) or its own allocations, not copies
+    most = loader.dataset_object_bytes if loader.dataset_object_bytes is not None else math.inf
+    copied = {pid: int(min(uss - allowed, most)) for pid, uss in last.items()}
+    copied = {pid: c for pid, c in copied.items() if c >= COPIED_PER_WORKER}
     if not copied or (len(last) > 1 and len(copied) * 2 <= len(last)):
         return None  # not most workers: one large batch, or another loader's, not the dataset's pages
-    peak = sorted((last[p] for p in copied), reverse=True)
-    grew = max(last[p] - first[p] for p in copied)
-    total = sum(copied.values())
-    shown = ", ".join(size_text(u) for u in peak[:4]) + (f" and {len(peak) - 4} more" if len(peak) > 4 else "")
-    return (f"{len(copied)} of {len(last)} loader workers hold {shown} of their own (USS), "
-            f"{size_text(total)} more than their batches need"
-            + (f"; it grew by up to {size_text(grew)} a worker during the run" if grew >= 2**20 else "")
-            + ": the dataset's Python objects (lists, dicts, tuples of an index) copied into each worker "
+    return Copies(len(last), sorted((last[p] for p in copied), reverse=True), sum(copied.values()),
+                  max(last[p] - first[p] for p in copied))
+
+
+def copy_on_read(loader: LoaderInfo | None, samples: Sequence[HostSample], limit: str = "") -> str | None:
+    """The ``workers-copy-on-read`` warning: loader workers holding copies of the dataset's
+    Python objects: the pages the fork shared, copied one by one as each worker touched them
+    (reference counts and the garbage collector write into every object it reads), or,
+    under spawn, unpickled whole. With the memory it saves, ``limit`` (what the copies did
+    to the host's memory, where they ran it short), and the fix."""
+    c = worker_copies(loader, samples)
+    if c is None:
+        return None
+    return (c.line() + ": the dataset's Python objects (lists, dicts, tuples of an index) copied into each worker "
             "(after a fork, page by page as it reads them: reference counts and the garbage collector "
-            "write into every object; under spawn, whole, unpickled). Hold the index as NumPy arrays or "
+            "write into every object; under spawn, whole, unpickled)" + (f"; {limit}" if limit else "")
+            + ". Hold the index as NumPy arrays or "
             "in one buffer (strings in an Arrow array), call gc.freeze() before the loader starts its "
-            f"workers (fork), or use fewer workers: about {size_text(total)} saved")
+            f"workers (fork), or use fewer workers: about {size_text(c.copied)} saved")
 
 
 #: A worker is slow among its peers from twice their median time a batch, over at least

@@ -228,6 +228,11 @@ class LoaderInfo:
     #: the most workers that ended their share without a batch in one iteration (None: not read)
     workers_ended_empty: int | None = None
     shards: int | None = None  # shards the dataset says it has (n_shards, its urls), where it says
+    #: the process ids of its workers, as started (instrument/loaderfacts.py), the first MAX_LOADER_PIDS
+    worker_pids: list[int] = field(default_factory=list)
+    #: bytes of Python objects its dataset holds, estimated before its workers first started:
+    #: the most a worker copies of it (instrument/pyobjects.py); None where not walked
+    dataset_object_bytes: int | None = None
 
 
 #: ``LoaderInfo.framework`` values of TensorFlow input pipelines (their transformations run
@@ -280,10 +285,31 @@ class OtherProcess:
     cores: float  # its CPU time over the run's, in cores
 
 
+@dataclass
+class WhatIf:
+    """One change measured on the job's own step, replayed beside its loader (whatif.py)."""
+
+    change: str  # ``Changes.describe()``: "num_workers=2", "cache", "amp=auto", "threads=1"
+    seconds_per_step: float  # the replayed step with the change
+    baseline_seconds_per_step: float  # the same replay as the run had it
+    steps: int  # measured steps of each
+    #: the step's own time outside the replayed model call (loss, logging, metrics), stood
+    #: in for by the main thread kept busy as long, each step of both replays
+    extra_seconds: float = 0.0
+    #: from a loader's iteration start to its first batch (its workers' start), with the
+    #: change and as the run had it
+    start_seconds: float = 0.0
+    baseline_start_seconds: float = 0.0
+
+
 #: Other processes a saved run may name, and the longest command it may give one.
 MAX_OTHER_PROCESSES, MAX_COMMAND_CHARS = 16, 200
+#: What-if measurements a saved run may hold (loadprof makes at most 8)
+MAX_WHATIFS = 64
 #: Workers whose timed batches a loader's record may hold (loadprof keeps 64)
 MAX_WORKERS_TIMED = 1024
+#: Worker process ids a loader's record may hold (loadprof keeps 256)
+MAX_LOADER_PIDS = 1024
 
 
 @dataclass
@@ -318,6 +344,11 @@ class Run:
     notices: list[Notice] = field(default_factory=list)
     #: the busiest processes outside the job while it ran, the busiest first
     other_processes: list[OtherProcess] = field(default_factory=list)
+    #: changes measured on the job's own step after the run (whatif.py), and what it cost
+    whatif: list[WhatIf] = field(default_factory=list)
+    whatif_seconds: float = 0.0
+    #: why no change was measured, where none was ("" where some were, or none was wanted)
+    whatif_skipped: str = ""
 
     # -- JSON -----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -500,6 +531,10 @@ def check_run(run: Run) -> None:
         if ev.end < ev.start:
             raise bad(f"run.evaluations[{i}]", f"ends ({ev.end}) before it starts ({ev.start})")
     for i, loader in enumerate(run.loaders):
+        if len(loader.worker_pids) > MAX_LOADER_PIDS or any(pid <= 0 for pid in loader.worker_pids):
+            raise bad(f"run.loaders[{i}].worker_pids", f"expected at most {MAX_LOADER_PIDS} process ids")
+        if loader.dataset_object_bytes is not None and loader.dataset_object_bytes < 0:
+            raise bad(f"run.loaders[{i}].dataset_object_bytes", "negative")
         if len(loader.worker_fetch) > MAX_WORKERS_TIMED:
             raise bad(f"run.loaders[{i}].worker_fetch", f"{len(loader.worker_fetch)} entries, at most {MAX_WORKERS_TIMED}")
         for j, f in enumerate(loader.worker_fetch):
@@ -512,6 +547,16 @@ def check_run(run: Run) -> None:
         if other.pid < 0 or not 0 <= other.cores <= 4096 or len(other.command) > MAX_COMMAND_CHARS:
             raise bad(f"run.other_processes[{i}]", f"expected a pid, a command of at most {MAX_COMMAND_CHARS} "
                       "characters and 0 to 4096 cores")
+    if len(run.whatif) > MAX_WHATIFS:
+        raise bad("run.whatif", f"{len(run.whatif)} entries, at most {MAX_WHATIFS}")
+    for i, w in enumerate(run.whatif):
+        if not (w.seconds_per_step > 0 and w.baseline_seconds_per_step > 0 and w.steps >= 1
+                and min(w.extra_seconds, w.start_seconds, w.baseline_start_seconds) >= 0
+                and len(w.change) <= MAX_COMMAND_CHARS):
+            raise bad(f"run.whatif[{i}]", "expected step times > 0, steps >= 1, other times >= 0 and a change "
+                      f"of at most {MAX_COMMAND_CHARS} characters")
+    if run.whatif_seconds < 0:
+        raise bad("run.whatif_seconds", "negative")
     listed = [g.index for g in env.gpus]
     for what, indices in (("run.environment.gpus", listed), ("run.gpu_samples", [g.index for g in run.gpu_samples])):
         for i, index in enumerate(indices):

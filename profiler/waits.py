@@ -224,6 +224,8 @@ def stalls_warning(m: Metrics, th: Thresholds) -> str | None:
         if li is not None and workers and not li.persistent_workers and not is_tf(li):
             fixes.append(f"{per}: DataLoader(..., persistent_workers=True) keeps the {workers} workers, "
                          "and what they set up, from one epoch to the next")
+        elif li is not None and is_tf(li):
+            fixes.append(f"{per}: {_tf_epoch_words(li)}")
         else:
             fixes.append(f"{per}: work the loader does as an iteration begins (its sampler, the dataset's "
                          "own set-up)")
@@ -240,10 +242,26 @@ def stalls_warning(m: Metrics, th: Thresholds) -> str | None:
     return text + "; " + "; ".join(fixes) if fixes else text
 
 
+def _tf_epoch_words(li: LoaderInfo) -> str:
+    """What a tf.data pipeline does as each new iterator (an epoch) begins, and what keeps it
+    going through the boundary."""
+    if any(t.startswith("shuffle") for t in li.transformations):
+        # tf.data's guide (data_performance: shuffle): the buffer fills before its first element
+        return ("its shuffle buffer fills before the epoch's first element: ds.repeat() before ds.shuffle() keeps "
+                "it filled from one epoch into the next (their boundaries blur), or shuffle what is cheap "
+                "(file names, indices) before the slow map, or a smaller buffer")
+    return ("the pipeline starts empty with each new iterator: one iterator over all epochs (ds.repeat(), "
+            "and steps_per_epoch or a step count) keeps it making batches through the boundary")
+
+
 def _prefetch_words(li: LoaderInfo | None, workers: int, typical: float, batch: float, ahead: int) -> str:
     """What keeps enough batches in flight to cover a stall of ``typical`` seconds."""
     cover = (f"a typical stall of {_secs(typical)} is {ahead - 1} batches of the loop's {_secs(batch)}: "
              f"{ahead} batches in flight cover it")
+    if is_tf(li) and li is not None and li.parallel_map is False:
+        # one element at a time: a buffer only holds what the map made, no faster than before
+        return (f"{cover}; its map makes one element at a time: ds.map(..., num_parallel_calls=tf.data.AUTOTUNE) "
+                f"makes them side by side, and ds.prefetch({ahead}) ahead of the loop")
     if is_tf(li):
         return f"{cover} (ds.prefetch({ahead}), or tf.data.AUTOTUNE)"
     if li is None:

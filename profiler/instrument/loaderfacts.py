@@ -27,6 +27,12 @@ NOTE [ Loader start-up and shards ]
   WebDataset's shard list stage), that count is kept too (``LoaderInfo.shards``).
 - Both wraps are private torch API: where they are missing, the shares are not read
   (the fields stay empty) and nothing else changes.
+- Workers: each iteration's worker processes are kept by pid (``LoaderInfo.worker_pids``,
+  from the iterator's ``_workers``), so that the host sampler's readings of the tree are
+  read for the loader's own workers, not for multiprocessing's resource tracker that
+  spawn starts beside them, nor another loader's. Before a loader first starts its
+  workers, its dataset's Python objects are weighed (``dataset_object_bytes``: NOTE
+  [ Copies in loader workers ] in pyobjects.py).
 - A worker killed by SIGBUS (a /dev/shm page tmpfs could not back) is reported by torch
   as "is killed by signal: Bus error" or, when its own liveness check sees it first,
   as "exited unexpectedly", which says nothing of why. At the end the last iterators
@@ -46,6 +52,7 @@ from typing import Any
 
 from ..records import LoaderInfo
 from . import ThisProcess
+from .pyobjects import python_object_bytes
 
 #: Iterations (epochs) of one loader whose start-up is kept: a list per loader stays bounded.
 MAX_EPOCHS = 100
@@ -53,6 +60,10 @@ MAX_EPOCHS = 100
 START_BATCHES_MAX = 64
 #: Iterators with workers whose workers' exit codes are read at the end (the latest ones).
 EXITS_READ = 8
+#: Worker pids kept per loader: 32 epochs of 8 workers restarted each epoch.
+MAX_PIDS = 256
+#: Loaders whose dataset's weight is held until their first iteration begins.
+MAX_WEIGHED = 64
 
 
 class _Start:
@@ -86,6 +97,8 @@ class LoaderFacts:
         self.starting: dict[int, _Start] = {}
         self._shares: dict[int, _Share] = {}  # id(LoaderInfo) -> its current iteration's share
         self._pools: deque[Callable[[], Any]] = deque(maxlen=EXITS_READ)  # iterators with workers
+        #: id(loader) -> (its ref, its dataset's Python objects in bytes), weighed before its workers
+        self._weighed: dict[int, tuple[Callable[[], Any], int | None]] = {}
 
     # -- from the __iter__ / __next__ wrappers -----------------------------------
     def before_iter(self, loader: Any) -> None:
@@ -95,6 +108,21 @@ class LoaderFacts:
         share = getattr(it, "_loadprof_share", None)
         if isinstance(share, _Share):
             _read_status(it, share)
+        if it is None and int(getattr(loader, "num_workers", 0) or 0) > 0:
+            self._weigh(loader)
+
+    def _weigh(self, loader: Any) -> None:
+        """Weigh the dataset's Python objects once per loader, before its workers exist
+        (NOTE [ Copies in loader workers ])."""
+        held = self._weighed.get(id(loader))
+        if held is not None and held[0]() is loader:
+            return
+        for key in [k for k, (ref, _) in self._weighed.items() if ref() is None]:
+            del self._weighed[key]
+        if len(self._weighed) >= MAX_WEIGHED:
+            return
+        dataset = getattr(loader, "dataset", None)
+        self._weighed[id(loader)] = (_ref(loader), python_object_bytes(dataset) if dataset is not None else None)
 
     def on_iter(self, loader: Any, it: Any, info: LoaderInfo, t_iter: float, training: bool) -> None:
         workers = int(getattr(it, "_num_workers", 0) or 0)
@@ -104,6 +132,14 @@ class LoaderFacts:
             self.starting[id(it)] = _Start(_ref(it), info, t_iter, min(max(1, workers), START_BATCHES_MAX))
         if workers and not any(ref() is it for ref in self._pools):
             self._pools.append(_ref(it))
+        held = self._weighed.get(id(loader))
+        if held is not None and held[0]() is loader and info.dataset_object_bytes is None:
+            info.dataset_object_bytes = held[1]
+        started = getattr(it, "_workers", None) if workers else None
+        for worker in started or ():
+            pid = getattr(worker, "pid", None)
+            if isinstance(pid, int) and pid > 0 and pid not in info.worker_pids and len(info.worker_pids) < MAX_PIDS:
+                info.worker_pids.append(pid)
         dataset = getattr(loader, "dataset", None)
         if not workers or not _iterable(dataset):
             return

@@ -74,9 +74,13 @@ TREE_EVERY = 10
 SLOW_EVERY = 10
 #: PSS makes the kernel walk every mapping (3.5 ms of CPU for a process with torch
 #: loaded, more with CUDA's): read at most this share of a core on it, and at least
-#: every PSS_MAX_PERIOD seconds. Between reads the last figures stand.
+#: every PSS_MAX_PERIOD seconds ...
 PSS_BUDGET = 0.001
 PSS_MAX_PERIOD = 5.0
+#: ... unless that takes more than this share: the walk grows with the pages mapped (13 ms
+#: a read for a worker holding 380 MiB, benchmarks/worker_memory_cost.py), and eight workers
+#: of 3 GiB read every 5 s would take a sixth of a core. Between reads the last figures stand.
+PSS_CEILING = 0.01
 
 
 class HostSource:
@@ -443,7 +447,8 @@ class HostSource:
         for pid in [p for p in self._pss_files if p not in read]:
             self._pss_files.pop(pid).close()  # a worker gone
         cost = time.thread_time() - began
-        self._next_pss = time.monotonic() + min(PSS_MAX_PERIOD, cost / PSS_BUDGET)
+        period = min(PSS_MAX_PERIOD, cost / PSS_BUDGET)
+        self._next_pss = time.monotonic() + max(period, cost / max(PSS_CEILING, PSS_BUDGET))
         own = read[self.pid][0] if read.get(self.pid) is not None else None  # type: ignore[index]
         workers = [v for p, v in read.items() if p != self.pid]
         children = None if any(v is None for v in workers) else sum(v[0] for v in workers if v is not None)

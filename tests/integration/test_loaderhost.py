@@ -310,8 +310,7 @@ def test_a_worker_killed_by_sigbus_is_named_even_when_torch_says_only_that_it_ex
 class Indexed(Dataset):
     """Items named by an index of 1.5 million entries: Python tuples and lists, or NumPy."""
 
-    def __init__(self, python: bool) -> None:
-        n = 1_500_000
+    def __init__(self, python: bool, n: int = 1_500_000) -> None:
         self.index = [(f"img{i}.png", i, [i, i + 1]) for i in range(n)] if python else np.arange(n)
 
     def __len__(self) -> int:
@@ -349,6 +348,41 @@ def test_workers_that_copy_a_python_index_are_warned_with_the_memory_a_numpy_one
         assert max(uss) < 64 * 2**20
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("python", [True, False])
+def test_spawned_workers_are_warned_of_a_python_index_they_unpickled_and_not_of_their_own_interpreter(
+        python: bool) -> None:
+    # A spawned worker imports torch anew (150 MiB of its own here) and unpickles the whole
+    # index, then holds it from its first batch: the last reading, at the end, sees it all
+    # (persistent workers are still there then).
+    loader = DataLoader(Indexed(python, 600_000), batch_size=256, shuffle=True, num_workers=2,
+                        persistent_workers=True, multiprocessing_context="spawn")
+    net = nn.Linear(8, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    with Profile(print_report=False, gpu=False, interval=0.05) as prof:
+        for i, (x, y) in enumerate(loader):
+            opt.zero_grad()
+            nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+            if i == 30:
+                break
+    del loader  # its persistent workers end with it, not in the next test
+    info = prof.run.loaders[0]
+    assert len(info.worker_pids) == 2
+    last = prof.run.host_samples[-1]
+    uss = dict(zip(last.worker_pids, last.worker_uss, strict=True))
+    assert set(info.worker_pids) <= set(uss), "the spawned workers' USS was not read"
+    # each worker's own memory is beyond the cut-off either way: its interpreter, and the index
+    assert min(uss[p] for p in info.worker_pids) >= 64 * MiB + 32 * MiB
+    warned = dict(prof.report.diagnosis.warnings).get("workers-copy-on-read")
+    if python:
+        assert info.dataset_object_bytes is not None and info.dataset_object_bytes >= 64 * MiB
+        assert warned is not None and warned.startswith("2 of 2 loader workers hold"), warned
+    else:
+        assert info.dataset_object_bytes is not None and info.dataset_object_bytes < 64 * MiB
+        assert warned is None, warned
+
+
 class _OneSlowShard(IterableDataset):
     """Two shards, worker 1's ten times slower a sample (a bad file on its shard)."""
 
@@ -360,11 +394,13 @@ class _OneSlowShard(IterableDataset):
             yield torch.ones(8), i % 2
 
 
-def test_a_worker_slower_than_its_peers_is_named_with_where_its_time_went() -> None:
+@pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
+def test_a_worker_slower_than_its_peers_is_named_with_where_its_time_went(context: str) -> None:
     net = nn.Linear(8, 2)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    loader = DataLoader(_OneSlowShard(), batch_size=8, num_workers=2, multiprocessing_context=context)
     with Profile(print_report=False, gpu=False) as prof:
-        for i, (x, y) in enumerate(DataLoader(_OneSlowShard(), batch_size=8, num_workers=2)):
+        for i, (x, y) in enumerate(loader):
             opt.zero_grad()
             nn.functional.cross_entropy(net(x), y).backward()
             opt.step()
@@ -376,3 +412,4 @@ def test_a_worker_slower_than_its_peers_is_named_with_where_its_time_went() -> N
     warned = dict(prof.report.diagnosis.warnings)["slow-worker"]
     assert warned.startswith(f"loader worker pid {slow.pid} took ") and "rest of __iter__" in warned
     assert "spread them over the shards" in warned
+    assert sorted(f.pid for f in fetch) == sorted(prof.run.loaders[0].worker_pids)  # the loader's own two

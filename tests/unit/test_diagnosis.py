@@ -457,6 +457,61 @@ def test_workers_holding_copies_of_the_dataset_are_warned_and_one_large_worker_i
     assert "workers-copy-on-read" not in dict(diagnose(run).warnings)
 
 
+def _copying_workers(run: Run, uss: int, available: int, pids: tuple[int, ...] = (101, 102)) -> Run:
+    """Two loader workers whose USS grows to ``uss`` while the host's available memory
+    falls to ``available`` (of the run's 64 GiB)."""
+    hosts = run.host_samples
+    for i, h in enumerate(hosts):
+        h.worker_pids, h.worker_cpu = list(pids), [10.0] * len(pids)
+        h.worker_uss = [int(uss * (i + 1) / len(hosts))] * len(pids)
+        h.memory_available = 32 * GiB - int((32 * GiB - available) * i / (len(hosts) - 1))
+    return run
+
+
+def test_workers_copies_that_run_the_host_short_make_it_memory_bound_with_what_the_fix_saves():
+    run = _copying_workers(make_run(n=40, workers=2), uss=6 * GiB, available=GiB)  # 1.6% of 64 GiB left
+    d = diagnose(run)
+    assert (d.verdict, d.cause) == ("memory-bound", "workers-copy-on-read")
+    assert d.summary.startswith("host memory is the limit: host memory available fell to 1.6% (1.0 GiB) at the "
+                                "lowest: the loader workers' 11.9 GiB of copies of the dataset's objects are what "
+                                "ran it short")
+    assert next(e for e in d.evidence if e.key == "workers_copies").value == 2 * (6 * GiB - 32 * 2**20 - 786432)
+    warned = dict(d.warnings)["workers-copy-on-read"]
+    assert "about 11.9 GiB saved" in warned and "memory is the limit" not in warned  # the verdict says it
+    # copies too small to have kept the host out of pressure: not what ran it short
+    d = diagnose(_copying_workers(make_run(n=40, workers=2), uss=600 * 2**20, available=GiB // 4))
+    assert (d.verdict, d.cause) == ("memory-bound", "host-memory")
+    assert "memory is the limit" not in dict(d.warnings)["workers-copy-on-read"]  # copies all the same
+
+
+def test_a_data_starved_run_whose_workers_copies_run_the_host_short_says_so_in_its_warning():
+    run = _copying_workers(make_run(n=40, wait=0.06, workers=2, children_cpu=40.0), uss=6 * GiB, available=GiB)
+    d = diagnose(run)
+    assert d.verdict == "data-starved"
+    warned = dict(d.warnings)["workers-copy-on-read"]
+    assert ("; host memory available fell to 1.6% (1.0 GiB) at the lowest: the loader workers' 11.9 GiB of copies "
+            "of the dataset's objects are what ran it short") in warned
+    assert "memory is the limit. Hold the index as NumPy arrays" in warned
+
+
+def test_workers_memory_beyond_the_datasets_objects_is_not_counted_as_copies_of_them():
+    # spawned workers: an interpreter with torch imported holds 150 MiB of its own
+    run = _copying_workers(make_run(n=40, workers=2), uss=170 * 2**20, available=32 * GiB)
+    assert "workers-copy-on-read" in dict(diagnose(run).warnings)
+    run.loaders[0].dataset_object_bytes = 12 * 2**20  # a NumPy index: its buffer is one page
+    assert "workers-copy-on-read" not in dict(diagnose(run).warnings)
+    run.loaders[0].dataset_object_bytes = 360 * 2**20  # 1.5 million tuples
+    assert "2 of 2 loader workers hold" in dict(diagnose(run).warnings)["workers-copy-on-read"]
+
+
+def test_only_the_loaders_own_workers_are_read_for_copies_not_the_resource_tracker():
+    run = _copying_workers(make_run(n=40, workers=2), uss=170 * 2**20, available=32 * GiB, pids=(100, 101, 102))
+    for h in run.host_samples:
+        h.worker_uss = [6 * 2**20, *h.worker_uss[1:]]  # pid 100: spawn's resource tracker
+    run.loaders[0].worker_pids = [101, 102]
+    assert dict(diagnose(run).warnings)["workers-copy-on-read"].startswith("2 of 2 loader workers hold")
+
+
 def test_a_worker_twice_as_slow_as_its_peers_is_warned_and_an_even_pool_is_not():
     from loadprof.records import WorkerFetch
 
