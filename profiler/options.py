@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .settings import Settings, gpu_hour_price
+from .settings import Settings, gpu_hour_price, what_if_budget
 
 if TYPE_CHECKING:
     from .target import Target
@@ -64,10 +64,20 @@ def add_profile_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--live", action="store_true",
                         help="redraw a live view on the terminal while the script runs (stderr a terminal)")
     add_price_option(parser)
+    parser.add_argument("--what-if", type=what_if_seconds, metavar="SECONDS",
+                        help="after the run, measure the advised changes on the job's own step for at most "
+                             f"this long (default {Settings.what_if:g} s, or LOADPROF_WHAT_IF; 0: skip)")
     parser.add_argument("--log-to", metavar="TRACKERS", type=trackers,
                         help="log the summary to these trackers, starting a run where the script has none: "
                              "wandb,mlflow,tensorboard[=DIR] (a run the script has gets it anyway); otlp: "
                              "export the figures while the job runs (OTEL_EXPORTER_OTLP_ENDPOINT, ...)")
+
+
+def what_if_seconds(text: str) -> float:
+    try:
+        return what_if_budget(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def trackers(text: str) -> str:

@@ -52,7 +52,7 @@ from .outputs import Output
 from .records import Environment, Run, Step
 from .samplers import HostProcess, Neighbours, NvmlSource, Sampler, usable_cores
 from .samplers.node import local_world_size, shm_space
-from .settings import Settings
+from .settings import Settings, what_if_budget
 from .settings import gpu_hour_price as check_price
 from .signals import HeldSignals, SafePoint, Terminated
 from .timeline import StopRun, Timeline
@@ -134,6 +134,11 @@ class Profile:
         (one is started and ended): ``"wandb,mlflow,tensorboard=DIR"`` or a list. A
         W&B, MLflow or TensorBoard run the script has gets it anyway, at the end
         (NOTE [ Logging into the script's own run ] in trackers/__init__.py).
+    what_if
+        Seconds the advised changes may take to measure on the job's own step, once,
+        between two steps (PyTorch; the pause is taken out of the run's times), so
+        that their estimates are measured (NOTE [ What-if replays ] in whatif.py).
+        None: ``LOADPROF_WHAT_IF``, else 20; 0: nothing measured or held.
 
     After the block: ``prof.report`` (a ``loadprof.Report``: the JSON report's
     shape as attributes), ``prof.run`` (the raw measurements), ``prof.applied``.
@@ -156,6 +161,7 @@ class Profile:
         html: str | os.PathLike[str] | None = None,
         gpu_hour_price: float | None = Settings.gpu_hour_price,
         log_to: str | Sequence[str] | None = None,
+        what_if: float | None = None,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
@@ -165,6 +171,11 @@ class Profile:
             gpu_hour_price = check_price(gpu_hour_price)
         except ValueError as exc:
             raise ValueError(f"gpu_hour_price: {exc}") from None
+        try:
+            # a run that applies fixes is measured whole: no replays unless asked for
+            what_if = 0.0 if apply and what_if is None else what_if_budget(what_if)
+        except ValueError as exc:
+            raise ValueError(f"what_if: {exc}") from None
         self.settings = Settings(
             interval=interval,
             max_steps=max_steps,
@@ -178,6 +189,7 @@ class Profile:
             html=os.fspath(html) if html is not None else None,
             gpu_hour_price=gpu_hour_price,
             log_to=tuple(f"{k}={v}" if v else k for k, v in parse_log_to(log_to).items()),
+            what_if=what_if,
         )
         self.output = output
         # apply=True: measured safe loader fixes; a fixes.Applier: the fixes of a tune/compare trial.
@@ -202,6 +214,9 @@ class Profile:
         self._neighbours: Neighbours | None = None
         self._safepoint: SafePoint | None = None
         self._report: Any = None
+        self._held: HeldSignals | None = None  # from stop() to the report's end
+        self._measured = False  # the what-if replays ran (or were found impossible)
+        self._pause: tuple[float, float] | None = None  # when they ran mid-run: seconds since the start
         #: the report was made and written to the end (a second Ctrl-C stops it half way)
         self.reported = False
         self._live: Any = None  # report/liveview.py's LiveView while --live draws
@@ -425,6 +440,18 @@ class Profile:
             raise RuntimeError(f"injected fault: {seam}")
 
     def _make_hooks(self, name: str, factory: type) -> Hooks:
+        hooks = self._make_hooks_for(name, factory)
+        if getattr(hooks, "capture", None) is not None:
+            if not self.settings.what_if:
+                hooks.capture = None  # type: ignore[attr-defined]  # nothing to replay: nothing held
+            else:
+                from .whatif import replay_step
+
+                hooks.replay = lambda: self._replay_mid_run(hooks)  # type: ignore[attr-defined]
+                hooks.replay_step = replay_step(self.settings.max_steps)  # type: ignore[attr-defined]
+        return hooks
+
+    def _make_hooks_for(self, name: str, factory: type) -> Hooks:
         assert self._timeline is not None
         self._fault("hooks")
         hooks: Hooks = factory(self._timeline, self.run)
@@ -442,7 +469,7 @@ class Profile:
             self._stop_inside(exc)
             return
         self._stopped = True
-        held = HeldSignals().hold()  # NOTE [ Signals while the report is written ] in signals.py
+        held = self._held = HeldSignals().hold()  # NOTE [ Signals while the report is written ] in signals.py
         try:
             self._stop_and_report(exc)
             self.reported = True
@@ -518,10 +545,113 @@ class Profile:
                     "no training steps were seen: no optimizer step ran inside the block "
                     "(call prof.step() at the end of each step for custom loops)"
                 )
+            self._guard("the what-if pause could not be taken out of the run's times", self._close_pause)
+            self._guard("the advised changes could not be measured", lambda: self._measure_changes(self.run))
+            self._measured = True
+            hooks = self._watch.hooks.get("torch") if self._watch is not None else None
+            if getattr(hooks, "capture", None) is not None:
+                hooks.capture.drop()  # type: ignore[union-attr]  # the script's model and loader, let go
         finally:
             with _active_lock:
                 _active = None
         self._finish()
+
+    def _replay_mid_run(self, hooks: Any) -> None:
+        """The what-if replays between two steps, once the step is held (NOTE [ What-if
+        replays ] in whatif.py): the hooks inert meanwhile, and the pause taken out of the
+        run's times at the end (``_close_pause``)."""
+        assert self._timeline is not None
+        sampler, timeline = self._sampler, self._timeline
+        run = dataclasses.replace(
+            self.run, steps=[dataclasses.replace(s) for s in timeline.steps], data_wait_method=timeline.method(),
+            duration=time.perf_counter() - self._t0,
+            environment=dataclasses.replace(self.run.environment, intra_op_threads=_intra_op_threads()),
+            host_samples=list(sampler.host_samples) if sampler else [],
+            gpu_samples=list(sampler.gpu_samples) if sampler else [])
+        t0 = time.perf_counter()
+        try:
+            with hooks.suspended():
+                self._measure_changes(run)
+        except Exception as err:  # NOTE [ Never break the run ]
+            self.run.whatif_skipped = f"the replays failed ({type(err).__name__}: {_first_line(err)})"
+        finally:
+            self._pause = (t0 - self._t0, time.perf_counter() - self._t0)
+
+    def _measure_changes(self, run: Run) -> None:
+        """NOTE [ What-if replays ] in whatif.py: ``run`` is the run so far, to plan from."""
+        hooks = self._watch.hooks.get("torch") if self._watch is not None else None
+        capture = getattr(hooks, "capture", None)
+        if capture is None or self._measured:
+            return
+        done = True  # False: nothing to measure yet; the run's end plans again
+        try:
+            if not capture.ready:
+                from .instrument.stepcapture import CAPTURE_STEP
+
+                self.run.whatif_skipped = capture.problem or (
+                    "no step was held to replay (the model is looked for after the first "
+                    f"{CAPTURE_STEP} optimizer steps)")
+                return
+            from .advice import recommend
+            from .diagnosis import diagnose
+            from .whatif import Interrupted, measure, plan, unsafe
+
+            diagnosis = diagnose(run)
+            changes = plan(recommend(run, diagnosis))
+            if not changes:
+                done = False
+                return
+            ranks = self._job.ctx.world_size if self._job is not None else _world_size()
+            why = unsafe(capture, ranks)
+            if why:
+                self.run.whatif_skipped = why
+                return
+            budget = self.settings.what_if
+            if self.settings.print_report:
+                _note(f"measuring {len(changes)} advised change(s) on the job's own step, at most "
+                      f"{budget:.0f} s (--what-if 0 skips it)")
+            held = self._held
+            t0 = time.perf_counter()
+            try:
+                self.run.whatif, self.run.whatif_skipped = measure(
+                    capture, changes, diagnosis.metrics.compute_per_step, budget,
+                    lambda: held is not None and held.pending is not None, lambda change: None)
+            except Interrupted:
+                self.run.whatif_skipped = "stopped by a signal before the changes were measured"
+            except Exception as err:  # the user's dataset or model failed outside the run
+                self.run.whatif_skipped = f"the replays failed ({type(err).__name__}: {_first_line(err)})"
+            self.run.whatif_seconds = time.perf_counter() - t0
+        finally:
+            if done:
+                self._measured = True
+                capture.drop()
+
+    def _close_pause(self) -> None:
+        """The replays' pause taken out of the run's times, as if the next step had begun
+        after it: later steps, samples and evaluations moved back by its length, samples
+        inside it dropped (they read the replays, not the run)."""
+        if self._pause is None:
+            return
+        a, b = self._pause
+        d = b - a
+        b_read = b + 2 * self.settings.interval  # a reading just after still covers part of the pause
+        run = self.run
+        for step in run.steps:
+            if step.end >= b:
+                step.end -= d
+                if step.start >= b:
+                    step.start -= d
+        for ev in run.evaluations:
+            if ev.start >= b:
+                ev.start -= d
+                ev.end -= d
+        run.host_samples = [h for h in run.host_samples if not a <= h.t <= b_read]
+        run.gpu_samples = [g for g in run.gpu_samples if not a <= g.t <= b_read]
+        for h in run.host_samples:
+            h.t -= d if h.t > b else 0.0
+        for g in run.gpu_samples:
+            g.t -= d if g.t > b else 0.0
+        run.duration -= d
 
     def _stop_sampler(self) -> None:
         assert self._sampler is not None
@@ -603,6 +733,13 @@ class Profile:
     @property
     def steps(self) -> list[Step]:
         return list(self._timeline.steps) if self._timeline else []
+
+
+def _world_size() -> int:
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1") or 1)
+    except ValueError:
+        return 1
 
 
 def _first_line(err: BaseException) -> str:

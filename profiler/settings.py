@@ -9,6 +9,7 @@ host helper process, which starts on a bare interpreter) can use it too.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 #: The highest price of a GPU-hour taken, in any currency: a million times a cloud's list price
@@ -38,6 +39,34 @@ class Settings:
     #: trackers to log the summary to, starting a run where the script has none
     #: ("wandb", "mlflow", "tensorboard=DIR"); runs the script has get it anyway (trackers/)
     log_to: tuple[str, ...] = ()
+    #: seconds the advised changes may take to measure on the job's own step after the
+    #: run (NOTE [ What-if replays ] in whatif.py); 0: none measured. LOADPROF_WHAT_IF
+    #: sets the default for every run of a machine (CI, say)
+    what_if: float = 20.0
+
+
+#: the longest what-if budget taken (seconds)
+MAX_WHAT_IF_S = 600.0
+
+
+def what_if_budget(value: object) -> float:
+    """``value`` as the what-if budget in seconds (None: LOADPROF_WHAT_IF's, else the
+    default), or ValueError saying what was expected: the one check for ``--what-if``,
+    ``Profile(what_if=...)`` and the environment variable."""
+    where = ""
+    if value is None:
+        value = os.environ.get("LOADPROF_WHAT_IF")
+        if value is None or value == "":
+            return Settings.what_if
+        where = "LOADPROF_WHAT_IF: "
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ValueError(f"{where}expected a number of seconds (0 turns it off), got {value!r:.40}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_WHAT_IF_S:
+        raise ValueError(f"{where}expected 0 to {MAX_WHAT_IF_S:g} seconds (0 turns it off), got {value!r:.40}")
+    return float(value)
 
 
 def gpu_hour_price(value: object) -> float | None:

@@ -80,6 +80,8 @@ class TrialSpec:
     interval: float = Settings.interval
     #: A Python file run in the child just before the script (compare's user variants).
     hook: str | None = None
+    #: seconds of what-if replays after the trial's run (whatif.py); a trial is measured whole: none
+    what_if: float = 0.0
     #: Extra environment for the child (not written to the spec file).
     env: dict[str, str] = field(default_factory=dict)
 
@@ -171,7 +173,7 @@ def child_main(spec_path: str) -> int:
     error = ""
     try:
         code = run(target, apply=applier, max_steps=spec.max_steps, json=str(folder / "report.json"),
-                   print_report=False, gpu=spec.gpu, interval=spec.interval)
+                   print_report=False, gpu=spec.gpu, interval=spec.interval, what_if=spec.what_if)
     except TargetError as exc:
         code, error = 2, str(exc)
     result = {

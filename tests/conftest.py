@@ -49,6 +49,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # three 2-thread training loops on the two cores used 13-64% more CPU for the same work.
     # Read when torch loads libgomp: none of this is loaded yet.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # Every profiled run replays the advised changes after it (up to 20 s, whatif.py); the
+    # tests of that turn it on themselves, the rest judge the run alone.
+    os.environ.setdefault("LOADPROF_WHAT_IF", "0")
     # A test that ran TensorFlow can leave cyclic garbage holding a tf.data iterator, whose
     # destructor waits for TensorFlow's threads. Collected inside a DataLoader worker forked
     # later from this process, where those threads do not exist, it waited forever. What a

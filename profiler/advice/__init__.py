@@ -21,10 +21,12 @@ tune`` measures them for real.
 
 from __future__ import annotations
 
+import math
+
 from ..diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Thresholds, is_tf, steady_wait
 from ..loaderhost import restart_cost
-from ..records import Run
-from .base import IDS, MEASURE, Recommendation
+from ..records import Run, WhatIf
+from .base import IDS, MEASURE, Recommendation, change_of
 from .compute import compute_advice, host_bound_advice, threads_advice
 from .loader import (
     compute_cpu_per_step,
@@ -88,4 +90,68 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
     if cause != "shared-memory" and any(wid == "shm-small" for wid, _ in diagnosis.warnings):
         out.insert(0, shm_advice(run, m))
     out = stage_advice(run, diagnosis, out)
-    return out
+    return measured(run, out)
+
+
+#: a change measured this much slower or less is not advised: the replays' noise
+NO_GAIN = 1.02
+
+
+def _whole_job(run: Run, rec: Recommendation, w: WhatIf, gain: float) -> tuple[float, str] | None:
+    """The speed-up over the whole job as it ran, one-time costs counted: a cache fills in
+    the first epoch, reading every item once at about today's pace; workers start at each
+    epoch (once, persistent), as long as they took to give the replay its first batch."""
+    n = sum(s.merged for s in run.steps)
+    loader = next((info for info in run.loaders if info.iterations > info.eval_iterations), None)
+    if rec.id not in ("cache", "num_workers") or not n or loader is None or not loader.dataset_length \
+            or not loader.batch_size:
+        return None
+    per_epoch = -(-loader.dataset_length // loader.batch_size)
+    step = sum(s.duration for s in run.steps) / n
+    epochs = n / per_epoch
+    span = f"over the whole job as it ran ({n} steps, {epochs:.1f} epoch{'s' if epochs >= 1.05 else ''})"
+    if rec.id == "cache":
+        whole = n * step / (min(n, per_epoch) * step + max(0, n - per_epoch) * step / gain)
+        return whole, f"{span} about {whole:.2f}x: the cache fills in the first epoch"
+    starts = 1 if "persistent_workers=True" in rec.code else math.ceil(epochs)
+    extra = starts * max(0.0, w.start_seconds - w.baseline_start_seconds)
+    whole = n * step / (n * step / gain + extra)
+    if whole > gain * 0.98:
+        return None  # the starts are lost in the steps
+    return whole, (f"{span} about {whole:.2f}x: the workers take {w.start_seconds:.2f} s to start, "
+                   f"{starts} time{'s' if starts > 1 else ''}")
+
+
+def measured(run: Run, recs: list[Recommendation]) -> list[Recommendation]:
+    """The run's what-if measurements (whatif.py) set the estimates of the advice they
+    measured, replacing a model's; a change measured to gain nothing is not advised;
+    then the advice is ordered by what it buys, the unestimated after in their order."""
+    if not run.whatif:
+        return recs
+    by_change = {w.change: w for w in run.whatif}
+    out: list[Recommendation] = []
+    for rec in recs:
+        change = change_of(rec)
+        if change is not None and change.persistent_workers:
+            change.persistent_workers = None  # a replay measures steady steps: no epoch starts
+        w = by_change.get(change.describe()) if change is not None else None
+        if w is None:
+            out.append(rec)
+            continue
+        gain = w.baseline_seconds_per_step / w.seconds_per_step
+        if gain < NO_GAIN:
+            continue
+        rec.estimated_speedup = round(gain, 2)
+        rec.basis = (f"measured: the job's own step replayed with {w.change}, "
+                     f"{w.seconds_per_step * 1e3:.1f} ms against {w.baseline_seconds_per_step * 1e3:.1f} ms "
+                     f"as it ran, {w.steps} steps each")
+        whole = _whole_job(run, rec, w, gain)
+        if whole is not None:
+            rec.values["whole_job_speedup"] = round(whole[0], 2)
+            rec.basis += f"; {whole[1]}"
+        out.append(rec)
+    # a job that ended by itself is ranked by what a change buys it whole (a cache's fill counted)
+    ended = run.exit_status == "ok"
+    ranked = sorted((r for r in out if r.estimated_speedup is not None),
+                    key=lambda r: -((r.values.get("whole_job_speedup") if ended else None) or r.estimated_speedup or 0))
+    return ranked + [r for r in out if r.estimated_speedup is None]

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..fixes.spec import Changes
+
 IDS = (
     "num_workers", "pin_memory", "persistent_workers", "prefetch", "cache",
     "offline_preprocessing", "convert_format", "mixed_precision", "gradient_accumulation",
@@ -39,6 +41,9 @@ class Recommendation:
         return asdict(self)
 
 
+#: the what-if replay with no loading (``Changes(repeat_batch=True).describe()``): the model alone
+CEILING = "repeat_batch"
+
 MEASURE = "no estimate: measure it with `loadprof tune`"
 #: advice whose gain is the speed of a copy that does not exist yet
 STORED = ("no estimate: the stored copy's read speed is known once it exists; "
@@ -56,3 +61,32 @@ def size_text(nbytes: float) -> str:
     if nbytes >= 1024:
         return f"{nbytes / 1024:.1f} KiB"
     return f"{nbytes:.0f} bytes"
+
+
+def change_of(rec: Recommendation) -> Changes | None:
+    """The change loadprof can make from outside the script for a recommendation (a
+    trial's, a what-if replay's); None: only code can make it."""
+    v = rec.values
+    if "prefix_share" in v:
+        return None  # a cache of the deterministic steps alone: code in the dataset
+    if rec.id == "num_workers" and isinstance(v.get("num_workers"), int):
+        return Changes(num_workers=v["num_workers"],
+                       persistent_workers=True if "persistent_workers=True" in rec.code else None)
+    if rec.id == "prefetch" and rec.framework == "tf":
+        return Changes(prefetch=True)
+    if rec.id == "prefetch" and isinstance(v.get("prefetch_factor"), int):
+        return Changes(prefetch_factor=v["prefetch_factor"])
+    if rec.id == "cache":
+        return Changes(cache=True)
+    if rec.id == "parallel_map":
+        return Changes(parallel_map=True)
+    if rec.id == "pin_memory":
+        return Changes(pin_memory=True)
+    if rec.id == "mixed_precision":
+        return Changes(amp="auto")
+    if rec.id == "threads" and isinstance(v.get("threads"), int) and v["threads"] >= 1:
+        return Changes(threads=v["threads"])
+    if rec.id == "gradient_accumulation" and isinstance(v.get("accumulation_steps"), int) \
+            and v["accumulation_steps"] >= 2:
+        return Changes(accumulation=v["accumulation_steps"])
+    return None

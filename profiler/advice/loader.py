@@ -153,7 +153,7 @@ def torch_input_advice(run: Run, diagnosis: Diagnosis, loader: LoaderInfo,
                 basis = "no estimate: the workers would share the cores with the model; " + MEASURE.split(": ", 1)[1]
                 shared = (f" The model's own threads use {compute_cpu_per_step(m, loader) * 1000:.1f} ms of CPU "
                           "per step on the same cores, and the workers would share them: how much that costs "
-                          "the model is not known until measured; `loadprof tune` measures it.")
+                          "the model is not known until measured (a what-if replay, or `loadprof tune`).")
             if contended:
                 speedup = None
                 shared = (f" Other processes kept {m.others_cpu_cores or 0.0:.1f} of the {cores} cores busy: "

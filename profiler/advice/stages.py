@@ -3,6 +3,8 @@ of the same id, with an estimate from the stage model."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..diagnosis import Diagnosis, Metrics, is_tf
 from ..records import LoaderInfo, Run
 from ..stagemodel import (
@@ -15,7 +17,7 @@ from ..stagemodel import (
     pipeline,
     prefix_output_bytes,
 )
-from .base import MEASURE, Recommendation, size_text
+from .base import CEILING, MEASURE, Recommendation, size_text
 from .loader import offline_snippet
 
 #: A stage, or a group of them, dominates the loading from this share of its time on.
@@ -99,9 +101,15 @@ def _stage_estimate(run: Run, model: Pipeline, m: Metrics, rows: list[StageRow],
     if cpu_model and not model.workers and changed.batch * changed.sample_s < model.compute_s:
         # A model on the CPU, timed between in-process loads, runs slower than it does once
         # they are gone (docs/dev/advice-accuracy.md): where compute would then set the
-        # step, the figure would not come true.
-        return None, ("no estimate: compute would set the step, and it was timed between in-process loads, "
-                      "which slow it; " + MEASURE.split(": ", 1)[1])
+        # step, the figure would not come true, unless the model was measured alone.
+        alone = next((w for w in run.whatif if w.change == CEILING), None)
+        if alone is None:
+            return None, ("no estimate: compute would set the step, and it was timed between in-process loads, "
+                          "which slow it; " + MEASURE.split(": ", 1)[1])
+        compute = alone.seconds_per_step * model.step_s() / alone.baseline_seconds_per_step
+        speedup = model.step_s() / max(1e-9, dataclasses.replace(changed, compute_s=compute).step_s())
+        return round(speedup, 2), ("estimate: the stage model (stagemodel.py) without these stages, the model's "
+                                   "step as measured alone after the run")
     return round(speedup, 2), "estimate: the stage model (stagemodel.py) without these stages"
 
 

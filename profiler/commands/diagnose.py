@@ -24,8 +24,13 @@ class DiagnoseCommand:
     def run(self, args: argparse.Namespace) -> int:
         from ..outputs import check_outputs, report_outputs
         from ..runner import run
+        from ..settings import what_if_budget
         from ..target import TargetError
 
+        try:
+            what_if = what_if_budget(args.what_if)  # LOADPROF_WHAT_IF's, where no --what-if
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         target = target_from(args)
         target.own_options = option_strings(add_profile_options)
         # NOTE [ A failed output ] in outputs.py: before the script runs
@@ -43,6 +48,7 @@ class DiagnoseCommand:
                 html=args.html,
                 gpu_hour_price=args.gpu_hour_price,
                 log_to=args.log_to,
+                what_if=what_if,
             )
         except TargetError as exc:
             raise UsageError(str(exc)) from None

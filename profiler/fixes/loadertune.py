@@ -13,8 +13,9 @@ _KEEP = ("collate_fn", "worker_init_fn", "generator", "timeout", "multiprocessin
          "pin_memory_device", "in_order")
 
 
-def _loader_like(loader: Any, **settings: Any) -> Any:
-    """A DataLoader over the same dataset, sampler and collation as ``loader`` with ``settings``."""
+def _loader_like(loader: Any, dataset: Any = None, **settings: Any) -> Any:
+    """A DataLoader over the same dataset (or ``dataset``, indexed alike), sampler and
+    collation as ``loader`` with ``settings``."""
     import inspect
 
     import torch.utils.data as tud
@@ -35,7 +36,7 @@ def _loader_like(loader: Any, **settings: Any) -> Any:
         current.update(persistent_workers=False, prefetch_factor=None)
     elif current.get("prefetch_factor") is None:
         current["prefetch_factor"] = 2
-    return tud.DataLoader(loader.dataset, **kwargs, **current)
+    return tud.DataLoader(loader.dataset if dataset is None else dataset, **kwargs, **current)
 
 
 def _batches_per_s(loader: Any, batches: int, budget: float) -> float:

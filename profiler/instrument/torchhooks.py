@@ -27,10 +27,11 @@ anything.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -45,6 +46,7 @@ from . import ThisProcess
 from .itemcheck import items_repeat
 from .loaderfacts import LoaderFacts
 from .stagepipe import StageCollector
+from .stepcapture import StepCapture
 
 
 def _batch_facts(batch: Any) -> tuple[int | None, int]:
@@ -104,6 +106,12 @@ class TorchHooks:
         self._peak_before: int | None = None  # the process's peak RSS when the hooks went in
         self._stages = StageCollector()  # stage by stage, in workers too (stagepipe.py)
         self.facts = LoaderFacts(self.pid)  # start-up and worker shares (NOTE [ Loader start-up and shards ])
+        #: one step's model, arguments and loader for the what-if replays (None: not wanted)
+        self.capture: StepCapture | None = StepCapture()
+        #: called once, between two steps, when the step is held and ``replay_step`` steps ran
+        #: (the what-if replays of session.py); None: never
+        self.replay: Callable[[], None] | None = None
+        self.replay_step = 0
         self.installed = False
 
     # -- install / remove -----------------------------------------------------
@@ -137,12 +145,25 @@ class TorchHooks:
             handle.remove()
         self._handles.clear()
         self._drop_forward_hook()
+        if self.capture is not None:
+            self.capture.close()
         self.run.limitations.extend(f"torch: {line}" for line in self._patches.restore())
         self._stages.finish([info for _, info in self._loaders.values()])
         self.run.limitations.extend(self._stages.limitations)
         self._check_items()
         self._collect_cuda_facts()
         self._collect_peak()
+
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """The hooks inert for a while (loadprof's own steps, the what-if replays): every
+        wrapper checks its process against these pids (NOTE [ One patcher ])."""
+        pid, facts_pid = self.pid, self.facts.pid
+        self.pid = self.facts.pid = -1
+        try:
+            yield
+        finally:
+            self.pid, self.facts.pid = pid, facts_pid
 
     def _drop_forward_hook(self) -> None:
         if self._forward_handle is not None:
@@ -164,6 +185,8 @@ class TorchHooks:
                 info.iterations += 1
                 if not torch.is_grad_enabled():
                     info.eval_iterations += 1
+                elif hooks.capture is not None:
+                    hooks.capture.on_loader(loader)
                 try:
                     it._loadprof_info = info
                 except AttributeError:  # a custom iterator with __slots__: settings stay unknown
@@ -275,7 +298,15 @@ class TorchHooks:
                 if not hooks._memory_countdown:
                     hooks._read_between_steps(optimizer)
                     t = clock()  # the reading is not the step's time
-            optimizer_step(t)  # may raise StopRun (--max-steps): last
+            capture = hooks.capture
+            if capture is not None and capture.model is None:  # NOTE [ Capturing a step ] in stepcapture.py
+                capture.on_optimizer_step(optimizer)
+                t = clock()
+            optimizer_step(t)  # may raise StopRun (--max-steps)
+            if hooks.replay is not None and capture is not None and capture.ready \
+                    and hooks.timeline.count >= hooks.replay_step:
+                replay, hooks.replay = hooks.replay, None
+                replay()  # NOTE [ What-if replays ] in whatif.py
 
         return on_optimizer_post
 

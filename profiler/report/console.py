@@ -13,6 +13,7 @@ from rich.text import Text
 
 from ..cost import cost_line
 from ..waits import waits_line
+from ..whatif import summary as whatif_summary
 from .stages import stage_table
 
 if TYPE_CHECKING:
@@ -86,6 +87,9 @@ class ConsoleRenderer:
                 print_recommendation(c, i, r)
         elif d.verdict != "inconclusive":
             c.print(Text("No changes recommended: nothing measured points at a fix.", style="dim"))
+        measured = whatif_summary(run)
+        if measured:
+            c.print(Text(measured, style="dim"))
 
         if report.limitations:
             c.print(Text("Not measured:", style="bold yellow"))

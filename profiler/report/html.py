@@ -37,6 +37,7 @@ import numpy as np
 
 from ..jsonio import write_text_atomic
 from ..waits import waits_line
+from ..whatif import summary as whatif_summary
 from . import RunReport
 from .console import MAX_GPUS_NAMED, gpu_names
 from .job import JobReport
@@ -213,6 +214,9 @@ def _report_page(title: str, started: str, head: _Head, report: RunReport, evide
                        f"<br>{_e(detail)}<pre><code>{_e(code)}</code></pre></div>")
     elif head.verdict != "inconclusive":
         out.append("<p class='muted'>No changes recommended: nothing measured points at a fix.</p>")
+    measured = whatif_summary(report.run) if isinstance(report, RunReport) else ""
+    if measured:
+        out.append(f"<p class='muted'>{_e(measured)}</p>")
     else:
         out.append("<p class='muted'>None: the run could not be judged.</p>")
     out.append(ranks)

@@ -79,3 +79,26 @@ def test_the_starved_example_on_the_gpu(tmp_path):
     assert data["verdict"] == "data-starved"
     assert data["environment"]["cuda_in_use"]
     assert data["samples"]["gpu"]["count"] > 0
+
+
+def test_the_advised_changes_are_replayed_on_the_gpu_and_the_training_is_as_without():
+    from torch.utils.data import DataLoader
+
+    def trained(what_if: float):
+        torch.manual_seed(0)
+        model = loops.small_model().cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        loader = DataLoader(loops.Sleepy(n=512, delay=0.001), batch_size=8, shuffle=True)
+        with Profile(what_if=what_if, print_report=False) as prof:
+            for x, y in loader:
+                x, y = x.cuda(), y.cuda()
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+        return prof.run, model.state_dict()
+
+    run, weights = trained(15.0)
+    assert run.whatif_skipped == "" and {w.change for w in run.whatif} >= {"cache"}
+    _, same = trained(0.0)
+    for k, v in weights.items():
+        assert torch.equal(v, same[k]), k

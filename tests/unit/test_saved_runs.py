@@ -96,6 +96,13 @@ def test_a_saved_report_reads_back_as_it_was(tmp_path: Path) -> None:
     (["host_samples", 2, "worker_pids"], [4101, 2.5], "run.host_samples[2].worker_pids[1]: expected a whole number"),
     (["host_samples", 2, "worker_pids"], [0, 4102], "run.host_samples[2].worker_pids[0]: expected a process id"),
     (["host_samples", 2, "worker_pids"], [4101, 4101], "run.host_samples[2].worker_pids: a pid given twice"),
+    (["whatif"], [{"change": "cache", "seconds_per_step": -1, "baseline_seconds_per_step": 0.1, "steps": 5}],
+     "run.whatif[0]: expected step times > 0"),
+    (["whatif"], [{"change": "cache", "seconds_per_step": 0.1, "baseline_seconds_per_step": 0.1, "steps": 5}] * 65,
+     "run.whatif: 65 entries, at most 64"),
+    (["whatif"], [{"change": "x" * 201, "seconds_per_step": 0.1, "baseline_seconds_per_step": 0.1, "steps": 5}],
+     "of at most 200 characters"),
+    (["whatif_seconds"], -3, "run.whatif_seconds: negative"),
 ])
 def test_a_bad_field_is_one_line_naming_the_file_and_field(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                             where: list[Any], value: Any, message: str) -> None:

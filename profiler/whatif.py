@@ -1,0 +1,481 @@
+"""What-if measurements: the advised changes measured on the job's own step while it
+runs, within a time budget, so that the advice says by how much from a measurement.
+
+NOTE [ What-if replays ]
+A model of the step (loading over the free cores against compute) missed wherever
+workers share the model's cores, and mixed precision, threads and caches have no model
+that holds. So the step is measured instead: the model found in the run, called on the
+arguments of one of its real calls, its loss's backward and an optimizer of the same
+kind stepped, each step after a batch from a loader built like the run's (same dataset,
+sampler, batch size, collation) with the change applied. Each change is one *replay*;
+the first replay is the run's own settings, and the estimate is that replay's step time
+over the change's. What the step does outside the model call (the loss function,
+metrics, logging) is measured as the run's step less the replayed one, and stood in for
+by keeping the main thread busy as long, in every replay alike.
+
+When: between two steps once ``replay_step`` steps ran (the script's data and objects
+still exist: a script that reads from a temporary folder removes it when it ends), or at
+the run's end where it was shorter. The session takes that pause out of the run's times
+(``Profile._close_pause``), so the verdict and evidence are the run's own.
+
+Nothing of the run changes: the replayed model runs on copies of the parameters and
+buffers (``torch.func.functional_call``); the optimizer is a new one over the copies;
+the random generators, thread count and the module's train/eval mode are put back;
+loadprof's hooks are inert meanwhile (``TorchHooks.suspended``); a zero loss keeps the
+copies as the run left them. Not replayed, with the reason in the report: a job of
+several processes (its step runs collectives), an IterableDataset (a stream may not be
+read twice), a model whose copy does not fit in a third of the memory left.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .advice.base import CEILING, Recommendation, change_of
+from .fixes.spec import Changes
+from .records import WhatIf
+
+if TYPE_CHECKING:
+    from .instrument.stepcapture import StepCapture
+
+#: the advice measured by a replay (the rest changes the code, or the optimisation)
+MEASURED_IDS = ("num_workers", "prefetch", "cache", "pin_memory", "mixed_precision", "threads")
+#: changes measured in one run, and the default time they may take in all (seconds)
+MAX_CHANGES = 6
+DEFAULT_BUDGET_S = 20.0
+#: steps of each replay not measured (workers starting, the first batches, allocations)...
+WARMUP_STEPS = 2
+#: ...and measured: at most, and at least (or the replay is not used)
+MAX_STEPS = 24
+MIN_STEPS = 3
+#: the step's own time outside the model call is stood in for from this share of the step on
+EXTRA_SHARE = 0.2
+#: rounds of replays at most (each change and the run's settings once a round)
+MAX_ROUNDS = 3
+#: batches of items a cache replay reads and holds (it cycles over them)
+CACHE_BATCHES = 4
+#: the share of the memory left that a copy of the model and its optimizer may take
+MEMORY_SHARE = 1 / 3
+
+
+#: the replays run between two steps once this many ran (the step is held by then: the
+#: model is found after stepcapture.CAPTURE_STEP steps, its call held at the next two)...
+REPLAY_STEP = 30
+
+
+def replay_step(max_steps: int | None) -> int:
+    """...or two before a ``--max-steps`` end, so the run's last steps follow them."""
+    if max_steps is None:
+        return REPLAY_STEP
+    return max(8, min(REPLAY_STEP, max_steps - 2))
+
+
+class Interrupted(Exception):
+    """A signal came while measuring: the report is written without the rest."""
+
+
+def plan(recommendations: list[Recommendation]) -> list[Changes]:
+    """The changes to measure: the advised ones a replay can apply, each once, in the advice's order."""
+    seen: set[str] = set()
+    out: list[Changes] = []
+    for rec in recommendations:
+        if rec.id not in MEASURED_IDS or rec.framework != "torch":
+            continue
+        change = change_of(rec)
+        if change is None or change.empty:
+            continue
+        change = Changes.from_dict({k: v for k, v in change.to_dict().items() if k != "persistent_workers"})
+        if change.describe() not in seen and len(out) < MAX_CHANGES:
+            seen.add(change.describe())
+            out.append(change)
+    return out
+
+
+def unsafe(capture: StepCapture, ranks: int) -> str:
+    """Why the captured step may not be replayed ("" where it may)."""
+    import torch
+
+    if ranks > 1:
+        return "a job of several processes: its step runs collectives"
+    model = capture.model
+    wrapped = type(model).__name__
+    if wrapped in ("DistributedDataParallel", "FullyShardedDataParallel", "DataParallel"):
+        return f"the model is wrapped in {wrapped}: its step runs collectives"
+    dataset = getattr(capture.loader, "dataset", None)
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        return "the loader reads an IterableDataset, a stream that may not be read twice"
+    if getattr(capture.loader, "batch_size", None) is None and getattr(capture.loader, "batch_sampler", None) is None:
+        return "the loader has neither a batch size nor a batch sampler"
+    need = _model_bytes(model, capture.optimizer) * 3  # parameters, gradients, optimizer state
+    device = _device_of(capture.args, capture.kwargs, model)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+    else:
+        import psutil
+
+        free = psutil.virtual_memory().available
+    if need > free * MEMORY_SHARE:
+        return (f"a copy of the model and its optimizer state ({need / 2**20:.0f} MiB) would not fit in a "
+                f"third of the memory left ({free / 2**20:.0f} MiB on {device.type})")
+    return ""
+
+
+def measure(capture: StepCapture, changes: list[Changes], run_compute: float, budget: float,
+            interrupted: Callable[[], bool], progress: Callable[[str], None]) -> tuple[list[WhatIf], str]:
+    """Replays of the captured step as the run had it, then with each change, in rounds
+    while the budget lasts; each one's fastest round counts (another process's work only
+    ever adds time). The step times measured, or the reason none could be (NOTE [ What-if
+    replays ])."""
+    import torch
+
+    saved = _RandomState.save()
+    threads = torch.get_num_threads()
+    training = capture.model.training
+    deadline = time.perf_counter() + budget
+    # the model alone on one held batch: the ceiling the stage advice measures against
+    configs = [Changes(), *changes, Changes(repeat_batch=True)]
+    best: dict[int, _Result] = {}
+    quiet = warnings.catch_warnings()  # the loader's own (more workers than cores) are the advice's to give
+    quiet.__enter__()
+    warnings.simplefilter("ignore")
+    try:
+        capture.model.train(capture.training)
+        step = _Step(capture)
+        first = _replay(capture, step, Changes(), 0.0, budget / (len(configs) + 2), interrupted)
+        if first is None:
+            return [], "the run's own settings could not be replayed in the time given"
+        extra = max(0.0, run_compute - first.compute)
+        if extra <= EXTRA_SHARE * first.seconds:  # within the replays' noise: nothing to stand in for
+            extra, best[0] = 0.0, first
+        rounds = 0
+        while rounds < MAX_ROUNDS:
+            for i, change in enumerate(configs):
+                if i == 0 and rounds == 0 and 0 in best:
+                    continue
+                left = deadline - time.perf_counter()
+                if left <= 0 or (rounds and left < _slice(best, i, 1.0)):
+                    break
+                progress(change.describe())
+                got = _replay(capture, step, change, extra, min(left, budget / (len(configs) + 2)), interrupted)
+                if got is not None and (i not in best or got.seconds < best[i].seconds):
+                    best[i] = got
+            rounds += 1
+            if deadline - time.perf_counter() < sum(_slice(best, i, 1.0) for i in range(len(configs))):
+                break
+    finally:
+        torch.set_num_threads(threads)
+        capture.model.train(training)
+        saved.restore()
+        quiet.__exit__(None, None, None)
+    if 0 not in best:
+        return [], "the run's own settings could not be replayed in the time given"
+    base = best[0]
+    out = [WhatIf(configs[i].describe(), r.seconds, base.seconds, min(r.steps, base.steps), extra_seconds=extra,
+                  start_seconds=r.start, baseline_start_seconds=base.start)
+           for i, r in sorted(best.items()) if i]
+    return out, "" if out else "no change could be replayed in the time given"
+
+
+def _slice(best: dict[int, _Result], i: int, default: float) -> float:
+    """About how long replay ``i`` took last time."""
+    r = best.get(i)
+    return r.elapsed if r is not None else default
+
+
+class _Result:
+    def __init__(self, seconds: float, compute: float, steps: int, elapsed: float, start: float) -> None:
+        self.seconds, self.compute, self.steps, self.elapsed, self.start = seconds, compute, steps, elapsed, start
+
+
+def _replay(capture: StepCapture, step: _Step, change: Changes, extra: float, slice_s: float,
+            interrupted: Callable[[], bool]) -> _Result | None:
+    """One replay: seconds a step and seconds of it outside the batch's wait, or None."""
+    import torch
+
+    from .fixes.cache import internal
+
+    device = step.device
+    if change.threads:
+        torch.set_num_threads(change.threads)
+    amp = _autocast(change, device)
+    with internal():  # loadprof's own loader: a trial's fixes leave it as it is
+        loader = _loader_for(capture.loader, change)
+        t_iter = time.perf_counter()
+        it = iter(loader)
+    n, waited, t_start, start = 0, 0.0, 0.0, 0.0
+    began = time.perf_counter()
+    stop_at = began + max(slice_s, 0.5)
+    try:
+        while True:
+            if interrupted():
+                raise Interrupted
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                with internal():
+                    it = iter(loader)
+                batch = next(it)
+            if device.type == "cuda":
+                _to(batch, device, bool(getattr(loader, "pin_memory", False)))
+            t1 = time.perf_counter()
+            if not n:
+                start = t1 - t_iter  # the workers' start and the first batch
+            with amp():
+                step.run()
+            if extra:
+                _busy(extra)
+            n += 1
+            if n == WARMUP_STEPS:
+                step.sync()
+                t_start, waited = time.perf_counter(), 0.0
+            elif n > WARMUP_STEPS:
+                waited += t1 - t0
+                measured = n - WARMUP_STEPS
+                now = time.perf_counter()
+                if measured >= MAX_STEPS or (now > stop_at and measured >= MIN_STEPS):
+                    step.sync()
+                    seconds = (time.perf_counter() - t_start) / measured
+                    return _Result(seconds, seconds - waited / measured, measured, time.perf_counter() - began,
+                                   start)
+            if time.perf_counter() > stop_at + slice_s:
+                return None  # too slow a step to measure in the time given
+            del batch
+    finally:
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+
+class _Step:
+    """The model's call on the held arguments, backward and an optimizer step, on copies."""
+
+    def __init__(self, capture: StepCapture) -> None:
+        import torch
+
+        model, optimizer = capture.model, capture.optimizer
+        self.device = _device_of(capture.args, capture.kwargs, model)
+        self.torch = torch
+        copies: dict[int, Any] = {}
+        self.tensors: dict[str, Any] = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            if id(p) not in copies:
+                copies[id(p)] = p.detach().clone().requires_grad_(p.requires_grad)
+            self.tensors[name] = copies[id(p)]
+        for name, b in model.named_buffers(remove_duplicate=False):
+            if id(b) not in copies:
+                copies[id(b)] = b.detach().clone()
+            self.tensors[name] = copies[id(b)]
+        self.optimizer: Any = None
+        try:
+            groups = []
+            for group in optimizer.param_groups:
+                params = [copies.setdefault(id(p), p.detach().clone().requires_grad_(p.requires_grad))
+                          for p in group["params"]]
+                groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
+            self.optimizer = type(optimizer)(groups)
+        except Exception:  # an optimizer that cannot be built from its groups: the step stays unmeasured
+            self.optimizer = None
+        self.model, self.args, self.kwargs = model, capture.args, capture.kwargs or {}
+
+    def run(self) -> None:
+        torch = self.torch
+        with torch.enable_grad():
+            out = torch.func.functional_call(self.model, self.tensors, self.args, self.kwargs, strict=False)
+            loss = _scalar(out, torch)
+            if loss is not None:
+                # zero gradients, computed in full: the copies stay as the run left them
+                # (a drifting copy would reach denormals, and slow down)
+                (loss * 0.0).backward()
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
+
+
+def _scalar(out: Any, torch: Any, depth: int = 0) -> Any:
+    """The loss to call backward on: the output's ``loss`` where it has one, else the mean
+    of its first floating tensor that needs a gradient."""
+    if depth > 6:
+        return None
+    if isinstance(out, torch.Tensor):
+        return out.float().mean() if out.requires_grad else None
+    if isinstance(out, dict):
+        loss = out.get("loss")
+        if isinstance(loss, torch.Tensor) and loss.requires_grad:
+            return loss.float().mean()
+        values: Any = out.values()
+    elif isinstance(out, (list, tuple)):
+        values = out
+    else:
+        return None
+    for v in values:
+        got = _scalar(v, torch, depth + 1)
+        if got is not None:
+            return got
+    return None
+
+
+def _loader_for(loader: Any, change: Changes) -> Any:
+    """A loader like the run's (``tune_loader``'s), with the change's settings."""
+    from .fixes.loadertune import _loader_like
+
+    settings: dict[str, Any] = {}
+    if change.num_workers is not None:
+        settings["num_workers"] = change.num_workers
+    if change.prefetch_factor is not None:
+        settings["prefetch_factor"] = change.prefetch_factor
+    if change.pin_memory:
+        settings["pin_memory"] = True
+    if change.repeat_batch:
+        return _OneBatch(next(iter(_loader_like(loader, num_workers=0))))
+    if change.cache:
+        return _loader_like(loader, dataset=_HeldItems.read(loader), **settings)
+    return _loader_like(loader, **settings)
+
+
+class _OneBatch:
+    """A loader that gives one batch again and again: the step with no loading at all."""
+
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch
+
+    def __iter__(self) -> Any:
+        while True:
+            yield self.batch
+
+
+class _HeldItems:
+    """A cache as the cache fix makes one, for the replay: the items of a few batches
+    read once and held; any index reads one of them (a cached read costs the same)."""
+
+    def __init__(self, items: list[Any], length: int) -> None:
+        self.items, self.length = items, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> Any:
+        return self.items[index % len(self.items)]
+
+    @classmethod
+    def read(cls, loader: Any) -> _HeldItems:
+        from .fixes.cache import internal
+
+        dataset = loader.dataset
+        size = loader.batch_size or 1
+        with internal():
+            indices = [i for _, i in zip(range(CACHE_BATCHES * size), iter(loader.sampler), strict=False)]
+        items = [dataset[i] for i in indices] or [dataset[0]]
+        return cls(items, len(dataset))
+
+
+def _autocast(change: Changes, device: Any) -> Callable[[], Any]:
+    import contextlib
+
+    import torch
+
+    if change.amp is None:
+        return contextlib.nullcontext
+    if device.type == "cuda":
+        dtype = torch.bfloat16 if change.amp != "fp16" and torch.cuda.is_bf16_supported() else torch.float16
+    else:
+        dtype = torch.bfloat16
+    return lambda: torch.autocast(device.type, dtype=dtype)
+
+
+def _device_of(args: Any, kwargs: Any, model: Any) -> Any:
+    import torch
+
+    for p in model.parameters():
+        return p.device
+    for v in [*(args or ()), *(kwargs or {}).values()]:
+        if isinstance(v, torch.Tensor):
+            return v.device
+    return torch.device("cpu")
+
+
+def _model_bytes(model: Any, optimizer: Any) -> int:
+    seen: set[int] = set()
+    total = 0
+    for t in [*model.parameters(), *model.buffers()]:
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _to(batch: Any, device: Any, pinned: bool, depth: int = 0) -> None:
+    """The batch's tensors copied to the device, as the loop would (the copies dropped)."""
+    import torch
+
+    if depth > 6:
+        return
+    if isinstance(batch, torch.Tensor):
+        batch.to(device, non_blocking=pinned)
+    elif isinstance(batch, dict):
+        for v in batch.values():
+            _to(v, device, pinned, depth + 1)
+    elif isinstance(batch, (list, tuple)):
+        for v in batch:
+            _to(v, device, pinned, depth + 1)
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+class _RandomState:
+    """torch's (CPU and CUDA), Python's and NumPy's global generators, put back after."""
+
+    def __init__(self) -> None:
+        self.states: list[tuple[Callable[[Any], Any], Any]] = []
+
+    @classmethod
+    def save(cls) -> _RandomState:
+        import torch
+
+        s = cls()
+        s.states.append((torch.set_rng_state, torch.get_rng_state()))
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            s.states.append((torch.cuda.set_rng_state_all, torch.cuda.get_rng_state_all()))
+        s.states.append((random.setstate, random.getstate()))
+        np = sys.modules.get("numpy")
+        if np is not None:
+            s.states.append((np.random.set_state, np.random.get_state()))
+        return s
+
+    def restore(self) -> None:
+        for setter, state in self.states:
+            setter(state)
+
+
+def speedup(w: WhatIf) -> float:
+    """The change's estimated speed-up: the run's replayed step over the changed one."""
+    return w.baseline_seconds_per_step / w.seconds_per_step if w.seconds_per_step > 0 else math.nan
+
+
+def summary(run: Any) -> str:
+    """One line on what the what-if replays measured, or why nothing was ("" where neither)."""
+    if run.whatif:
+        from .advice import NO_GAIN
+
+        parts = [f"with no loading at all (the model alone) {speedup(w):.2f}x" if w.change == CEILING else
+                 f"{w.change} {speedup(w):.2f}x" + (" (no gain: not advised)" if speedup(w) < NO_GAIN else "")
+                 for w in run.whatif]
+        return (f"Measured on the job's own step, {run.whatif_seconds:.1f} s: "
+                + ", ".join(parts))
+    if run.whatif_skipped:
+        return f"The advised changes were not measured on the job's own step: {run.whatif_skipped}"
+    return ""

@@ -1,0 +1,181 @@
+"""The advised changes measured on the job's own step while it runs (whatif.py), on real
+small training loops: the estimates come from the replays, the run is left as it was."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import os
+import subprocess
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from loadprof import Profile
+from loadprof.records import Run
+from tests.torch_loops import Sleepy, small_model, train
+
+from ..conftest import LOADPROF
+
+
+def _profiled(loader, model, what_if: float = 15.0, **kw):
+    out = io.StringIO()
+    with Profile(gpu=False, output=out, what_if=what_if, **kw) as prof:
+        train(loader, model)
+        inside = (torch.get_rng_state().clone(), copy.deepcopy(model.state_dict()), model.training)
+    return prof, inside, out.getvalue()
+
+
+def test_a_storage_bound_loop_gets_measured_worker_and_cache_estimates_and_is_left_as_it_was() -> None:
+    # 8 ms a batch of sleeping, no CPU: workers and a cache both pay, whatever else runs
+    loader = DataLoader(Sleepy(n=384, delay=0.001), batch_size=8, shuffle=True)
+    model = small_model()
+    prof, (rng, weights, training), text = _profiled(loader, model)
+    run = prof.run
+    assert run.whatif_skipped == ""
+    measured = {w.change: w for w in run.whatif}
+    assert "cache" in measured, (measured, run.whatif_skipped)
+    assert any(c.startswith("num_workers=") for c in measured)
+    for w in run.whatif:
+        assert w.steps >= 3 and w.seconds_per_step > 0 and w.baseline_seconds_per_step > 0
+    recs = {r.id: r for r in prof.report.recommendations}
+    cache = recs["cache"]
+    assert cache.basis.startswith("measured: the job's own step replayed")
+    # the loop waits on sleeps ~9x its compute: a cache takes the sleeps away
+    assert cache.estimated_speedup is not None and cache.estimated_speedup > 1.5
+    assert "whole_job_speedup" in cache.values and "whole job" in cache.basis
+    assert 0 < run.whatif_seconds <= 15.0 + 5.0
+    # 48 steps: the replays ran between two steps, and that pause is out of the run's times
+    assert len(run.steps) == 48
+    assert max(st.duration for st in run.steps) < run.whatif_seconds / 4
+    assert all(b.start >= a.end - 1e-9 for a, b in zip(run.steps, run.steps[1:], strict=False))
+    # ordered by what they buy the job as it ran (one epoch: the cache's fill counted), the measured first
+    bought = [r.values.get("whole_job_speedup") or r.estimated_speedup
+              for r in prof.report.recommendations if r.estimated_speedup]
+    assert bought == sorted(bought, reverse=True)
+    assert prof.report.recommendations[0].estimated_speedup is not None
+    assert cache.values["whole_job_speedup"] < cache.estimated_speedup
+    assert "Measured on the job's own step" in " ".join(text.split())
+    # the run is left as it was: the model's weights, its mode, torch's random state
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert model.training == training
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, weights[name]), name
+    # a saved run keeps them, and its report says the same again
+    again = Run.from_dict(json.loads(json.dumps(run.to_dict())))
+    assert [w.change for w in again.whatif] == [w.change for w in run.whatif]
+
+
+def test_the_training_comes_out_as_it_would_without_the_replays() -> None:
+    def trained(what_if: float) -> tuple[list[float], dict[str, torch.Tensor], int]:
+        torch.manual_seed(0)
+        loader = DataLoader(Sleepy(n=320, delay=0.001), batch_size=8, shuffle=True)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Dropout(0.2), torch.nn.Linear(64, 4))
+        with Profile(gpu=False, print_report=False, what_if=what_if) as prof:
+            losses = train(loader, model, epochs=2)  # dropout and shuffles draw from torch's generator
+        return losses, model.state_dict(), len(prof.run.whatif)
+
+    losses, weights, measured = trained(10.0)
+    again, same, none = trained(0.0)
+    assert measured and not none  # the replays ran in the first only, between steps 30 and 31
+    assert losses == again
+    for name, value in weights.items():
+        assert torch.equal(value, same[name]), name
+
+
+def test_a_measured_change_that_gains_nothing_is_not_advised() -> None:
+    from loadprof.advice import recommend
+    from loadprof.diagnosis import diagnose
+    from loadprof.records import WhatIf
+
+    loader = DataLoader(Sleepy(n=256, delay=0.001), batch_size=8)
+    prof, _, _ = _profiled(loader, small_model())
+    run = prof.run
+    before = recommend(run, diagnose(run))
+    target = next(r for r in before if r.id == "cache")
+    # the same run, had the cache measured no faster than the run's own settings
+    run.whatif = [WhatIf("cache", 0.010, 0.010, 5)]
+    after = recommend(run, diagnose(run))
+    assert target.id not in [r.id for r in after]
+
+
+class _Stream(IterableDataset):
+    def __iter__(self):
+        for i in range(256):
+            time.sleep(0.001)
+            yield torch.randn(32), i % 4
+
+
+def test_an_iterable_dataset_is_not_read_again_and_the_report_says_why() -> None:
+    loader = DataLoader(_Stream(), batch_size=8)
+    prof, _, text = _profiled(loader, small_model())
+    assert prof.run.whatif == []
+    assert prof.report.recommendations  # advice the replays would have measured
+    assert "IterableDataset" in prof.run.whatif_skipped
+    assert "not measured on the job's own step: the loader reads an IterableDataset" in " ".join(text.split())
+
+
+def test_turned_off_nothing_is_held_or_measured() -> None:
+    loader = DataLoader(Sleepy(n=256, delay=0.001), batch_size=8)
+    prof, _, text = _profiled(loader, small_model(), what_if=0)
+    assert prof.run.whatif == [] and prof.run.whatif_seconds == 0
+    assert "Measured on the job's own step" not in text
+
+
+@pytest.mark.parametrize("value", ["-1", "abc", "601"])
+def test_a_bad_budget_is_one_line_and_exit_2(value: str, tmp_path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("print('ran')\n")
+    p = subprocess.run([LOADPROF, "diagnose", "--what-if", value, str(script)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2
+    assert "--what-if" in p.stderr and "Traceback" not in p.stderr and "ran" not in p.stdout
+    p = subprocess.run([LOADPROF, "diagnose", str(script)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "LOADPROF_WHAT_IF": value})
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "ran" not in p.stdout
+    assert p.stderr.strip().count("\n") == 0 and "LOADPROF_WHAT_IF" in p.stderr
+
+
+SCRIPT = """
+import os, sys, tempfile, time
+import numpy as np, torch
+from torch.utils.data import DataLoader, Dataset
+
+class Files(Dataset):
+    def __init__(self, folder):
+        self.paths = sorted(os.path.join(folder, f) for f in os.listdir(folder))
+    def __len__(self):
+        return len(self.paths)
+    def __getitem__(self, i):
+        time.sleep(0.001)  # storage's round trip
+        return torch.from_numpy(np.fromfile(self.paths[i], dtype=np.float32)), i % 4
+
+with tempfile.TemporaryDirectory() as folder:  # gone when the script ends
+    for i in range(512):
+        np.full(32, i, dtype=np.float32).tofile(os.path.join(folder, f"{i:04d}.bin"))
+    net = torch.nn.Linear(32, 4)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    for x, y in DataLoader(Files(folder), batch_size=8, shuffle=True):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+"""
+
+
+def test_diagnose_measures_while_the_scripts_data_still_exists(tmp_path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "run.json"
+    p = subprocess.run([LOADPROF, "diagnose", "--what-if", "10", "--json", str(out), str(script)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    report = json.loads(out.read_text())
+    run = report["run"]
+    assert run["whatif_skipped"] == "", run["whatif_skipped"]
+    assert {w["change"] for w in run["whatif"]} >= {"cache"}
+    assert "measuring" in p.stderr and "advised change" in p.stderr
+    measured = [r for r in report["recommendations"] if r["basis"].startswith("measured:")]
+    assert measured and all(r["estimated_speedup"] > 1 for r in measured)
