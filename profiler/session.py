@@ -389,14 +389,17 @@ class Profile:
         NOTE [ Logging into the script's own run ] in trackers/__init__.py)."""
         from .report import build_report
 
+        return build_report(self._run_so_far(), self.settings.gpu_hour_price)
+
+    def _run_so_far(self) -> Run:
+        """A copy of the run until now: its steps and readings."""
         assert self._timeline is not None
-        sampler = self._sampler
-        run = dataclasses.replace(
-            self.run, steps=list(self._timeline.steps), data_wait_method=self._timeline.method(),
+        sampler, timeline = self._sampler, self._timeline
+        return dataclasses.replace(
+            self.run, steps=[dataclasses.replace(s) for s in timeline.steps], data_wait_method=timeline.method(),
             duration=time.perf_counter() - self._t0,
             host_samples=list(sampler.host_samples) if sampler else [],
             gpu_samples=list(sampler.gpu_samples) if sampler else [])
-        return build_report(run, self.settings.gpu_hour_price)
 
     def _start_sampler(self) -> None:
         assert self._timeline is not None and self._nvml is not None
@@ -548,9 +551,9 @@ class Profile:
             self._guard("the what-if pause could not be taken out of the run's times", self._close_pause)
             self._guard("the advised changes could not be measured", lambda: self._measure_changes(self.run))
             self._measured = True
-            hooks = self._watch.hooks.get("torch") if self._watch is not None else None
-            if getattr(hooks, "capture", None) is not None:
-                hooks.capture.drop()  # type: ignore[union-attr]  # the script's model and loader, let go
+            capture = self._capture()
+            if capture is not None:
+                capture.drop()  # the script's model and loader, let go
         finally:
             with _active_lock:
                 _active = None
@@ -560,14 +563,8 @@ class Profile:
         """The what-if replays between two steps, once the step is held (NOTE [ What-if
         replays ] in whatif.py): the hooks inert meanwhile, and the pause taken out of the
         run's times at the end (``_close_pause``)."""
-        assert self._timeline is not None
-        sampler, timeline = self._sampler, self._timeline
-        run = dataclasses.replace(
-            self.run, steps=[dataclasses.replace(s) for s in timeline.steps], data_wait_method=timeline.method(),
-            duration=time.perf_counter() - self._t0,
-            environment=dataclasses.replace(self.run.environment, intra_op_threads=_intra_op_threads()),
-            host_samples=list(sampler.host_samples) if sampler else [],
-            gpu_samples=list(sampler.gpu_samples) if sampler else [])
+        run = self._run_so_far()
+        run.environment = dataclasses.replace(run.environment, intra_op_threads=_intra_op_threads())  # for the plan
         t0 = time.perf_counter()
         try:
             with hooks.suspended():
@@ -577,10 +574,14 @@ class Profile:
         finally:
             self._pause = (t0 - self._t0, time.perf_counter() - self._t0)
 
+    def _capture(self) -> Any:
+        """The torch hooks' held step (instrument/stepcapture.py), or None."""
+        hooks = self._watch.hooks.get("torch") if self._watch is not None else None
+        return getattr(hooks, "capture", None)
+
     def _measure_changes(self, run: Run) -> None:
         """NOTE [ What-if replays ] in whatif.py: ``run`` is the run so far, to plan from."""
-        hooks = self._watch.hooks.get("torch") if self._watch is not None else None
-        capture = getattr(hooks, "capture", None)
+        capture = self._capture()
         if capture is None or self._measured:
             return
         done = True  # False: nothing to measure yet; the run's end plans again
@@ -615,7 +616,7 @@ class Profile:
             try:
                 self.run.whatif, self.run.whatif_skipped = measure(
                     capture, changes, diagnosis.metrics.compute_per_step, budget,
-                    lambda: held is not None and held.pending is not None, lambda change: None)
+                    lambda: held is not None and held.pending is not None)
             except Interrupted:
                 self.run.whatif_skipped = "stopped by a signal before the changes were measured"
             except Exception as err:  # the user's dataset or model failed outside the run

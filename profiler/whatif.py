@@ -37,7 +37,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .advice.base import CEILING, Recommendation, change_of
+from .advice.base import CEILING, Recommendation, replayed_change
 from .fixes.spec import Changes
 from .records import WhatIf
 
@@ -87,10 +87,9 @@ def plan(recommendations: list[Recommendation]) -> list[Changes]:
     for rec in recommendations:
         if rec.id not in MEASURED_IDS or rec.framework != "torch":
             continue
-        change = change_of(rec)
+        change = replayed_change(rec)
         if change is None or change.empty:
             continue
-        change = Changes.from_dict({k: v for k, v in change.to_dict().items() if k != "persistent_workers"})
         if change.describe() not in seen and len(out) < MAX_CHANGES:
             seen.add(change.describe())
             out.append(change)
@@ -127,7 +126,7 @@ def unsafe(capture: StepCapture, ranks: int) -> str:
 
 
 def measure(capture: StepCapture, changes: list[Changes], run_compute: float, budget: float,
-            interrupted: Callable[[], bool], progress: Callable[[str], None]) -> tuple[list[WhatIf], str]:
+            interrupted: Callable[[], bool]) -> tuple[list[WhatIf], str]:
     """Replays of the captured step as the run had it, then with each change, in rounds
     while the budget lasts, interleaved so that another process's work falls on all alike;
     each one's rounds are averaged (``_Result.joined``). The step times measured, or the reason none could be (NOTE [ What-if
@@ -161,7 +160,6 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
                 left = deadline - time.perf_counter()
                 if left <= 0 or (rounds and left < _slice(best, i, 1.0)):
                     break
-                progress(change.describe())
                 got = _replay(capture, step, change, extra, min(left, budget / (len(configs) + 2)), interrupted)
                 if got is not None:
                     best[i] = best[i].joined(got) if i in best else got

@@ -26,7 +26,7 @@ import math
 from ..diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Thresholds, is_tf, steady_wait
 from ..loaderhost import restart_cost
 from ..records import Run, WhatIf
-from .base import IDS, MEASURE, Recommendation, change_of
+from .base import IDS, MEASURE, Recommendation, replayed_change
 from .compute import compute_advice, host_bound_advice, threads_advice
 from .loader import (
     compute_cpu_per_step,
@@ -131,9 +131,7 @@ def measured(run: Run, recs: list[Recommendation]) -> list[Recommendation]:
     by_change = {w.change: w for w in run.whatif}
     out: list[Recommendation] = []
     for rec in recs:
-        change = change_of(rec)
-        if change is not None and change.persistent_workers:
-            change.persistent_workers = None  # a replay measures steady steps: no epoch starts
+        change = replayed_change(rec)
         w = by_change.get(change.describe()) if change is not None else None
         if w is None:
             out.append(rec)

@@ -90,3 +90,12 @@ def change_of(rec: Recommendation) -> Changes | None:
             and v["accumulation_steps"] >= 2:
         return Changes(accumulation=v["accumulation_steps"])
     return None
+
+
+def replayed_change(rec: Recommendation) -> Changes | None:
+    """The change a what-if replay measures for a recommendation: ``change_of`` less
+    ``persistent_workers`` (a replay measures steady steps: no epoch starts)."""
+    change = change_of(rec)
+    if change is not None:
+        change.persistent_workers = None
+    return change
