@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 from torch.utils.data._utils.fetch import _MapDatasetFetcher  # noqa: E402
 
 from loadprof import Profile  # noqa: E402
-from loadprof.instrument import stagepipe, stages  # noqa: E402
+from loadprof.frameworks.torch import stagepipe, stages  # noqa: E402
 from tests import stage_loops as sl  # noqa: E402
 from tests import torch_loops as loops  # noqa: E402
 

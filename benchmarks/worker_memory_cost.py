@@ -2,7 +2,7 @@
 from one read of its /proc/PID/smaps_rollup (the kernel walks its page tables), taken by
 the host sampler within a CPU budget (NOTE [ Sampling cost ] in profiler/samplers/host.py),
 and the dataset's Python objects are weighed once before the workers start
-(profiler/instrument/pyobjects.py).
+(profiler/frameworks/torch/pyobjects.py).
 
 A DataLoader with two persistent forked workers reads an index of ``--entries`` Python
 tuples at random, so that each worker holds a copy of it: the largest page tables a
@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, Dataset
 os.environ.setdefault("LOADPROF_WHAT_IF", "0")  # before loadprof reads it
 
 from loadprof import Profile  # noqa: E402
-from loadprof.instrument.pyobjects import python_object_bytes  # noqa: E402
+from loadprof.frameworks.torch.pyobjects import python_object_bytes  # noqa: E402
 from loadprof.samplers.host import PSS_BUDGET, PSS_CEILING, PSS_MAX_PERIOD  # noqa: E402
 from loadprof.samplers.procfs import ProcFile, read_pss  # noqa: E402
 

@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from .advice import Recommendation, recommend
     from .diagnosis import Diagnosis, Thresholds, diagnose
-    from .fixes.loadertune import tune_loader
+    from .frameworks.torch.loadertune import tune_loader
     from .records import Run
     from .report import Report, RunReport, build_report, load_report
     from .report.job import JobReport
@@ -39,7 +39,7 @@ _WHERE = {
     "load_report": "report",
     "Profile": "session", "Settings": "settings",
     "StopRun": "timeline",
-    "tune_loader": "fixes.loadertune",
+    "tune_loader": "frameworks.torch.loadertune",
     "load_ipython_extension": "jupyter",  # %load_ext loadprof: the %%loadprof cell magic
 }
 

@@ -7,8 +7,8 @@ Verdicts, checked in this order:
    run whose input time could not be measured (``Run.data_wait_method`` empty).
 2. ``memory-bound``: an out-of-memory error during the run.
 3. ``data-starved``: input time (batch wait + host-to-device copies) >= 20% of
-   step time, with a sub-cause (``CAUSES``). For tf.data the sub-cause comes from
-   the process's CPU while the loop waited (``_tf_data_cause``).
+   step time, with a sub-cause (``CAUSES``). For a loader on the process's threads (tf.data) the sub-cause comes from
+   the process's CPU while the loop waited (``_threads_data_cause``).
 4. ``memory-bound``: GPU memory >= 90% of capacity, or host memory pressure
    (swap grew, or available memory fell under 5%); its cause ``workers-copy-on-read``
    where the loader workers' copies of the dataset's objects are what ran the host
@@ -26,6 +26,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .frameworks import for_loader
 from .loaderhost import (
     Copies,
     copy_on_read,
@@ -38,7 +39,7 @@ from .loaderhost import (
     worker_copies,
 )
 from .oom import OutOfMemory, WorkerDeath, classify, describe, worker_death
-from .records import GpuSample, HostSample, LoaderInfo, Run, Step, is_tf
+from .records import GpuSample, HostSample, LoaderInfo, Run, Step
 from .stagemodel import loading, top_stage_line
 from .units import percent_text as _pct
 from .units import seconds_text as _secs
@@ -63,12 +64,6 @@ CAUSES = {
 LOOP_CAUSES = {
     "cpu-bound-preprocessing": "CPU-bound input: the loop's own code prepares each batch on the training thread",
     "io-latency": "I/O or latency bound: the loop's own input code waits without using the CPU",
-}
-#: The same sub-causes worded for tf.data, which has threads, not loader workers.
-TF_CAUSES = {
-    "cpu-bound-preprocessing": "CPU-bound preprocessing: the tf.data pipeline saturates the usable cores",
-    "too-few-workers": "too little parallelism: the tf.data pipeline is CPU work and cores are idle",
-    "io-latency": "I/O or latency bound: the loop waits while the pipeline barely uses the CPU",
 }
 
 
@@ -627,8 +622,9 @@ def _data_cause(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
     input_time = m.wait_fraction + m.h2d_fraction
     if input_time > 0 and m.h2d_fraction / input_time >= 0.5:
         return "host-to-device"
-    if is_tf(m.loader):
-        return _tf_data_cause(m, th, ev)
+    adapter = for_loader(m.loader)
+    if adapter is not None and adapter.threads:
+        return _threads_data_cause(m, th, ev, adapter.label)
     workers = m.loader.num_workers if m.loader else None
     if not workers:
         # Loading runs on the training thread (num_workers=0 or a generator): its
@@ -707,8 +703,9 @@ def _idle_or_contended(m: Metrics, th: Thresholds, ev: list[Evidence], delay: fl
     return "io-latency"
 
 
-def _tf_data_cause(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
-    """Sub-cause for tf.data: there are no worker processes, only the process's own threads.
+def _threads_data_cause(m: Metrics, th: Thresholds, ev: list[Evidence], label: str) -> str:
+    """Sub-cause for a loader that runs on the process's own threads (tf.data): there are
+    no worker processes.
 
     ``Step.data_wait_cpu`` holds the process's CPU time while the loop waited
     (iterator-next), or the pipeline's CPU cores measured alone times the wait
@@ -720,7 +717,7 @@ def _tf_data_cause(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
     if cores is None:
         return "io-latency"
     ev.append(Evidence(
-        "input_cpu_cores", "CPU cores busy in the process while the loop waited for tf.data", cores,
+        "input_cpu_cores", f"CPU cores busy in the process while the loop waited for {label}", cores,
         f"{cores:.2f} of {m.usable_cores} usable cores",
         f">= {_pct(th.cpu_saturated)} of the cores = saturated; >= {th.wait_cpu_bound:.1f} core = CPU work",
         "loadprof",
@@ -835,10 +832,11 @@ def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:
         if m.steps_total == 0:
             reason = "no training steps were seen (no optimizer step, no Profile.step())"
         return Diagnosis("inconclusive", None, reason, "low", ev, m)
-    if not run.data_wait_method and is_tf(m.loader):
+    adapter = for_loader(m.loader)
+    if not run.data_wait_method and adapter is not None and adapter.threads:
         return Diagnosis(
             "inconclusive", None,
-            "input time of the TensorFlow pipeline could not be measured (see limitations)", "low", ev, m,
+            f"input time of {adapter.label} could not be measured (see limitations)", "low", ev, m,
         )
 
     ev.append(Evidence(
@@ -907,8 +905,9 @@ def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:
             confidence = "medium"
         if cause == "workers-unmeasured":
             confidence = "low"
-        if is_tf(m.loader):
-            words = TF_CAUSES.get(cause, CAUSES[cause])
+        own = adapter.words.cause(cause) if adapter is not None else None
+        if own is not None:
+            words = own
         elif m.loader is None:
             words = LOOP_CAUSES.get(cause, CAUSES[cause])
         else:

@@ -2,7 +2,7 @@
 epoch, its processes against the node's cores, its batches in flight against /dev/shm,
 its workers' own memory.
 
-No I/O: the figures were measured by instrument/loaderfacts.py (NOTE [ Loader
+No I/O: the figures were measured by frameworks/torch/loaderfacts.py (NOTE [ Loader
 start-up and shards ]) and read at the start by samplers/node.py and
 samplers/host.py; diagnosis.py turns them into warnings and evidence, the advice package into
 the fixes. Each check returns the measured figures and one line that says them.
@@ -202,7 +202,7 @@ class Copies:
 def worker_copies(loader: LoaderInfo | None, samples: Sequence[HostSample]) -> Copies | None:
     """Most of the loader's workers holding memory of their own far beyond the batches they
     make (their USS), the dataset's objects being that large (NOTE [ Copies in loader
-    workers ] in instrument/pyobjects.py); None where they do not."""
+    workers ] in frameworks/torch/pyobjects.py); None where they do not."""
     if loader is None or not loader.num_workers:
         return None
     # its own workers where their pids were kept: spawn's resource tracker and another
@@ -255,7 +255,7 @@ SLOW_WORKER_BATCHES = 3
 
 def slow_worker(loader: LoaderInfo | None) -> str | None:
     """The ``slow-worker`` warning: a loader worker whose own batches took twice its peers'
-    (its timed batches, instrument/stages.py), named with its slowest stage."""
+    (its timed batches, frameworks/torch/stages.py), named with its slowest stage."""
     if loader is None:
         return None
     timed = [f for f in loader.worker_fetch if f.batches >= SLOW_WORKER_BATCHES and f.seconds > 0]

@@ -19,7 +19,7 @@ NOTE [ One patcher ]
   away and change the run (NOTE [ Never break the run ] in session.py). So every
   wrapper must be inert once its owner is removed: it checks its owner's pid or
   ``installed`` flag and calls straight through (NOTE [ Fork safety ] in
-  instrument/torchhooks.py does the same for forked workers). ``restore()`` says so
+  frameworks/torch/hooks.py does the same for forked workers). ``restore()`` says so
   in its return value, for ``Run.limitations``.
 - ``AVOID`` lists what loadprof must never override, with the reason; ``wrap``
   and ``subclass`` refuse them (``PatchRefused``). Keras 3 dispatches batch-end

@@ -158,7 +158,7 @@ class EvalPass:
 @dataclass
 class StageTime:
     """One stage of making batches, summed over the processes that ran it
-    (instrument/stages.py): exclusive time, less the hooked stages inside it."""
+    (frameworks/torch/stages.py): exclusive time, less the hooked stages inside it."""
 
     kind: str  # "read", "decode", "transform", "user", "collate", "pin", "copy"
     name: str  # e.g. "PIL PNG decode", "RandomResizedCrop(size=224)", "slow_fn (data.py:12)"
@@ -175,7 +175,7 @@ class StageTime:
 
 @dataclass
 class WorkerFetch:
-    """One loader worker's timed batches (instrument/stages.py): what making one took it."""
+    """One loader worker's timed batches (frameworks/torch/stages.py): what making one took it."""
 
     pid: int
     batches: int  # batches it timed
@@ -217,7 +217,7 @@ class LoaderInfo:
     worker_fetch: list[WorkerFetch] = field(default_factory=list)
     stage_batches: int = 0
     stage_seconds: float = 0.0
-    # Start-up and sharding, measured by instrument/loaderfacts.py (NOTE [ Loader start-up and shards ]).
+    # Start-up and sharding, measured by frameworks/torch/loaderfacts.py (NOTE [ Loader start-up and shards ]).
     #: seconds from iter(loader) to its first batch, per training iteration (epoch), the first 100
     first_batch_s: list[float] = field(default_factory=list)
     #: seconds the loop waited, iter() included, for each iteration's first ``start_batches`` batches
@@ -228,20 +228,11 @@ class LoaderInfo:
     #: the most workers that ended their share without a batch in one iteration (None: not read)
     workers_ended_empty: int | None = None
     shards: int | None = None  # shards the dataset says it has (n_shards, its urls), where it says
-    #: the process ids of its workers, as started (instrument/loaderfacts.py), the first MAX_LOADER_PIDS
+    #: the process ids of its workers, as started (frameworks/torch/loaderfacts.py), the first MAX_LOADER_PIDS
     worker_pids: list[int] = field(default_factory=list)
     #: bytes of Python objects its dataset holds, estimated before its workers first started:
-    #: the most a worker copies of it (instrument/pyobjects.py); None where not walked
+    #: the most a worker copies of it (frameworks/torch/pyobjects.py); None where not walked
     dataset_object_bytes: int | None = None
-
-
-#: ``LoaderInfo.framework`` values of TensorFlow input pipelines (their transformations run
-#: in its C++ runtime).
-TF_FRAMEWORKS = ("tf.data", "keras")
-
-
-def is_tf(loader: LoaderInfo | None) -> bool:
-    return loader is not None and loader.framework in TF_FRAMEWORKS
 
 
 @dataclass

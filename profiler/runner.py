@@ -16,7 +16,7 @@ NOTE [ Script runner lifecycle ]
   usage says; NOTE [ Our options after the script ] says when the report warns.
 - Only the process that started profiling reports. A process forked from the
   script (a DataLoader worker, ``os.fork``) that unwinds through here exits
-  with its code and writes nothing (NOTE [ Fork safety ] in instrument/torchhooks.py).
+  with its code and writes nothing (NOTE [ Fork safety ] in frameworks/torch/hooks.py).
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ class Profile:
         True: change DataLoaders built inside the block from their second epoch
         on, with the measured safe settings (workers, prefetch, pinned memory;
         never what changes results), and say what changed (``prof.applied``).
-        Default False: measure only (NOTE [ Live loader tuning ] in fixes/livetune.py).
+        Default False: measure only (NOTE [ Live loader tuning ] in frameworks/torch/livetune.py).
     host_helper
         Read host CPU and memory from a small helper process (default True), off
         the training process's GIL; False reads them on the sampler thread.
@@ -378,7 +378,7 @@ class Profile:
         self._job = job
 
     def _snapshot(self) -> Run:
-        """A copy of the run so far, for live tuning to read (NOTE [ Live loader tuning ] in fixes/livetune.py)."""
+        """A copy of the run so far, for live tuning to read (NOTE [ Live loader tuning ] in frameworks/torch/livetune.py)."""
         assert self._timeline is not None
         return Run(environment=dataclasses.replace(self.run.environment),
                    steps=[dataclasses.replace(step) for step in self._timeline.steps],
@@ -465,12 +465,15 @@ class Profile:
         if self._timeline is not None and not self._stopped and os.getpid() == self._pid:
             self._timeline.mark(time.perf_counter())
 
-    def stop(self, exc: BaseException | None = None) -> None:
+    def stop(self, exc: BaseException | None = None) -> Run:
+        """Stops measuring, writes and prints what was asked for, and returns the run (its
+        report: ``prof.report``; ``loadprof.report.build_report(run)`` renders it again).
+        Stopping twice, or in a forked child, returns the run as it stands."""
         if self._stopped or not self._started or os.getpid() != self._pid:
-            return
+            return self.run
         if self._outer is not None:
             self._stop_inside(exc)
-            return
+            return self.run
         self._stopped = True
         held = self._held = HeldSignals().hold()  # NOTE [ Signals while the report is written ] in signals.py
         try:
@@ -478,6 +481,7 @@ class Profile:
             self.reported = True
         finally:
             held.release()
+        return self.run
 
     def _stop_and_report(self, exc: BaseException | None) -> None:
         global _active
@@ -501,7 +505,7 @@ class Profile:
                     self.run.limitations.append(f"apply: could not undo every fix ({type(err).__name__}: {err})")
                 self.applied = list(self._applier.messages) + [f"not applied: {m}" for m in self._applier.skipped]
                 self.run.limitations.extend(f"apply: {line}" for line in self._applier.limitations)
-                for info, note in self._applier.loader_notes:  # NOTE [ Live loader tuning ] in fixes/livetune.py
+                for info, note in self._applier.loader_notes:  # NOTE [ Live loader tuning ] in frameworks/torch/livetune.py
                     info.notes.append(note)
                 for info, values, when in self._applier.loader_changes:
                     # The report judges the loader as it ran last, on the steps after the change.
@@ -575,7 +579,7 @@ class Profile:
             self._pause = (t0 - self._t0, time.perf_counter() - self._t0)
 
     def _capture(self) -> Any:
-        """The torch hooks' held step (instrument/stepcapture.py), or None."""
+        """The torch hooks' held step (frameworks/torch/stepcapture.py), or None."""
         hooks = self._watch.hooks.get("torch") if self._watch is not None else None
         return getattr(hooks, "capture", None)
 
@@ -587,7 +591,7 @@ class Profile:
         done = True  # False: nothing to measure yet; the run's end plans again
         try:
             if not capture.ready:
-                from .instrument.stepcapture import CAPTURE_STEP
+                from .frameworks.torch.stepcapture import CAPTURE_STEP
 
                 self.run.whatif_skipped = capture.problem or (
                     "no step was held to replay (the model is looked for after the first "

@@ -30,7 +30,7 @@ class Settings:
     live: bool = False  # redraw a live view on the terminal while it runs (report/liveview.py)
     print_report: bool = True  # print the terminal summary at exit
     gpu: bool = True  # sample GPUs through NVML
-    apply: bool = False  # change DataLoaders built in the block (NOTE [ Live loader tuning ] in fixes/livetune.py)
+    apply: bool = False  # change DataLoaders built in the block (NOTE [ Live loader tuning ] in frameworks/torch/livetune.py)
     #: read the host from a helper process, off the training process's GIL; False: on the
     #: sampler thread (NOTE [ Host readings in a helper process ] in samplers/hostproc.py)
     host_helper: bool = True

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .records import LoaderInfo, Run, StageTime, is_tf
+from .frameworks import for_loader
+from .records import LoaderInfo, Run, StageTime
 
 KINDS = ("read", "decode", "transform", "user", "collate", "pin", "copy")
 #: The model's step time may differ from the measured one by this share at most for
@@ -65,7 +66,7 @@ def loading(run: Run, loader: LoaderInfo | None) -> Loading | None:
     n = loader.stage_batches
     stages = list(loader.stages)
     # The stages are timed on a sample of the batches (NOTE [ Timing a sample of the
-    # batches ] in instrument/stages.py); the steps' figures are over all of them.
+    # batches ] in frameworks/torch/stages.py); the steps' figures are over all of them.
     batches = sum(s.merged for s in run.steps) or 1
     h2d = sum(s.h2d for s in run.steps)
     if h2d > 0:
@@ -79,8 +80,9 @@ def loading(run: Run, loader: LoaderInfo | None) -> Loading | None:
     if not loader.num_workers and run.steps:
         wait = 1000 * sum(s.data_wait for s in run.steps) / batches
     # TensorFlow's graph transformations run in C++: its stages are only the Python functions
-    # the pipeline calls (NOTE [ Timing tf.data's Python functions ] in instrument/tfstages.py)
-    python_only = is_tf(loader)
+    # the pipeline calls (NOTE [ Timing tf.data's Python functions ] in frameworks/tensorflow/stages.py)
+    adapter = for_loader(loader)
+    python_only = adapter is not None and adapter.stages == "python"
     fetch = None if python_only else 1000 * loader.stage_seconds / n
     return Loading(rows, 1000 * total / n, fetch, wait, n, loader.batch_size or 1, python_only)
 

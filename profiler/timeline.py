@@ -27,7 +27,7 @@ read as 50% input-bound). So a batch read with gradients off is reported with
 ``eval_wait``: it is counted apart (``eval_batches``, ``eval_seconds``) and the open
 step starts again at the next batch read with gradients on, dropping what the
 evaluation pass left in it, as Keras fit does with validation
-(``instrument/kerasfit.py``). When the user marks steps by hand (an inference
+(``frameworks/keras/fit.py``). When the user marks steps by hand (an inference
 loop, gradients off throughout), these are the steps' own waits and count as such.
 
 NOTE [ Garbage collection in a wait ]
@@ -75,7 +75,7 @@ NOTE [ Waits measured after the run ]
 Under Keras ``fit`` the batches are pulled inside the compiled function: no wait
 to time while the step runs. The fit hooks tell the timeline where each step
 begins and how many samples it holds (``step_begins``), and measure the input
-waits after the run (instrument/tfprobe.py); ``measured_waits`` then adds each to
+waits after the run (frameworks/tensorflow/probe.py); ``measured_waits`` then adds each to
 the record holding its step, whether that record still stands for one step or,
 in a long run, for several merged ones. The hooks keep nothing of a ``Step``:
 the timeline's records are its own.

@@ -13,7 +13,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .records import LoaderInfo, Run, is_tf
+from .frameworks import for_loader
+from .records import LoaderInfo, Run
 from .units import percent_text as _pct
 from .units import seconds_text as _secs
 
@@ -221,14 +222,10 @@ def stalls_warning(m: Metrics, th: Thresholds) -> str | None:
     workers = (li.num_workers or 0) if li is not None else 0
     if w.at_epoch_start and w.epoch_start_seconds is not None:
         per = f"each epoch's start waits {_secs(w.epoch_start_seconds)} ({w.at_epoch_start} of the stalls)"
-        if li is not None and workers and not li.persistent_workers and not is_tf(li):
-            fixes.append(f"{per}: DataLoader(..., persistent_workers=True) keeps the {workers} workers, "
-                         "and what they set up, from one epoch to the next")
-        elif li is not None and is_tf(li):
-            fixes.append(f"{per}: {_tf_epoch_words(li)}")
-        else:
-            fixes.append(f"{per}: work the loader does as an iteration begins (its sampler, the dataset's "
-                         "own set-up)")
+        adapter = for_loader(li)
+        own = adapter.words.epoch_start_fix(li, workers) if adapter is not None and li is not None else None
+        fixes.append(f"{per}: " + (own or "work the loader does as an iteration begins (its sampler, the "
+                                          "dataset's own set-up)"))
     others = [st for st in w.stalls if st.at != "epoch-start"]
     if w.stall_steps > w.at_epoch_start and others:
         typical = statistics.median(st.seconds for st in others)
@@ -242,35 +239,12 @@ def stalls_warning(m: Metrics, th: Thresholds) -> str | None:
     return text + "; " + "; ".join(fixes) if fixes else text
 
 
-def _tf_epoch_words(li: LoaderInfo) -> str:
-    """What a tf.data pipeline does as each new iterator (an epoch) begins, and what keeps it
-    going through the boundary."""
-    if any(t.startswith("shuffle") for t in li.transformations):
-        # tf.data's guide (data_performance: shuffle): the buffer fills before its first element
-        return ("its shuffle buffer fills before the epoch's first element: ds.repeat() before ds.shuffle() keeps "
-                "it filled from one epoch into the next (their boundaries blur), or shuffle what is cheap "
-                "(file names, indices) before the slow map, or a smaller buffer")
-    return ("the pipeline starts empty with each new iterator: one iterator over all epochs (ds.repeat(), "
-            "and steps_per_epoch or a step count) keeps it making batches through the boundary")
-
-
 def _prefetch_words(li: LoaderInfo | None, workers: int, typical: float, batch: float, ahead: int) -> str:
     """What keeps enough batches in flight to cover a stall of ``typical`` seconds."""
     cover = (f"a typical stall of {_secs(typical)} is {ahead - 1} batches of the loop's {_secs(batch)}: "
              f"{ahead} batches in flight cover it")
-    if is_tf(li) and li is not None and li.parallel_map is False:
-        # one element at a time: a buffer only holds what the map made, no faster than before
-        return (f"{cover}; its map makes one element at a time: ds.map(..., num_parallel_calls=tf.data.AUTOTUNE) "
-                f"makes them side by side, and ds.prefetch({ahead}) ahead of the loop")
-    if is_tf(li):
-        return f"{cover} (ds.prefetch({ahead}), or tf.data.AUTOTUNE)"
-    if li is None:
-        return f"{cover} (a thread that fills a queue of {ahead} batches while the model computes)"
-    if not workers:
-        return (f"{cover}; num_workers=0 makes each batch only when the loop asks for it: "
-                f"DataLoader(..., num_workers=2, prefetch_factor={math.ceil(ahead / 2)}) makes them ahead")
-    now = workers * (li.prefetch_factor or 2)
-    if now >= ahead:
-        return (f"{cover}, and {workers} workers x prefetch_factor {li.prefetch_factor or 2} already hold {now}: "
-                f"the workers cannot get that far ahead of the loop, more of them (num_workers={2 * workers}) can")
-    return f"{cover}: DataLoader(..., num_workers={workers}, prefetch_factor={math.ceil(ahead / workers)})"
+    adapter = for_loader(li)
+    own = adapter.words.prefetch_fix(li, workers, cover, ahead) if adapter is not None and li is not None else None
+    if own is not None:
+        return own
+    return f"{cover} (a thread that fills a queue of {ahead} batches while the model computes)"

@@ -42,7 +42,7 @@ from .fixes.spec import Changes
 from .records import WhatIf
 
 if TYPE_CHECKING:
-    from .instrument.stepcapture import StepCapture
+    from .frameworks.torch.stepcapture import StepCapture
 
 #: the advice measured by a replay (the rest changes the code, or the optimisation)
 MEASURED_IDS = ("num_workers", "prefetch", "cache", "pin_memory", "mixed_precision", "threads")
@@ -335,7 +335,7 @@ def _scalar(out: Any, torch: Any, depth: int = 0) -> Any:
 
 def _loader_for(loader: Any, change: Changes) -> Any:
     """A loader like the run's (``tune_loader``'s), with the change's settings."""
-    from .fixes.loadertune import _loader_like
+    from .frameworks.torch.loadertune import _loader_like
 
     settings: dict[str, Any] = {}
     if change.num_workers is not None:

@@ -13,7 +13,7 @@ num_workers warning shows):
 - tf.data: never ``prefetch`` when the pipeline has one, never ``cache`` when it
   caches, never ``parallel_map`` for a map TensorFlow already parallelises, and
   no speed-up promised for a prefetch TensorFlow already injects (NOTE [ What
-  TensorFlow already does for a pipeline ] in instrument/tfdata.py).
+  TensorFlow already does for a pipeline ] in frameworks/tensorflow/tfdata.py).
 
 Speed-ups here are *estimates* from the measured per-step costs; ``loadprof
 tune`` measures them for real.
@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import math
 
-from ..diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Thresholds, is_tf, steady_wait
+from ..diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Thresholds, steady_wait
+from ..frameworks import for_loader
 from ..loaderhost import restart_cost
 from ..records import Run, WhatIf
 from .base import IDS, MEASURE, Recommendation, replayed_change
@@ -37,12 +38,10 @@ from .loader import (
     shm_advice,
     step_with_workers,
     steps_seconds,
-    torch_input_advice,
     workers_needed,
 )
 from .memory import ACTIVATIONS_DOMINATE, memory_advice, micro_batch
 from .stages import READ_LATENCY_S, STAGE_DOMINATES, stage_advice
-from .tfdata import tf_input_advice
 
 __all__ = [
     "ACTIVATIONS_DOMINATE", "IDS", "MEASURE", "READ_LATENCY_S", "STAGE_DOMINATES", "Recommendation",
@@ -51,23 +50,24 @@ __all__ = [
 
 
 def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> list[Recommendation]:
-    """The recommendations for a run, in order: the input rules (the torch loader's or
-    tf.data's), then those of the verdict, threads, contention and /dev/shm first, and the
+    """The recommendations for a run, in order: the input rules (those of the loader's
+    framework adapter), then those of the verdict, threads, contention and /dev/shm first, and the
     stage rules last, which replace a general advice of the same id."""
     m = diagnosis.metrics
     loader = m.loader
-    tf = is_tf(loader)
+    adapter = for_loader(loader)
+    tf = adapter is not None and adapter.dialect == "tf"
     out: list[Recommendation] = []
     if diagnosis.verdict == "inconclusive":
         return out
     starved = diagnosis.verdict == "data-starved"
     input_matters = starved or diagnosis.moderate_input
     cause = diagnosis.cause
-    if input_matters and loader is not None and not tf:
-        out.extend(torch_input_advice(run, diagnosis, loader, thresholds))
-    elif input_matters and tf and loader is not None:
-        out.extend(tf_input_advice(run, m, loader, starved, diagnosis))
-    if not input_matters and not tf and restart_cost(loader, steady_wait(m), steps_seconds(run)):
+    rules = adapter.part("advice") if adapter is not None and input_matters else None
+    if rules is not None and loader is not None:
+        out.extend(rules(run, diagnosis, loader, thresholds))
+    workers_restart = adapter is not None and not adapter.threads  # worker processes start each epoch
+    if not input_matters and workers_restart and restart_cost(loader, steady_wait(m), steps_seconds(run)):
         assert loader is not None
         out.append(persistent_advice(run, m, loader))  # measured: epoch starts cost more than 1%
     elif starved and loader is None and cause in ("io-latency", "cpu-bound-preprocessing"):

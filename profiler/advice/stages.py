@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..diagnosis import Diagnosis, Metrics, is_tf
+from ..diagnosis import Diagnosis, Metrics
 from ..records import LoaderInfo, Run
 from ..stagemodel import (
     Loading,
@@ -32,7 +32,7 @@ def stage_advice(run: Run, diagnosis: Diagnosis, out: list[Recommendation]) -> l
     m = diagnosis.metrics
     loader = m.loader
     load = loading(run, loader)
-    if load is None or loader is None or is_tf(loader) or not (diagnosis.verdict == "data-starved"
+    if load is None or loader is None or load.python_only or not (diagnosis.verdict == "data-starved"
                                                                  or diagnosis.moderate_input):
         return out
     cores = max(1.0, m.usable_cores - (m.others_cpu_cores or 0.0) - 1.0)

@@ -29,7 +29,7 @@ The fixes only change what the script builds; they measure nothing and write
 no record: live tuning reads a copy of the run so far (``snapshot``), and what
 it would note on a loader is handed back in ``loader_notes`` for the session to
 add at the end. Every wrapper checks the pid that installed it (NOTE [ Fork
-safety ] in instrument/torchhooks.py): DataLoader workers call straight through. A
+safety ] in frameworks/torch/hooks.py): DataLoader workers call straight through. A
 fix that cannot be applied is skipped with a message; it never stops the run
 (NOTE [ Never break the run ] in session.py).
 
@@ -45,6 +45,7 @@ patch.py); this one keeps the fixes' wrappers outermost while both are in place.
 
 from __future__ import annotations
 
+import importlib
 import os
 import random
 import sys
@@ -52,16 +53,15 @@ import threading
 from collections.abc import Callable
 from typing import IO, Any, Protocol
 
+from ..frameworks import fixes_by_module
 from ..instrument import ImportWatch, ThisProcess
-from ..records import LoaderInfo, Run
-from .cache import CacheCheck
-from .spec import Changes, SiteRecord
+from ..records import Run
+from .context import FixContext
+from .spec import Changes
 
 
 class Fixes(Protocol):
-    """One framework's fixes: torchfixes.py, tfdatafixes.py, kerasfixes.py."""
-
-    framework: str
+    """One framework's fixes (frameworks/*/fixes.py), made from a ``FixContext``."""
 
     def install(self) -> None: ...
 
@@ -70,65 +70,21 @@ class Fixes(Protocol):
     def remove(self) -> list[str]: ...
 
 
-def _factory(name: str) -> Callable[[Applier], Fixes]:
-    if name == "torch":
-        from .torchfixes import TorchFixes
-
-        return TorchFixes
-    if name == "tensorflow":
-        from .tfdatafixes import TfDataFixes
-
-        return TfDataFixes
-    from .kerasfixes import KerasFixes
-
-    return KerasFixes
+def _factory(module: str) -> Callable[[FixContext], Fixes]:
+    """The fixes that the adapter installed by the top-level ``module`` names."""
+    where, _, attr = fixes_by_module()[module].partition(":")
+    factory: Callable[[FixContext], Fixes] = getattr(importlib.import_module(where), attr)
+    return factory
 
 
 # -- the applier -------------------------------------------------------------
-class Applier:
+class Applier(FixContext):
     """Applies ``Changes`` (or, with ``live=True``, measured safe loader settings)
-    to whatever the script builds while it is started. See the module doc."""
+    to whatever the script builds while it is started. See the module doc; what the
+    fixes read and write is its ``FixContext`` part."""
 
-    FRAMEWORKS = ("torch", "tensorflow", "keras")
-
-    def __init__(
-        self,
-        changes: Changes | None = None,
-        *,
-        live: bool = False,
-        record_losses: bool = False,
-        probe: bool = False,
-        seed: int | None = None,
-        announce: bool = False,
-        output: IO[str] | None = None,
-    ) -> None:
-        self.changes = changes or Changes()
-        self.live = live
-        self.record_losses = record_losses
-        self.probe = probe
-        self.seed = seed
-        self.announce = announce
-        self.output = output
-        self.pid = os.getpid()
-        #: One line per change made ("DataLoader at train.py:40: num_workers 0 -> 2").
-        self.messages: list[str] = []
-        #: One line per requested fix that could not be applied, with the reason.
-        self.skipped: list[str] = []
-        #: One line per wrapper that could not be taken off (patch.Patches.restore).
-        self.limitations: list[str] = []
-        self.sites: list[SiteRecord] = []
-        self.losses: list[float] = []
-        self.loss_site: tuple[str, int] | None = None
-        self.cache_checks: dict[str, CacheCheck] = {}
-        self.setup_seconds = 0.0  # cache fills and other one-time work done by the fixes
-        self.pipeline: dict[str, Any] = {}  # tf.data facts seen (observed even when nothing applies)
-        self.batch_sizes: list[int] = []  # tf.data batch sizes requested by the script
-        #: (a loader's record, a line for its notes): what live tuning changed, for the session to add.
-        self.loader_notes: list[tuple[LoaderInfo, str]] = []
-        #: settings live tuning changed on a loader's record, and when (the run's clock)
-        self.loader_changes: list[tuple[LoaderInfo, dict[str, Any], float]] = []
-        #: A copy of the run so far (steps, host samples, environment), for live tuning.
-        self.snapshot: Callable[[], Run] | None = None
+    def __init__(self, changes: Changes | None = None, **options: Any) -> None:
+        super().__init__(changes, **options)
         self._watch: ImportWatch | None = None
         self._fixes: dict[str, Fixes] = {}
         self._started = False
@@ -147,8 +103,9 @@ class Applier:
 
             numpy.random.seed(self.seed)
         pending = set()
-        # Live tuning touches torch DataLoaders only; trials may touch every framework.
-        for name in (("torch",) if self.live and self.changes.empty and not self.record_losses else self.FRAMEWORKS):
+        live_only = self.live and self.changes.empty and not self.record_losses
+        # live tuning touches only the loaders of an adapter that tunes live; trials every framework
+        for name in fixes_by_module(live_only):
             if name in sys.modules:
                 self._install(name)
             else:
@@ -191,24 +148,6 @@ class Applier:
                 self.skip(f"{name}: fixes unavailable ({type(exc).__name__}: {exc})")
                 return
             self._fixes[name] = fixes
-
-    # -- reporting ----------------------------------------------------------
-    def say(self, message: str) -> None:
-        self.messages.append(message)
-        if self.announce and ThisProcess.pid == self.pid:
-            print(f"loadprof: {message}", file=self.output or sys.stderr)
-
-    def skip(self, message: str) -> None:
-        if message not in self.skipped:
-            self.skipped.append(message)
-            if self.announce and ThisProcess.pid == self.pid:
-                print(f"loadprof: not applied: {message}", file=self.output or sys.stderr)
-
-    def in_owner(self) -> bool:
-        return ThisProcess.pid == self.pid
-
-    def add_losses(self, values: list[float]) -> None:
-        self.losses.extend(values)
 
 
 def make_applier(apply: Any, output: IO[str] | None = None, announce: bool = True) -> Applier:

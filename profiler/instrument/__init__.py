@@ -1,4 +1,4 @@
-"""Framework hooks, installed only for frameworks the user's code imports.
+"""Framework hooks (each adapter's, frameworks/), installed only for frameworks the user's code imports.
 
 ``FrameworkWatch`` installs a framework's hooks right away when it is already
 imported (``with Profile():`` in a script that imported torch), or the moment
@@ -17,6 +17,8 @@ import threading
 from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any, Protocol
+
+from ..frameworks import hooks_by_module
 
 
 class ThisProcess:
@@ -42,13 +44,6 @@ class Hooks(Protocol):
     def install(self) -> None: ...
 
     def remove(self) -> None: ...
-
-
-#: top-level module name -> (our hooks module, factory attribute in it)
-FRAMEWORKS: dict[str, str] = {
-    "torch": "loadprof.instrument.torchhooks:TorchHooks",
-    "tensorflow": "loadprof.instrument.tensorflow:TensorFlowHooks",
-}
 
 
 class ImportWatch(importlib.abc.MetaPathFinder):
@@ -109,7 +104,7 @@ class FrameworkWatch:
     def __init__(self, make_hooks: Callable[[str, type], Hooks], frameworks: dict[str, str] | None = None,
                  on_error: Callable[[str], None] | None = None) -> None:
         self.make_hooks = make_hooks
-        self.frameworks = dict(FRAMEWORKS if frameworks is None else frameworks)
+        self.frameworks = dict(hooks_by_module() if frameworks is None else frameworks)
         self.on_error = on_error or (lambda msg: None)
         self.hooks: dict[str, Hooks] = {}
         self._finder: ImportWatch | None = None

@@ -13,7 +13,8 @@ from typing import IO, Any, ClassVar
 
 from ..advice import Recommendation, recommend
 from ..cost import Cost, cost_of
-from ..diagnosis import Diagnosis, Evidence, Headroom, diagnose, is_tf, near_limit
+from ..diagnosis import Diagnosis, Evidence, Headroom, diagnose, near_limit
+from ..frameworks import for_loader
 from ..jsonio import JsonWriteError, read_json, write_text_atomic
 from ..records import SCHEMA_VERSION, Environment, LoaderInfo, RecordError, Run
 from ..settings import gpu_hour_price as check_price
@@ -159,7 +160,8 @@ class RunReport(Report):
         (all of them, or its graph transformations where its Python functions were timed)."""
         loader = self.diagnosis.metrics.loader
         line = tf_limitation(self.stages)
-        if is_tf(loader) and line not in self.run.limitations:
+        adapter = for_loader(loader)
+        if adapter is not None and adapter.stages == "python" and line not in self.run.limitations:
             return [*self.run.limitations, line]
         return self.run.limitations
 

@@ -14,7 +14,7 @@ running verdict, the
 report's own diagnosis of the run so far; and the training loader's slowest stage
 with its share of loading ("top stage", docs/stages.md), read from the same
 snapshot as the verdict, once its ``LoaderInfo.stages`` hold figures (the stage
-collector, instrument/stagepipe.py, sums them there every ``FILL_EVERY`` seconds).
+collector, frameworks/torch/stagepipe.py, sums them there every ``FILL_EVERY`` seconds).
 
 When: only where stderr (where the report goes) is a terminal and ``TERM`` is not
 ``dumb``; elsewhere (a CI log, a pipe) ``--live`` is off with one warning line. It

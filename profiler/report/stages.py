@@ -15,7 +15,7 @@ MAX_ROWS = 12
 #: TensorFlow's C++ runtime, where no Python hook reaches them.
 TF_NOT_TIMED = ("loading stages: tf.data does not expose per-transformation times to Python hooks "
                 "(TensorFlow's own profiler traces them); only the input wait is measured")
-#: What it says instead where the pipeline's Python functions were timed (instrument/tfstages.py).
+#: What it says instead where the pipeline's Python functions were timed (frameworks/tensorflow/stages.py).
 TF_GRAPH_NOT_TIMED = ("loading stages: tf.data graph transformations (a map of TensorFlow ops, interleave, "
                       "batch) are not timed: they run in TensorFlow's C++ runtime, where no Python hook reaches "
                       "them (TensorFlow's own profiler traces them); only the Python functions the pipeline "

@@ -58,7 +58,8 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..diagnosis import is_tf, main_loader, warmup_count
+from ..diagnosis import main_loader, warmup_count
+from ..frameworks import for_loader
 from ..jsonio import dumps, write_text_atomic
 from ..records import GpuSample, HostSample, Run
 from ..stagemodel import loading
@@ -229,7 +230,8 @@ def _stages(pid: int, run: Run, offset: float) -> Iterable[dict[str, Any]]:
     """The training loader's stage averages on their own track (NOTE [ Trace layout ])."""
     loader = main_loader(run)
     load = loading(run, loader)
-    if load is None and not is_tf(loader):
+    adapter = for_loader(loader)
+    if load is None and (adapter is None or adapter.stages != "python"):
         return
     base = _us(offset)
     start = base + (_us(run.steps[0].start) if run.steps else 0)

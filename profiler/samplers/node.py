@@ -4,7 +4,7 @@ Read once, at the start of a run (``session._environment``). DataLoader workers 
 each batch to the training process through a file in ``/dev/shm`` (PyTorch's
 ``file_descriptor`` sharing strategy); a container's default of 64 MB holds a few
 batches at most, and a worker that cannot get the room dies of it (NOTE [ Loader
-start-up and shards ] in instrument/loaderfacts.py has the rest of the picture).
+start-up and shards ] in frameworks/torch/loaderfacts.py has the rest of the picture).
 """
 
 from __future__ import annotations

@@ -73,3 +73,14 @@ def test_python_dash_m_loadprof_from_a_folder_with_those_modules(user_repo: Path
     assert proc.returncode == 0, proc.stderr
     assert "trained in" in proc.stdout
     assert "loadprof verdict" in proc.stderr  # the report goes to stderr, the script keeps stdout
+
+
+def test_every_public_name_of_each_package_resolves_to_an_object() -> None:
+    code = ("import importlib\n"
+            "for pkg in ('loadprof', 'loadprof.fixes', 'loadprof.samplers'):\n"
+            "    module = importlib.import_module(pkg)\n"
+            "    for name in module.__all__:\n"
+            "        assert getattr(module, name) is not None, (pkg, name)\n"
+            "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

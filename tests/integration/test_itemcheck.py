@@ -19,7 +19,7 @@ from loadprof import Profile
 from loadprof.advice import recommend
 from loadprof.diagnosis import diagnose
 from loadprof.fixes.cache import check_cacheable
-from loadprof.instrument.itemcheck import items_repeat
+from loadprof.frameworks.torch.itemcheck import items_repeat
 from tests import torch_loops as loops
 from tests.conftest import LOADPROF, make_run
 
@@ -101,7 +101,7 @@ def test_a_dataset_that_fails_or_hangs_is_not_checked() -> None:
 
 CRASHING_READ = """
 import os, signal
-from loadprof.instrument.itemcheck import items_repeat
+from loadprof.frameworks.torch.itemcheck import items_repeat
 
 class Crash:
     def __len__(self):
@@ -124,7 +124,7 @@ def test_the_checking_child_writes_nothing_to_the_terminal_even_when_a_read_kill
 PARENTS_GARBAGE = """
 import gc, os, sys
 from loadprof.converters.watchdog import run_watched
-from loadprof.instrument.itemcheck import items_repeat
+from loadprof.frameworks.torch.itemcheck import items_repeat
 
 class Held:
     def __init__(self):

@@ -137,3 +137,19 @@ def test_a_jobs_report_is_a_report_too_and_answers_the_same_questions(tmp_path: 
     trace = json.loads(Path(paths["trace"]).read_text())["traceEvents"]
     assert {e["pid"] for e in trace} == {1, 2}  # a process per rank
     assert "loadprof job report" in Path(paths["html"]).read_text()
+
+
+def test_stop_returns_the_run_which_renders_again_as_the_same_report() -> None:
+    from loadprof.report import build_report
+
+    torch.manual_seed(0)
+    loader = torch.utils.data.DataLoader(CpuHeavy(n=64, cost=0.001), batch_size=8)
+    prof = Profile(print_report=False, gpu=False, what_if=0)
+    prof.start()
+    train(loader, small_model())
+    run = prof.stop()
+    assert run is prof.run and len(run.steps) == 8
+    assert prof.stop() is run  # stopping twice: the same run
+    again = build_report(run)
+    assert (again.verdict, again.cause, again.recommendation_ids) == (
+        prof.report.verdict, prof.report.cause, prof.report.recommendation_ids)

@@ -176,9 +176,9 @@ class _Busy(torch.utils.data.Dataset):
 
 @pytest.mark.slow
 def test_the_stages_so_far_reach_the_loaders_record_while_the_run_goes_on() -> None:
-    # what the live view's "top stage" row reads (instrument/stagepipe.py FILL_EVERY)
+    # what the live view's "top stage" row reads (frameworks/torch/stagepipe.py FILL_EVERY)
     from loadprof import Profile
-    from loadprof.instrument.stagepipe import FILL_EVERY
+    from loadprof.frameworks.torch.stagepipe import FILL_EVERY
 
     mid: list[tuple[str, str]] = []
     with Profile(print_report=False, gpu=False) as prof:

@@ -217,7 +217,7 @@ def test_a_garbage_collection_is_left_out_of_the_stage_it_ran_in(pngs):
 
 
 def test_the_stack_reader_ends_with_the_profile_not_at_its_idle_timeout(monkeypatch):
-    from loadprof.instrument import stages
+    from loadprof.frameworks.torch import stages
 
     monkeypatch.setattr(stages, "IDLE_WAIT", 60.0)  # asleep, no fetch running
     stages.start_sampler()

@@ -1,4 +1,4 @@
-"""tf.data dataset-graph inspection (``loadprof.instrument.tfdata``) on real pipelines."""
+"""tf.data dataset-graph inspection (``loadprof.frameworks.tensorflow.tfdata``) on real pipelines."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from loadprof.instrument import tfdata  # noqa: E402
+from loadprof.frameworks.tensorflow import tfdata  # noqa: E402
 
 pytestmark = pytest.mark.tensorflow
 

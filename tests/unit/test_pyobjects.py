@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from loadprof.instrument.pyobjects import LARGE, PAGE, python_object_bytes
+from loadprof.frameworks.torch.pyobjects import LARGE, PAGE, python_object_bytes
 
 
 class Index:

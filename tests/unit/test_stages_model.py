@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadprof.instrument.stages import random_by_name
+from loadprof.frameworks.torch.stages import random_by_name
 from loadprof.records import LoaderInfo, Run, StageTime, Step
 from loadprof.report import build_report
 from loadprof.stagemodel import (
@@ -137,7 +137,7 @@ def test_stage_records_survive_a_saved_run_and_reach_the_json_report():
 def test_the_users_time_is_split_over_its_functions_only_with_samples_enough(samples, rows):
     # a worker's figures as they reach the training process: the user's own time in the
     # fetch, and the stack samples that saw the dataset's __getitem__ (half of them)
-    from loadprof.instrument.stagepipe import _fill, _Loader, _Producer
+    from loadprof.frameworks.torch.stagepipe import _fill, _Loader, _Producer
 
     info = LoaderInfo("torch", "DataLoader", num_workers=2)
     entry, producer = _Loader(info), _Producer()

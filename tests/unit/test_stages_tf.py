@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from loadprof import patch
-from loadprof.instrument.tfstages import WHERE, TfStages, callable_name, stage_of
+from loadprof.frameworks.tensorflow.stages import WHERE, TfStages, callable_name, stage_of
 from loadprof.patch import Patches
 from loadprof.records import Environment, LoaderInfo, Run, StageTime, Step
 from loadprof.report import build_report

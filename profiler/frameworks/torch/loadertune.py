@@ -41,7 +41,7 @@ def _loader_like(loader: Any, dataset: Any = None, **settings: Any) -> Any:
 
 def _batches_per_s(loader: Any, batches: int, budget: float) -> float:
     """Batches per second after the first (worker start-up) batch, from raw iteration."""
-    from .cache import raw_batches
+    from ...fixes.cache import raw_batches
 
     it: Any = raw_batches(loader)
     try:
@@ -71,7 +71,7 @@ def tune_loader(loader: Any, batches: int = 20, budget: float = 30.0, verbose: b
     import torch
     import torch.utils.data as tud
 
-    from ..samplers.cores import usable_cores
+    from ...samplers.cores import usable_cores
 
     if not isinstance(loader, tud.DataLoader):
         raise TypeError(f"tune_loader: loader must be a torch DataLoader, got {type(loader).__name__}")

@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..patch import Patches
+from ...patch import Patches
 
 #: Seconds between two readings of the fetching thread's stack (user-code sites), and
 #: the GIL switch interval while a batch is made (NOTE [ Sampling the user's code ]).

@@ -1,5 +1,5 @@
 """Facts about a TensorFlow run read at its edges: mixed precision already in use,
-and the GPUs' peak memory. Imported by ``instrument/tensorflow.py``."""
+and the GPUs' peak memory. Imported by ``frameworks/tensorflow/hooks.py``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from ..records import Run
+from ...records import Run
 
 
 def check_amp(run: Run, model: Any = None, optimizer: Any = None) -> None:

@@ -1,6 +1,6 @@
 """The stages of a tf.data pipeline that Python can time: the Python functions it calls.
 
-Imported by the TensorFlow hooks (``instrument/tensorflow.py``) only.
+Imported by the TensorFlow hooks (``frameworks/tensorflow/hooks.py``) only.
 
 NOTE [ Timing tf.data's Python functions ]
 tf.data runs its transformations in TensorFlow's C++ runtime, on its own threads.
@@ -39,8 +39,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..patch import Patches
-from ..records import LoaderInfo, StageTime
+from ...patch import Patches
+from ...records import LoaderInfo, StageTime
 
 #: ``StageTime.where`` for these stages: tf.data's own thread pool runs them.
 WHERE = "tf.data threads"

@@ -16,27 +16,27 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..instrument import ThisProcess
-from ..patch import Patches, subclass
-from ..records import has_tensor_cores, supports_bf16
+from ...instrument import ThisProcess
+from ...patch import Patches, subclass
+from ...records import has_tensor_cores, supports_bf16
 
 if TYPE_CHECKING:
-    from .applier import Applier
+    from ...fixes.context import FixContext
 
 #: Losses kept per run at most (one small tensor each until the end).
 MAX_LOSSES = 200_000
 
 
 class KerasFixes:
-    """The Keras side of an ``Applier``: see the module doc."""
+    """The Keras fixes, given a ``FixContext``: see the module doc."""
 
     framework = "keras"
 
-    def __init__(self, applier: Applier) -> None:
-        self.a = applier
-        self.changes = applier.changes
+    def __init__(self, context: FixContext) -> None:
+        self.a = context
+        self.changes = context.changes
         self.p = Patches("keras fixes")
-        self.pid = applier.pid
+        self.pid = context.pid
         self._policy_before: Any = None
         self._losses: list[Any] = []  # tensors, read at the end
 

@@ -15,7 +15,7 @@ figures travel to the training process through one pipe per loader iteration:
   of the write end once the iterator is built, so the pipe reads end-of-file when
   the last worker is gone.
 - In the worker, ``WorkerStages(worker_id)`` installs the stage hooks
-  (instrument/stages.py; inherited ones are reused, not installed twice), starts
+  (frameworks/torch/stages.py; inherited ones are reused, not installed twice), starts
   the stack sampler and calls the user's init function.
 - Each worker sends its *cumulative* figures, at most every ``SEND_EVERY`` seconds
   after a batch and once more at exit (a multiprocessing finalizer, which both
@@ -50,8 +50,8 @@ from collections.abc import Callable
 from multiprocessing import connection, util
 from typing import Any
 
-from ..patch import Patches
-from ..records import LoaderInfo, StageTime, WorkerFetch
+from ...patch import Patches
+from ...records import LoaderInfo, StageTime, WorkerFetch
 from . import stages
 
 #: Seconds between two sends of a worker's figures (after a batch; and at exit).

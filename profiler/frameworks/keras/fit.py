@@ -1,6 +1,6 @@
 """Keras 3 ``fit`` under the TensorFlow hooks: its steps, and what its input probe needs.
 
-Imported by ``instrument/tensorflow.py``. ``Model.fit`` is wrapped to add a
+Imported by ``frameworks/tensorflow/hooks.py``. ``Model.fit`` is wrapped to add a
 callback (``LoadprofCallback``) and to time each call of ``model.train_function``
 (one step, or ``steps_per_execution`` of them); ``evaluate``/``predict`` only
 mark "inside Keras" so their iterators and functions are not taken for a custom
@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tensorflow as tf
 
-from ..patch import Patches, subclass
-from ..records import LoaderInfo
-from .tfdata import optional_module
-from .tffacts import check_amp
+from ...patch import Patches, subclass
+from ...records import LoaderInfo
+from ..tensorflow.facts import check_amp
+from ..tensorflow.tfdata import optional_module
 
 if TYPE_CHECKING:
-    from .tensorflow import TensorFlowHooks
+    from ..tensorflow.hooks import TensorFlowHooks
 
 
 class FitCalls:

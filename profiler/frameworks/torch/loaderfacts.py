@@ -50,8 +50,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ..records import LoaderInfo
-from . import ThisProcess
+from ...instrument import ThisProcess
+from ...records import LoaderInfo
 from .pyobjects import python_object_bytes
 
 #: Iterations (epochs) of one loader whose start-up is kept: a list per loader stays bounded.

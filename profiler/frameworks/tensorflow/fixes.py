@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from ..instrument import ThisProcess
-from ..patch import Patches
-from .cache import CACHE_MEMORY_SHARE, PROBE_ITEMS, CacheCheck, item_nbytes, same_item
-from .sites import is_framework_file
-from .spec import SiteRecord, short_path
+from ...fixes.cache import CACHE_MEMORY_SHARE, PROBE_ITEMS, CacheCheck, item_nbytes, same_item
+from ...fixes.sites import is_framework_file
+from ...fixes.spec import SiteRecord, short_path
+from ...instrument import ThisProcess
+from ...patch import Patches
 
 if TYPE_CHECKING:
-    from .applier import Applier
+    from ...fixes.context import FixContext
 
 
 class TfDataFixes:
@@ -33,11 +33,11 @@ class TfDataFixes:
 
     framework = "tensorflow"
 
-    def __init__(self, applier: Applier) -> None:
-        self.a = applier
-        self.changes = applier.changes
+    def __init__(self, context: FixContext) -> None:
+        self.a = context
+        self.changes = context.changes
         self.p = Patches("tf.data fixes")
-        self.pid = applier.pid
+        self.pid = context.pid
         self.roots: tuple[str, ...] = ()
 
     def install(self) -> None:

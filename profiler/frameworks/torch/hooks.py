@@ -38,11 +38,11 @@ import torch
 import torch.utils.data.dataloader as _dl
 from torch.optim import optimizer as _optim
 
-from ..patch import Patches
-from ..records import LoaderInfo, Run
-from ..samplers.procfs import own_peak_rss, own_rss
-from ..timeline import CPU_READ_ALL, CPU_READ_EVERY, Timeline
-from . import ThisProcess
+from ...instrument import ThisProcess
+from ...patch import Patches
+from ...records import LoaderInfo, Run
+from ...samplers.procfs import own_peak_rss, own_rss
+from ...timeline import CPU_READ_ALL, CPU_READ_EVERY, Timeline
 from .itemcheck import items_repeat
 from .loaderfacts import LoaderFacts
 from .stagepipe import StageCollector

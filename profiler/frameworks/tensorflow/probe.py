@@ -1,4 +1,4 @@
-"""Input time under Keras ``fit``, measured after the run. Imported by ``instrument/tensorflow.py``.
+"""Input time under Keras ``fit``, measured after the run. Imported by ``frameworks/tensorflow/hooks.py``.
 
 NOTE [ Input time under Keras fit: the differential method ]
 ``fit`` pulls batches inside its compiled function (``iterator.get_next()`` in
@@ -54,8 +54,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from ..keras.fit import FitRecord
 from . import tfdata
-from .kerasfit import FitRecord
 from .tfdata import optional_module
 
 #: Each probe's time budget: this share of the profiled fit's wall time, within bounds

@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from ..quietchild import quiet_child
+from ...quietchild import quiet_child
 
 #: The longest the training process waits for the child's answer (the item's reads).
 TIMEOUT = 5.0
@@ -52,7 +52,7 @@ def items_repeat(dataset: Any, index: int = 0, timeout: float = TIMEOUT) -> bool
             torch = sys.modules.get("torch")
             if torch is not None:
                 torch.set_num_threads(1)
-            from ..fixes.cache import more_reads_differ, same_item
+            from ...fixes.cache import more_reads_differ, same_item
 
             first = dataset[index]
             same = same_item(first, dataset[index]) and more_reads_differ(dataset, {index: first}) is None

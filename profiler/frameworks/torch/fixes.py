@@ -14,29 +14,29 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..instrument import ThisProcess
-from ..patch import Patches
-from ..records import has_tensor_cores
-from ..samplers.cores import usable_cores
-from .cache import CacheCheck, CachedDataset, check_cacheable, in_internal
+from ...fixes.cache import CacheCheck, CachedDataset, check_cacheable, in_internal
+from ...fixes.sites import call_site, fmt
+from ...fixes.spec import SiteRecord, short_path
+from ...instrument import ThisProcess
+from ...patch import Patches
+from ...records import has_tensor_cores
+from ...samplers.cores import usable_cores
 from .livetune import LiveTuner
-from .sites import call_site, fmt
-from .spec import SiteRecord, short_path
 
 if TYPE_CHECKING:
-    from .applier import Applier
+    from ...fixes.context import FixContext
 
 
 class TorchFixes:
-    """The torch side of an ``Applier``; installed when the script imports torch."""
+    """The torch fixes, given a ``FixContext``; installed when the script imports torch."""
 
     framework = "torch"
 
-    def __init__(self, applier: Applier) -> None:
-        self.a = applier
-        self.changes = applier.changes
+    def __init__(self, context: FixContext) -> None:
+        self.a = context
+        self.changes = context.changes
         self.p = Patches("torch fixes")
-        self.pid = applier.pid
+        self.pid = context.pid
         self.created: weakref.WeakSet[Any] = weakref.WeakSet()
         self.records: weakref.WeakKeyDictionary[Any, SiteRecord] = weakref.WeakKeyDictionary()
         self.datasets: list[tuple[weakref.ReferenceType[Any] | None, Any, str]] = []  # (ref, strong fallback, site)

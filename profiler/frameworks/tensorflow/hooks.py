@@ -41,7 +41,7 @@ optimizers that are not Keras 3's updating variables by hand (raw
 iterator's ``next()`` inside the compiled function (its waits are invisible; the
 report says so in ``limitations``).
 
-NOTE [ Fork safety ] (as in instrument/torchhooks.py): every wrapper checks the pid
+NOTE [ Fork safety ] (as in frameworks/torch/hooks.py): every wrapper checks the pid
 that installed it and only calls through in any other process (Keras
 ``PyDataset`` workers, ``multiprocessing``).
 """
@@ -59,15 +59,16 @@ from typing import Any
 
 import tensorflow as tf
 
-from ..patch import Patches
-from ..records import LoaderInfo, Run
-from ..timeline import Timeline
-from . import ImportWatch, ThisProcess, tfdata
-from .kerasfit import KerasFit
+from ...instrument import ImportWatch, ThisProcess
+from ...patch import Patches
+from ...records import LoaderInfo, Run
+from ...timeline import Timeline
+from ..keras.fit import KerasFit
+from . import tfdata
+from .facts import check_amp, gpu_facts
+from .probe import measure_fit_input
+from .stages import TfStages
 from .tfdata import optional_module
-from .tffacts import check_amp, gpu_facts
-from .tfprobe import measure_fit_input
-from .tfstages import TfStages
 
 
 class TensorFlowHooks:

@@ -1,6 +1,6 @@
 """What a ``tf.data`` pipeline already does, read from its dataset graph; and its own speed.
 
-Imported only by the TensorFlow hooks (``instrument/tensorflow.py``), once the user's code has imported
+Imported only by the TensorFlow hooks (``frameworks/tensorflow/hooks.py``), once the user's code has imported
 TensorFlow.
 
 ``inspect_dataset`` walks the Python dataset objects from the one the loop

@@ -12,9 +12,9 @@ were. If the new iterator fails to start or to deliver its first batch (a datase
 that cannot live in a worker), the old settings come back and that epoch starts
 again as written.
 
-The decision reads a copy of the run so far (``Applier.snapshot``, taken by the
+The decision reads a copy of the run so far (``FixContext.snapshot``, taken by the
 session: steps, host samples, environment) and writes nothing the profiler
-measures; the line for the loader's record goes to ``Applier.loader_notes``.
+measures; the line for the loader's record goes to ``FixContext.loader_notes``.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .sites import fmt
+from ...fixes.sites import fmt
 
 if TYPE_CHECKING:
-    from .applier import Applier
+    from ...fixes.context import FixContext
 
 #: The loader settings live tuning may change.
 LOADER_SETTINGS = ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory")
@@ -37,8 +37,8 @@ LOADER_SETTINGS = ("num_workers", "persistent_workers", "prefetch_factor", "pin_
 class LiveTuner:
     """Live tuning of the DataLoaders built while an ``Applier(live=True)`` runs."""
 
-    def __init__(self, applier: Applier, torch: Any) -> None:
-        self.a = applier
+    def __init__(self, context: FixContext, torch: Any) -> None:
+        self.a = context
         self.torch = torch
         self._state: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
@@ -76,8 +76,8 @@ class LiveTuner:
         return it
 
     def _decide(self, loader: Any, state: dict[str, Any]) -> None:
-        from ..advice import recommend
-        from ..diagnosis import diagnose
+        from ...advice import recommend
+        from ...diagnosis import diagnose
 
         # The previous epoch's iterator, held strongly: a for loop drops it at the end of the
         # epoch, and the profiler attaches its timing info to it after _get_iterator returns.
@@ -134,7 +134,7 @@ class LiveTuner:
 
     def _guard_first_batch(self, loader: Any, it: Any, saved: dict[str, Any], original: Callable[..., Any]) -> None:
         real_next = it._next_data
-        applier = self.a
+        context = self.a
 
         def _next_data() -> Any:
             it.__dict__.pop("_next_data", None)
@@ -147,7 +147,7 @@ class LiveTuner:
                 if shutdown is not None:
                     shutdown()
                 set_loader(loader, saved)
-                applier.skip(f"DataLoader: workers failed on the first batch ({type(exc).__name__}: {exc}); "
+                context.skip(f"DataLoader: workers failed on the first batch ({type(exc).__name__}: {exc}); "
                              "reverted to the script's settings for this and later iterations")
                 fresh = original(loader)
                 it.__dict__.update({k: v for k, v in fresh.__dict__.items()})

@@ -3,10 +3,10 @@ prefetch, parallel map, interleave, cache, offline preprocessing, packed files."
 
 from __future__ import annotations
 
-from ..diagnosis import Diagnosis, Metrics
-from ..records import LoaderInfo, Run
-from .base import MEASURE, STORED, Recommendation
-from .loader import cache_advice, convert_advice
+from ...advice.base import MEASURE, STORED, Recommendation
+from ...advice.loader import cache_advice, convert_advice
+from ...diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Metrics, Thresholds
+from ...records import LoaderInfo, Run
 
 
 def _tf_pipeline_seconds(run: Run, m: Metrics, loader: LoaderInfo) -> float | None:
@@ -33,11 +33,14 @@ def cacheable_step(loader: LoaderInfo) -> bool:
     return any(t.split("[")[0] in ("map", "parallel_map") and "stateful" not in t for t in loader.transformations)
 
 
-def tf_input_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, d: Diagnosis) -> list[Recommendation]:
+def input_advice(run: Run, d: Diagnosis, loader: LoaderInfo,
+                 thresholds: Thresholds = DEFAULT_THRESHOLDS) -> list[Recommendation]:
     """tf.data advice from the pipeline's graph (``LoaderInfo``) and the measured costs.
 
-    Token meanings (``transformations``, ``notes``): see ``instrument/tfdata.py``.
+    Token meanings (``transformations``, ``notes``): see ``frameworks/tensorflow/tfdata.py``.
     """
+    m = d.metrics
+    starved = d.verdict == "data-starved"
     out: list[Recommendation] = []
     notes = set(loader.notes)
     python_map = any("python" in t for t in loader.transformations if t.startswith(("map", "parallel_map")))
