@@ -72,7 +72,7 @@ EXAMPLES: dict[str, Example] = {
     "torch_fixed": Example("examples/torch_fixed.py", ["--epochs", "50"]),
     # 4 batches an epoch: the warm-up steps hold the epoch that fills a cache
     "torch_decode_bound": Example("examples/torch_decode_bound.py", ["--epochs", "50", "--images", "128"],
-                                  flags={"cache": ["--cache-decoded"]}),
+                                  flags={"cache": ["--cache-decoded"], "offline_preprocessing": ["--cache-decoded"]}),
     "mnist_torch": Example("examples/mnist_torch.py", ["--epochs", "50"]),
     "keras_mnist": Example("examples/keras_mnist.py", ["--epochs", "50"]),
     "slow_transform": Example("benchmarks/advice_scripts/slow_transform.py", ["--epochs", "50"],

@@ -127,3 +127,26 @@ def test_one_slow_transform_after_a_random_one_gets_its_own_advice_with_the_most
     # a stage another rule names (a deterministic prefix cached) gets no second advice
     prefix = [_st("decode", "PIL PNG decode", 50), _st("transform", "RandomFlip()", 5, True, 1, nbytes=100)]
     assert "slow_stage" not in _advice(_run(prefix, wait=0.058, cuda=True))
+
+
+def test_offline_preprocessing_is_estimated_from_the_deterministic_steps_it_would_store():
+    # reads 3 + decode 12 ms of a batch's 60: below the share the stage rule claims, so the
+    # general advice (the cores are full) stays, estimated without those two stages
+    stages = [_st("read", "file reads", 3, cpu=False, files=BATCH * BATCHES), _st("decode", "PIL PNG decode", 12),
+              _st("transform", "RandomFlip()", 5, True, 1), _st("user", "dataset.py:20 __getitem__", 40)]
+    run = _run(stages, wait=0.06)
+    run.environment.usable_cores = 1
+    for h in run.host_samples:
+        h.cpu_percent = 99.0
+    rec = _advice(run)["offline_preprocessing"]
+    # step 0.1 s = 0.04 compute + 0.06 loading; without 15 ms of it, 0.085 s
+    assert abs(rec.estimated_speedup - 0.1 / 0.085) < 0.02
+    assert "without PIL PNG decode, file reads" in rec.basis and rec.values["prefix_share"] == 0.25
+    # the same with a random transform first: nothing is known to be deterministic
+    first_random = [_st("transform", "RandomCrop(32)", 15, True, 0), _st("user", "dataset.py:20 __getitem__", 45)]
+    run = _run(first_random, wait=0.06)
+    run.environment.usable_cores = 1
+    for h in run.host_samples:
+        h.cpu_percent = 99.0
+    rec = _advice(run)["offline_preprocessing"]
+    assert rec.estimated_speedup is None and "known to be deterministic" in rec.basis
