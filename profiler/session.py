@@ -49,7 +49,7 @@ from .instrument import FrameworkWatch, Hooks
 from .oom import classify as classify_oom
 from .oom import record_line
 from .outputs import Output
-from .records import Environment, Run, Step
+from .records import Environment, Run, Step, WhatIf
 from .samplers import HostProcess, Neighbours, NvmlSource, Sampler, usable_cores
 from .samplers.node import local_world_size, shm_space
 from .settings import Settings, what_if_budget
@@ -553,7 +553,7 @@ class Profile:
                     "(call prof.step() at the end of each step for custom loops)"
                 )
             self._guard("the what-if pause could not be taken out of the run's times", self._close_pause)
-            self._guard("the advised changes could not be measured", lambda: self._measure_changes(self.run))
+            self._guard("the advised changes could not be measured", lambda: self._measure_changes(self.run, end=True))
             self._measured = True
             capture = self._capture()
             if capture is not None:
@@ -583,10 +583,18 @@ class Profile:
         hooks = self._watch.hooks.get("torch") if self._watch is not None else None
         return getattr(hooks, "capture", None)
 
-    def _measure_changes(self, run: Run) -> None:
-        """NOTE [ What-if replays ] in whatif.py: ``run`` is the run so far, to plan from."""
+    def _measure_changes(self, run: Run, end: bool = False) -> None:
+        """NOTE [ What-if replays ] in whatif.py: ``run`` is the run so far, to plan from;
+        at the ``end``, the frameworks that replay after the run (``_measure_after``) too."""
         capture = self._capture()
-        if capture is None or self._measured:
+        if self._measured:
+            return
+        if end and (capture is None or not capture.ready) and (self._measure_after(run) or capture is None):
+            self._measured = True
+            if capture is not None:
+                capture.drop()
+            return
+        if capture is None:
             return
         done = True  # False: nothing to measure yet; the run's end plans again
         try:
@@ -630,6 +638,43 @@ class Profile:
             if done:
                 self._measured = True
                 capture.drop()
+
+    def _measure_after(self, run: Run) -> bool:
+        """The replays of the frameworks whose adapters measure their changes after the run
+        (NOTE [ What-if replays under Keras fit ] in frameworks/tensorflow/whatif.py);
+        False where none measured anything or said why not."""
+        from .frameworks import by_name
+
+        budget = self.settings.what_if
+        hooked = dict(self._watch.hooks) if self._watch is not None else {}
+        replays: list[tuple[Any, Callable[..., tuple[list[WhatIf], str]]]] = []
+        for name, hooks in hooked.items():
+            adapter = by_name(name)
+            if adapter is not None and adapter.whatif:
+                replays.append((hooks, adapter.part("whatif")))
+        if not budget or not replays or run.whatif:
+            return False
+        from .advice import recommend
+        from .diagnosis import diagnose
+        from .whatif import Interrupted
+
+        recs = recommend(run, diagnose(run))
+        held = self._held
+        t0 = time.perf_counter()
+        for hooks, replay in replays:
+            try:
+                found, why = replay(hooks, recs, budget, lambda: held is not None and held.pending is not None)
+            except Interrupted:
+                found, why = [], "stopped by a signal before the changes were measured"
+            except Exception as err:  # the user's pipeline or model failed outside the run
+                found, why = [], f"the replays failed ({type(err).__name__}: {_first_line(err)})"
+            self.run.whatif.extend(found)
+            if why and not self.run.whatif_skipped:
+                self.run.whatif_skipped = why
+            if found or why:
+                break
+        self.run.whatif_seconds = time.perf_counter() - t0
+        return bool(self.run.whatif or self.run.whatif_skipped)
 
     def _close_pause(self) -> None:
         """The replays' pause taken out of the run's times, as if the next step had begun

@@ -80,12 +80,14 @@ class Interrupted(Exception):
     """A signal came while measuring: the report is written without the rest."""
 
 
-def plan(recommendations: list[Recommendation]) -> list[Changes]:
-    """The changes to measure: the advised ones a replay can apply, each once, in the advice's order."""
+def plan(recommendations: list[Recommendation], dialect: str = "torch",
+         ids: tuple[str, ...] = MEASURED_IDS) -> list[Changes]:
+    """The changes to measure: the advised ones a replay can apply (``ids``, advice in the
+    ``dialect`` of the framework replayed), each once, in the advice's order."""
     seen: set[str] = set()
     out: list[Changes] = []
     for rec in recommendations:
-        if rec.id not in MEASURED_IDS or rec.framework != "torch":
+        if rec.id not in ids or rec.framework != dialect:
             continue
         change = replayed_change(rec)
         if change is None or change.empty:

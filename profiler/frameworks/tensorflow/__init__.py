@@ -13,6 +13,7 @@ ADAPTER = Adapter(
     hooks="loadprof.frameworks.tensorflow.hooks:TensorFlowHooks",
     fixes="loadprof.frameworks.tensorflow.fixes:TfDataFixes",
     advice="loadprof.frameworks.tensorflow.advice:input_advice",
+    whatif="loadprof.frameworks.tensorflow.whatif:replay",
     threads=True,
     stages="python",
     label="tf.data",

@@ -63,10 +63,11 @@ from ...instrument import ImportWatch, ThisProcess
 from ...patch import Patches
 from ...records import LoaderInfo, Run
 from ...timeline import Timeline
-from ..keras.fit import KerasFit
+from ..keras.fit import FitRecord, KerasFit
 from . import tfdata
 from .facts import check_amp, gpu_facts
 from .probe import measure_fit_input
+from .rebuild import Builds
 from .stages import TfStages
 from .tfdata import optional_module
 
@@ -89,6 +90,10 @@ class TensorFlowHooks:
         self._step_functions: weakref.WeakSet[Any] = weakref.WeakSet()
         self._checked_functions: weakref.WeakSet[Any] = weakref.WeakSet()
         self._datasets: dict[int, tuple[weakref.ref[Any], LoaderInfo]] = {}
+        #: how each pipeline was built, for the what-if replays (whatif.py)
+        self.builds = Builds()
+        #: the fits measured, once the hooks are removed: what the replays run
+        self.replayable: list[FitRecord] = []
         self.keras = KerasFit(self)
         self.stages = TfStages(self.ours, clock)
         self._graph_next_in_step = False
@@ -113,6 +118,7 @@ class TensorFlowHooks:
             self.limit("tf.function class not found: steps of compiled train steps not seen")
         else:
             self.patch(function_cls, "__call__", self._wrap_function_call)
+        self.builds.install(self.patch, tf.data.Dataset)  # NOTE [ Rebuilding a pipeline ] in rebuild.py
         problem = self.stages.install(self._patches, optional_module("tensorflow.python.ops.script_ops"))
         if problem:
             self.limit(problem)
@@ -389,6 +395,8 @@ class TensorFlowHooks:
                     self.limit(line)
                 if found.waits is not None:  # NOTE [ Waits measured after the run ] in timeline.py
                     self.timeline.measured_waits(found.waits, "differential")
+        # held for the what-if replays after the run (whatif.py), which let them go
+        self.replayable = [record for record in self.keras.fits if record.calls]
         self.keras.fits.clear()
         if self.timeline.count:
             gpu_facts(self.run)

@@ -1,0 +1,133 @@
+"""tf.data pipelines as the script built them, so that a what-if replay can build one
+again with a single change, the change a trial's fix makes at build time (fixes.py).
+
+NOTE [ Rebuilding a pipeline ]
+While profiled, each call of a transformation (``BUILT``) notes on the dataset it returns
+which dataset it was called on, with what: ``made[id(result)]``. A replay walks the
+finished pipeline down from the dataset the loop iterated to the first one no call made
+(a source: ``from_tensor_slices``, ``TFRecordDataset``, a ``zip``), then calls the same
+transformations again on that source, with the change:
+- ``parallel_map``: ``map(..., num_parallel_calls=tf.data.AUTOTUNE)`` where unset (order
+  kept, as ``deterministic`` was);
+- ``prefetch``: ``prefetch(tf.data.AUTOTUNE)`` after each ``batch`` not followed by one.
+The functions are the script's own, traced again. Nothing is rebuilt from TensorFlow's
+private attributes; a pipeline made some other way (``Dataset.apply`` on an
+unrecorded transformation, a dataset built before profiling began) is not rebuilt, and
+the replay says so. Notes are dropped with the dataset they describe.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+#: the transformations noted: one input dataset, the method's own arguments
+BUILT = ("map", "batch", "padded_batch", "unbatch", "prefetch", "shuffle", "repeat", "cache", "filter",
+         "take", "skip", "shard", "interleave", "flat_map", "take_while", "ignore_errors", "with_options",
+         "enumerate", "map_with_legacy_function", "rebatch", "prefetch_to_device")
+
+#: the changes a rebuild can make (``fixes.Changes`` fields of the same names)
+CHANGES = ("parallel_map", "prefetch")
+
+
+@dataclass(frozen=True)
+class _Call:
+    parent: Any  # the dataset the method was called on (kept: the result holds it anyway)
+    name: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+class Builds:
+    """The calls noted while profiled (NOTE [ Rebuilding a pipeline ])."""
+
+    def __init__(self) -> None:
+        self._made: dict[int, tuple[weakref.ref[Any], _Call]] = {}
+        self._lock = threading.Lock()
+        self._quiet = threading.local()
+
+    def wrap(self, name: str) -> Callable[[Any], Any]:
+        """A ``Patches.wrap`` factory: the method, noting each result's call."""
+        builds = self
+
+        def make(original: Any) -> Any:
+            def method(ds: Any, *args: Any, **kwargs: Any) -> Any:
+                result = original(ds, *args, **kwargs)
+                if not getattr(builds._quiet, "on", False):
+                    builds.note(result, _Call(ds, name, args, dict(kwargs)))
+                return result
+
+            return method
+
+        return make
+
+    def note(self, result: Any, call: _Call) -> None:
+        key = id(result)
+
+        def gone(_: weakref.ref[Any]) -> None:
+            self._forget(key)
+
+        try:
+            ref = weakref.ref(result, gone)
+        except TypeError:
+            return
+        with self._lock:
+            self._made[key] = (ref, call)
+
+    def _forget(self, key: int) -> None:
+        with self._lock:
+            held = self._made.get(key)
+            if held is not None and held[0]() is None:
+                del self._made[key]
+
+    def chain(self, ds: Any) -> tuple[Any, list[_Call]]:
+        """The source ``ds`` was built from, and the calls from it up to ``ds``."""
+        calls: list[_Call] = []
+        node = ds
+        while True:
+            with self._lock:
+                held = self._made.get(id(node))
+            if held is None or held[0]() is not node:
+                break
+            calls.append(held[1])
+            node = held[1].parent
+        calls.reverse()
+        return node, calls
+
+    def rebuild(self, ds: Any, change: str) -> Any:
+        """``ds`` built again with ``change`` (``CHANGES``), or None: not built while noted,
+        or the change would leave it as it is."""
+        import tensorflow as tf
+
+        if change not in CHANGES:
+            raise ValueError(f"change: expected one of {', '.join(CHANGES)}, got {change!r}")
+        source, calls = self.chain(ds)
+        if not calls:
+            return None
+        changed = False
+        self._quiet.on = True
+        try:
+            node = source
+            for i, call in enumerate(calls):
+                args, kwargs = call.args, dict(call.kwargs)
+                if change == "parallel_map" and call.name == "map" and len(args) < 2 \
+                        and kwargs.get("num_parallel_calls") is None:
+                    kwargs["num_parallel_calls"] = tf.data.AUTOTUNE
+                    changed = True
+                node = getattr(node, call.name)(*args, **kwargs)
+                following = calls[i + 1].name if i + 1 < len(calls) else None
+                if change == "prefetch" and call.name in ("batch", "padded_batch") and following != "prefetch":
+                    node = node.prefetch(tf.data.AUTOTUNE)
+                    changed = True
+        finally:
+            self._quiet.on = False
+        return node if changed else None
+
+    def install(self, patch: Callable[[Any, str, Callable[[Any], Any]], None], dataset_cls: Any) -> None:
+        """Notes the calls of every transformation the dataset class has."""
+        for name in BUILT:
+            if hasattr(dataset_cls, name):
+                patch(dataset_cls, name, self.wrap(name))

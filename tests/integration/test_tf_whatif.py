@@ -1,0 +1,129 @@
+"""The what-if replays under TensorFlow: a tf.data pipeline built again with one change,
+from the calls noted as the script built it (NOTE [ Rebuilding a pipeline ]): the change is
+made, nothing else is; and Keras ``fit``'s own step replayed with it after the run, the
+model left as training left it (NOTE [ What-if replays under Keras fit ])."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from loadprof import Profile  # noqa: E402
+from loadprof.frameworks.tensorflow.rebuild import Builds  # noqa: E402
+from loadprof.patch import Patches  # noqa: E402
+
+pytestmark = pytest.mark.tensorflow
+
+
+@pytest.fixture
+def builds() -> Iterator[Builds]:
+    patches = Patches("test rebuild")
+    noted = Builds()
+    noted.install(patches.wrap, tf.data.Dataset)
+    try:
+        yield noted
+    finally:
+        patches.restore()
+
+
+def _ops(ds) -> list[str]:
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(ds._as_serialized_graph().numpy())
+    return [node.op for node in graph.node if "Dataset" in node.op]
+
+
+def _elements(ds) -> list[list[float]]:
+    return [x.numpy().tolist() for x in ds]
+
+
+def test_a_map_is_made_parallel_and_gives_the_same_elements_in_order(builds: Builds) -> None:
+    ds = tf.data.Dataset.range(40).map(lambda x: tf.cast(x, tf.float32) * 2.0).batch(8)
+    again = builds.rebuild(ds, "parallel_map")
+    assert again is not None
+    assert "ParallelMapDatasetV2" in _ops(again) and "ParallelMapDatasetV2" not in _ops(ds)
+    assert _elements(again) == _elements(ds)
+
+
+def test_a_prefetch_follows_each_batch_that_had_none(builds: Builds) -> None:
+    ds = tf.data.Dataset.range(40).map(lambda x: x + 1).batch(8)
+    again = builds.rebuild(ds, "prefetch")
+    assert again is not None and _ops(again)[-1] == "PrefetchDataset"
+    assert _elements(again) == _elements(ds)
+    # a pipeline that prefetches after its batch, and a map already parallel, are left as they are
+    assert builds.rebuild(ds.prefetch(2), "prefetch") is None
+    assert builds.rebuild(tf.data.Dataset.range(8).map(lambda x: x, num_parallel_calls=2), "parallel_map") is None
+
+
+def test_a_pipeline_built_before_the_notes_began_is_not_rebuilt() -> None:
+    ds = tf.data.Dataset.range(8).map(lambda x: x).batch(2)
+    patches = Patches("test rebuild")
+    noted = Builds()
+    noted.install(patches.wrap, tf.data.Dataset)
+    try:
+        assert noted.rebuild(ds, "parallel_map") is None
+        with pytest.raises(ValueError, match="change: expected one of"):
+            noted.rebuild(ds, "cache")
+    finally:
+        patches.restore()
+
+
+def _busy(a):
+    t = time.perf_counter()
+    while time.perf_counter() - t < 0.0003:  # Python work: it holds the GIL
+        pass
+    return a
+
+
+def _python_map(x, y):
+    x = tf.numpy_function(_busy, [x], tf.float32)
+    x.set_shape((64,))
+    return x, y
+
+
+def test_keras_fit_replays_the_advised_changes_and_leaves_the_model_as_trained() -> None:
+    rng = np.random.default_rng(0)
+    x, y = rng.random((1024, 64), dtype=np.float32), rng.integers(0, 4, 1024)
+    tf.keras.utils.set_random_seed(0)
+    prof = Profile(print_report=False, gpu=False, what_if=6)
+    prof.start()
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).map(_python_map).batch(32)
+    model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(32, activation="relu"),
+                                 tf.keras.layers.Dense(4)])
+    model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(ds, epochs=2, verbose=0)
+    trained = [v.numpy().copy() for v in model.variables] + [v.numpy().copy() for v in model.optimizer.variables]
+    run = prof.stop()
+    after = [v.numpy() for v in model.variables] + [v.numpy() for v in model.optimizer.variables]
+    assert all(np.array_equal(a, b) for a, b in zip(trained, after, strict=True))
+    measured = {w.change: w for w in run.whatif}
+    assert "prefetch" in measured, (run.whatif, run.whatif_skipped)
+    for w in measured.values():
+        assert w.steps >= 3 and w.seconds_per_step > 0 and w.baseline_seconds_per_step > 0
+    assert 0 < run.whatif_seconds < 6 * 1.5 + 2
+    # a change measured to gain nothing is not advised; one that gains carries the measured figure
+    for rec in prof.report.recommendations:
+        if rec.id in ("prefetch", "parallel_map") and rec.id in measured:
+            assert rec.basis.startswith("measured: the job's own step replayed"), rec.basis
+
+
+def test_a_custom_loop_says_why_its_changes_are_not_replayed() -> None:
+    prof = Profile(print_report=False, gpu=False, what_if=4)
+    prof.start()
+    ds = tf.data.Dataset.from_tensor_slices(np.ones((256, 64), np.float32)).map(
+        lambda v: tf.numpy_function(_busy, [v], tf.float32)).batch(16)
+    w = tf.Variable(tf.zeros((64, 1)))
+    opt = tf.keras.optimizers.SGD(0.1)
+    for _ in range(2):
+        for batch in ds:
+            batch = tf.reshape(batch, (-1, 64))
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.matmul(batch, w) ** 2)
+            opt.apply_gradients([(tape.gradient(loss, w), w)])
+    run = prof.stop()
+    assert "prefetch" in prof.report.recommendation_ids  # the pipeline has none: advised, not measured
+    assert run.whatif == [] and "custom tf.data loop" in run.whatif_skipped
