@@ -663,7 +663,7 @@ class Profile:
         t0 = time.perf_counter()
         for hooks, replay in replays:
             try:
-                found, why = replay(hooks, recs, budget, lambda: held is not None and held.pending is not None)
+                found, why = replay(hooks, run, recs, budget, lambda: held is not None and held.pending is not None)
             except Interrupted:
                 found, why = [], "stopped by a signal before the changes were measured"
             except Exception as err:  # the user's pipeline or model failed outside the run

@@ -59,7 +59,7 @@ class Adapter:
     tunes_live: bool = False
     #: "module:function": ``rules(run, diagnosis, loader, thresholds)`` -> its input advice
     advice: str | None = None
-    #: "module:function": ``replay(hooks, recommendations, budget, interrupted)`` -> (what-ifs,
+    #: "module:function": ``replay(hooks, run, recommendations, budget, interrupted)`` -> (what-ifs,
     #: why none): its advised changes measured after the run (torch's replay mid-run: whatif.py)
     whatif: str | None = None
     #: its loaders make batches on the training process's threads (no worker processes):

@@ -70,6 +70,7 @@ from .probe import measure_fit_input
 from .rebuild import Builds
 from .stages import TfStages
 from .tfdata import optional_module
+from .whatif import HOLD_STEP, LoopStep
 
 
 class TensorFlowHooks:
@@ -94,6 +95,10 @@ class TensorFlowHooks:
         self.builds = Builds()
         #: the fits measured, once the hooks are removed: what the replays run
         self.replayable: list[FitRecord] = []
+        #: a custom loop's step as it was called on the batch it read (whatif.py)
+        self.loop_step: LoopStep | None = None
+        self._last: tuple[Any, Any] | None = None  # (the pipeline, its batch) the loop read last
+        self._steps_seen = 0
         self.keras = KerasFit(self)
         self.stages = TfStages(self.ours, clock)
         self._graph_next_in_step = False
@@ -207,6 +212,7 @@ class TensorFlowHooks:
                     try:
                         it._loadprof_info = info
                         it._loadprof_batches = 0
+                        it._loadprof_ds = ds
                     except AttributeError:  # a future iterator with __slots__: waits still timed
                         pass
             return it
@@ -246,6 +252,8 @@ class TensorFlowHooks:
                         info.sample_nbytes = nbytes // first
                         info.batch_size = info.batch_size or first
             hooks.timeline.batch_wait(t0, t1, cpu, size)
+            if hooks.loop_step is None:
+                hooks._last = (getattr(it, "_loadprof_ds", None), batch)
             return batch
 
         return __next__
@@ -314,9 +322,24 @@ class TensorFlowHooks:
             if outer and fn in hooks._step_functions:
                 # (also the first call, recognised as a step while it was traced)
                 hooks.timeline.optimizer_step(clock())
+                if hooks.loop_step is None:
+                    hooks._hold_step(fn, args, kwargs)
             return out
 
         return __call__
+
+    def _hold_step(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A custom loop's step, held for the replays once traced (after ``HOLD_STEP`` steps),
+        where it was called on the batch the loop read, as read: ``step(x, y)`` or ``step(batch)``."""
+        self._steps_seen += 1
+        last, self._last = self._last, None
+        if self._steps_seen < HOLD_STEP or last is None or last[0] is None or kwargs:
+            return
+        ds, batch = last
+        if isinstance(batch, tuple) and len(args) == len(batch) and all(a is b for a, b in zip(args, batch, strict=True)):
+            self.loop_step = LoopStep(fn, ds, unpack=True)
+        elif len(args) == 1 and args[0] is batch:
+            self.loop_step = LoopStep(fn, ds, unpack=False)
 
     def _traced_step(self, fn: Any) -> bool:
         """A ``tf.function`` traced before profiling began: is it a train step?

@@ -1,23 +1,28 @@
-"""What-if replays under Keras ``fit``: the advised tf.data changes measured on the job's
-own training function, after the run.
+"""What-if replays under TensorFlow: the advised tf.data changes measured on the job's
+own step, after the run.
 
 NOTE [ What-if replays under Keras fit ]
 The differential probes (probe.py) already time the model alone on one batch, after the
-run. The replays go one step further: the fit's ``train_function`` fed a fresh iterator
-over the pipeline as the script built it, and over the same pipeline built again with one
-advised change (rebuild.py: a parallel map, a prefetch after the batch), in rounds while
+run. The replays go one step further: the fit's ``train_function`` (or a custom loop's
+``tf.function`` step, held once traced where the loop called it on the batch it read, as
+read: ``step(x, y)``) fed a fresh iterator over the pipeline as the script built it, and
+over the same pipeline built again with one advised change (rebuild.py: a parallel map, a prefetch after the batch), in rounds while
 the budget lasts, each round's calls after two of warm-up (the iterator's start, a shuffle
 buffer filling), the rounds of each averaged. A change whose pipeline is the same is not
-replayed. The model's variables (its optimizer's and metrics' too) are copied to host
-memory first and assigned back after, as the model-alone probe does, so the model leaves
-as training left it. A pipeline that cannot be read again (its files gone with the
+replayed. What the run's steady step took beyond the replayed one (callbacks, the loop's
+own code) is added to every replay alike. The variables the step uses (the model's, its
+optimizer's and metrics'; a loop step's: those its traced functions capture) are copied to
+host memory first and assigned back after, as the model-alone probe does, so the model
+leaves as training left it. A pipeline that cannot be read again (its files gone with the
 script's temporary folder) fails with TensorFlow's own error, and the run says so.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,7 +30,7 @@ import tensorflow as tf
 
 from ...advice.base import Recommendation
 from ...fixes.spec import Changes
-from ...records import WhatIf
+from ...records import Run, WhatIf
 from ...whatif import Interrupted, plan
 from ..keras.fit import FitRecord
 from .probe import STATE_COPY_SHARE, _state_variables
@@ -36,6 +41,8 @@ if TYPE_CHECKING:
 
 #: the advice a replay measures: the changes a rebuild makes
 MEASURED_IDS = ("parallel_map", "prefetch")
+#: a custom loop's step is held at its call after this many (traced by then)
+HOLD_STEP = 4
 #: calls of each replay not timed: the iterator's start, a shuffle buffer filling
 WARMUP_CALLS = 2
 #: rounds of the replays, interleaved, at most
@@ -44,19 +51,74 @@ MAX_ROUNDS = 4
 MAX_CALLS = 200
 
 
-def replay(hooks: TensorFlowHooks, recommendations: list[Recommendation], budget: float,
+@dataclass
+class LoopStep:
+    """A custom loop's ``tf.function`` step and the pipeline whose batches it was called on."""
+
+    fn: Any
+    dataset: Any
+    unpack: bool  # step(*batch), or step(batch)
+
+
+@dataclass
+class _Target:
+    """What a replay calls: ``call(iterator)`` runs ``batches`` of the step."""
+
+    dataset: Any
+    iterate: Callable[[Any], Any]
+    call: Callable[[Any], Any]
+    variables: list[Any]
+    batches: int
+
+
+def replay(hooks: TensorFlowHooks, run: Run, recommendations: list[Recommendation], budget: float,
            interrupted: Callable[[], bool]) -> tuple[list[WhatIf], str]:
     """The adapter's what-if entry, after the run: the advised tf.data changes measured
-    on the longest ``fit``'s step, or why they are not."""
+    on the longest ``fit``'s step, or a custom loop's, or why they are not."""
     fits, hooks.replayable = hooks.replayable, []  # the script's models and data, let go after
+    loop, hooks.loop_step = hooks.loop_step, None
     changes = plan(recommendations, "tf", MEASURED_IDS)
     if not changes:
         return [], ""
-    if not fits:
-        return [], ("a custom tf.data loop: its step is not held, so its changes are not replayed "
-                    "(`loadprof tune` measures them)")
-    record = max(fits, key=lambda r: len(r.calls))
-    return measure(record, hooks.builds, changes, budget, interrupted)
+    if fits:
+        record = max(fits, key=lambda r: len(r.calls))
+        if record.dataset is None:
+            return [], ("the fit's input is not a tf.data pipeline (arrays or a generator): its changes "
+                        "are not replayed")
+        target = _fit_target(record)
+    elif loop is not None:
+        target = _loop_target(loop)
+    else:
+        return [], ("a custom tf.data loop whose step was not held (a tf.function called on the batch "
+                    "as read, after its first steps): its changes are not replayed (`loadprof tune` measures them)")
+    return measure(target, hooks.builds, changes, _steady_step(run), budget, interrupted)
+
+
+def _fit_target(record: FitRecord) -> _Target:
+    model = record.model
+    fn = record.original_fn or model.train_function
+    return _Target(record.dataset, lambda ds: iter(model.distribute_strategy.experimental_distribute_dataset(ds)),
+                   fn, _state_variables(model), max(1, record.steps_per_execution))
+
+
+def _loop_target(loop: LoopStep) -> _Target:
+    seen: dict[int, Any] = {}
+    for concrete in loop.fn._list_all_concrete_functions():
+        for v in getattr(concrete, "variables", ()):
+            seen.setdefault(id(v), v)
+    fn = loop.fn
+
+    def call(it: Any) -> Any:
+        batch = next(it)
+        return fn(*batch) if loop.unpack else fn(batch)
+
+    return _Target(loop.dataset, iter, call, list(seen.values()), 1)
+
+
+def _steady_step(run: Run) -> float | None:
+    """The run's median step, seconds a batch (epoch starts and stalls left out)."""
+    per = [s.duration / max(1, s.merged) for s in run.steps if s.duration > 0]
+    return statistics.median(per) if per else None
 
 
 def rebuild_of(change: Changes) -> str | None:
@@ -68,33 +130,28 @@ def rebuild_of(change: Changes) -> str | None:
     return None
 
 
-def measure(record: FitRecord, builds: Builds, changes: list[Changes], budget: float,
+def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: float | None, budget: float,
             interrupted: Callable[[], bool]) -> tuple[list[WhatIf], str]:
-    """The fit's step with the pipeline as built and with each change: the measurements,
-    or why there are none (NOTE [ What-if replays under Keras fit ])."""
+    """The step with the pipeline as built and with each change: the measurements, or why
+    there are none (NOTE [ What-if replays under Keras fit ])."""
     import psutil
 
-    if record.dataset is None:
-        return [], "the fit's input is not a tf.data pipeline (arrays or a generator): its changes are not replayed"
     variants: list[tuple[Changes, Any]] = []
     for change in changes:
         rebuilt = rebuild_of(change)
-        built = builds.rebuild(record.dataset, rebuilt) if rebuilt else None
+        built = builds.rebuild(target.dataset, rebuilt) if rebuilt else None
         if built is not None:
             variants.append((change, built))
     if not variants:
         return [], ("no advised change could be built into the pipeline again (built before profiling began, "
                     "or the change leaves it as it is)")
-    model = record.model
-    fn = record.original_fn or model.train_function
-    variables = _state_variables(model)
+    variables = target.variables
     nbytes = sum(int(np.prod(tuple(v.shape), dtype=np.int64)) * tf.as_dtype(v.dtype).size for v in variables)
     if nbytes > STATE_COPY_SHARE * psutil.virtual_memory().available:
         return [], (f"copying the model state ({nbytes / 2**30:.1f} GiB) would take more than "
                     f"{STATE_COPY_SHARE:.0%} of the available memory")
     saved = [np.array(v.numpy(), copy=True) for v in variables]
-    configs: list[tuple[Changes, Any]] = [(Changes(), record.dataset), *variants]
-    per_batch = max(1, record.steps_per_execution)
+    configs: list[tuple[Changes, Any]] = [(Changes(), target.dataset), *variants]
     results: dict[int, tuple[float, int]] = {}
     deadline = time.perf_counter() + budget
     slice_s = budget / (MAX_ROUNDS * len(configs))
@@ -103,37 +160,38 @@ def measure(record: FitRecord, builds: Builds, changes: list[Changes], budget: f
             for i, (_, ds) in enumerate(configs):
                 if time.perf_counter() >= deadline:
                     break
-                got = _replay(model, fn, ds, slice_s, interrupted)
-                if got is not None:
-                    seconds, calls = results.get(i, (0.0, 0))
-                    results[i] = (seconds + got[0], calls + got[1])
+                seconds, calls = _replay(target, ds, slice_s, interrupted)
+                before = results.get(i, (0.0, 0))
+                results[i] = (before[0] + seconds, before[1] + calls)
     finally:
         for v, value in zip(variables, saved, strict=True):
             v.assign(value)
     if 0 not in results:
-        return [], "the fit's step could not be replayed in the time given"
+        return [], "the step could not be replayed in the time given"
     base_s, base_n = results[0]
-    base = base_s / base_n / per_batch
-    out = [WhatIf(configs[i][0].describe(), s / n / per_batch, base, min(n, base_n) * per_batch)
+    base = base_s / base_n / target.batches
+    extra = max(0.0, run_step - base) if run_step else 0.0
+    out = [WhatIf(configs[i][0].describe(), s / n / target.batches + extra, base + extra,
+                  min(n, base_n) * target.batches, extra_seconds=extra)
            for i, (s, n) in sorted(results.items()) if i]
     return out, "" if out else "no change could be replayed in the time given"
 
 
-def _replay(model: Any, fn: Any, ds: Any, slice_s: float, interrupted: Callable[[], bool]) -> tuple[float, int] | None:
-    """Seconds of ``fn``'s calls timed on a fresh iterator over ``ds``, and their count."""
-    it = iter(model.distribute_strategy.experimental_distribute_dataset(ds.repeat()))
+def _replay(target: _Target, ds: Any, slice_s: float, interrupted: Callable[[], bool]) -> tuple[float, int]:
+    """Seconds of the step's calls timed on a fresh iterator over ``ds``, and their count."""
+    it = target.iterate(ds.repeat())
     out: Any = None
     for _ in range(WARMUP_CALLS):
         if interrupted():
             raise Interrupted
-        out = fn(it)
+        out = target.call(it)
     tf.nest.map_structure(np.asarray, out)  # the warm-up done on the device too
     calls = 0
     start = time.perf_counter()
     while calls < MAX_CALLS and (calls < 3 or time.perf_counter() - start < slice_s):
         if interrupted():
             raise Interrupted
-        out = fn(it)
+        out = target.call(it)
         calls += 1
         if time.perf_counter() - start > 4 * slice_s + 1.0:
             break
