@@ -100,11 +100,13 @@ NO_GAIN = 1.02
 def _whole_job(run: Run, rec: Recommendation, w: WhatIf, gain: float) -> tuple[float, str] | None:
     """The speed-up over the whole job as it ran, one-time costs counted: a cache fills in
     the first epoch, reading every item once at about today's pace; workers start at each
-    epoch (once, persistent), as long as they took to give the replay its first batch."""
+    epoch (once, persistent), as long as they took to give the replay its first batch; a
+    tf.data pipeline starts with each epoch's iterator, as long as the replay's first call
+    took beyond a steady one."""
     n = sum(s.merged for s in run.steps)
     loader = next((info for info in run.loaders if info.iterations > info.eval_iterations), None)
-    if rec.id not in ("cache", "num_workers") or not n or loader is None or not loader.dataset_length \
-            or not loader.batch_size:
+    if rec.id not in ("cache", "num_workers", "parallel_map", "prefetch") or not n or loader is None \
+            or not loader.dataset_length or not loader.batch_size:
         return None
     per_epoch = -(-loader.dataset_length // loader.batch_size)
     step = sum(s.duration for s in run.steps) / n
@@ -114,12 +116,13 @@ def _whole_job(run: Run, rec: Recommendation, w: WhatIf, gain: float) -> tuple[f
         whole = n * step / (min(n, per_epoch) * step + max(0, n - per_epoch) * step / gain)
         return whole, f"{span} about {whole:.2f}x: the cache fills in the first epoch"
     starts = 1 if "persistent_workers=True" in rec.code else math.ceil(epochs)
-    extra = starts * max(0.0, w.start_seconds - w.baseline_start_seconds)
-    whole = n * step / (n * step / gain + extra)
-    if whole > gain * 0.98:
+    extra = starts * (w.start_seconds - w.baseline_start_seconds)
+    whole = n * step / max(1e-9, n * step / gain + extra)
+    if abs(whole / gain - 1) < 0.02:
         return None  # the starts are lost in the steps
-    return whole, (f"{span} about {whole:.2f}x: the workers take {w.start_seconds:.2f} s to start, "
-                   f"{starts} time{'s' if starts > 1 else ''}")
+    what = "the workers take" if rec.id == "num_workers" else "the pipeline takes"
+    return whole, (f"{span} about {whole:.2f}x: {what} {w.start_seconds:.2f} s to start "
+                   f"(as it was: {w.baseline_start_seconds:.2f} s), {starts} time{'s' if starts > 1 else ''}")
 
 
 def measured(run: Run, recs: list[Recommendation]) -> list[Recommendation]:

@@ -152,7 +152,7 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
                     f"{STATE_COPY_SHARE:.0%} of the available memory")
     saved = [np.array(v.numpy(), copy=True) for v in variables]
     configs: list[tuple[Changes, Any]] = [(Changes(), target.dataset), *variants]
-    results: dict[int, tuple[float, int]] = {}
+    results: dict[int, tuple[float, int, float, int]] = {}  # seconds, calls; first calls' seconds, count
     deadline = time.perf_counter() + budget
     slice_s = budget / (MAX_ROUNDS * len(configs))
     try:
@@ -160,31 +160,44 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
             for i, (_, ds) in enumerate(configs):
                 if time.perf_counter() >= deadline:
                     break
-                seconds, calls = _replay(target, ds, slice_s, interrupted)
-                before = results.get(i, (0.0, 0))
-                results[i] = (before[0] + seconds, before[1] + calls)
+                seconds, calls, first = _replay(target, ds, slice_s, interrupted)
+                s0, n0, f0, k0 = results.get(i, (0.0, 0, 0.0, 0))
+                results[i] = (s0 + seconds, n0 + calls, f0 + first, k0 + 1)
     finally:
         for v, value in zip(variables, saved, strict=True):
             v.assign(value)
     if 0 not in results:
         return [], "the step could not be replayed in the time given"
-    base_s, base_n = results[0]
+    base_s, base_n, base_f, base_k = results[0]
     base = base_s / base_n / target.batches
     extra = max(0.0, run_step - base) if run_step else 0.0
+
+    def start(i: int) -> float:
+        """A fresh iterator's first call beyond a steady one: the pipeline starting (an epoch's start)."""
+        s, n, f, k = results[i]
+        return max(0.0, f / k - s / n)
+
     out = [WhatIf(configs[i][0].describe(), s / n / target.batches + extra, base + extra,
-                  min(n, base_n) * target.batches, extra_seconds=extra)
-           for i, (s, n) in sorted(results.items()) if i]
+                  min(n, base_n) * target.batches, extra_seconds=extra, start_seconds=start(i),
+                  baseline_start_seconds=start(0))
+           for i, (s, n, _, _) in sorted(results.items()) if i]
     return out, "" if out else "no change could be replayed in the time given"
 
 
-def _replay(target: _Target, ds: Any, slice_s: float, interrupted: Callable[[], bool]) -> tuple[float, int]:
-    """Seconds of the step's calls timed on a fresh iterator over ``ds``, and their count."""
+def _replay(target: _Target, ds: Any, slice_s: float, interrupted: Callable[[], bool]) -> tuple[float, int, float]:
+    """Seconds of the step's calls timed on a fresh iterator over ``ds``, their count, and
+    the seconds of the first call (the iterator's start with it)."""
+    t0 = time.perf_counter()
     it = target.iterate(ds.repeat())
     out: Any = None
-    for _ in range(WARMUP_CALLS):
+    first = 0.0
+    for n in range(WARMUP_CALLS):
         if interrupted():
             raise Interrupted
         out = target.call(it)
+        if not n:
+            tf.nest.map_structure(np.asarray, out)
+            first = time.perf_counter() - t0
     tf.nest.map_structure(np.asarray, out)  # the warm-up done on the device too
     calls = 0
     start = time.perf_counter()
@@ -196,4 +209,4 @@ def _replay(target: _Target, ds: Any, slice_s: float, interrupted: Callable[[], 
         if time.perf_counter() - start > 4 * slice_s + 1.0:
             break
     tf.nest.map_structure(np.asarray, out)  # the device finished what was timed
-    return time.perf_counter() - start, calls
+    return time.perf_counter() - start, calls, first
