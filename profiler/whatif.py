@@ -148,7 +148,7 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     try:
         capture.model.train(capture.training)
         step = _Step(capture)
-        first = _replay(capture, step, Changes(), 0.0, budget / (len(configs) + 2), interrupted)
+        first = _replay(capture, step, Changes(), threads, 0.0, budget / (len(configs) + 2), interrupted)
         if first is None:
             return [], "the run's own settings could not be replayed in the time given"
         extra = max(0.0, run_compute - first.compute)
@@ -162,7 +162,8 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
                 left = deadline - time.perf_counter()
                 if left <= 0 or (rounds and left < _slice(best, i, 1.0)):
                     break
-                got = _replay(capture, step, change, extra, min(left, budget / (len(configs) + 2)), interrupted)
+                got = _replay(capture, step, change, threads, extra, min(left, budget / (len(configs) + 2)),
+                              interrupted)
                 if got is not None:
                     best[i] = best[i].joined(got) if i in best else got
             rounds += 1
@@ -203,16 +204,17 @@ class _Result:
                        other.elapsed, min(self.start, other.start))
 
 
-def _replay(capture: StepCapture, step: _Step, change: Changes, extra: float, slice_s: float,
+def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, extra: float, slice_s: float,
             interrupted: Callable[[], bool]) -> _Result | None:
-    """One replay: seconds a step and seconds of it outside the batch's wait, or None."""
+    """One replay: seconds a step and seconds of it outside the batch's wait, or None.
+    ``threads``: the run's intra-op threads, set again for each replay that does not change
+    them (a replay of fewer threads must not run the replays after it on as few)."""
     import torch
 
     from .fixes.cache import internal
 
     device = step.device
-    if change.threads:
-        torch.set_num_threads(change.threads)
+    torch.set_num_threads(change.threads or threads)
     amp = _autocast(change, device)
     with internal():  # loadprof's own loader: a trial's fixes leave it as it is
         loader = _loader_for(capture.loader, change)

@@ -179,3 +179,32 @@ def test_diagnose_measures_while_the_scripts_data_still_exists(tmp_path) -> None
     assert "measuring" in p.stderr and "advised change" in p.stderr
     measured = [r for r in report["recommendations"] if r["basis"].startswith("measured:")]
     assert measured and all(r["estimated_speedup"] > 1 for r in measured)
+
+
+def test_only_the_threads_replay_runs_on_fewer_threads() -> None:
+    from loadprof.whatif import MAX_STEPS, WARMUP_STEPS
+    from tests.torch_loops import CpuHeavy
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen: list[int] = []
+        model = small_model()
+        model.register_forward_hook(lambda m, i, o: seen.append(torch.get_num_threads()))
+        loader = DataLoader(CpuHeavy(n=512, cost=0.004), batch_size=8, shuffle=True)
+        with Profile(gpu=False, print_report=False, what_if=8) as prof:
+            train(loader, model)
+    finally:
+        torch.set_num_threads(threads)
+    assert "threads=1" in [w.change for w in prof.run.whatif], (prof.run.whatif, prof.run.whatif_skipped)
+    blocks: list[list[int]] = []  # [threads, calls in a row]
+    for n in seen:
+        if blocks and blocks[-1][0] == n:
+            blocks[-1][1] += 1
+        else:
+            blocks.append([n, 1])
+    # each round's threads=1 replay alone (its warm-up and measured steps), the replays
+    # after it back on the run's two threads, and so is the run after them all
+    ones = [calls for n, calls in blocks if n == 1]
+    assert ones and max(ones) <= WARMUP_STEPS + MAX_STEPS, blocks
+    assert blocks[-1][0] == 2
