@@ -72,6 +72,41 @@ def test_a_pipeline_built_before_the_notes_began_is_not_rebuilt() -> None:
         patches.restore()
 
 
+def test_each_maps_randomness_is_told_by_calling_it_twice_on_one_element(builds: Builds) -> None:
+    def jitter(v):
+        return v + np.random.default_rng().random(v.shape).astype(np.float32)
+
+    ds = (tf.data.Dataset.from_tensor_slices(np.ones((16, 4), np.float32))
+          .map(lambda v: v * 2.0)  # deterministic
+          .map(lambda v: v + tf.random.uniform(tf.shape(v)))  # a stateful random op
+          .map(lambda v: tf.numpy_function(jitter, [v], tf.float32))  # random in Python
+          .map(lambda v: tf.image.stateless_random_flip_left_right(v[None, :, None], seed=(1, 2))))
+    assert builds.maps_repeat(ds.batch(4)) == [True, False, False, True]  # a fixed seed repeats
+    assert builds.maps_repeat(tf.data.Dataset.range(4).batch(2)) == []
+
+
+def test_a_random_python_map_under_fit_gets_no_cache_and_no_offline_copy() -> None:
+    def jitter(v):
+        return (v + np.random.default_rng().random(v.shape)).astype(np.float32)
+
+    rng = np.random.default_rng(2)
+    x, y = rng.random((2048, 64), dtype=np.float32), rng.integers(0, 4, 2048)
+    prof = Profile(print_report=False, gpu=False, what_if=0)
+    prof.start()
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).map(
+        lambda a, b: (tf.ensure_shape(tf.numpy_function(lambda v: jitter(_busy(v)), [a], tf.float32), (64,)), b)
+    ).batch(32)
+    model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(4)])
+    model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(ds, epochs=2, verbose=0)
+    prof.stop()
+    loader = prof.report.loaders[0]
+    assert loader.items_repeat is False and "first_map_random" in loader.notes
+    assert prof.report.verdict == "data-starved"
+    ids = prof.report.recommendation_ids
+    assert "cache" not in ids and "offline_preprocessing" not in ids, ids
+
+
 def _busy(a):
     t = time.perf_counter()
     while time.perf_counter() - t < 0.0003:  # Python work: it holds the GIL

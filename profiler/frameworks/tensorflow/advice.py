@@ -29,7 +29,10 @@ def cacheable_step(loader: LoaderInfo) -> bool:
     """Whether the pipeline has a map that may give the same output every epoch: one with no
     stateful (random) op. Only after such a step may a cache, or an offline copy, stand in for
     the work. A Python map's randomness cannot be read from the graph: the advice says to
-    cache after its deterministic part only."""
+    cache after its deterministic part only. Where the first map gave two outputs for one
+    element after the run (``first_map_random``), nothing before the randomness can be kept."""
+    if "first_map_random" in loader.notes:
+        return False
     return any(t.split("[")[0] in ("map", "parallel_map") and "stateful" not in t for t in loader.transformations)
 
 
@@ -139,7 +142,8 @@ def input_advice(run: Run, d: Diagnosis, loader: LoaderInfo,
             rec.basis = "no estimate: epochs after the first skip what the cache holds; " + MEASURE.split(": ", 1)[1]
             out.append(rec)
 
-    if starved and cause == "cpu-bound-preprocessing" and (python_map or cacheable_step(loader)):
+    if starved and cause == "cpu-bound-preprocessing" and (python_map or cacheable_step(loader)) \
+            and "first_map_random" not in notes:
         if python_map:
             detail = (f"The map() runs Python: {m.wait_cpu_cores or 0:.1f} core(s) busy while the loop waits, "
                       "and parallel calls cannot use more cores under the GIL. Express it with TensorFlow ops, "

@@ -418,9 +418,23 @@ class TensorFlowHooks:
                     self.limit(line)
                 if found.waits is not None:  # NOTE [ Waits measured after the run ] in timeline.py
                     self.timeline.measured_waits(found.waits, "differential")
+        pipelines = [(ref(), info) for ref, info in list(self._datasets.values())]
+        pipelines += [(r.dataset, r.info) for r in self.keras.fits if r.info is not None and r.dataset is not None]
+        for ds, info in pipelines:
+            if ds is not None and info.items_repeat is None:
+                _note_randomness(info, self.builds.maps_repeat(ds))
         # held for the what-if replays after the run (whatif.py), which let them go
         self.replayable = [record for record in self.keras.fits if record.calls]
         self.keras.fits.clear()
         if self.timeline.count:
             gpu_facts(self.run)
 
+
+def _note_randomness(info: LoaderInfo, maps: list[bool | None]) -> None:
+    """What the maps' outputs twice for one element say: every map the same, the items
+    repeat; the first map random, nothing comes before the randomness to cache or store."""
+    if maps and all(maps):
+        info.items_repeat = True
+    elif maps and maps[0] is False:
+        info.items_repeat = False
+        info.notes.append("first_map_random")

@@ -10,7 +10,9 @@ transformations again on that source, with the change:
 - ``parallel_map``: ``map(..., num_parallel_calls=tf.data.AUTOTUNE)`` where unset (order
   kept, as ``deterministic`` was);
 - ``prefetch``: ``prefetch(tf.data.AUTOTUNE)`` after each ``batch`` not followed by one.
-The functions are the script's own, traced again. Nothing is rebuilt from TensorFlow's
+The functions are the script's own, traced again. The same notes tell whether each map
+gives the same output twice for one element (``maps_repeat``: its function called twice
+eagerly after the run), which decides whether a cache or a stored copy may stand in for it. Nothing is rebuilt from TensorFlow's
 private attributes; a pipeline made some other way (``Dataset.apply`` on an
 unrecorded transformation, a dataset built before profiling began) is not rebuilt, and
 the replay says so. Notes are dropped with the dataset they describe.
@@ -125,6 +127,39 @@ class Builds:
         finally:
             self._quiet.on = False
         return node if changed else None
+
+    def maps_repeat(self, ds: Any) -> list[bool | None]:
+        """For each ``map`` the pipeline applies, in order: whether it gave the same output
+        twice for one element (False: a random augmentation, which a cache or a stored copy
+        would freeze; None: not known, the function failed outside its pipeline). Each
+        function runs eagerly, twice, after the run."""
+        import numpy as np
+        import tensorflow as tf
+
+        _, calls = self.chain(ds)
+        out: list[bool | None] = []
+        self._quiet.on = True
+        try:
+            for call in calls:
+                if call.name != "map" or not call.args or not callable(call.args[0]):
+                    continue
+                fn = call.args[0]
+                try:
+                    element = next(iter(call.parent.take(1)))
+                    twice = []
+                    for _ in range(2):
+                        got = fn(*element) if isinstance(element, tuple) else fn(element)
+                        twice.append([np.asarray(t) for t in tf.nest.flatten(got)])
+                except Exception:  # the script's own function, called outside its pipeline
+                    out.append(None)
+                    continue
+                a, b = twice
+                out.append(len(a) == len(b) and all(
+                    x.shape == y.shape and np.array_equal(x, y, equal_nan=x.dtype.kind == "f")
+                    for x, y in zip(a, b, strict=True)))
+        finally:
+            self._quiet.on = False
+        return out
 
     def install(self, patch: Callable[[Any, str, Callable[[Any], Any]], None], dataset_cls: Any) -> None:
         """Notes the calls of every transformation the dataset class has."""
