@@ -190,3 +190,32 @@ def test_a_custom_loop_without_a_step_function_says_why_its_changes_are_not_repl
     run = prof.stop()
     assert "prefetch" in prof.report.recommendation_ids  # the pipeline has none: advised, not measured
     assert run.whatif == [] and "step was not held" in run.whatif_skipped
+
+
+@pytest.mark.skipif(not __import__("loadprof.cpufeatures", fromlist=["has_bf16"]).has_bf16(
+    __import__("loadprof.cpufeatures", fromlist=["cpu_features"]).cpu_features()),
+    reason="this CPU has no bf16 instructions: mixed precision is not advised on it")
+def test_mixed_precision_under_fit_is_replayed_on_a_clone_and_the_model_is_left_alone() -> None:
+    rng = np.random.default_rng(3)
+    x, y = rng.random((4096, 256), dtype=np.float32), rng.integers(0, 10, 4096)
+    prof = Profile(print_report=False, gpu=False, what_if=8)
+    prof.start()
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(128).cache()
+    model = tf.keras.Sequential([tf.keras.Input((256,)), tf.keras.layers.Dense(1024, activation="relu"),
+                                 tf.keras.layers.Dense(1024, activation="relu"), tf.keras.layers.Dense(10)])
+    model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(ds, epochs=2, verbose=0)
+    trained = [v.numpy().copy() for v in model.variables]
+    run = prof.stop()
+    assert prof.report.verdict == "compute-bound"
+    measured = {w.change: w for w in run.whatif}
+    assert "amp=auto" in measured, (run.whatif, run.whatif_skipped)
+    assert measured["amp=auto"].steps >= 3
+    # advised with the measured figure, or not advised where it measured no gain
+    advised = {r.id: r for r in prof.report.recommendations}
+    gain = measured["amp=auto"].baseline_seconds_per_step / measured["amp=auto"].seconds_per_step
+    assert ("mixed_precision" in advised) == (gain >= 1.02), (gain, list(advised))
+    if "mixed_precision" in advised:
+        assert advised["mixed_precision"].basis.startswith("measured: the job's own step replayed with amp=auto")
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(trained, model.variables, strict=True))
+    assert tf.keras.mixed_precision.global_policy().name == "float32"  # the policy put back

@@ -85,20 +85,7 @@ class KerasFixes:
             self.a.add_losses(values)
 
     def _policy(self) -> str | None:
-        want = self.changes.amp
-        if want == "fp16":
-            return "mixed_float16"
-        if want == "bf16":
-            return "mixed_bfloat16"
-        tf: Any = sys.modules.get("tensorflow")
-        gpus = tf.config.list_physical_devices("GPU") if tf is not None else []
-        if not gpus:
-            return "mixed_bfloat16"  # oneDNN runs bf16 on CPUs (fast with AVX512-BF16/AMX)
-        details = tf.config.experimental.get_device_details(gpus[0])
-        cc = details.get("compute_capability")
-        if supports_bf16(cc):
-            return "mixed_bfloat16"
-        return "mixed_float16" if has_tensor_cores(cc) else None
+        return mixed_policy(self.changes.amp)
 
     def _wrap_optimizer_init(self, original: Callable[..., Any]) -> Callable[..., Any]:
         fixes = self
@@ -162,3 +149,20 @@ class KerasFixes:
 
     def _stop_recording(self, model: Any) -> None:
         self.a.limitations.extend(self.p.restore(model, "train_function"))
+
+
+def mixed_policy(amp: str | None) -> str | None:
+    """The Keras dtype policy an ``amp`` change means on this machine, or None (none fits)."""
+    if amp == "fp16":
+        return "mixed_float16"
+    if amp == "bf16":
+        return "mixed_bfloat16"
+    tf: Any = sys.modules.get("tensorflow")
+    gpus = tf.config.list_physical_devices("GPU") if tf is not None else []
+    if not gpus:
+        return "mixed_bfloat16"  # oneDNN runs bf16 on CPUs (fast with AVX512-BF16/AMX)
+    details = tf.config.experimental.get_device_details(gpus[0])
+    cc = details.get("compute_capability")
+    if supports_bf16(cc):
+        return "mixed_bfloat16"
+    return "mixed_float16" if has_tensor_cores(cc) else None

@@ -39,8 +39,8 @@ from .rebuild import Builds
 if TYPE_CHECKING:
     from .hooks import TensorFlowHooks
 
-#: the advice a replay measures: the changes a rebuild makes
-MEASURED_IDS = ("parallel_map", "prefetch")
+#: the advice a replay measures: the changes a rebuild makes, and mixed precision under fit
+MEASURED_IDS = ("parallel_map", "prefetch", "mixed_precision")
 #: a custom loop's step is held at its call after this many (traced by then)
 HOLD_STEP = 4
 #: calls of each replay not timed: the iterator's start, a shuffle buffer filling
@@ -69,6 +69,8 @@ class _Target:
     call: Callable[[Any], Any]
     variables: list[Any]
     batches: int
+    #: the same step under a mixed-precision policy (a clone of the model), where one was built
+    mixed: _Target | None = None
 
 
 def replay(hooks: TensorFlowHooks, run: Run, recommendations: list[Recommendation], budget: float,
@@ -86,6 +88,9 @@ def replay(hooks: TensorFlowHooks, run: Run, recommendations: list[Recommendatio
             return [], ("the fit's input is not a tf.data pipeline (arrays or a generator): its changes "
                         "are not replayed")
         target = _fit_target(record)
+        mixed = next((c for c in changes if c.amp), None)
+        if mixed is not None:
+            target.mixed = _mixed_target(record, mixed)
     elif loop is not None:
         target = _loop_target(loop)
     else:
@@ -99,6 +104,36 @@ def _fit_target(record: FitRecord) -> _Target:
     fn = record.original_fn or model.train_function
     return _Target(record.dataset, lambda ds: iter(model.distribute_strategy.experimental_distribute_dataset(ds)),
                    fn, _state_variables(model), max(1, record.steps_per_execution))
+
+
+def _mixed_target(record: FitRecord, change: Changes) -> _Target | None:
+    """The fit's model built again, its layers under the mixed policy ``change`` means here
+    (as the Keras fix sets it before the script builds its model), compiled alike; None
+    where no policy fits or the model cannot be cloned."""
+    import keras
+
+    from ..keras.fixes import mixed_policy
+
+    policy = mixed_policy(change.amp)
+    model = record.model
+    if policy is None or not getattr(model, "compiled", True):
+        return None
+    before = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        clone = keras.models.clone_model(
+            model, clone_function=lambda layer: layer.__class__.from_config({**layer.get_config(), "dtype": policy}))
+        clone.set_weights(model.get_weights())
+        optimizer = model.optimizer.__class__.from_config(model.optimizer.get_config())
+        clone.compile(optimizer=optimizer, loss=model.loss, steps_per_execution=record.steps_per_execution)
+        clone.make_train_function()
+    except (TypeError, ValueError, AttributeError, NotImplementedError):
+        return None  # a subclassed model, a custom layer's config: not rebuilt
+    finally:
+        keras.mixed_precision.set_global_policy(before)
+    return _Target(record.dataset,
+                   lambda ds: iter(clone.distribute_strategy.experimental_distribute_dataset(ds)),
+                   clone.train_function, [], max(1, record.steps_per_execution))
 
 
 def _loop_target(loop: LoopStep) -> _Target:
@@ -136,12 +171,16 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
     there are none (NOTE [ What-if replays under Keras fit ])."""
     import psutil
 
-    variants: list[tuple[Changes, Any]] = []
+    variants: list[tuple[Changes, Any, _Target]] = []
     for change in changes:
+        if change.amp:
+            if target.mixed is not None:
+                variants.append((change, target.dataset, target.mixed))
+            continue
         rebuilt = rebuild_of(change)
         built = builds.rebuild(target.dataset, rebuilt) if rebuilt else None
         if built is not None:
-            variants.append((change, built))
+            variants.append((change, built, target))
     if not variants:
         return [], ("no advised change could be built into the pipeline again (built before profiling began, "
                     "or the change leaves it as it is)")
@@ -151,16 +190,16 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
         return [], (f"copying the model state ({nbytes / 2**30:.1f} GiB) would take more than "
                     f"{STATE_COPY_SHARE:.0%} of the available memory")
     saved = [np.array(v.numpy(), copy=True) for v in variables]
-    configs: list[tuple[Changes, Any]] = [(Changes(), target.dataset), *variants]
+    configs: list[tuple[Changes, Any, _Target]] = [(Changes(), target.dataset, target), *variants]
     results: dict[int, tuple[float, int, float, int]] = {}  # seconds, calls; first calls' seconds, count
     deadline = time.perf_counter() + budget
     slice_s = budget / (MAX_ROUNDS * len(configs))
     try:
         for _ in range(MAX_ROUNDS):
-            for i, (_, ds) in enumerate(configs):
+            for i, (_, ds, replayed) in enumerate(configs):
                 if time.perf_counter() >= deadline:
                     break
-                seconds, calls, first = _replay(target, ds, slice_s, interrupted)
+                seconds, calls, first = _replay(replayed, ds, slice_s, interrupted)
                 s0, n0, f0, k0 = results.get(i, (0.0, 0, 0.0, 0))
                 results[i] = (s0 + seconds, n0 + calls, f0 + first, k0 + 1)
     finally:
