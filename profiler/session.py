@@ -615,7 +615,8 @@ class Profile:
                 done = False
                 return
             ranks = self._job.ctx.world_size if self._job is not None else _world_size()
-            why = unsafe(capture, ranks)
+            trained = diagnosis.metrics.loader
+            why = unsafe(capture, ranks, reread=trained is not None and trained.iterations >= 2)
             if why:
                 self.run.whatif_skipped = why
                 return

@@ -24,7 +24,8 @@ the random generators, thread count and the module's train/eval mode are put bac
 loadprof's hooks are inert meanwhile (``TorchHooks.suspended``); a zero loss keeps the
 copies as the run left them. Not replayed, with the reason in the report: a job of
 several processes (its step runs collectives), an IterableDataset (a stream may not be
-read twice), a model whose copy does not fit in a third of the memory left.
+read twice, unless the run read it again already, epoch after epoch), a model whose copy
+does not fit in a third of the memory left.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ EXTRA_SHARE = 0.2
 MAX_ROUNDS = 3
 #: batches of items a cache replay reads and holds (it cycles over them)
 CACHE_BATCHES = 4
+#: the length a cache replay of a stream gives its held items (a replay reads far fewer)
+STREAM_LENGTH = 1 << 20
 #: the share of the memory left that a copy of the model and its optimizer may take
 MEMORY_SHARE = 1 / 3
 
@@ -98,8 +101,10 @@ def plan(recommendations: list[Recommendation], dialect: str = "torch",
     return out
 
 
-def unsafe(capture: StepCapture, ranks: int) -> str:
-    """Why the captured step may not be replayed ("" where it may)."""
+def unsafe(capture: StepCapture, ranks: int, reread: bool = False) -> str:
+    """Why the captured step may not be replayed ("" where it may). ``reread``: the run
+    read its loader again already (a second epoch), so an IterableDataset can be read
+    again too; a stream read once may not be."""
     import torch
 
     if ranks > 1:
@@ -109,8 +114,9 @@ def unsafe(capture: StepCapture, ranks: int) -> str:
     if wrapped in ("DistributedDataParallel", "FullyShardedDataParallel", "DataParallel"):
         return f"the model is wrapped in {wrapped}: its step runs collectives"
     dataset = getattr(capture.loader, "dataset", None)
-    if isinstance(dataset, torch.utils.data.IterableDataset):
-        return "the loader reads an IterableDataset, a stream that may not be read twice"
+    if isinstance(dataset, torch.utils.data.IterableDataset) and not reread:
+        return ("the loader reads an IterableDataset the run had not read twice by then, a stream that "
+                "may not be read twice")
     if getattr(capture.loader, "batch_size", None) is None and getattr(capture.loader, "batch_sampler", None) is None:
         return "the loader has neither a batch size nor a batch sampler"
     need = _model_bytes(model, capture.optimizer) * 3  # parameters, gradients, optimizer state
@@ -381,10 +387,18 @@ class _HeldItems:
 
     @classmethod
     def read(cls, loader: Any) -> _HeldItems:
+        import itertools
+
+        import torch
+
         from .fixes.cache import internal
 
         dataset = loader.dataset
         size = loader.batch_size or 1
+        if isinstance(dataset, torch.utils.data.IterableDataset):  # the stream's first items, in order
+            with internal():
+                held = list(itertools.islice(iter(dataset), CACHE_BATCHES * size))
+            return cls(held, STREAM_LENGTH)
         with internal():
             indices = [i for _, i in zip(range(CACHE_BATCHES * size), iter(loader.sampler), strict=False)]
         items = [dataset[i] for i in indices] or [dataset[0]]

@@ -118,6 +118,29 @@ def test_an_iterable_dataset_is_not_read_again_and_the_report_says_why() -> None
     assert "not measured on the job's own step: the loader reads an IterableDataset" in " ".join(text.split())
 
 
+class _Shards(IterableDataset):
+    """A stream of shards read again each epoch, 1 ms of waiting an item."""
+
+    def __iter__(self):
+        for i in range(64):
+            time.sleep(0.001)
+            yield torch.randn(32), i % 4
+
+    def __len__(self) -> int:
+        return 64
+
+
+def test_an_iterable_dataset_the_run_read_again_is_replayed() -> None:
+    loader = DataLoader(_Shards(), batch_size=8)  # 8 batches an epoch: the replays come in the 4th
+    model = small_model()
+    with Profile(gpu=False, print_report=False, what_if=15) as prof:
+        train(loader, model, epochs=6)
+    run = prof.run
+    assert run.whatif_skipped == "", run.whatif_skipped
+    measured = {w.change for w in run.whatif}
+    assert "cache" in measured, measured  # the stream's first items held, as a cache of it would
+
+
 def test_turned_off_nothing_is_held_or_measured() -> None:
     loader = DataLoader(Sleepy(n=256, delay=0.001), batch_size=8)
     prof, _, text = _profiled(loader, small_model(), what_if=0)
