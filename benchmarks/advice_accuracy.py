@@ -41,10 +41,10 @@ from typing import Any, NamedTuple
 
 from loadprof.advice import NO_GAIN, Recommendation
 from loadprof.advice.base import CEILING, change_of
+from loadprof.experiments.trial import TrialResult, TrialSpec, run_trial
 from loadprof.fixes.spec import Changes
 from loadprof.jsonio import write_json
 from loadprof.report import build_report
-from loadprof.trial import TrialResult, TrialSpec, run_trial
 from loadprof.whatif import speedup
 from loadprof.whatif import summary as whatif_summary
 

@@ -1,17 +1,19 @@
 """The command line's shared parts, declared once: the options several subcommands
-take, the script or module they run, and the one-line usage error.
+take, the files they write (one option per registered format: formats.py), the
+script or module they run, and the one-line usage error.
 
-``cli.py`` and the subcommands kept beside their work (``tune.py``,
-``compare.py``) import these; nothing here imports a subcommand, so no module
-imports ``cli.py`` back. Defaults come from ``settings.Settings``.
+``cli.py`` and the subcommands (commands/) import these; nothing here imports a
+subcommand, so no module imports ``cli.py`` back. Defaults come from
+``settings.Settings``.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from .formats import formats
 from .settings import Settings, gpu_hour_price, what_if_budget
 
 if TYPE_CHECKING:
@@ -42,25 +44,35 @@ def positive_int(text: str) -> int:
     return value
 
 
-def add_output_options(parser: argparse.ArgumentParser, *, json_help: str,
+def add_file_options(parser: argparse.ArgumentParser, of: str, helps: Mapping[str, str] | None = None) -> None:
+    """``--NAME PATH`` for each format registered for ``of`` (formats.py: ``--json``,
+    ``--trace``, ``--html``, ...); ``helps``: the command's own words for some of them."""
+    for fmt in formats(of):
+        parser.add_argument(fmt.option, dest=fmt.name, metavar="PATH", help=(helps or {}).get(fmt.name, fmt.help))
+
+
+def output_paths(args: argparse.Namespace, of: str) -> dict[str, str | None]:
+    """The paths ``add_file_options`` read, by format name (None: not asked for)."""
+    given = vars(args)
+    return {fmt.name: given.get(fmt.name) for fmt in formats(of)}
+
+
+def add_output_options(parser: argparse.ArgumentParser, of: str, *, helps: Mapping[str, str] | None = None,
                        quiet_help: str = "no terminal summary (use with --json)") -> None:
-    """``--json PATH``, ``--no-gpu`` and ``-q/--quiet``: every command that runs a script takes them."""
-    parser.add_argument("--json", metavar="PATH", help=json_help)
+    """The files (``add_file_options``), ``--no-gpu`` and ``-q/--quiet``: every command that
+    runs a script takes them."""
+    add_file_options(parser, of, helps)
     parser.add_argument("--no-gpu", action="store_true", help="do not sample GPUs through NVML")
     parser.add_argument("-q", "--quiet", action="store_true", help=quiet_help)
 
 
 def add_profile_options(parser: argparse.ArgumentParser) -> None:
     """The options of a single profiled run (``loadprof diagnose``)."""
-    add_output_options(parser, json_help="write the report (with the raw measurements) as JSON")
+    add_output_options(parser, "report")
     parser.add_argument("--interval", type=positive_float, default=Settings.interval, metavar="SECONDS",
                         help=f"sampling interval (default {Settings.interval:g} s)")
     parser.add_argument("--max-steps", type=positive_int, metavar="N",
                         help="stop the script after N training steps and report")
-    parser.add_argument("--trace", metavar="PATH",
-                        help="write a Chrome trace-event file (Perfetto UI, chrome://tracing)")
-    parser.add_argument("--html", metavar="PATH",
-                        help="write the report as one self-contained HTML page with charts (opens offline)")
     parser.add_argument("--live", action="store_true",
                         help="redraw a live view on the terminal while the script runs (stderr a terminal)")
     add_price_option(parser)

@@ -1,15 +1,17 @@
-"""Every file a command or ``Profile`` writes (``--json``, ``--html``, ``--trace``,
-``--png``), through one writer with one policy.
+"""Every file a command or ``Profile`` writes, through one writer with one policy.
 
-An ``Output`` is an option, a path and a renderer's result to be made when written;
-``write_outputs`` renders and writes each through jsonio's atomic writer (never half a
-file, never through a planted link: NOTE [ Output paths and symbolic links ]).
+An ``Output`` is an option, a path and a renderer's result to be made when written,
+one per format registered for what is written (formats.py: ``--json``, ``--trace``,
+``--html``, ``--png``, ...); ``write_outputs`` renders and writes each through jsonio's
+atomic writer (never half a file, never through a planted link: NOTE [ Output paths
+and symbolic links ]).
 
 NOTE [ A failed output ]
 One behaviour wherever an output is asked for:
 - Before any long work, every output path is checked (``check_outputs``): a missing
-  folder or a path that is a folder is a usage error (one line, exit 2) before a
-  script runs, not after it ran for an hour.
+  folder, a path that is a folder, or a format whose module is not installed
+  (``--png`` without matplotlib) is a usage error (one line, exit 2) before a script
+  runs, not after it ran for an hour.
 - An output that still cannot be written (disk full, permissions, a renderer that
   fails) is one line naming the option and the file:
   ``loadprof: error: --html out/r.html: cannot write (No space left on device)``.
@@ -24,19 +26,21 @@ One behaviour wherever an output is asked for:
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
-from collections.abc import Callable, Iterable
-from typing import IO, TYPE_CHECKING, NamedTuple
+from collections.abc import Callable, Iterable, Mapping
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
+from .formats import formats
 from .jsonio import JsonWriteError, write_bytes_atomic
 from .options import UsageError
 
 if TYPE_CHECKING:
     from .report import Report
 
-__all__ = ["FAILED_OUTPUT", "Output", "check_outputs", "check_writable", "exit_code", "finish_command", "report_outputs",
-           "write_outputs"]
+__all__ = ["FAILED_OUTPUT", "Output", "check_outputs", "check_writable", "exit_code", "finish_command", "outputs_of",
+           "report_outputs", "write_outputs"]
 
 #: A command's exit code when an output it was asked for could not be written.
 FAILED_OUTPUT = 2
@@ -46,6 +50,7 @@ class Output(NamedTuple):
     option: str  # "--html": how the user asked for it
     path: str | None  # None: not asked for, skipped
     render: Callable[[], str | bytes]  # made when written, so a failing renderer is one line too
+    needs: str | None = None  # a module it cannot be made without (formats.Format.needs)
 
 
 def check_writable(path: str, option: str = "--json") -> None:
@@ -60,10 +65,13 @@ def check_writable(path: str, option: str = "--json") -> None:
 
 
 def check_outputs(outputs: Iterable[Output]) -> None:
-    """Refuse unusable output paths before any work (UsageError, one line)."""
+    """Refuse unusable output paths, and outputs that cannot be made here, before any
+    work (UsageError, one line)."""
     for out in outputs:
         if out.path:
             check_writable(out.path, out.option)
+            if out.needs and importlib.util.find_spec(out.needs) is None:
+                raise UsageError(f"{out.option} needs {out.needs}: pip install {out.needs}")
 
 
 def write_outputs(outputs: Iterable[Output]) -> list[str]:
@@ -97,25 +105,29 @@ def finish_command(outputs: Iterable[Output], own: int = 0, file: IO[str] | None
     return exit_code(own, failed)
 
 
-def report_outputs(report: Report | None, *, json: str | None = None, trace: str | None = None,
-                   html: str | None = None) -> list[Output]:
-    """The files a report (a run's or a job's) can be written as; the renderers are
-    imported only for the outputs asked for. Without a report yet, for ``check_outputs``."""
+def outputs_of(of: str, subject: Any | None, paths: Mapping[str, str | None]) -> list[Output]:
+    """The files ``subject`` can be written as: one per format registered for ``of``
+    (formats.py), at its path in ``paths`` by the format's name (missing or None: not
+    asked for). The renderers are imported only for the outputs written. Without a
+    subject yet (None), for ``check_outputs``."""
+    registered = formats(of)
+    unknown = sorted(set(paths) - {f.name for f in registered})
+    if unknown:
+        raise ValueError(f"no {of} format named {', '.join(unknown)}; registered: "
+                         f"{', '.join(f.name for f in registered)}")
 
-    def made() -> Report:
-        if report is None:
-            raise RuntimeError("no report to write")
-        return report
+    def made(render: Callable[[Any], str | bytes]) -> Callable[[], str | bytes]:
+        def output() -> str | bytes:
+            if subject is None:
+                raise RuntimeError(f"no {of} to write")
+            return render(subject)
 
-    def trace_text() -> str:
-        from .report.trace import TraceRenderer
+        return output
 
-        return TraceRenderer().render(made())
+    return [Output(f.option, paths.get(f.name), made(f.render), f.needs) for f in registered]
 
-    def html_text() -> str:
-        from .report.html import HtmlPageRenderer
 
-        return HtmlPageRenderer().render(made())
-
-    return [Output("--json", json, lambda: made().to_json()), Output("--trace", trace, trace_text),
-            Output("--html", html, html_text)]
+def report_outputs(report: Report | None, **paths: str | None) -> list[Output]:
+    """The files a report (a run's or a job's) can be written as, by format name:
+    ``report_outputs(report, json="run.json", html="run.html")``."""
+    return outputs_of("report", report, paths)

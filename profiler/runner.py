@@ -31,6 +31,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from .formats import formats
 from .jobs.exchange import JobContext
 from .outputs import exit_code
 from .records import Notice
@@ -256,8 +257,8 @@ def run(target: Target, **profile_options: Any) -> int:
         except (KeyboardInterrupt, Terminated) as exc:
             signalled = 130 if isinstance(exc, KeyboardInterrupt) else 143
             if not prof.reported:
-                asked = [f"{o} {p}" for o, p in (("--json", prof.settings.json), ("--html", prof.settings.html),
-                                                  ("--trace", prof.settings.trace)) if p]
+                files = profile_options.get("outputs") or {}
+                asked = [f"{f.option} {files[f.name]}" for f in formats("report") if files.get(f.name)]
                 print(f"loadprof: error: {'Ctrl-C' if signalled == 130 else 'SIGTERM'} again while the report "
                       "was written: it was not finished" + (f" ({', '.join(asked)} may be missing)" if asked else ""),
                       file=sys.stderr)

@@ -38,13 +38,14 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import psutil
 
 from . import __version__
 from .cpufeatures import cpu_features
+from .formats import formats
 from .instrument import FrameworkWatch, Hooks
 from .oom import classify as classify_oom
 from .oom import record_line
@@ -135,10 +136,15 @@ class Profile:
         W&B, MLflow or TensorBoard run the script has gets it anyway, at the end
         (NOTE [ Logging into the script's own run ] in trackers/__init__.py).
     what_if
-        Seconds the advised changes may take to measure on the job's own step, once,
-        between two steps (PyTorch; the pause is taken out of the run's times), so
-        that their estimates are measured (NOTE [ What-if replays ] in whatif.py).
-        None: ``LOADPROF_WHAT_IF``, else 20; 0: nothing measured or held.
+        Seconds the advised changes may take to measure on the job's own step, once:
+        between two steps under PyTorch (the pause is taken out of the run's times),
+        after the run under TensorFlow, so that their estimates are measured (NOTE
+        [ What-if replays ] in whatif.py). None: ``LOADPROF_WHAT_IF``, else 20; 0:
+        nothing measured or held.
+    outputs
+        Files to write at exit by format name (formats.py), ``{"html": "r.html"}``:
+        ``json``, ``trace`` and ``html`` are the shorthands above; a format a plug-in
+        registered is asked for the same way. An unknown name is a ValueError.
 
     After the block: ``prof.report`` (a ``loadprof.Report``: the JSON report's
     shape as attributes), ``prof.run`` (the raw measurements), ``prof.applied``.
@@ -162,6 +168,7 @@ class Profile:
         gpu_hour_price: float | None = Settings.gpu_hour_price,
         log_to: str | Sequence[str] | None = None,
         what_if: float | None = None,
+        outputs: Mapping[str, str | os.PathLike[str]] | None = None,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
@@ -176,17 +183,23 @@ class Profile:
             what_if = 0.0 if apply and what_if is None else what_if_budget(what_if)
         except ValueError as exc:
             raise ValueError(f"what_if: {exc}") from None
+        files = {name: os.fspath(path) for name, path in (outputs or {}).items() if path is not None}
+        for name, path in (("json", json), ("trace", trace), ("html", html)):
+            if path is not None:
+                files[name] = os.fspath(path)
+        known = {f.name for f in formats("report")}
+        unknown = sorted(set(files) - known)
+        if unknown:
+            raise ValueError(f"outputs: {unknown[0]!r} is no report format (expected one of {', '.join(sorted(known))})")
         self.settings = Settings(
             interval=interval,
             max_steps=max_steps,
-            json=os.fspath(json) if json is not None else None,
+            outputs=files,
             print_report=print_report,
             gpu=gpu,
             apply=bool(apply),
             host_helper=host_helper,
-            trace=os.fspath(trace) if trace is not None else None,
             live=live,
-            html=os.fspath(html) if html is not None else None,
             gpu_hour_price=gpu_hour_price,
             log_to=tuple(f"{k}={v}" if v else k for k, v in parse_log_to(log_to).items()),
             what_if=what_if,
@@ -349,7 +362,7 @@ class Profile:
             self.run.limitations.append(f"{' and '.join(ignored)} left to the outer Profile")
         job = outer._job
         if job is not None and job.ctx.rank != 0:
-            self.settings = dataclasses.replace(self.settings, json=None, print_report=False, trace=None, html=None)
+            self.settings = dataclasses.replace(self.settings, outputs={}, print_report=False)
         self._finish()
 
     def _live_snapshot(self) -> Run:
@@ -723,7 +736,8 @@ class Profile:
             self._report = build_report(self.run, self.settings.gpu_hour_price)
         except Exception as err:  # NOTE [ Never break the run ]
             self._report = failed_report(self.run, f"{type(err).__name__}: {_first_line(err)}")
-        json_path, print_report, outputs = self.settings.json, self.settings.print_report, True
+        paths, print_report, outputs = dict(self.settings.outputs), self.settings.print_report, True
+        json_path = paths.pop("json", None)
         if self._job is not None:  # NOTE [ Merging a job's reports ] in jobs/exchange.py
             rank_report = self._rank_report = self._report
             try:
@@ -735,8 +749,7 @@ class Profile:
             outputs = self._job.ctx.rank == 0
         # NOTE [ A failed output ] in outputs.py; the trace and page of a job from rank 0 only
         failed = write_outputs([self._seamed(out) for out in report_outputs(
-            self._report, json=json_path, trace=self.settings.trace if outputs else None,
-            html=self.settings.html if outputs else None)])
+            self._report, json=json_path, **(paths if outputs else {}))])
         for line in failed:
             self.run.limitations.append(f"not written: {line}")
             _note(f"{self.failed_output_level}: {line}")

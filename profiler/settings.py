@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: The highest price of a GPU-hour taken, in any currency: a million times a cloud's list price
 #: and still far from where a day's money figures for a thousand GPUs would overflow a float.
@@ -24,9 +24,9 @@ class Settings:
     interval: float = 0.1  # seconds between samples (10 Hz)
     max_samples: int = 20_000  # per buffer; beyond it samples are decimated (bounded memory)
     max_steps: int | None = None  # stop the training loop after this many steps
-    json: str | None = None  # write the report (with the raw run) here at exit
-    trace: str | None = None  # write a Chrome trace-event file here at exit (report/trace.py)
-    html: str | None = None  # write a self-contained HTML page here at exit (report/html.py)
+    #: the files written at exit, by format name (formats.py: "json", "trace", "html", or a
+    #: registered one) -> path
+    outputs: dict[str, str] = field(default_factory=dict)
     live: bool = False  # redraw a live view on the terminal while it runs (report/liveview.py)
     print_report: bool = True  # print the terminal summary at exit
     gpu: bool = True  # sample GPUs through NVML

@@ -3,8 +3,8 @@
 A command declares its options (``prepare_parser``) and runs (``run(args)``, the
 exit code). Bad input raises ``UsageError`` (or the converters' ``ConvertError``):
 ``cli.main`` prints it as one line and exits 2. Files go out through outputs.py
-(NOTE [ A failed output ]). The work itself lives in the library modules (tune.py,
-compare.py, check.py, ...); a command parses, calls them and writes.
+(NOTE [ A failed output ]). The work itself lives in the library (experiments/: tune,
+compare, check; report/, ...); a command parses, calls them and writes.
 """
 
 from __future__ import annotations

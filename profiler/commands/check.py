@@ -56,7 +56,7 @@ class CheckCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         # imported when run: the reports' modules cost every other command's start-up ~0.1 s
-        from ..check import CheckError, Limits, check, figures
+        from ..experiments.check import CheckError, Limits, check, figures
         from ..report import ReportError, load_report
 
         limits = Limits(args.max_data_wait, args.max_slowdown, tuple(args.fail_on))

@@ -3,29 +3,26 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import sys
 
-from ..compare import (
+from ..experiments.compare import (
     DEFAULT_VARIANTS,
-    Comparison,
     VariantError,
     builtin_variants,
     compare,
     parse_variants,
-    render,
 )
-from ..jsonio import dumps
+from ..experiments.trial import run_stopped_cleanly
 from ..options import (
     UsageError,
     add_output_options,
     add_target_arguments,
+    output_paths,
     positive_int,
     target_from,
 )
-from ..outputs import Output, check_outputs, finish_command
-from ..trial import run_stopped_cleanly
+from ..outputs import check_outputs, finish_command, outputs_of
 
 
 class CompareCommand:
@@ -42,13 +39,11 @@ class CompareCommand:
                             help="runs per variant, interleaved; the median is reported (default %(default)s)")
         parser.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS",
                             help="stop a variant's run after this long (default %(default)g)")
-        parser.add_argument("--png", metavar="PATH", help="write a bar chart of the times (PNG)")
-        parser.add_argument("--html", metavar="PATH", help="write the table and the bar chart as one HTML page")
-        add_output_options(parser, json_help="write the comparison as JSON",
-                           quiet_help="no progress lines, only the table")
+        add_output_options(parser, "compare", quiet_help="no progress lines, only the table")
         add_target_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
+        from ..report.compare_text import CompareConsoleRenderer
         from ..target import TargetError
 
         _take_own_options(args)
@@ -67,28 +62,17 @@ class CompareCommand:
             target.validate()
         except TargetError as exc:
             raise UsageError(str(exc)) from None
-        outputs = _outputs(args, None)
-        check_outputs(outputs)
-        if args.png and importlib.util.find_spec("matplotlib") is None:
-            # Said before the runs, not after them.
-            raise UsageError("--png needs matplotlib: pip install matplotlib")
+        paths = output_paths(args, "compare")
+        check_outputs(outputs_of("compare", None, paths))  # --png without matplotlib too, before the runs
         progress = None if args.quiet else (lambda line: print(f"loadprof compare: {line}", file=sys.stderr, flush=True))
         cmp, code = run_stopped_cleanly("compare", "the run that was going", lambda: compare(
             target.script, target.module, target.args, variants, repeat=args.repeat, timeout=args.timeout,
             gpu=not args.no_gpu, progress=progress))
         if cmp is None:
             return code
-        render(cmp)
-        return finish_command(_outputs(args, cmp), 0 if all(cmp.status(r) == "ok" for r in cmp.results) else 1)
-
-
-def _outputs(args: argparse.Namespace, cmp: Comparison | None) -> list[Output]:
-    from ..report.pages import ComparePageRenderer, ComparePngRenderer
-
-    # a NaN loss is null in the JSON, and its status says why
-    return [Output("--json", args.json, lambda: dumps(cmp.to_dict() if cmp else {})),
-            Output("--png", args.png, lambda: ComparePngRenderer().render(cmp) if cmp else b""),
-            Output("--html", args.html, lambda: ComparePageRenderer().render(cmp) if cmp else "")]
+        CompareConsoleRenderer().render(cmp)
+        return finish_command(outputs_of("compare", cmp, paths),
+                              0 if all(cmp.status(r) == "ok" for r in cmp.results) else 1)
 
 
 def _take_own_options(args: argparse.Namespace) -> None:

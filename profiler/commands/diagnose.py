@@ -9,6 +9,7 @@ from ..options import (
     add_profile_options,
     add_target_arguments,
     option_strings,
+    output_paths,
     target_from,
 )
 
@@ -34,18 +35,17 @@ class DiagnoseCommand:
         target = target_from(args)
         target.own_options = option_strings(add_profile_options)
         # NOTE [ A failed output ] in outputs.py: before the script runs
-        check_outputs(report_outputs(None, json=args.json, trace=args.trace, html=args.html))
+        paths = output_paths(args, "report")
+        check_outputs(report_outputs(None, **paths))
         try:
             return run(
                 target,
+                outputs=paths,
                 interval=args.interval,
-                json=args.json,
                 max_steps=args.max_steps,
                 gpu=not args.no_gpu,
                 print_report=not args.quiet,
-                trace=args.trace,
                 live=args.live,
-                html=args.html,
                 gpu_hour_price=args.gpu_hour_price,
                 log_to=args.log_to,
                 what_if=what_if,

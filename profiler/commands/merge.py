@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..options import UsageError, add_price_option
+from ..options import UsageError, add_file_options, add_price_option, output_paths
 
 
 class MergeCommand:
@@ -16,9 +16,9 @@ class MergeCommand:
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("paths", nargs="+", metavar="RANKFILE",
                             help="the files report.rankR.json that the ranks wrote")
-        parser.add_argument("--json", metavar="PATH", help="write the merged report here")
-        parser.add_argument("--trace", metavar="PATH", help="write every rank's run as one Chrome trace-event file")
-        parser.add_argument("--html", metavar="PATH", help="write the job's report as one self-contained HTML page")
+        add_file_options(parser, "report", {"json": "write the merged report here",
+                                            "trace": "write every rank's run as one Chrome trace-event file",
+                                            "html": "write the job's report as one self-contained HTML page"})
         parser.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
         add_price_option(parser)
 
@@ -28,7 +28,8 @@ class MergeCommand:
         from ..report import render_console
         from ..report.job import build_job_report
 
-        check_outputs(report_outputs(None, json=args.json, trace=args.trace, html=args.html))
+        paths = output_paths(args, "report")
+        check_outputs(report_outputs(None, **paths))
         try:
             check_total(args.paths)
             job = merge_ranks([read_rank_file(p) for p in args.paths])
@@ -37,4 +38,4 @@ class MergeCommand:
         report: Any = build_job_report(job, gpu_hour_price=args.gpu_hour_price)
         if not args.quiet:
             render_console(report, file=sys.stdout)
-        return finish_command(report_outputs(report, json=args.json, trace=args.trace, html=args.html))
+        return finish_command(report_outputs(report, **paths))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..options import UsageError, add_price_option
+from ..options import UsageError, add_file_options, add_price_option, output_paths
 
 
 class ReportCommand:
@@ -14,19 +14,20 @@ class ReportCommand:
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("path", help="a JSON report written by loadprof diagnose --json")
-        parser.add_argument("--json", metavar="PATH", help="write the re-diagnosed report here")
-        parser.add_argument("--trace", metavar="PATH", help="write the run as a Chrome trace-event file")
-        parser.add_argument("--html", metavar="PATH", help="write the report as one self-contained HTML page")
+        add_file_options(parser, "report", {"json": "write the re-diagnosed report here",
+                                            "trace": "write the run as a Chrome trace-event file",
+                                            "html": "write the report as one self-contained HTML page"})
         add_price_option(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         from ..outputs import check_outputs, finish_command, report_outputs
         from ..report import ReportError, load_report, render_console
 
-        check_outputs(report_outputs(None, json=args.json, trace=args.trace, html=args.html))
+        paths = output_paths(args, "report")
+        check_outputs(report_outputs(None, **paths))
         try:
             report = load_report(args.path, args.gpu_hour_price)
         except ReportError as exc:
             raise UsageError(str(exc)) from None
         render_console(report, file=sys.stdout)
-        return finish_command(report_outputs(report, json=args.json, trace=args.trace, html=args.html))
+        return finish_command(report_outputs(report, **paths))

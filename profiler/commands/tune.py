@@ -6,18 +6,18 @@ import argparse
 import math
 import sys
 
-from ..jsonio import dumps
+from ..experiments.trial import run_stopped_cleanly
+from ..experiments.tune import FAMILIES, Search, TuneError, TuneOptions
 from ..options import (
     UsageError,
     add_output_options,
     add_target_arguments,
+    output_paths,
     positive_float,
     positive_int,
     target_from,
 )
-from ..outputs import Output, check_outputs, finish_command
-from ..trial import run_stopped_cleanly
-from ..tune import FAMILIES, Search, TuneError, TuneOptions, TuneResult, render
+from ..outputs import check_outputs, finish_command, outputs_of
 
 
 class TuneCommand:
@@ -38,12 +38,11 @@ class TuneCommand:
         parser.add_argument("--trial-timeout", type=positive_float, metavar="SECONDS",
                             help="stop a fix's trial after this long (default: 3x its estimate, at least 30 s more)")
         parser.add_argument("--no-ideal", action="store_true", help="skip the model-only (ideal) trial")
-        parser.add_argument("--html", metavar="PATH", help="write the trial table and a bar chart as one HTML page")
-        add_output_options(parser, json_help="write the search (baseline, best, every trial) as JSON",
-                           quiet_help="no progress lines, only the table")
+        add_output_options(parser, "tune", quiet_help="no progress lines, only the table")
         add_target_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
+        from ..report.tune_text import TuneConsoleRenderer
         from ..target import TargetError
 
         options = options_from(args)
@@ -52,8 +51,8 @@ class TuneCommand:
             target.validate()
         except TargetError as exc:
             raise UsageError(str(exc)) from None
-        outputs = _outputs(args, None)
-        check_outputs(outputs)
+        paths = output_paths(args, "tune")
+        check_outputs(outputs_of("tune", None, paths))
         progress = None if args.quiet else (lambda line: print(f"loadprof tune: {line}", file=sys.stderr, flush=True))
         search = Search(target.script, target.module, target.args, options, progress)
         try:
@@ -63,15 +62,8 @@ class TuneCommand:
             return 1
         if result is None:
             return code
-        render(result)
-        return finish_command(_outputs(args, result))
-
-
-def _outputs(args: argparse.Namespace, result: TuneResult | None) -> list[Output]:
-    from ..report.pages import TunePageRenderer
-
-    return [Output("--json", args.json, lambda: dumps(result.to_dict() if result else {}, default=repr)),
-            Output("--html", args.html, lambda: TunePageRenderer().render(result) if result else "")]
+        TuneConsoleRenderer().render(result)
+        return finish_command(outputs_of("tune", result, paths))
 
 
 def options_from(args: argparse.Namespace) -> TuneOptions:

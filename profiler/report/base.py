@@ -53,8 +53,10 @@ class Advice(Protocol):
 @runtime_checkable
 class Renderer(Protocol):
     """An object in (a report, a search, a comparison), text or bytes out, and the file
-    type it makes (``suffix``). Files go out through outputs.py; the terminal's
-    renderers (console.py, ``JobConsoleRenderer``) print to a stream instead."""
+    type it makes (``suffix``). The files a command or ``Profile`` writes are formats that
+    name their renderer (formats.py) and go out through outputs.py; the terminal's
+    renderers (console.py, ``JobConsoleRenderer``, tune_text.py, compare_text.py) print to
+    a stream instead."""
 
     suffix: str
 

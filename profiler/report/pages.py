@@ -8,13 +8,15 @@ import io
 import os
 from typing import TYPE_CHECKING, Any
 
+from .compare_text import CompareConsoleRenderer
 from .html import _COMPUTE, _chart, _e, _machine_table, _page, _script
+from .tune_text import TuneConsoleRenderer
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..compare import Comparison
-    from ..tune import TuneResult
+    from ..experiments.compare import Comparison
+    from ..experiments.tune import TuneResult
 
 
 class TunePageRenderer:
@@ -23,10 +25,8 @@ class TunePageRenderer:
     suffix = ".html"
 
     def render(self, result: TuneResult) -> str:
-        from ..tune import render as render_table
-
         table = io.StringIO()
-        render_table(result, file=table, width=120)
+        TuneConsoleRenderer(file=table, width=120).render(result)
         script = _script(result.command)
         out = [f"<h1>loadprof tune: {_e(script)}</h1>",
                f"<p class='muted'>{_e(' '.join(result.command))}</p>"]
@@ -54,10 +54,8 @@ class ComparePageRenderer:
     suffix = ".html"
 
     def render(self, cmp: Comparison) -> str:
-        from ..compare import render as render_table
-
         table = io.StringIO()
-        render_table(cmp, file=table, width=120)
+        CompareConsoleRenderer(file=table, width=120).render(cmp)
         script = _script(cmp.command)
         out = [f"<h1>loadprof compare: {_e(script)}</h1>",
                f"<p class='muted'>{_e(' '.join(cmp.command))}</p>",

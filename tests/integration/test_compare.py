@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 
 from loadprof.cli import main
-from loadprof.compare import (
+from loadprof.experiments.compare import (
     Comparison,
     Variant,
     VariantError,
     VariantResult,
     parse_variants,
-    render,
 )
+from loadprof.experiments.trial import TrialResult
 from loadprof.jsonio import dumps
-from loadprof.trial import TrialResult
+from loadprof.report.compare_text import CompareConsoleRenderer
 from tests.conftest import assert_self_contained, svg_count
 
 TRAIN = """
@@ -189,7 +189,7 @@ def test_the_table_marks_a_diverged_variant() -> None:
     cmp = Comparison(["train.py"], [_result("baseline", _falling(2.0, 0.3)),
                                     _result("amp", _falling(2.0, 0.3)[:50] + [float("inf")] * 10)])
     out = io.StringIO()
-    render(cmp, file=out, width=200)
+    CompareConsoleRenderer(file=out, width=200).render(cmp)
     row = next(line for line in out.getvalue().splitlines() if line.startswith("│ amp"))
     cells = [c.strip() for c in row.split("│")]
     assert cells[6] == "inf" and cells[7] == "diverged (loss became inf)"  # final loss, status

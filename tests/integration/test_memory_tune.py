@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from loadprof.tune import MAX_ACCUMULATION, Search, TuneOptions, render
+from loadprof.experiments.tune import MAX_ACCUMULATION, Search, TuneOptions
+from loadprof.report.tune_text import TuneConsoleRenderer
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +59,7 @@ def test_a_script_that_runs_out_of_memory_gets_the_largest_micro_batch_that_fits
     assert best.memory_peak and best.memory_where == "host" and best.speedup is None
     assert f"DataLoader(batch_size=batch_size // {k})" in result.code_change
     out = io.StringIO()
-    render(result, file=out, width=200)
+    TuneConsoleRenderer(file=out, width=200).render(result)
     text = out.getvalue()
     assert "peak memory" in text and "MiB" in text and "largest micro-batch that fits" in text
     assert result.to_dict()["best"]["memory_peak_bytes"] == best.memory_peak

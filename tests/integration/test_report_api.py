@@ -153,3 +153,25 @@ def test_stop_returns_the_run_which_renders_again_as_the_same_report() -> None:
     again = build_report(run)
     assert (again.verdict, again.cause, again.recommendation_ids) == (
         prof.report.verdict, prof.report.cause, prof.report.recommendation_ids)
+
+
+def test_a_registered_format_is_written_by_profile_by_its_name(tmp_path: Path) -> None:
+    from loadprof import formats
+    from loadprof.formats import Format
+
+    class Verdict:
+        def render(self, report: Report) -> str:
+            return report.verdict + "\n"
+
+    formats.register(Format("verdict", "report", ".txt", "write the verdict", Verdict))
+    try:
+        with pytest.raises(ValueError, match="'nope' is no report format"):
+            Profile(outputs={"nope": str(tmp_path / "x")})
+        loader = torch.utils.data.DataLoader(CpuHeavy(n=64, cost=0.001), batch_size=8)
+        with Profile(print_report=False, gpu=False, what_if=0,
+                     outputs={"verdict": tmp_path / "v.txt", "json": tmp_path / "r.json"}) as prof:
+            train(loader, small_model())
+    finally:
+        formats.unregister("verdict", "report")
+    assert (tmp_path / "v.txt").read_text() == prof.report.verdict + "\n"
+    assert json.loads((tmp_path / "r.json").read_text())["verdict"] == prof.report.verdict

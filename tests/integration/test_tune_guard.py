@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from loadprof.codechange import describe_changes
+from loadprof.experiments.codechange import describe_changes
+from loadprof.experiments.trial import TrialResult, TrialSpec, compare_losses, loss_noise, run_trial
+from loadprof.experiments.tune import TuneOptions, TuneResult
 from loadprof.fixes.spec import Changes
-from loadprof.trial import TrialResult, TrialSpec, compare_losses, loss_noise, run_trial
-from loadprof.tune import TuneOptions, TuneResult, render
+from loadprof.report.tune_text import TuneConsoleRenderer
 
 
 def _trajectory(seed: int, noise: float, n: int = 35, shift: float = 0.0) -> list[float]:
@@ -147,7 +148,7 @@ def test_a_best_above_the_model_only_rate_is_noise(ideal_rate: float, noisy: boo
     assert result.ideal_noisy() is noisy
     assert result.to_dict()["ideal_noisy"] is noisy
     out = io.StringIO()
-    render(result, file=out, width=300)
+    TuneConsoleRenderer(file=out, width=300).render(result)
     text = out.getvalue()
     assert shown in text
     assert "140% of the model-only rate" not in text

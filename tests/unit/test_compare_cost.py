@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import io
 
-from loadprof.compare import Comparison, Variant, VariantResult, render
-from loadprof.trial import TrialResult
+from loadprof.experiments.compare import Comparison, Variant, VariantResult
+from loadprof.experiments.trial import TrialResult
+from loadprof.report.compare_text import CompareConsoleRenderer
 
 
 def _variant(name: str, lost: list[float] | None, seconds: float) -> VariantResult:
@@ -25,7 +26,7 @@ def test_each_variant_costs_its_input_wait_and_says_what_it_saves() -> None:
     assert data[0]["cost"] == {"measured": True, "gpu_hours_input_per_day": 10.0}  # the median run's
     assert data[1]["saves_gpu_hours_per_day"] == 8.0
     out = io.StringIO()
-    render(cmp, file=out, width=160)
+    CompareConsoleRenderer(file=out, width=160).render(cmp)
     assert "input GPU-h/day" in out.getvalue() and "2.00 (saves 8.00)" in out.getvalue()
 
 
@@ -33,6 +34,6 @@ def test_without_a_gpu_the_table_says_the_cost_is_not_measured() -> None:
     cmp = Comparison(["train.py"], [_variant("baseline", None, 30.0), _variant("workers", None, 12.0)], repeat=1)
     assert cmp.saves(cmp.results[1]) is None and cmp.to_dict()["variants"][1]["cost"]["measured"] is False
     out = io.StringIO()
-    render(cmp, file=out, width=160)
+    CompareConsoleRenderer(file=out, width=160).render(cmp)
     assert "input GPU-h/day" not in out.getvalue()
     assert "cost of the input wait: not measured (no GPU)" in out.getvalue()

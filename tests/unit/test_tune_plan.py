@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 
-from loadprof.codechange import describe_changes
+from loadprof.experiments.codechange import describe_changes
+from loadprof.experiments.trial import TrialResult, TrialSpec, _measure
+from loadprof.experiments.tune import Search, TuneOptions, plan_compute, plan_input
 from loadprof.records import Environment, GpuInfo, HostSample, LoaderInfo, Run, Step
 from loadprof.report import build_report
-from loadprof.trial import TrialResult, TrialSpec, _measure
-from loadprof.tune import Search, TuneOptions, plan_compute, plan_input, render
+from loadprof.report.tune_text import TuneConsoleRenderer
 
 GiB = 2**30
 
@@ -254,7 +255,7 @@ def test_the_search_keeps_the_simplest_change_within_noise_of_the_fastest(script
 
 
 def test_a_trial_above_the_model_only_rate_is_noise_and_a_fill_says_when_it_pays_back() -> None:
-    from loadprof.tune import TuneResult
+    from loadprof.experiments.tune import TuneResult
 
     base = TrialResult("baseline", steps_per_s=10.0, speedup=1.0)
     cache = TrialResult("cache", changes={"cache": True}, steps_per_s=40.0, setup_s=12.0, speedup=4.0)
@@ -264,7 +265,7 @@ def test_a_trial_above_the_model_only_rate_is_noise_and_a_fill_says_when_it_pays
     # 0.1 s a step before, 0.025 after: 12 s of filling is back after 160 steps
     assert result.pays_back(cache) == 160 and result.pays_back(base) is None
     out = io.StringIO()
-    render(result, file=out, width=200)
+    TuneConsoleRenderer(file=out, width=200).render(result)
     text = out.getvalue()
     assert "paid back after 160 steps" in text and "faster than the model-only rate: noise" in text
     trials = result.to_dict()["trials"]
@@ -313,7 +314,7 @@ def test_other_processes_on_the_host_are_a_tune_warning_in_the_table_and_the_jso
     assert warned["host-contended"].endswith(f" of {runs} runs (the baseline: other processes kept 2.0 of the "
                                              "4 usable cores busy: timings and the advice's estimates depend on them)")
     out = io.StringIO()
-    render(result, file=out, width=100)
+    TuneConsoleRenderer(file=out, width=100).render(result)
     text = " ".join(out.getvalue().split())
     assert "warning host-contended in" in text and "run tune again on a quieter host" in text
 

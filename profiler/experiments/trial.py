@@ -44,11 +44,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .diagnosis import main_loader
-from .jsonio import write_json
-from .records import Run
-from .settings import Settings
-from .signals import Terminated
+from ..diagnosis import main_loader
+from ..jsonio import write_json
+from ..records import Run
+from ..settings import Settings
+from ..signals import Terminated
 
 T = TypeVar("T")
 
@@ -57,9 +57,9 @@ GRACE_S = 5.0
 #: Lines of the child's stderr kept for a failed trial.
 TAIL_LINES = 12
 
-_ROOT = str(Path(__file__).resolve().parent.parent)
+_ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the package
 _CHILD = (
-    "import sys; sys.path.insert(0, {root!r}); import loadprof.trial as t; "
+    "import sys; sys.path.insert(0, {root!r}); import loadprof.experiments.trial as t; "
     "sys.path.remove({root!r}); sys.exit(t.child_main(sys.argv[1]))"
 )
 
@@ -154,10 +154,10 @@ def child_main(spec_path: str) -> int:
     """Entry of the child process (see NOTE [ Trial lifecycle ])."""
     import runpy
 
-    from .fixes.applier import Applier
-    from .fixes.spec import Changes
-    from .runner import run
-    from .target import Target, TargetError
+    from ..fixes.applier import Applier
+    from ..fixes.spec import Changes
+    from ..runner import run
+    from ..target import Target, TargetError
 
     folder = Path(spec_path).parent
     spec = TrialSpec(**json.loads(Path(spec_path).read_text(encoding="utf-8")))
@@ -250,7 +250,7 @@ def run_trial(name: str, spec: TrialSpec, timeout: float, warmup: int = 0) -> Tr
 
 
 def _run_in(folder: Path, name: str, spec: TrialSpec, timeout: float, warmup: int) -> TrialResult:
-    from .report import ReportError, load_report
+    from ..report import ReportError, load_report
 
     data = asdict(spec)
     env_extra = data.pop("env")

@@ -29,12 +29,12 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .diagnosis import main_loader
-from .report import Report, RunReport
-from .report.job import JobReport
+from ..diagnosis import main_loader
+from ..report import Report, RunReport
+from ..report.job import JobReport
 
 if TYPE_CHECKING:
-    from .records import Run
+    from ..records import Run
 
 
 @dataclass

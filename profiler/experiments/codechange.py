@@ -27,7 +27,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from .fixes.spec import short_path
+from ..fixes.spec import short_path
 from .trial import TrialResult
 
 LOADER_KEYS = ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory")
