@@ -27,7 +27,7 @@ from ..diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Thresholds, steady_wait
 from ..frameworks import for_loader
 from ..loaderhost import restart_cost
 from ..records import Run, WhatIf
-from .base import IDS, MEASURE, Recommendation, replayed_change
+from .base import IDS, MEASURE, NO_GAIN, Recommendation, replayed_change
 from .compute import compute_advice, host_bound_advice, threads_advice
 from .loader import (
     compute_cpu_per_step,
@@ -93,8 +93,6 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
     return measured(run, out)
 
 
-#: a change measured this much slower or less is not advised: the replays' noise
-NO_GAIN = 1.02
 
 
 def _whole_job(run: Run, rec: Recommendation, w: WhatIf, gain: float) -> tuple[float, str] | None:

@@ -44,6 +44,9 @@ class Recommendation:
 #: the what-if replay with no loading (``Changes(repeat_batch=True).describe()``): the model alone
 CEILING = "repeat_batch"
 
+#: a change measured this much slower or less is not advised: the replays' noise
+NO_GAIN = 1.02
+
 MEASURE = "no estimate: measure it with `loadprof tune`"
 #: advice whose gain is the speed of a copy that does not exist yet
 STORED = ("no estimate: the stored copy's read speed is known once it exists; "

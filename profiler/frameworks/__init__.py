@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..records import LoaderInfo
 
-__all__ = ["REGISTERED", "Adapter", "Words", "adapters", "for_loader", "load", "register", "unregister"]
+__all__ = ["REGISTERED", "Adapter", "Words", "adapters", "by_name", "fixes_by_module", "for_loader", "hooks_by_module",
+           "load", "register", "unregister"]
 
 
 class Words:
@@ -46,6 +47,8 @@ class Words:
 
 @dataclass(frozen=True)
 class Adapter:
+    """One framework's declaration (see the module doc)."""
+
     name: str
     #: top-level modules whose import in the user's code installs its hooks and fixes
     imports: tuple[str, ...]

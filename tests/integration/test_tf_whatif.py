@@ -219,3 +219,22 @@ def test_mixed_precision_under_fit_is_replayed_on_a_clone_and_the_model_is_left_
         assert advised["mixed_precision"].basis.startswith("measured: the job's own step replayed with amp=auto")
     assert all(np.array_equal(a, v.numpy()) for a, v in zip(trained, model.variables, strict=True))
     assert tf.keras.mixed_precision.global_policy().name == "float32"  # the policy put back
+
+
+def test_a_python_map_whose_parallel_calls_measured_no_gain_is_told_to_become_tensorflow_ops() -> None:
+    rng = np.random.default_rng(4)
+    x, y = rng.random((1024, 64), dtype=np.float32), rng.integers(0, 4, 1024)
+    prof = Profile(print_report=False, gpu=False, what_if=6)
+    prof.start()
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).map(_python_map).batch(32)
+    model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(4)])
+    model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(ds, epochs=2, verbose=0)
+    run = prof.stop()
+    tried = next((w for w in run.whatif if w.change == "parallel_map"), None)
+    assert tried is not None, (run.whatif, run.whatif_skipped)
+    advised = {r.id: r for r in prof.report.recommendations}
+    if tried.baseline_seconds_per_step < 1.02 * tried.seconds_per_step:  # the GIL: the calls take turns
+        assert "parallel_map" not in advised and "TensorFlow ops" in advised["slow_stage"].title
+    else:
+        assert "parallel_map" in advised and "slow_stage" not in advised

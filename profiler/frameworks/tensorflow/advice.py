@@ -3,7 +3,7 @@ prefetch, parallel map, interleave, cache, offline preprocessing, packed files."
 
 from __future__ import annotations
 
-from ...advice.base import MEASURE, STORED, Recommendation
+from ...advice.base import MEASURE, NO_GAIN, STORED, Recommendation
 from ...advice.loader import cache_advice, convert_advice
 from ...diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Metrics, Thresholds
 from ...records import LoaderInfo, Run
@@ -112,6 +112,21 @@ def input_advice(run: Run, d: Diagnosis, loader: LoaderInfo,
             + (", floored by the map's Python CPU, which the GIL serialises" if python_map else "")
             + ", if the map dominates it",
             framework="tf",
+        ))
+
+    tried = next((w for w in run.whatif if w.change == "parallel_map"), None)
+    if python_map and tried is not None and tried.baseline_seconds_per_step < NO_GAIN * tried.seconds_per_step:
+        # measured: parallel calls of its Python take turns on the GIL, so the map itself must change
+        out.append(Recommendation(
+            "slow_stage", "Write the map's Python in TensorFlow ops",
+            f"Parallel calls of the map measured {tried.baseline_seconds_per_step / tried.seconds_per_step:.2f}x "
+            "on the job's own step: its Python holds the GIL, so the calls take turns. TensorFlow ops run "
+            "outside the GIL, side by side in parallel calls.",
+            "def preprocess(x, y):  # TensorFlow ops in place of the numpy_function / py_function\n"
+            "    ...\n"
+            "ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)",
+            basis="no estimate: what the rewritten map costs is known once it exists; "
+                  "`loadprof compare` the two scripts", framework="tf",
         ))
 
     if starved and loader.file_based and "sequential_file_reads" in notes and cause != "cpu-bound-preprocessing":
