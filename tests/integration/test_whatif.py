@@ -133,7 +133,7 @@ class _Shards(IterableDataset):
 def test_an_iterable_dataset_the_run_read_again_is_replayed() -> None:
     loader = DataLoader(_Shards(), batch_size=8)  # 8 batches an epoch: the replays come in the 4th
     model = small_model()
-    with Profile(gpu=False, print_report=False, what_if=15) as prof:
+    with Profile(gpu=False, print_report=False, what_if=10) as prof:
         train(loader, model, epochs=6)
     run = prof.run
     assert run.whatif_skipped == "", run.whatif_skipped
