@@ -202,9 +202,14 @@ def measure(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
             t = _trial(f"{rid} ({changes.describe()}) #{r + 1}", script, args, env, changes, o)
             trials.setdefault(rid, []).append((base, t))
     for rid, runs in trials.items():
+        est = statistics.median(estimates[rid]) if rid in estimates else None
+        refused = [t for _, t in runs if t.ok and t.not_applied and not t.applied]
+        if refused:  # the fix declined (a cache of random items, say): nothing changed to measure
+            rows[rid] = {"example": example, "id": rid, "estimated": est,
+                         "status": f"the fix was not applied: {refused[-1].not_applied[0]}"}
+            continue
         # each trial against the baseline of its own round: load that drifts between rounds cancels
         good = [t.rate / b.rate for b, t in runs if t.ok and t.rate and b.rate]
-        est = statistics.median(estimates[rid]) if rid in estimates else None
         if not good:
             rows[rid] = {"example": example, "id": rid, "status": f"trial failed: {runs[-1][1].status} {runs[-1][1].detail}",
                          "estimated": est}
