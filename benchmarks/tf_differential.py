@@ -94,7 +94,7 @@ def fit_case(sleep_ms: float, prefetch: str) -> tuple[float, float, float, float
     steps = prof.report.run.steps[5:]
     wait = statistics.mean(s.data_wait for s in steps) * 1000
     step = statistics.mean(s.duration for s in steps) * 1000
-    model_ms = prof.report.run.probes.get("model_batch_s", float("nan")) * 1000
+    model_ms = next((f.model_batch_s for f in prof.report.run.fit_probes if f.model_batch_s), float("nan")) * 1000
     assert prof.report.run.data_wait_method == "differential", prof.report.run.limitations
     return wait, model_ms, step, statistics.mean(gaps.gaps) * 1000
 

@@ -372,12 +372,9 @@ def compute_metrics(run: Run) -> Metrics:
         rx = [g.pcie_rx_kbs for g in gpu if g.pcie_rx_kbs is not None]
         m.pcie_rx_kbs = _mean(rx)
     # The framework's own allocator peak, when the GPU could not be sampled.
-    for key, value in run.probes.items():
-        if key.endswith("_peak_reserved_bytes"):
-            total_key = key.replace("_peak_reserved_bytes", "_total_bytes")
-            if run.probes.get(total_key):
-                frac = value / run.probes[total_key]
-                m.gpu_memory_peak_fraction = max(m.gpu_memory_peak_fraction or 0.0, frac)
+    for peak in run.allocator_peaks:
+        if peak.total:
+            m.gpu_memory_peak_fraction = max(m.gpu_memory_peak_fraction or 0.0, peak.peak_reserved / peak.total)
     return m
 
 
@@ -415,17 +412,12 @@ def headroom(run: Run) -> Headroom | None:
     if gpus:
         g = max(gpus, key=lambda g: (g.memory_used or 0) / (g.memory_total or 1))
         h.gpu_index, h.gpu_peak, h.gpu_total, h.gpu_source = g.index, g.memory_used, g.memory_total, "NVML"
-    for key, value in run.probes.items():
-        if not key.endswith("_peak_reserved_bytes"):
-            continue
-        total = run.probes.get(key.replace("_peak_reserved_bytes", "_total_bytes"))
-        h.allocator_peak = max(h.allocator_peak or 0, int(value))
-        if total and (h.gpu_fraction is None or value / total > h.gpu_fraction):
+    for peak in run.allocator_peaks:
+        h.allocator_peak = max(h.allocator_peak or 0, peak.peak_reserved)
+        if peak.total and (h.gpu_fraction is None or peak.peak_reserved / peak.total > h.gpu_fraction):
             # The allocator's peak is exact; NVML sampled once a tick can miss a short one.
-            digits = "".join(c for c in key.split("_")[0] if c.isdigit())
-            h.gpu_index = int(digits) if digits else 0
-            h.gpu_peak, h.gpu_total = int(value), int(total)
-            h.gpu_source = "TensorFlow allocator" if key.startswith("tf_") else "PyTorch allocator"
+            h.gpu_index, h.gpu_peak, h.gpu_total = peak.index, peak.peak_reserved, peak.total
+            h.gpu_source = f"{peak.allocator} allocator"
     hosts = run.host_samples
     available = [s.memory_available for s in hosts if s.memory_available]
     h.host_available_min = min(available) if available else None
@@ -435,15 +427,13 @@ def headroom(run: Run) -> Headroom | None:
     if run.host_samples:
         h.swap_growth = max(0, run.host_samples[-1].swap_used - run.host_samples[0].swap_used)
         sampled = max((s.process_pss or s.process_rss) for s in run.host_samples) or None
-        h.process_peak = int(run.probes.get("process_peak_rss_bytes", 0)) or sampled
-    elif run.probes.get("process_peak_rss_bytes"):
-        h.process_peak = int(run.probes["process_peak_rss_bytes"])
-    state = run.probes.get("torch_model_state_bytes")
-    h.model_state = int(state) if state else None
-    steady = run.probes.get("torch_steady_bytes")
-    peak = run.probes.get("torch_peak_bytes")
-    if steady and peak and peak > steady:
-        h.step_transient = int(peak - steady)
+        h.process_peak = run.probes.process_peak_rss_bytes or sampled
+    elif run.probes.process_peak_rss_bytes:
+        h.process_peak = run.probes.process_peak_rss_bytes
+    h.model_state = run.probes.torch_model_state_bytes or None
+    steady, top = run.probes.torch_steady_bytes, run.probes.torch_peak_bytes
+    if steady and top and top > steady:
+        h.step_transient = top - steady
     if h.gpu_peak is None and h.host_available_min is None and h.process_peak is None:
         return None
     return h
@@ -849,18 +839,17 @@ def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:
         "step_time", "Median step time", m.step_time_median, _secs(m.step_time_median),
         source=f"{m.steps_judged} steps after {m.warmup_steps} warm-up",
     ))
-    if run.probes.get("eval_batches"):
+    probes = run.probes
+    if probes.eval_batches:
         ev.append(Evidence(
             "eval_batches", "Batches read with gradients off (evaluation), left out of the steps",
-            run.probes["eval_batches"],
-            f"{run.probes['eval_batches']:.0f} batches, {_secs(run.probes.get('eval_wait_seconds', 0.0))} waiting",
+            float(probes.eval_batches), f"{probes.eval_batches} batches, {_secs(probes.eval_wait_seconds or 0.0)} waiting",
         ))
-    gc_in_waits = run.probes.get("gc_in_wait_seconds", 0.0)
+    gc_in_waits = probes.gc_in_wait_seconds or 0.0
     if gc_in_waits and gc_in_waits >= th.gc_in_waits_shown * m.step_time_mean * m.steps_judged:
         ev.append(Evidence(
             "gc_in_waits", "Garbage collection inside batch waits, counted as compute, not input", gc_in_waits,
-            f"{_secs(gc_in_waits)} of {_secs(run.probes.get('gc_seconds', 0.0))} "
-            f"in {run.probes.get('gc_collections', 0.0):.0f} collections",
+            f"{_secs(gc_in_waits)} of {_secs(probes.gc_seconds or 0.0)} in {probes.gc_collections or 0} collections",
         ))
     if m.gpu_util_median is not None:
         ev.append(Evidence(

@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -293,6 +294,63 @@ class WhatIf:
     baseline_start_seconds: float = 0.0
 
 
+@dataclass
+class Probes:
+    """Figures measured once for the whole run; None: not measured."""
+
+    #: batches read with gradients off, and the seconds spent waiting for them
+    #: (NOTE [ Evaluation batches ] in timeline.py)
+    eval_batches: int | None = None
+    eval_wait_seconds: float | None = None
+    #: garbage collections, their seconds, and the seconds of them inside batch waits
+    #: (NOTE [ Garbage collection in a wait ] in timeline.py)
+    gc_collections: int | None = None
+    gc_seconds: float | None = None
+    gc_in_wait_seconds: float | None = None
+    #: the process's peak RSS (getrusage: it counts the time before training too), bytes
+    process_peak_rss_bytes: int | None = None
+    #: PyTorch, in bytes: the model's parameters, gradients and optimizer state; what its
+    #: device (or the process) held between steps; the peak within steps
+    torch_model_state_bytes: int | None = None
+    torch_steady_bytes: int | None = None
+    torch_peak_bytes: int | None = None
+
+
+@dataclass
+class FitProbe:
+    """What the probes after the run measured for one Keras ``model.fit`` call (NOTE [ Input
+    time under Keras fit: the differential method ] in frameworks/tensorflow/probe.py);
+    None: not measured (that probe failed or was skipped)."""
+
+    fit: int  # which ``fit`` call of the run, from 1
+    #: the pipeline alone: seconds to its first batch, then per batch over the batches
+    #: timed, and the cores it kept busy meanwhile
+    pipeline_first_batch_s: float | None = None
+    pipeline_batch_s: float | None = None
+    pipeline_batches_per_s: float | None = None
+    pipeline_batches_timed: int | None = None
+    pipeline_cpu_cores: float | None = None
+    #: the model alone on one cached batch: seconds per batch over the calls timed
+    model_batch_s: float | None = None
+    model_batches_per_s: float | None = None
+    model_calls_timed: int | None = None
+    fit_batch_s_median: float | None = None  # the profiled calls', seconds per batch
+    #: steps whose difference was more than the pipeline alone needed, cut down to that
+    steps_wait_capped_by_pipeline: int | None = None
+
+
+@dataclass
+class AllocatorPeak:
+    """One GPU's peak as the framework's own allocator counted it, read at the end: exact,
+    where NVML, read once a tick, can miss a short peak."""
+
+    allocator: str  # whose count: "PyTorch", "TensorFlow"
+    index: int  # the GPU, as the framework numbers the visible ones
+    peak_reserved: int  # bytes the allocator held at its peak
+    total: int | None = None  # bytes on the device, where known
+    peak_allocated: int | None = None  # bytes in tensors at their peak, where the allocator says
+
+
 #: Other processes a saved run may name, and the longest command it may give one.
 MAX_OTHER_PROCESSES, MAX_COMMAND_CHARS = 16, 200
 #: What-if measurements a saved run may hold (loadprof makes at most 8)
@@ -326,8 +384,10 @@ class Run:
     oom_errors: list[str] = field(default_factory=list)
     #: Things the profiler could not measure and why, shown in every report.
     limitations: list[str] = field(default_factory=list)
-    #: Free-form measurements from probes (e.g. differential input-pipeline rates).
-    probes: dict[str, float] = field(default_factory=dict)
+    probes: Probes = field(default_factory=Probes)
+    #: what the probes after the run measured of each Keras ``fit`` call, in call order
+    fit_probes: list[FitProbe] = field(default_factory=list)
+    allocator_peaks: list[AllocatorPeak] = field(default_factory=list)
     #: Sampling stats: requested interval, samples taken, samples dropped (bounded buffer).
     sampling: dict[str, float] = field(default_factory=dict)
     exit_status: str = "ok"  # "ok", "exception: ...", "interrupted", "stopped after N steps"
@@ -370,6 +430,8 @@ class RecordError(ValueError):
 # (a step ends after it starts, counts are positive). Unknown keys are ignored (a newer
 # loadprof's additions); a missing key or a null takes the field's default, unless the
 # field has none. One error type, RecordError, whose message names the field path.
+# A run saved by an older loadprof in a shape since changed is first put in today's
+# (``_UPGRADES``), so that the same checks read it.
 
 _INT_LIMIT = 2**63
 
@@ -407,6 +469,9 @@ _NO_DEFAULT_FOR_NULL: dict[tuple[type, str], str] = {(Step, "data_wait"): "the s
 def from_json(cls: type[T], data: Any, where: str) -> T:
     if not isinstance(data, dict):
         raise RecordError(f"{where}: expected an object, got {describe_value(data)}")
+    upgrade = _UPGRADES.get(cls)
+    if upgrade is not None:
+        data = upgrade(data)
     hints = field_types(cls)
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
@@ -474,13 +539,50 @@ def _value(value: Any, tp: Any, where: str) -> Any:
         out = {}
         for k, v in value.items():
             if v is None and args[1] is float:
-                continue  # a probe written as null (it was not finite): not measured
+                continue  # a figure written as null (it was not finite): not measured
             out[k] = _value(v, args[1], f"{where}.{k}")
         return out
     if dataclasses.is_dataclass(tp):
         return from_json(tp, value, where)  # type: ignore[arg-type]
     raise TypeError(f"no JSON reader for {tp!r}")  # a field type this module does not know: our bug
 
+
+# Runs saved before probes were typed hold them all in one flat object of numbers
+# ({"gc_collections": 3.0, "fit2_model_batch_s": 0.01, "tf_gpu0_peak_reserved_bytes": 2e9}),
+# counts and bytes written as floats. Read as the typed records they would be now.
+_FIT_KEY = re.compile(r"(?:fit(\d{1,6})_)?(\w+)")
+_PEAK_KEY = re.compile(r"(tf_gpu|cuda)(\d{1,6})_(peak_reserved|peak_allocated|total)_bytes")
+_ALLOCATORS = {"tf_gpu": "TensorFlow", "cuda": "PyTorch"}
+
+
+def _typed_probes(data: dict[str, Any]) -> dict[str, Any]:
+    flat = data.get("probes")
+    if not isinstance(flat, dict) or "fit_probes" in data or "allocator_peaks" in data:
+        return data  # today's shape, or not an object (from_json says so)
+    probes: dict[str, Any] = {}
+    fits: dict[int, dict[str, Any]] = {}
+    peaks: dict[tuple[str, int], dict[str, Any]] = {}
+    for key, value in flat.items():
+        if isinstance(value, float) and value.is_integer() and abs(value) < _INT_LIMIT:
+            value = int(value)  # a count or bytes, written as a float then
+        if key in _PROBE_NAMES:
+            probes[key] = value
+        elif m := _PEAK_KEY.fullmatch(key):
+            peaks.setdefault((_ALLOCATORS[m[1]], int(m[2])), {})[m[3]] = value
+        elif (m := _FIT_KEY.fullmatch(key)) and m[2] in _FIT_NAMES:
+            fits.setdefault(int(m[1] or 1), {})[m[2]] = value  # the first fit's had no prefix
+        # any other key was never read: dropped
+    return {**data, "probes": probes,
+            "fit_probes": [{**figures, "fit": n} for n, figures in sorted(fits.items())],
+            "allocator_peaks": [{**figures, "allocator": who, "index": i}
+                                for (who, i), figures in sorted(peaks.items())
+                                if figures.get("peak_reserved") is not None]}
+
+
+_PROBE_NAMES = {f.name for f in dataclasses.fields(Probes)}
+_FIT_NAMES = {f.name for f in dataclasses.fields(FitProbe)} - {"fit"}
+#: Each record's reading of an older shape, before its fields are checked.
+_UPGRADES: dict[type, Callable[[dict[str, Any]], dict[str, Any]]] = {Run: _typed_probes}
 
 #: Seconds since 1970 of the latest start a saved run may claim (the year 2286).
 _LATEST_TIME = 1e10
@@ -548,6 +650,15 @@ def check_run(run: Run) -> None:
                       f"of at most {MAX_COMMAND_CHARS} characters")
     if run.whatif_seconds < 0:
         raise bad("run.whatif_seconds", "negative")
+    for i, fp in enumerate(run.fit_probes):
+        if fp.fit < 1:
+            raise bad(f"run.fit_probes[{i}].fit", f"expected a fit call's number from 1, got {fp.fit}")
+    for i, peak in enumerate(run.allocator_peaks):
+        if not 0 <= peak.index < GPU_INDEX_LIMIT:
+            raise bad(f"run.allocator_peaks[{i}].index",
+                      f"expected a GPU index from 0 to {GPU_INDEX_LIMIT - 1}, got {peak.index}")
+        if min(peak.peak_reserved, peak.total or 0, peak.peak_allocated or 0) < 0:
+            raise bad(f"run.allocator_peaks[{i}]", "negative bytes")
     listed = [g.index for g in env.gpus]
     for what, indices in (("run.environment.gpus", listed), ("run.gpu_samples", [g.index for g in run.gpu_samples])):
         for i, index in enumerate(indices):

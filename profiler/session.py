@@ -548,13 +548,13 @@ class Profile:
             self.run.steps = self._guard("the steps could not be read", lambda: list(timeline.steps)) or []
             self.run.data_wait_method = self._guard("the input-time method could not be read", timeline.method) or ""
             if self._timeline.eval_batches:  # NOTE [ Evaluation batches ] in timeline.py
-                self.run.probes["eval_batches"] = float(self._timeline.eval_batches)
-                self.run.probes["eval_wait_seconds"] = self._timeline.eval_seconds
+                self.run.probes.eval_batches = self._timeline.eval_batches
+                self.run.probes.eval_wait_seconds = self._timeline.eval_seconds
                 self.run.evaluations = list(self._timeline.eval_passes)
             if self._timeline.gc_collections:  # NOTE [ Garbage collection in a wait ] in timeline.py
-                self.run.probes["gc_collections"] = float(self._timeline.gc_collections)
-                self.run.probes["gc_seconds"] = self._timeline.gc_seconds
-                self.run.probes["gc_in_wait_seconds"] = self._timeline.gc_in_waits
+                self.run.probes.gc_collections = self._timeline.gc_collections
+                self.run.probes.gc_seconds = self._timeline.gc_seconds
+                self.run.probes.gc_in_wait_seconds = self._timeline.gc_in_waits
             self.run.duration = end - self._t0
             self.run.environment.intra_op_threads = _intra_op_threads()  # as the script left them
             self.run.exit_status = _exit_status(exc)

@@ -91,7 +91,7 @@ def input_waits(run: Run, m: Metrics, th: Thresholds) -> Waits | None:
     w = Waits(steps=total, p50=p50, p95=_nearest_rank(pairs, total, 0.95), p99=_nearest_rank(pairs, total, 0.99),
               max=pairs[-1][0], mean=wait / total, step_time=m.step_time_median,
               cut=max(th.stall_over_median * p50, th.stall_of_step * m.step_time_median),
-              first_batch=_first_batch(run, m.loader), gc_in_waits=run.probes.get("gc_in_wait_seconds", 0.0))
+              first_batch=_first_batch(run, m.loader), gc_in_waits=run.probes.gc_in_wait_seconds or 0.0)
     stalls = [Stall(s.index, wt, s.merged) for wt, s in per if wt > 0 and wt >= w.cut]
     if not stalls:
         return w

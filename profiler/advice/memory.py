@@ -108,11 +108,11 @@ def memory_advice(run: Run, m: Metrics, tf: bool, cause: str | None) -> list[Rec
     h = m.headroom
     per_sample = h.step_transient / h.batch if h and h.step_transient and h.batch else None
     free = _free_bytes(run, oom) if oom else None
-    steady = run.probes.get("torch_steady_bytes")
+    steady = run.probes.torch_steady_bytes
     if oom is not None and oom.device == "gpu" and per_sample and steady and h and h.gpu_total:
         # PyTorch's caching allocator keeps its peak reserved, so NVML reads the device
         # full between steps too: the room a step has is the device less what stays.
-        free = max(0, h.gpu_total - int(steady))
+        free = max(0, h.gpu_total - steady)
     micro, steps, basis = micro_batch(batch, oom.requested_bytes if oom else None, free, per_sample)
     size = str(micro) if micro else "batch_size // 2"
     if tf:

@@ -18,6 +18,7 @@ import pytest
 from loadprof.advice import recommend
 from loadprof.diagnosis import diagnose, headroom
 from loadprof.oom import classify
+from loadprof.records import Probes
 from loadprof.report import build_report, load_report, render_console
 from tests.conftest import GiB, make_run
 from tests.fake_pynvml import FakeGpu, FakeNvml
@@ -214,8 +215,9 @@ def test_a_healthy_run_with_headroom_is_not_memory_bound(tmp_path):
     # measured while training: what stays between steps, the room under the cap (this
     # small a step may not raise the process's peak past its start-up: no peak then)
     probes = report.run.probes
-    assert 0 < probes["torch_model_state_bytes"] < probes["torch_steady_bytes"]
-    assert probes["process_peak_rss_bytes"] >= 0.9 * probes["torch_steady_bytes"]
+    assert probes.torch_model_state_bytes and probes.torch_steady_bytes and probes.process_peak_rss_bytes
+    assert 0 < probes.torch_model_state_bytes < probes.torch_steady_bytes
+    assert probes.process_peak_rss_bytes >= 0.9 * probes.torch_steady_bytes
     assert h.limit_left_min is not None and 512 * 2**20 < h.limit_left_min < 1024 * 2**20
     assert report.to_dict()["memory"]["limit_left_min_bytes"] == h.limit_left_min
     assert "memory_headroom" in {e.key for e in d.evidence}
@@ -278,11 +280,11 @@ def test_near_full_gpu_on_a_data_starved_run_is_a_warning_beside_the_verdict():
 
 def test_checkpointing_only_where_activations_dominate():
     run = make_run(n=40, wait=0.0, gpu_util=90, gpu_mem=0.95)
-    run.probes.update(torch_model_state_bytes=10 * GiB, torch_steady_bytes=12 * GiB, torch_peak_bytes=70 * GiB)
+    run.probes = Probes(torch_model_state_bytes=10 * GiB, torch_steady_bytes=12 * GiB, torch_peak_bytes=70 * GiB)
     d = diagnose(run)
     recs = {r.id: r for r in recommend(run, d)}
     assert recs["gradient_checkpointing"].values["activation_bytes"] == 58 * GiB
-    run.probes.update(torch_model_state_bytes=60 * GiB, torch_steady_bytes=64 * GiB, torch_peak_bytes=70 * GiB)
+    run.probes = Probes(torch_model_state_bytes=60 * GiB, torch_steady_bytes=64 * GiB, torch_peak_bytes=70 * GiB)
     d = diagnose(run)
     assert "gradient_checkpointing" not in {r.id for r in recommend(run, d)}  # the model state dominates
     assert headroom(run) is not None and headroom(run).step_transient == 6 * GiB  # type: ignore[union-attr]
@@ -304,7 +306,7 @@ def test_a_cuda_out_of_memory_is_sized_from_the_measured_activations():
     run = make_run(n=12, wait=0.0, gpu_util=95, gpu_mem=0.97, cuda=True)
     run.loaders[0].batch_size, run.loaders[0].iterations = 32, 1
     run.loaders.append(type(run.loaders[0])(framework="torch", kind="DataLoader", batch_size=64, iterations=1))
-    run.probes.update(torch_model_state_bytes=16 * GiB, torch_steady_bytes=20 * GiB, torch_peak_bytes=60 * GiB)
+    run.probes = Probes(torch_model_state_bytes=16 * GiB, torch_steady_bytes=20 * GiB, torch_peak_bytes=60 * GiB)
     run.oom_errors.append("OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a total "
                           "capacity of 79.10 GiB of which 1.12 GiB is free.")
     d = diagnose(run)
@@ -333,6 +335,6 @@ def test_a_peak_from_before_training_is_not_taken_for_activations(tmp_path):
     """)
     assert proc.returncode == 0, proc.stderr[-2000:]
     probes = report.run.probes
-    assert probes["torch_model_state_bytes"] and probes["process_peak_rss_bytes"] > 384 * 2**20
-    assert "torch_peak_bytes" not in probes
+    assert probes.torch_model_state_bytes and (probes.process_peak_rss_bytes or 0) > 384 * 2**20
+    assert probes.torch_peak_bytes is None
     assert report.diagnosis.metrics.headroom is not None and report.diagnosis.metrics.headroom.step_transient is None

@@ -165,9 +165,10 @@ def test_keras_fit_slow_python_map_is_data_starved_measured_by_the_differential_
     assert report.verdict == "data-starved"
     data = report.to_dict()
     assert data["data_wait_method"] == "differential"
-    probes = prof.run.probes
+    (fit,) = prof.run.fit_probes
     # pipeline alone is far slower than the model alone: that is what makes it starved
-    assert probes["pipeline_batch_s"] > 5 * probes["model_batch_s"]
+    assert fit.fit == 1 and fit.pipeline_batch_s and fit.model_batch_s
+    assert fit.pipeline_batch_s > 5 * fit.model_batch_s
     assert data["steps"]["count"] == 32
     ids = report.recommendation_ids()
     assert "cache" in ids and "prefetch" in ids
@@ -204,7 +205,7 @@ def test_fit_on_numpy_arrays_is_measured_with_keras_own_adapter():
     model = compiled(heavy_model(width=512))
     prof = profiled(lambda: model.fit(x, y, batch_size=64, epochs=1, verbose=0))
     assert prof.run.data_wait_method == "differential"
-    assert prof.run.probes["model_batch_s"] > 0
+    assert [(f.fit, (f.model_batch_s or 0.0) > 0) for f in prof.run.fit_probes] == [(1, True)]
     loader = prof.run.loaders[0]
     assert loader.framework == "keras" and loader.kind == "arrays" and loader.batch_size == 64
     assert prof.report.verdict == "compute-bound"
@@ -378,10 +379,10 @@ def test_a_long_fit_keeps_its_measured_input_time_for_every_step_and_bounded_mem
     single = [s for s in steps if s.merged == 1]
     assert merged and single
     per_step = [sum(s.data_wait for s in group) / sum(s.merged for s in group) for group in (merged, single)]
-    assert per_step[1] > 0, prof.run.probes
+    assert per_step[1] > 0, prof.run.fit_probes
     # the older steps, merged before the probe measured them after the run, kept their waits
     # (dropped at a merge they would read 0; on a contended host they read 0.3x the newer)
-    assert per_step[0] > 0.1 * per_step[1], (per_step, prof.run.probes)
+    assert per_step[0] > 0.1 * per_step[1], (per_step, prof.run.fit_probes)
     # no record of a step outlives the timeline's bound, and what the process holds stops growing
     assert alive[0] <= 250 + 8
     grown = (objects[-1] - objects[0]) / ((epochs - 1) * per_epoch)

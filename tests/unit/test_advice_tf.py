@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from loadprof.advice import IDS, recommend
 from loadprof.diagnosis import diagnose
-from loadprof.records import Environment, GpuInfo, GpuSample, HostSample, LoaderInfo, Run, Step
+from loadprof.records import (
+    Environment,
+    FitProbe,
+    GpuInfo,
+    GpuSample,
+    HostSample,
+    LoaderInfo,
+    Run,
+    Step,
+)
 
 GiB = 2**30
 INPUT_IDS = {"prefetch", "cache", "parallel_map", "interleave", "offline_preprocessing", "convert_format",
@@ -31,7 +40,7 @@ def tf_run(
     gpu_mem: float = 0.2,
     cc: tuple[int, int] | None = (8, 0),
     amp: bool = False,
-    probes: dict[str, float] | None = None,
+    fit: FitProbe | None = None,
 ) -> Run:
     env = Environment(usable_cores=cores, logical_cores=cores, memory_total=64 * GiB,
                       frameworks={"tensorflow": "2.x"})
@@ -49,7 +58,7 @@ def tf_run(
              for i in range(int(n * step * 10))]
     return Run(environment=env, steps=steps, host_samples=hosts, gpu_samples=gpus,
                loaders=[loader if loader is not None else tf_loader()], amp_in_use=amp,
-               data_wait_method=method, probes=dict(probes or {}))
+               data_wait_method=method, fit_probes=[fit] if fit else [])
 
 
 def advice(run: Run) -> dict[str, object]:
@@ -198,7 +207,7 @@ def test_moderate_input_gets_prefetch_and_cache_only_for_a_map_that_runs_every_e
 
 def test_differential_runs_estimate_from_the_pipeline_alone_probe():
     run = tf_run(wait=0.06, method="differential",
-                 probes={"pipeline_batch_s": 0.08, "model_batch_s": 0.04})
+                 fit=FitProbe(1, pipeline_batch_s=0.08, model_batch_s=0.04))
     rec = advice(run)["parallel_map"]
     assert rec.estimated_speedup is not None and rec.estimated_speedup > 1
 

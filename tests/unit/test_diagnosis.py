@@ -8,7 +8,7 @@ import pytest
 
 from loadprof.advice import recommend
 from loadprof.diagnosis import DEFAULT_THRESHOLDS, diagnose, warmup_count
-from loadprof.records import HostSample, Run
+from loadprof.records import HostSample, Probes, Run
 from loadprof.report import build_report, load_report, write_json
 from tests.conftest import GiB, ids, make_run
 
@@ -123,7 +123,7 @@ def test_cpu_readings_count_for_the_time_they_cover():
 def test_garbage_collection_in_waits_is_shown_once_it_moved_the_input_share_by_a_point():
     def gc_line(in_waits: float) -> list[str]:
         run = make_run(n=40, step=0.1)  # 36 judged steps: 3.6 s
-        run.probes.update(gc_collections=600.0, gc_seconds=0.5, gc_in_wait_seconds=in_waits)
+        run.probes = Probes(gc_collections=600, gc_seconds=0.5, gc_in_wait_seconds=in_waits)
         return [e.display for e in diagnose(run).evidence if e.key == "gc_in_waits"]
 
     assert gc_line(0.0004) == []  # 0.4 ms: nothing the input share would show

@@ -17,12 +17,16 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from loadprof.cli import main
+from loadprof.diagnosis import headroom
 from loadprof.records import (
+    AllocatorPeak,
     Environment,
+    FitProbe,
     GpuInfo,
     GpuSample,
     HostSample,
     LoaderInfo,
+    Probes,
     RecordError,
     Run,
     Step,
@@ -53,7 +57,10 @@ def _run() -> Run:
         loaders=[LoaderInfo(framework="torch", kind="DataLoader", batch_size=32, num_workers=2, pin_memory=False,
                             dataset_length=1280, dataset_type="TensorDataset", sample_nbytes=4096, iterations=1)],
         data_wait_method="iterator-next", limitations=["power: not supported"],
-        probes={"gc_collections": 3.0}, sampling={"interval": 0.1, "samples": 45.0}, exit_status="ok",
+        probes=Probes(gc_collections=3, gc_seconds=0.01, torch_steady_bytes=2**30),
+        fit_probes=[FitProbe(2, pipeline_batch_s=0.01, model_calls_timed=12)],
+        allocator_peaks=[AllocatorPeak("PyTorch", 0, 3 * 2**30, total=80 * 2**30, peak_allocated=2**31)],
+        sampling={"interval": 0.1, "samples": 45.0}, exit_status="ok",
     )
 
 
@@ -87,7 +94,11 @@ def test_a_saved_report_reads_back_as_it_was(tmp_path: Path) -> None:
     (["loaders", 0, "pin_memory"], "yes", "run.loaders[0].pin_memory: expected true or false"),
     (["steps", 5, "start"], 9.0, "run.steps[5]: ends (0.59) before it starts (9.0)"),
     (["steps", 5, "start"], None, "run.steps[5].start: expected a number, got null"),
-    (["probes", "x"], "fast", "run.probes.x: expected a number"),
+    (["probes", "gc_seconds"], "fast", 'run.probes.gc_seconds: expected a number, got a string "fast"'),
+    (["probes", "gc_collections"], 2.5, "run.probes.gc_collections: expected a whole number"),
+    (["fit_probes", 0, "fit"], 0, "run.fit_probes[0].fit: expected a fit call's number from 1, got 0"),
+    (["allocator_peaks", 0, "index"], 64, "run.allocator_peaks[0].index: expected a GPU index from 0 to 63"),
+    (["allocator_peaks", 0, "peak_reserved"], -1, "run.allocator_peaks[0]: negative bytes"),
     (["steps"], {"0": {}}, "run.steps: expected a list, got an object"),
     (["host_samples", 2, "worker_cpu"], [80.0], "run.host_samples[2].worker_cpu: 1 values for 2 worker_pids"),
     (["host_samples", 2, "worker_cpu"], [80.0, -5], "run.host_samples[2].worker_cpu[1]: negative (-5.0)"),
@@ -134,11 +145,11 @@ def test_missing_optional_keys_and_nulls_take_the_defaults(tmp_path: Path) -> No
         del run[key]
     run["host_samples"][0]["iowait_percent"] = None
     run["host_samples"][0]["process_cpu"] = None  # a NaN written as null by jsonio
-    run["probes"] = {"rate": None}
+    run["probes"] = {"gc_seconds": None, "rate": 3.0}
     run["future_field"] = {"added": "by a newer loadprof"}
     report = load_report(_saved(tmp_path, data))
     assert report.run.gpu_samples == [] and report.run.host_samples[0].process_cpu == 0.0
-    assert report.run.probes == {}
+    assert report.run.probes == Probes()
 
 
 def test_non_finite_literals_are_refused(tmp_path: Path) -> None:
@@ -185,6 +196,26 @@ def test_a_run_saved_before_per_worker_cpu_still_renders_every_output(tmp_path: 
     assert "per worker (mean)" in page and "worker 4101" not in page
     names = {e["name"] for e in json.loads(TraceRenderer().render(report))["traceEvents"]}
     assert "CPU loader workers % of a core (sum)" in names and not any(n.startswith("CPU worker ") for n in names)
+
+
+def test_a_run_saved_with_flat_probes_reads_them_as_records(tmp_path: Path) -> None:
+    # the shape loadprof wrote before probes were typed: one object of floats, keys prefixed
+    data = _report_dict()
+    for key in ("fit_probes", "allocator_peaks"):
+        del data["run"][key]
+    data["run"]["probes"] = {
+        "gc_collections": 3.0, "gc_seconds": 0.01, "torch_steady_bytes": 1073741824.0, "eval_batches": None,
+        "pipeline_batch_s": 0.02, "pipeline_batches_timed": 40.0, "fit2_model_batch_s": 0.01,
+        "cuda0_peak_reserved_bytes": 3221225472.0, "cuda0_peak_allocated_bytes": 2147483648.0,
+        "cuda0_total_bytes": 85899345920.0, "tf_gpu1_total_bytes": 1e9, "unread_figure": 1.5,
+    }
+    run = load_report(_saved(tmp_path, data)).run
+    assert run.probes == Probes(gc_collections=3, gc_seconds=0.01, torch_steady_bytes=2**30)
+    assert run.fit_probes == [FitProbe(1, pipeline_batch_s=0.02, pipeline_batches_timed=40),
+                              FitProbe(2, model_batch_s=0.01)]
+    assert run.allocator_peaks == [AllocatorPeak("PyTorch", 0, 3 * 2**30, total=80 * 2**30, peak_allocated=2**31)]
+    h = headroom(run)
+    assert h is not None and (h.gpu_index, h.gpu_peak, h.gpu_source) == (0, 3 * 2**30, "PyTorch allocator")
 
 
 def test_per_worker_cpu_travels_in_a_ranks_columns_and_is_checked_there() -> None:

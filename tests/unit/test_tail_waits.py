@@ -7,7 +7,7 @@ import io
 import json
 
 from loadprof.diagnosis import diagnose, warmup_count
-from loadprof.records import EvalPass, Run, Step
+from loadprof.records import EvalPass, Probes, Run, Step
 from loadprof.report import build_report
 from loadprof.report.html import HtmlPageRenderer
 from tests.conftest import make_run
@@ -139,7 +139,7 @@ def test_evenly_spaced_stalls_have_a_period_a_stray_hiccup_does_not_break():
 def test_collections_inside_the_waits_are_named_with_the_stalls():
     run = stalled(40, {10: 0.3, 30: 0.3}, workers=2)
     assert "gc.freeze()" not in (warning(run) or "")
-    run.probes.update(gc_collections=40.0, gc_seconds=0.5, gc_in_wait_seconds=0.2)
+    run.probes = Probes(gc_collections=40, gc_seconds=0.5, gc_in_wait_seconds=0.2)
     detail = warning(run)
     assert detail is not None and "garbage collections took 200.0 ms inside batch waits" in detail
     assert diagnose(run).metrics.waits.gc_in_waits == 0.2  # type: ignore[union-attr]

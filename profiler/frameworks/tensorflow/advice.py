@@ -16,7 +16,9 @@ def _tf_pipeline_seconds(run: Run, m: Metrics, loader: LoaderInfo) -> float | No
     (explicit or injected by TensorFlow): the pipeline made one step's batches while
     the loop computed and then waited, so wait + compute. Without overlap: the wait.
     """
-    per_batch = run.probes.get("pipeline_batch_s")
+    # the pipeline alone, as the run's first fit call had it
+    first = next((f for f in run.fit_probes if f.fit == 1), None)
+    per_batch = first.pipeline_batch_s if first else None
     if run.data_wait_method == "differential" and per_batch:
         return per_batch * max(1.0, m.batches_per_step)
     if run.data_wait_method != "iterator-next":

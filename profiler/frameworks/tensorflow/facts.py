@@ -8,7 +8,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from ...records import Run
+from ...records import AllocatorPeak, Run
 
 
 def check_amp(run: Run, model: Any = None, optimizer: Any = None) -> None:
@@ -33,7 +33,7 @@ def check_amp(run: Run, model: Any = None, optimizer: Any = None) -> None:
 
 
 def gpu_facts(run: Run) -> None:
-    """Each visible GPU's peak memory as TensorFlow's allocator saw it (``Run.probes``)."""
+    """Each visible GPU's peak memory as TensorFlow's allocator saw it (``Run.allocator_peaks``)."""
     try:
         gpus = tf.config.list_physical_devices("GPU")
     except (RuntimeError, ValueError, tf.errors.OpError):
@@ -47,7 +47,5 @@ def gpu_facts(run: Run) -> None:
         except (RuntimeError, ValueError, tf.errors.OpError):
             continue
         if peak:
-            run.probes[f"tf_gpu{i}_peak_reserved_bytes"] = float(peak)
-            known = [g for g in run.environment.gpus if g.index == i]
-            if known:
-                run.probes[f"tf_gpu{i}_total_bytes"] = float(known[0].memory_total)
+            known = [g.memory_total for g in run.environment.gpus if g.index == i]
+            run.allocator_peaks.append(AllocatorPeak("TensorFlow", i, int(peak), total=known[0] if known else None))

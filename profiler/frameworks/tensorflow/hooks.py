@@ -412,8 +412,9 @@ class TensorFlowHooks:
         self.stages.finish()
         for i, record in enumerate(self.keras.fits):
             if record.calls:
-                found = measure_fit_input(record, "" if i == 0 else f"fit{i + 1}_", self.clock)
-                self.run.probes.update(found.probes)
+                found = measure_fit_input(record, i + 1, self.clock)
+                if found.probe is not None:
+                    self.run.fit_probes.append(found.probe)
                 for line in found.limitations:
                     self.limit(line)
                 if found.waits is not None:  # NOTE [ Waits measured after the run ] in timeline.py

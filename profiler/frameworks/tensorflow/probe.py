@@ -13,7 +13,7 @@ DS-Analyzer (Mohan et al., VLDB 2021):
 2. after profiling, the model alone: the same ``train_function`` fed one cached
    batch (``Dataset.from_tensors(batch).repeat()``), so input costs nothing;
 3. after profiling, the pipeline alone: a fresh iterator over the same dataset
-   for a bounded time (its rate and CPU use go to ``Run.probes``; its first batch
+   for a bounded time (its rate and CPU use go to ``Run.fit_probes``; its first batch
    is the cached batch of 2).
 Each step's wait is max(0, its train_function time - the model-alone time),
 capped at what the pipeline alone needs for that step's batches (its first
@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from ...records import FitProbe
 from ..keras.fit import FitRecord
 from . import tfdata
 from .tfdata import optional_module
@@ -74,16 +75,16 @@ ARRAY_PROBE_BATCHES = 64
 class FitInput:
     """What the probes of one ``fit`` found."""
 
-    probes: dict[str, float] = field(default_factory=dict)
+    probe: FitProbe | None = None  # None: nothing measured
     limitations: list[str] = field(default_factory=list)
     #: (step index, wait seconds, wait CPU seconds) for each step, ascending; None: not measured
     waits: Iterator[tuple[int, float, float]] | None = None
 
 
-def measure_fit_input(record: FitRecord, prefix: str, clock: Callable[[], float]) -> FitInput:
-    """The differential method for one fit (see the NOTE above); probe names start with ``prefix``."""
+def measure_fit_input(record: FitRecord, fit: int, clock: Callable[[], float]) -> FitInput:
+    """The differential method for the run's ``fit``-th fit call (see the NOTE above)."""
     found = FitInput()
-    probes = found.probes
+    probe = FitProbe(fit)
     wall = sum(record.calls.seconds)
     budget = min(PROBE_MAX_S, max(PROBE_MIN_S, PROBE_SHARE * wall))
     batch: Any = None
@@ -98,14 +99,13 @@ def measure_fit_input(record: FitRecord, prefix: str, clock: Callable[[], float]
             found.limitations.append(f"pipeline-alone probe failed ({type(exc).__name__}: {str(exc)[:120]})")
             return found
         batch = pipe.batch
-        probes[prefix + "pipeline_first_batch_s"] = pipe.first_batch_seconds
+        found.probe = probe
+        probe.pipeline_first_batch_s = pipe.first_batch_seconds
         if pipe.batch_seconds:
-            probes[prefix + "pipeline_batch_s"] = pipe.batch_seconds
-            probes[prefix + "pipeline_batches_per_s"] = 1.0 / pipe.batch_seconds
-            probes[prefix + "pipeline_batches_timed"] = float(pipe.batches)
-            cores = pipe.cpu_cores
-            if cores is not None:
-                probes[prefix + "pipeline_cpu_cores"] = cores
+            probe.pipeline_batch_s = pipe.batch_seconds
+            probe.pipeline_batches_per_s = 1.0 / pipe.batch_seconds
+            probe.pipeline_batches_timed = pipe.batches
+            cores = probe.pipeline_cpu_cores = pipe.cpu_cores
         info = record.info
         if info is not None and batch is not None:
             size, nbytes = tfdata.batch_facts(batch)
@@ -127,23 +127,22 @@ def measure_fit_input(record: FitRecord, prefix: str, clock: Callable[[], float]
         found.limitations.append(f"model-alone probe failed ({type(exc).__name__}: {str(exc)[:120]})")
         return found
     per_batch = per_call / record.steps_per_execution
-    probes[prefix + "model_batch_s"] = per_batch
-    probes[prefix + "model_batches_per_s"] = 1.0 / per_batch if per_batch > 0 else 0.0
-    probes[prefix + "model_calls_timed"] = float(timed)
-    probes[prefix + "fit_batch_s_median"] = statistics.median(
-        seconds / batches for _, seconds, batches, _ in record.calls)
+    probe.model_batch_s = per_batch
+    probe.model_batches_per_s = 1.0 / per_batch if per_batch > 0 else 0.0
+    probe.model_calls_timed = timed
+    probe.fit_batch_s_median = statistics.median(seconds / batches for _, seconds, batches, _ in record.calls)
     # The pipeline cannot hold a step up longer than it takes to make its batches
     # alone; a larger difference is something else (callbacks, threads sharing
     # the cores), not waiting for input.
-    pipe_batch = probes.get(prefix + "pipeline_batch_s")
-    pipe_first = probes.get(prefix + "pipeline_first_batch_s", 0.0)
+    pipe_batch = probe.pipeline_batch_s
+    pipe_first = probe.pipeline_first_batch_s or 0.0
     capped = 0
     for _, seconds, batches, epoch_first in record.calls:
         wait = seconds - per_batch * batches
         if pipe_batch is not None:
             cap = pipe_batch * batches + (max(0.0, pipe_first - pipe_batch) if epoch_first else 0.0)
             capped += wait > cap
-    probes[prefix + "steps_wait_capped_by_pipeline"] = float(capped)
+    probe.steps_wait_capped_by_pipeline = capped
 
     def waits() -> Iterator[tuple[int, float, float]]:
         for index, seconds, batches, epoch_first in record.calls:

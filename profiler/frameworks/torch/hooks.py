@@ -40,7 +40,7 @@ from torch.optim import optimizer as _optim
 
 from ...instrument import ThisProcess
 from ...patch import Patches
-from ...records import LoaderInfo, Run
+from ...records import AllocatorPeak, LoaderInfo, Run
 from ...samplers.procfs import own_peak_rss, own_rss
 from ...timeline import CPU_READ_ALL, CPU_READ_EVERY, Timeline
 from .itemcheck import items_repeat
@@ -344,14 +344,14 @@ class TorchHooks:
             return
         if not held or device is None:
             return
-        self.run.probes["torch_model_state_bytes"] = float(sum(held.values()))
+        self.run.probes.torch_model_state_bytes = sum(held.values())
         try:
             steady = torch.cuda.memory_allocated(device) if device.type == "cuda" else own_rss()
         except RuntimeError:  # a CUDA context gone bad: the step's own error will say
             return
         if steady:
             self._memory_device = device
-            self.run.probes["torch_steady_bytes"] = float(steady)
+            self.run.probes.torch_steady_bytes = int(steady)
 
     def _collect_peak(self) -> None:
         """The peak to set against the between-steps reading: the CUDA allocator's own
@@ -359,7 +359,7 @@ class TorchHooks:
         process, the time before training too)."""
         peak = own_peak_rss()
         if peak:
-            self.run.probes["process_peak_rss_bytes"] = float(peak)
+            self.run.probes.process_peak_rss_bytes = int(peak)
         device = self._memory_device
         if device is None:
             return
@@ -373,7 +373,7 @@ class TorchHooks:
         elif peak and self._peak_before and peak <= self._peak_before:
             return  # the process's peak came before training (loading data, say): no step's
         if peak:
-            self.run.probes["torch_peak_bytes"] = float(peak)
+            self.run.probes.torch_peak_bytes = int(peak)
 
     # -- facts ----------------------------------------------------------------
     def _loader_info(self, loader: Any) -> LoaderInfo:
@@ -425,9 +425,9 @@ class TorchHooks:
             total = torch.cuda.get_device_properties(i).total_memory
             reserved = torch.cuda.max_memory_reserved(i)
             if reserved:
-                self.run.probes[f"cuda{i}_peak_reserved_bytes"] = float(reserved)
-                self.run.probes[f"cuda{i}_peak_allocated_bytes"] = float(torch.cuda.max_memory_allocated(i))
-                self.run.probes[f"cuda{i}_total_bytes"] = float(total)
+                self.run.allocator_peaks.append(AllocatorPeak(
+                    "PyTorch", i, int(reserved), total=int(total),
+                    peak_allocated=int(torch.cuda.max_memory_allocated(i))))
 
 
 def _ref(obj: Any) -> Callable[[], Any] | None:
