@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from loadprof.advice import NO_GAIN, Recommendation
-from loadprof.advice.base import CEILING, change_of
+from loadprof.advice.base import CEILING, change_of, speedup_text
 from loadprof.experiments.trial import TrialResult, TrialSpec, run_trial
 from loadprof.fixes.spec import Changes
 from loadprof.jsonio import write_json
@@ -167,7 +167,8 @@ def measure(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
         bases.append(base)
         report = build_report(base.run)
         warned = "".join(f", warning {w.id}" for w in report.warnings)
-        said = [r.id + (f" ~{r.estimated_speedup:.2f}x" if r.estimated_speedup else "") for r in report.recommendations]
+        said = [r.id + (f" {speedup_text(r.estimated_speedup, r.bound)}" if r.estimated_speedup else "")
+                for r in report.recommendations]
         print(f"  diagnosed {report.headline()}{warned}; recommends {', '.join(said) or '-'}",
               file=sys.stderr, flush=True)
         verdicts.append(f"{report.verdict} ({report.cause}){warned}")
@@ -232,6 +233,7 @@ def measure(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
         }
     for rid in recs:
         rows.setdefault(rid, {"example": example, "id": rid, "status": "not run"})
+        rows[rid]["bound"] = recs[rid].bound
     if not rows:
         rows["-"] = {"example": example, "id": "-", "status": "nothing recommended"}
     for row in rows.values():
@@ -328,12 +330,20 @@ def run(argv: list[str] | None = None) -> int:
     print(f"{'example':<{width}} {'recommendation':<22} {'estimated':>9} {'measured':>9} {'error':>7}  change / status")
     errors: list[float] = []
     step_errors: list[float] = []
+    held: list[bool] = []  # an upper bound held: measured at most the bound, within the target
     for row in rows:
+        est_text = (("<=" if row.get("bound") else "") + f"{row['estimated']:.2f}x") if row.get("estimated") else "-"
         if row["status"] == "measured":
             runs = ", ".join(f"{m:.2f}x" for m in row["measured_runs"])
             if row["error"] is None:
                 print(f"{row['example']:<{width}} {row['id']:<22} {'none':>9} {row['measured']:>8.2f}x {'-':>7}  "
                       f"{row['change']} (runs {runs}; the advice gave no estimate)")
+                continue
+            if row.get("bound"):
+                held.append(row["error"] >= -TARGET)
+                print(f"{row['example']:<{width}} {row['id']:<22} {est_text:>9} {row['measured']:>8.2f}x "
+                      f"{row['error']:>+6.0%}  {row['change']} (runs {runs}; an upper bound: "
+                      f"{'held' if held[-1] else 'did not hold'})")
                 continue
             errors.append(abs(row["error"]))
             if row["error_median_step"] is not None:
@@ -341,16 +351,19 @@ def run(argv: list[str] | None = None) -> int:
                 by_step = f"; median step {row['measured_median_step']:.2f}x, error {row['error_median_step']:+.0%}"
             else:
                 by_step = ""
-            print(f"{row['example']:<{width}} {row['id']:<22} {row['estimated']:>8.2f}x {row['measured']:>8.2f}x "
+            print(f"{row['example']:<{width}} {row['id']:<22} {est_text:>9} {row['measured']:>8.2f}x "
                   f"{row['error']:>+6.0%}  {row['change']} (runs {runs}{by_step})")
         else:
-            est = f"{row['estimated']:.2f}x" if row.get("estimated") else "-"
-            print(f"{row['example']:<{width}} {row['id']:<22} {est:>9} {'-':>9} {'-':>7}  {row['status']}")
+            print(f"{row['example']:<{width}} {row['id']:<22} {est_text:>9} {'-':>9} {'-':>7}  {row['status']}")
     advised = [row for row in rows if row["id"] != "-" and row["id"] not in NOT_SPEED
                and not row["id"].endswith("(not advised)")]
     carried = sum(row.get("estimated") is not None for row in advised)
-    print(f"{carried} of {len(advised)} speed recommendations carry an estimate "
-          f"({carried / max(1, len(advised)):.0%}; target {COVERAGE:.0%})")
+    bounds = sum(row.get("estimated") is not None and bool(row.get("bound")) for row in advised)
+    print(f"{carried} of {len(advised)} speed recommendations carry a figure "
+          f"({carried / max(1, len(advised)):.0%}; target {COVERAGE:.0%}): {carried - bounds} an estimate, "
+          f"{bounds} an upper bound (the most the change buys)")
+    if held:
+        print(f"upper bounds: {sum(held)} of {len(held)} held (measured at most the bound, within {TARGET:.0%})")
     if errors:
         within = sum(e <= TARGET for e in errors)
         print(f"mean absolute error {statistics.fmean(errors):.0%} over {len(errors)} estimate(s); "

@@ -36,9 +36,19 @@ class Recommendation:
     estimated_speedup: float | None = None
     basis: str = ""
     framework: str = "torch"
+    #: the estimate is the most the change can buy (the measured time it removes gone
+    #: entirely, as code that costs nothing would), not a prediction of what it buys
+    bound: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def speedup_text(speedup: float | None, bound: bool = False) -> str:
+    """An estimate as every report shows it: "~1.40x", "up to 3.36x", "" for none."""
+    if not speedup:
+        return ""
+    return f"up to {speedup:.2f}x" if bound else f"~{speedup:.2f}x"
 
 
 #: the what-if replay with no loading (``Changes(repeat_batch=True).describe()``): the model alone

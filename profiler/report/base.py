@@ -47,6 +47,9 @@ class Advice(Protocol):
     def estimated_speedup(self) -> float | None: ...
 
     @property
+    def bound(self) -> bool: ...
+
+    @property
     def basis(self) -> str: ...
 
 

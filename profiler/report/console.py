@@ -11,6 +11,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from ..advice.base import speedup_text
 from ..cost import cost_line
 from ..waits import waits_line
 from ..whatif import summary as whatif_summary
@@ -111,7 +112,7 @@ def print_recommendation(c: Console, i: int, r: Advice, where: str = "") -> None
     title = Text(f"{i}. {r.title} ", style="bold")
     title.append(f"[{r.id}]", style="cyan")
     if r.estimated_speedup:
-        title.append(f"  ~{r.estimated_speedup:.2f}x ({r.basis})", style="green")
+        title.append(f"  {speedup_text(r.estimated_speedup, r.bound)} ({r.basis})", style="green")
     if where:
         title.append(f"  {where}", style="green")
     c.print(title)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..advice.base import speedup_text
 from ..jsonio import write_text_atomic
 from ..waits import waits_line
 from ..whatif import summary as whatif_summary
@@ -117,7 +118,8 @@ class HtmlPageRenderer:
         d, run = report.diagnosis, report.run
         head = _Head(d.verdict, d.cause, d.confidence, d.summary, list(report.warnings))  # with the run's notices
         evidence = [(ev.label, ev.display, ev.threshold, ev.source) for ev in d.evidence]
-        recs = [(r.title, r.id, r.detail, r.code, r.estimated_speedup, r.basis, "") for r in report.recommendations]
+        recs = [(r.title, r.id, r.detail, r.code, speedup_text(r.estimated_speedup, r.bound), r.basis, "")
+                for r in report.recommendations]
         title = f"loadprof report: {_script(run.command)}"
         return _report_page(title, _started(run), head, report, evidence, recs, "", list(report.limitations),
                             self.buckets, report.cost)
@@ -143,7 +145,8 @@ class HtmlPageRenderer:
             note = (f"for rank{'s' if len(r.ranks) > 1 else ''} {', '.join(str(k) for k in r.ranks)}"
                     if r.ranks else "")
             rec = r.recommendation
-            recs.append((rec.title, rec.id, rec.detail, rec.code, rec.estimated_speedup, rec.basis, note))
+            recs.append((rec.title, rec.id, rec.detail, rec.code, speedup_text(rec.estimated_speedup, rec.bound),
+                         rec.basis, note))
         title = f"loadprof job report: {_script(first.run.command)}, {job.job.world_size} ranks"
         started = (f"{_started(first.run)}; the charts over time are rank {first.rank}'s "
                    f"(it sets the job's pace); every rank is in Ranks below")
@@ -207,7 +210,7 @@ def _report_page(title: str, started: str, head: _Head, report: RunReport, evide
     out.append("<h2>Recommendations</h2>")
     if recs:
         for i, (rtitle, rid, detail, code, speedup, basis, note) in enumerate(recs, 1):
-            est = (f" <span class='est'>~{speedup:.2f}x ({_e(basis)})</span>" if speedup else
+            est = (f" <span class='est'>{_e(speedup)} ({_e(basis)})</span>" if speedup else
                    f" <span class='muted'>({_e(basis)})</span>" if basis else "")
             where = f" <span class='muted'>{_e(note)}</span>" if note else ""
             out.append(f"<div class='rec'><b>{i}. {_e(rtitle)}</b> <span class='id'>[{_e(rid)}]</span>{est}{where}"

@@ -65,6 +65,10 @@ class JobRecommendation:
         return self.recommendation.estimated_speedup
 
     @property
+    def bound(self) -> bool:
+        return self.recommendation.bound
+
+    @property
     def basis(self) -> str:
         return self.recommendation.basis
 

@@ -9,6 +9,8 @@ import html
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ..advice.base import speedup_text
+
 if TYPE_CHECKING:
     from .base import Advice, Report
 
@@ -18,8 +20,8 @@ _COLOURS = {"data-starved": "#c62828", "memory-bound": "#8e24aa", "host-bound": 
 
 
 def _speedup(r: Advice) -> str:
-    est = r.estimated_speedup
-    return f" ~{est:.2f}x ({r.basis})" if est else ""
+    est = speedup_text(r.estimated_speedup, r.bound)
+    return f" {est} ({r.basis})" if est else ""
 
 
 def _cost(report: Report) -> str:
