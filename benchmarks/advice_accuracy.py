@@ -68,8 +68,10 @@ class Example(NamedTuple):
 
 
 EXAMPLES: dict[str, Example] = {
-    "torch_starved": Example("examples/torch_starved.py", ["--epochs", "50"]),
-    "torch_starved_1thread": Example("examples/torch_starved.py", ["--epochs", "50"], {"OMP_NUM_THREADS": "1"}),
+    "torch_starved": Example("examples/torch_starved.py", ["--epochs", "50"],
+                             flags={"offline_preprocessing": ["--offline"]}),
+    "torch_starved_1thread": Example("examples/torch_starved.py", ["--epochs", "50"], {"OMP_NUM_THREADS": "1"},
+                                     flags={"offline_preprocessing": ["--offline"]}),
     "torch_fixed": Example("examples/torch_fixed.py", ["--epochs", "50"]),
     # 4 batches an epoch: the warm-up steps hold the epoch that fills a cache
     "torch_decode_bound": Example("examples/torch_decode_bound.py", ["--epochs", "50", "--images", "128"],
@@ -80,7 +82,8 @@ EXAMPLES: dict[str, Example] = {
                               flags={"slow_stage": ["--vectorised"]}),
     "text_tokens": Example("benchmarks/advice_scripts/text_tokens.py", ["--epochs", "50"],
                            flags={"batched_getitems": ["--batched"]}),
-    "remote_reads": Example("benchmarks/advice_scripts/remote_reads.py", ["--epochs", "50"]),
+    "remote_reads": Example("benchmarks/advice_scripts/remote_reads.py", ["--epochs", "50"],
+                            flags={"convert_format": ["--packed"]}),
     "tfdata_map": Example("benchmarks/advice_scripts/tfdata_map.py", ["--epochs", "50"]),
     "compute_bound": Example("benchmarks/advice_scripts/compute_bound.py", ["--epochs", "50"]),
     "npy_patches": Example("benchmarks/advice_scripts/npy_patches.py", ["--epochs", "50"]),

@@ -37,6 +37,7 @@ __all__ = [
     "IDXSource",
     "CSVSource",
     "TorchDatasetSource",
+    "as_sample",
     "open_source",
     "read_idx",
     "IMG_EXTENSIONS",
@@ -799,10 +800,11 @@ class TorchDatasetSource(Source):
                 item = self.dataset[i]
             except Exception as exc:
                 raise ConvertError(f"{where}: raised {type(exc).__name__}: {exc}") from exc
-            yield where, _as_sample(item, where)
+            yield where, as_sample(item, where)
 
 
-def _as_sample(item: Any, where: str) -> dict[str, Any]:
+def as_sample(item: Any, where: str) -> dict[str, Any]:
+    """A dataset's item as the fields of one sample (TorchDatasetSource's rule)."""
     if isinstance(item, dict):
         return {str(k): v for k, v in item.items()}
     if isinstance(item, (tuple, list)):

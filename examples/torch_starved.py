@@ -42,6 +42,27 @@ class SyntheticImages(Dataset):
         return x, int(self.labels[i])
 
 
+#: the dataset `loadprof convert __main__:DATA` stores (its items are the same at every read)
+DATA: Dataset | None = None
+_FOLDER = None
+
+
+def stored(data: Dataset) -> Dataset:
+    """The dataset's items, preprocessed once into an HDF5 file and read back from it."""
+    import os
+    import tempfile
+
+    from loadprof.converters.conversion import ConvertOptions, convert
+    from loadprof.converters.torch import HDF5Dataset
+
+    global DATA, _FOLDER
+    DATA = data
+    _FOLDER = tempfile.TemporaryDirectory(prefix="torch_starved-")  # removed when the script ends
+    path = os.path.join(_FOLDER.name, "preprocessed.h5")
+    convert("__main__:DATA", path, ConvertOptions(to="hdf5", progress=False))
+    return HDF5Dataset(path, transform=lambda s: (torch.from_numpy(s["input"]), int(s["label"])))
+
+
 def model() -> nn.Module:
     return nn.Sequential(
         nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
@@ -56,12 +77,17 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--offline", action="store_true",
+                        help="preprocess every item once into an HDF5 file (as `loadprof convert` stores a "
+                             "dataset), then train from it: the offline advice, applied")
     args = parser.parse_args()
 
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    loader = DataLoader(SyntheticImages(args.samples), batch_size=args.batch_size, shuffle=True,
-                        num_workers=args.workers)
+    data: Dataset = SyntheticImages(args.samples)
+    if args.offline:
+        data = stored(data)
+    loader = DataLoader(data, batch_size=args.batch_size, shuffle=True, num_workers=args.workers)
     net = model().to(device)
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()

@@ -580,11 +580,12 @@ class Profile:
         """The what-if replays between two steps, once the step is held (NOTE [ What-if
         replays ] in whatif.py): the hooks inert meanwhile, and the pause taken out of the
         run's times at the end (``_close_pause``)."""
-        run = self._run_so_far()
-        run.environment = dataclasses.replace(run.environment, intra_op_threads=_intra_op_threads())  # for the plan
         t0 = time.perf_counter()
         try:
             with hooks.suspended():
+                hooks.check_items()  # the plan's cache and offline copies need it
+                run = self._run_so_far()
+                run.environment = dataclasses.replace(run.environment, intra_op_threads=_intra_op_threads())
                 self._measure_changes(run)
         except Exception as err:  # NOTE [ Never break the run ]
             self.run.whatif_skipped = f"the replays failed ({type(err).__name__}: {_first_line(err)})"

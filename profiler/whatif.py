@@ -38,7 +38,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .advice.base import CEILING, Recommendation, replayed_change
+from .advice.base import CEILING, STORED_COPY, Recommendation, replayed_change
 from .fixes.spec import Changes
 from .records import WhatIf
 
@@ -46,7 +46,8 @@ if TYPE_CHECKING:
     from .frameworks.torch.stepcapture import StepCapture
 
 #: the advice measured by a replay (the rest changes the code, or the optimisation)
-MEASURED_IDS = ("num_workers", "prefetch", "cache", "pin_memory", "mixed_precision", "threads")
+MEASURED_IDS = ("num_workers", "prefetch", "cache", "pin_memory", "mixed_precision", "threads",
+                "offline_preprocessing", "convert_format")
 #: changes measured in one run, and the default time they may take in all (seconds)
 MAX_CHANGES = 6
 DEFAULT_BUDGET_S = 20.0
@@ -151,10 +152,11 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     quiet = warnings.catch_warnings()  # the loader's own (more workers than cores) are the advice's to give
     quiet.__enter__()
     warnings.simplefilter("ignore")
+    items = _Items(capture.loader)
     try:
         capture.model.train(capture.training)
         step = _Step(capture)
-        first = _replay(capture, step, Changes(), threads, 0.0, budget / (len(configs) + 2), interrupted)
+        first = _replay(capture, step, Changes(), threads, 0.0, budget / (len(configs) + 2), interrupted, items)
         if first is None:
             return [], "the run's own settings could not be replayed in the time given"
         extra = max(0.0, run_compute - first.compute)
@@ -169,7 +171,7 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
                 if left <= 0 or (rounds and left < _slice(best, i, 1.0)):
                     break
                 got = _replay(capture, step, change, threads, extra, min(left, budget / (len(configs) + 2)),
-                              interrupted)
+                              interrupted, items)
                 if got is not None:
                     best[i] = best[i].joined(got) if i in best else got
             rounds += 1
@@ -180,6 +182,7 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
         capture.model.train(training)
         saved.restore()
         quiet.__exit__(None, None, None)
+        items.close()
     if 0 not in best:
         return [], "the run's own settings could not be replayed in the time given"
     base = best[0]
@@ -211,7 +214,7 @@ class _Result:
 
 
 def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, extra: float, slice_s: float,
-            interrupted: Callable[[], bool]) -> _Result | None:
+            interrupted: Callable[[], bool], items: _Items) -> _Result | None:
     """One replay: seconds a step and seconds of it outside the batch's wait, or None.
     ``threads``: the run's intra-op threads, set again for each replay that does not change
     them (a replay of fewer threads must not run the replays after it on as few)."""
@@ -223,7 +226,9 @@ def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, ex
     torch.set_num_threads(change.threads or threads)
     amp = _autocast(change, device)
     with internal():  # loadprof's own loader: a trial's fixes leave it as it is
-        loader = _loader_for(capture.loader, change)
+        loader = _loader_for(capture.loader, change, items)
+        if loader is None:
+            return None
         t_iter = time.perf_counter()
         it = iter(loader)
     n, waited, t_start, start = 0, 0.0, 0.0, 0.0
@@ -343,8 +348,9 @@ def _scalar(out: Any, torch: Any, depth: int = 0) -> Any:
     return None
 
 
-def _loader_for(loader: Any, change: Changes) -> Any:
-    """A loader like the run's (``tune_loader``'s), with the change's settings."""
+def _loader_for(loader: Any, change: Changes, items: _Items) -> Any:
+    """A loader like the run's (``tune_loader``'s), with the change's settings (None: the
+    change's items could not be made: a stored copy of items HDF5 cannot hold)."""
     from .frameworks.torch.loadertune import _loader_like
 
     settings: dict[str, Any] = {}
@@ -357,7 +363,10 @@ def _loader_for(loader: Any, change: Changes) -> Any:
     if change.repeat_batch:
         return _OneBatch(next(iter(_loader_like(loader, num_workers=0))))
     if change.cache:
-        return _loader_like(loader, dataset=_HeldItems.read(loader), **settings)
+        return _loader_like(loader, dataset=items.held(), **settings)
+    if change.stored:
+        stored = items.stored()
+        return None if stored is None else _loader_like(loader, dataset=stored, **settings)
     return _loader_like(loader, **settings)
 
 
@@ -403,6 +412,78 @@ class _HeldItems:
             indices = [i for _, i in zip(range(CACHE_BATCHES * size), iter(loader.sampler), strict=False)]
         items = [dataset[i] for i in indices] or [dataset[0]]
         return cls(items, len(dataset))
+
+
+class _StoredItems:
+    """An offline copy as ``loadprof convert`` stores one, for the replay: the held items
+    written to an HDF5 file and read back through ``HDF5Dataset``, each read checked
+    against its stored checksum as a user's would be; any index reads one of them."""
+
+    def __init__(self, dataset: Any, length: int) -> None:
+        self.dataset, self.length, self.count = dataset, length, len(dataset)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index % self.count]
+
+    @classmethod
+    def write(cls, held: _HeldItems, path: str) -> _StoredItems:
+        from .converters.hdf5 import HDF5Writer
+        from .converters.schema import Schema
+        from .converters.sources import as_sample
+        from .converters.torch import HDF5Dataset
+
+        samples = [as_sample(item, f"held item {i}") for i, item in enumerate(held.items)]
+        schema = Schema.infer(samples[0], "held item 0")
+        writer = HDF5Writer(path, schema, expected=len(samples))
+        try:
+            for i, sample in enumerate(samples):
+                writer.write(schema.check(sample, f"held item {i}"))
+            writer.close({})
+        except BaseException:
+            writer.abort()
+            raise
+        return cls(HDF5Dataset(path), held.length)
+
+
+class _Items:
+    """The items the cache and offline-copy replays read, made once per measurement (its
+    rounds reuse them); the copy's file lives in a temporary folder removed at ``close``."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self._held: _HeldItems | None = None
+        self._stored: _StoredItems | None = None
+        self._folder: Any = None
+        self.problem = ""
+
+    def held(self) -> _HeldItems:
+        if self._held is None:
+            self._held = _HeldItems.read(self.loader)
+        return self._held
+
+    def stored(self) -> _StoredItems | None:
+        if self._stored is None and not self.problem:
+            import os
+            import tempfile
+
+            from .converters.errors import ConvertError
+
+            self._folder = tempfile.TemporaryDirectory(prefix="loadprof-stored-")
+            try:
+                self._stored = _StoredItems.write(self.held(), os.path.join(self._folder.name, "items.h5"))
+            except Exception as err:  # an item HDF5 cannot hold (a str, an object): no copy to read
+                self.problem = (f"its items cannot be stored in HDF5 ({err})" if isinstance(err, ConvertError)
+                                else f"its items cannot be stored in HDF5 ({type(err).__name__}: {err})")
+        return self._stored
+
+    def close(self) -> None:
+        self._stored = None
+        if self._folder is not None:
+            self._folder.cleanup()
+            self._folder = None
 
 
 def _autocast(change: Changes, device: Any) -> Callable[[], Any]:
@@ -498,7 +579,8 @@ def summary(run: Any) -> str:
         from .advice import NO_GAIN
 
         parts = [f"with no loading at all (the model alone) {speedup(w):.2f}x" if w.change == CEILING else
-                 f"{w.change} {speedup(w):.2f}x" + (" (no gain: not advised)" if speedup(w) < NO_GAIN else "")
+                 f"{'an HDF5 copy of the items' if w.change == STORED_COPY else w.change} {speedup(w):.2f}x"
+                 + (" (no gain: not advised)" if speedup(w) < NO_GAIN else "")
                  for w in run.whatif]
         return (f"Measured on the job's own step, {run.whatif_seconds:.1f} s: "
                 + ", ".join(parts))

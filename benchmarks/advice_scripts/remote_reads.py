@@ -35,12 +35,30 @@ class RemoteFiles(Dataset):
         return x, i % 10
 
 
+#: the dataset `loadprof convert __main__:FILES` packs
+FILES: Dataset | None = None
+
+
+def packed(data: Dataset, folder: str) -> Dataset:
+    """The files' samples packed into one HDF5 file (read once, from the slow storage)."""
+    from loadprof.converters.conversion import ConvertOptions, convert
+    from loadprof.converters.torch import HDF5Dataset
+
+    global FILES
+    FILES = data
+    path = os.path.join(folder, "packed.h5")  # removed with the folder
+    convert("__main__:FILES", path, ConvertOptions(to="hdf5", progress=False))
+    return HDF5Dataset(path, transform=lambda s: (torch.from_numpy(s["input"]), int(s["label"])))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--samples", type=int, default=1024)
     parser.add_argument("--latency-ms", type=float, default=2.0)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--packed", action="store_true",
+                        help="pack the files into one HDF5 file first (`loadprof convert`), then read from it")
     args = parser.parse_args()
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -48,7 +66,9 @@ def main() -> None:
         rng = np.random.default_rng(0)
         for i in range(args.samples):
             rng.standard_normal(256, dtype=np.float32).tofile(os.path.join(folder, f"{i:06d}.bin"))
-        data = RemoteFiles(folder, args.latency_ms / 1000)
+        data: Dataset = RemoteFiles(folder, args.latency_ms / 1000)
+        if args.packed:
+            data = packed(data, folder)
         loader = DataLoader(data, batch_size=16, shuffle=True, num_workers=args.workers)
         net = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10)).to(device)
         opt = torch.optim.SGD(net.parameters(), lr=0.01)

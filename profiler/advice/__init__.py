@@ -26,8 +26,9 @@ import math
 from ..diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Thresholds, steady_wait
 from ..frameworks import for_loader
 from ..loaderhost import restart_cost
-from ..records import Run, WhatIf
-from .base import IDS, MEASURE, NO_GAIN, Recommendation, replayed_change
+from ..records import LoaderInfo, Run, WhatIf
+from ..stagemodel import loading
+from .base import IDS, MEASURE, NO_GAIN, STORED_IDS, Recommendation, replay_name, replayed_change
 from .compute import compute_advice, host_bound_advice, threads_advice
 from .loader import (
     compute_cpu_per_step,
@@ -90,9 +91,31 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
     if cause != "shared-memory" and any(wid == "shm-small" for wid, _ in diagnosis.warnings):
         out.insert(0, shm_advice(run, m))
     out = stage_advice(run, diagnosis, out)
+    _stored_copies(run, loader, out)
     return measured(run, out)
 
 
+def _stored_copies(run: Run, loader: LoaderInfo | None, recs: list[Recommendation]) -> None:
+    """Mark the offline advice a replay can measure: a copy of whole items, where an item
+    read twice gave the same data (nothing random to keep online) from a map-style dataset;
+    a packed copy of files only where nothing costly follows the read (a decode would)."""
+    if loader is None or loader.items_repeat is not True or loader.iterable:
+        return
+    load = loading(run, loader)
+    after_read = sum(r.share for r in load.rows if r.kind in ("decode", "transform")) if load else 0.0
+    for rec in recs:
+        if rec.framework != "torch" or rec.id not in STORED_IDS:
+            continue
+        if rec.id == "convert_format" and after_read >= PACKED_AFTER_READ:
+            continue
+        rec.values["stored_items"] = True
+
+
+
+
+#: a packed copy of the files is measured as whole items only where the stages after
+#: the read (decodes, transforms) are less than this share of loading
+PACKED_AFTER_READ = 0.1
 
 
 def _whole_job(run: Run, rec: Recommendation, w: WhatIf, gain: float) -> tuple[float, str] | None:
@@ -141,7 +164,7 @@ def measured(run: Run, recs: list[Recommendation]) -> list[Recommendation]:
         if gain < NO_GAIN:
             continue
         rec.estimated_speedup = round(gain, 2)
-        rec.basis = (f"measured: the job's own step replayed with {w.change}, "
+        rec.basis = (f"measured: the job's own step replayed with {replay_name(w.change)}, "
                      f"{w.seconds_per_step * 1e3:.1f} ms against {w.baseline_seconds_per_step * 1e3:.1f} ms "
                      f"as it ran, {w.steps} steps each")
         whole = _whole_job(run, rec, w, gain)

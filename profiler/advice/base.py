@@ -53,6 +53,16 @@ def speedup_text(speedup: float | None, bound: bool = False) -> str:
 
 #: the what-if replay with no loading (``Changes(repeat_batch=True).describe()``): the model alone
 CEILING = "repeat_batch"
+#: the what-if replay of the offline copy (``Changes(stored=True).describe()``)
+STORED_COPY = "stored"
+
+
+def replay_name(change: str) -> str:
+    """How the reports name a replayed change: its fix's words, or what a measurement-only
+    replay read."""
+    if change == STORED_COPY:
+        return "its items read from an HDF5 copy (written for the replay, read from the page cache)"
+    return change
 
 #: a change measured this much slower or less is not advised: the replays' noise
 NO_GAIN = 1.02
@@ -105,9 +115,17 @@ def change_of(rec: Recommendation) -> Changes | None:
     return None
 
 
+#: the advice whose gain is reading a stored copy of the items (``values["stored_items"]``:
+#: the copy holds whole items, the dataset's own output, so a replay can read one)
+STORED_IDS = ("offline_preprocessing", "convert_format")
+
+
 def replayed_change(rec: Recommendation) -> Changes | None:
     """The change a what-if replay measures for a recommendation: ``change_of`` less
-    ``persistent_workers`` (a replay measures steady steps: no epoch starts)."""
+    ``persistent_workers`` (a replay measures steady steps: no epoch starts); a stored
+    copy of whole items read instead of the dataset."""
+    if rec.id in STORED_IDS and rec.values.get("stored_items"):
+        return Changes(stored=True)
     change = change_of(rec)
     if change is not None:
         change.persistent_workers = None

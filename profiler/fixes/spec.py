@@ -47,6 +47,9 @@ class Changes:
     #: Measurement only, never recommended: every batch of a torch DataLoader is
     #: its first batch again, so the loop runs at the model-only rate.
     repeat_batch: bool = False
+    #: Measurement only (a what-if replay): a map-style dataset's items read from an
+    #: HDF5 copy of them, as ``loadprof convert`` stores one (the offline advice).
+    stored: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_workers", "prefetch_factor", "accumulation", "threads"):

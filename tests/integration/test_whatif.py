@@ -8,6 +8,7 @@ import io
 import json
 import os
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -47,6 +48,13 @@ def test_a_storage_bound_loop_gets_measured_worker_and_cache_estimates_and_is_le
     # the loop waits on sleeps ~9x its compute: a cache takes the sleeps away
     assert cache.estimated_speedup is not None and cache.estimated_speedup > 1.5
     assert "whole_job_speedup" in cache.values and "whole job" in cache.basis
+    # the packed copy the advice proposes, read back as a user would read it: an HDF5 file of
+    # the items, written for the replay in a temporary folder and removed after
+    assert "stored" in measured, (measured, run.whatif_skipped)
+    packed = recs["convert_format"]
+    assert "an HDF5 copy" in packed.basis and packed.estimated_speedup is not None
+    assert packed.estimated_speedup > 1.5 and packed.values["stored_items"] is True
+    assert not [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("loadprof-stored-")]
     assert 0 < run.whatif_seconds <= 15.0 + 5.0
     # 48 steps: the replays ran between two steps, and that pause is out of the run's times
     assert len(run.steps) == 48
@@ -231,3 +239,26 @@ def test_only_the_threads_replay_runs_on_fewer_threads() -> None:
     ones = [calls for n, calls in blocks if n == 1]
     assert ones and max(ones) <= WARMUP_STEPS + MAX_STEPS, blocks
     assert blocks[-1][0] == 2
+
+
+class _Named(torch.utils.data.Dataset):
+    """Items HDF5 cannot hold: a str beside each tensor."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        return {"x": torch.full((4,), float(i)), "name": f"item {i}"}
+
+
+def test_items_hdf5_cannot_hold_get_no_stored_copy_and_leave_nothing_behind() -> None:
+    from loadprof.whatif import _Items
+
+    items = _Items(DataLoader(_Named(), batch_size=8))
+    try:
+        assert items.stored() is None
+        assert "cannot be stored in HDF5" in items.problem and "name" in items.problem
+        assert len(items.held()) == 64  # the cache's replay still reads them
+    finally:
+        items.close()
+    assert not [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("loadprof-stored-")]

@@ -150,7 +150,8 @@ class TorchHooks:
         self.run.limitations.extend(f"torch: {line}" for line in self._patches.restore())
         self._stages.finish([info for _, info in self._loaders.values()])
         self.run.limitations.extend(self._stages.limitations)
-        self._check_items()
+        self.check_items()
+        self._datasets.clear()
         self._collect_cuda_facts()
         self._collect_peak()
 
@@ -405,16 +406,17 @@ class TorchHooks:
             self._datasets[id(loader)] = dataset
         return info
 
-    def _check_items(self) -> None:
-        """Whether the training loaders' items repeat, for the cache advice
-        (NOTE [ Reading items in a forked child ] in itemcheck.py)."""
-        checked = 0
-        datasets, self._datasets = self._datasets, {}
+    def check_items(self) -> None:
+        """Whether the training loaders' items repeat, for the cache and offline advice
+        (NOTE [ Reading items in a forked child ] in itemcheck.py): each loader once, when
+        it has been trained on (before the what-if replays plan, and at the end)."""
+        checked = sum(info.items_repeat is not None for _, info in self._loaders.values())
         for key, (_, info) in self._loaders.items():
-            dataset = datasets.get(key)
+            dataset = self._datasets.get(key)
             if dataset is None or info.iterations <= info.eval_iterations or checked >= MAX_ITEM_CHECKS:
                 continue
             checked += 1
+            del self._datasets[key]
             info.items_repeat = items_repeat(dataset)
 
     def _collect_cuda_facts(self) -> None:
