@@ -59,6 +59,40 @@ def test_a_prefetch_follows_each_batch_that_had_none(builds: Builds) -> None:
     assert builds.rebuild(tf.data.Dataset.range(8).map(lambda x: x, num_parallel_calls=2), "parallel_map") is None
 
 
+def test_a_cache_holds_the_deterministic_maps_output_and_the_random_map_runs_after_it(builds: Builds) -> None:
+    ds = (tf.data.Dataset.range(64).map(lambda x: tf.cast(x, tf.float32) * 2.0)
+          .map(lambda v: v + tf.random.uniform(())).batch(8))
+    again = builds.rebuild(ds, "cache")
+    assert again is not None
+    ops = _ops(again)
+    assert ops.index("MapDataset") < ops.index("CacheDatasetV2") < ops.index("RepeatDataset") \
+        < len(ops) - 1 - ops[::-1].index("MapDataset")  # take, cache, repeat between the two maps
+    held = {round(v) for batch in again.take(12) for v in batch.numpy().tolist()}
+    assert held <= {2 * i + d for i in range(32) for d in (0, 1)}  # 4 batches of 8 held, cycled
+    # a first map that is random, or a pipeline that caches already: nothing to rebuild
+    random_first = tf.data.Dataset.range(8).map(lambda x: tf.cast(x, tf.float32) + tf.random.uniform(()))
+    assert builds.rebuild(random_first.batch(2), "cache") is None
+    assert builds.rebuild(tf.data.Dataset.range(8).map(lambda x: x * 2).cache().batch(2), "cache") is None
+
+
+def test_the_cache_fix_goes_after_the_deterministic_maps_and_shuffles_again_after_it() -> None:
+    from loadprof.fixes import Applier, Changes
+
+    applier = Applier(Changes(cache=True))
+    with Profile(apply=applier, print_report=False, gpu=False, what_if=0):
+        ds = (tf.data.Dataset.from_tensor_slices(np.arange(64, dtype=np.float32)).shuffle(64)
+              .map(lambda v: v * 2.0).map(lambda v: v + tf.random.uniform(())).batch(8))
+        epochs = [[v for b in ds for v in b.numpy().tolist()] for _ in range(2)]
+    said = "\n".join(applier.messages)
+    assert ".cache() inserted before it" in said and "the shuffle done again after it" in said, said
+    ops = _ops(ds)
+    assert ops.index("CacheDatasetV2") < len(ops) - 1 - ops[::-1].index("ShuffleDatasetV3")  # shuffled after
+    for epoch in epochs:  # every element each epoch (2 i + a draw in [0, 1))
+        assert sorted(int(v // 2) for v in epoch) == list(range(64))
+    assert sorted(v % 2 for v in epochs[0]) != sorted(v % 2 for v in epochs[1])  # the random map online
+    assert [int(v // 2) for v in epochs[0]] != [int(v // 2) for v in epochs[1]]  # each epoch its own order
+
+
 def test_a_pipeline_built_before_the_notes_began_is_not_rebuilt() -> None:
     ds = tf.data.Dataset.range(8).map(lambda x: x).batch(2)
     patches = Patches("test rebuild")
@@ -67,7 +101,7 @@ def test_a_pipeline_built_before_the_notes_began_is_not_rebuilt() -> None:
     try:
         assert noted.rebuild(ds, "parallel_map") is None
         with pytest.raises(ValueError, match="change: expected one of"):
-            noted.rebuild(ds, "cache")
+            noted.rebuild(ds, "threads")
     finally:
         patches.restore()
 

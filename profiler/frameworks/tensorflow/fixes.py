@@ -19,6 +19,7 @@ from ...fixes.sites import is_framework_file
 from ...fixes.spec import SiteRecord, short_path
 from ...instrument import ThisProcess
 from ...patch import Patches
+from .rebuild import same_output
 
 if TYPE_CHECKING:
     from ...fixes.context import FixContext
@@ -104,8 +105,20 @@ class TfDataFixes:
         where = f"{short_path(site[0])}:{site[1]}"
         flags = dict(getattr(ds, "_loadprof", {}))
         src = ds
+        if name == "map" and c.cache and flags.get("mapped") and not flags.get("cached") \
+                and not flags.get("cache_refused") and args and callable(args[0]) \
+                and _gives(args[0], ds, flags) is False:
+            # a random map after deterministic ones: the cache goes before it
+            cached = self._insert_cache(ds, where, site, name, flags)
+            if cached is None:
+                flags["cache_refused"] = True
+            else:
+                src = cached
+                flags["cached"] = True
         if name == "map":
             facts["maps"] = facts.get("maps", 0) + 1
+            if args and callable(args[0]):
+                flags["map_fns"] = (*flags.get("map_fns", ()), (ds, args[0]))
             if len(args) < 2 and kwargs.get("num_parallel_calls") is None:
                 facts["sequential_maps"] = facts.get("sequential_maps", 0) + 1
                 if c.parallel_map:
@@ -122,6 +135,8 @@ class TfDataFixes:
             flags["prefetched"] = True
         else:  # shuffle, batch, repeat
             facts[name] = True
+            if name == "shuffle" and not flags.get("cached"):
+                flags["shuffle"] = (args, kwargs)
             if name == "batch":
                 size = args[0] if args else kwargs.get("batch_size")
                 if isinstance(size, int):
@@ -135,7 +150,7 @@ class TfDataFixes:
                                    f"(accumulation over {c.accumulation} micro-batches)")
                     self.a.batch_sizes.append(size)
             if c.cache and not flags.get("cached") and not flags.get("cache_refused") and flags.get("mapped"):
-                cached = self._insert_cache(ds, where, site, name)
+                cached = self._insert_cache(ds, where, site, name, flags)
                 if cached is None:
                     flags["cache_refused"] = True
                 else:
@@ -158,18 +173,25 @@ class TfDataFixes:
     def _record(self, kind: str, site: tuple[str, int], before: dict[str, Any], after: dict[str, Any]) -> None:
         self.a.sites.append(SiteRecord(kind, site[0], site[1], before, after))
 
-    def _insert_cache(self, ds: Any, where: str, site: tuple[str, int], before_op: str) -> Any:
+    def _insert_cache(self, ds: Any, where: str, site: tuple[str, int], before_op: str,
+                      flags: dict[str, Any]) -> Any:
+        """``ds.cache()`` where its elements are the same every epoch and fit in memory; a
+        shuffle before it is done again after it (each epoch's order is the shuffle's, not
+        the cached first epoch's). None: refused, and the trial says why."""
         n = int(ds.cardinality())
         if n < 0:
             self.a.skip(f"tf.data cache at {where}: the dataset's length is unknown or infinite")
             return None
         try:
             first = list(ds.take(PROBE_ITEMS).as_numpy_iterator())
-            second = list(ds.take(PROBE_ITEMS).as_numpy_iterator())
+            if flags.get("shuffle") is not None:  # reads differ in order: each map is called twice instead
+                same = all(_gives(fn, parent, flags) is True for parent, fn in flags.get("map_fns", ()))
+            else:
+                same = same_item(first, list(ds.take(PROBE_ITEMS).as_numpy_iterator()))
         except Exception as exc:  # the pipeline cannot be read eagerly here: leave it
             self.a.skip(f"tf.data cache at {where}: probe failed ({type(exc).__name__})")
             return None
-        if not same_item(first, second):
+        if not same:
             self.a.skip(f"tf.data cache at {where}: elements differ between two reads (random map?): "
                         "a cache would freeze one draw")
             return None
@@ -179,9 +201,19 @@ class TfDataFixes:
             self.a.skip(f"tf.data cache at {where}: about {size / 2**20:.0f} MiB does not fit")
             return None
         cached = self._original("cache")(ds)
+        shuffled = flags.get("shuffle")
+        if shuffled is not None:
+            cached = self._original("shuffle")(cached, *shuffled[0], **shuffled[1])
         self._record(f"tf.data.{before_op}", site, {}, {"cache_before": True})
         self.a.say(f"tf.data {before_op} at {where}: .cache() inserted before it ({n} elements, "
-                   f"about {size / 2**20:.1f} MiB)")
+                   f"about {size / 2**20:.1f} MiB)" + (", the shuffle done again after it" if shuffled else ""))
         self.a.cache_checks[f"{site[0]}:{site[1]}"] = CacheCheck(True, "repeatable reads", n, size)
         return cached
 
+
+def _gives(fn: Any, parent: Any, flags: dict[str, Any]) -> bool | None:
+    """``same_output`` of a map, each answer kept in ``flags``."""
+    seen: dict[int, bool | None] = flags.setdefault("map_same", {})
+    if id(fn) not in seen:
+        seen[id(fn)] = same_output(fn, parent)
+    return seen[id(fn)]

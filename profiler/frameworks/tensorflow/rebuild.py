@@ -9,7 +9,11 @@ finished pipeline down from the dataset the loop iterated to the first one no ca
 transformations again on that source, with the change:
 - ``parallel_map``: ``map(..., num_parallel_calls=tf.data.AUTOTUNE)`` where unset (order
   kept, as ``deterministic`` was);
-- ``prefetch``: ``prefetch(tf.data.AUTOTUNE)`` after each ``batch`` not followed by one.
+- ``prefetch``: ``prefetch(tf.data.AUTOTUNE)`` after each ``batch`` not followed by one;
+- ``cache``: after the last of the maps that give the same output twice (the leading ones,
+  ``maps_repeat``), the elements of ``CACHE_BATCHES`` batches taken, cached and repeated:
+  what follows reads a filled cache, as every epoch after the first would (the fill, an
+  epoch of the maps, is the whole-job figure's to count).
 The functions are the script's own, traced again. The same notes tell whether each map
 gives the same output twice for one element (``maps_repeat``: its function called twice
 eagerly after the run), which decides whether a cache or a stored copy may stand in for it. Nothing is rebuilt from TensorFlow's
@@ -32,7 +36,9 @@ BUILT = ("map", "batch", "padded_batch", "unbatch", "prefetch", "shuffle", "repe
          "enumerate", "map_with_legacy_function", "rebatch", "prefetch_to_device")
 
 #: the changes a rebuild can make (``fixes.Changes`` fields of the same names)
-CHANGES = ("parallel_map", "prefetch")
+CHANGES = ("parallel_map", "prefetch", "cache")
+#: batches of elements a cache rebuild holds (it cycles over them)
+CACHE_BATCHES = 4
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,11 @@ class Builds:
         source, calls = self.chain(ds)
         if not calls:
             return None
+        cache_after = self._cache_point(ds, calls) if change == "cache" else None
+        if change == "cache" and cache_after is None:
+            return None
+        held = CACHE_BATCHES * next((int(c.kwargs.get("batch_size", c.args[0] if c.args else 32))
+                                     for c in calls if c.name in ("batch", "padded_batch")), 32)
         changed = False
         self._quiet.on = True
         try:
@@ -124,45 +135,63 @@ class Builds:
                 if change == "prefetch" and call.name in ("batch", "padded_batch") and following != "prefetch":
                     node = node.prefetch(tf.data.AUTOTUNE)
                     changed = True
+                if i == cache_after:
+                    node = node.take(held).cache().repeat()
+                    changed = True
         finally:
             self._quiet.on = False
         return node if changed else None
+
+    def _cache_point(self, ds: Any, calls: list[_Call]) -> int | None:
+        """The index in ``calls`` of the last map of the leading ones that repeat, where a
+        cache may hold their output; None: the first map is random or unknown, or the
+        pipeline caches already."""
+        if any(c.name == "cache" for c in calls):
+            return None
+        maps = [i for i, c in enumerate(calls) if c.name == "map" and c.args and callable(c.args[0])]
+        point = None
+        for i, same in zip(maps, self.maps_repeat(ds), strict=False):
+            if same is not True:
+                break
+            point = i
+        return point
 
     def maps_repeat(self, ds: Any) -> list[bool | None]:
         """For each ``map`` the pipeline applies, in order: whether it gave the same output
         twice for one element (False: a random augmentation, which a cache or a stored copy
         would freeze; None: not known, the function failed outside its pipeline). Each
         function runs eagerly, twice, after the run."""
-        import numpy as np
-        import tensorflow as tf
 
         _, calls = self.chain(ds)
-        out: list[bool | None] = []
         self._quiet.on = True
         try:
-            for call in calls:
-                if call.name != "map" or not call.args or not callable(call.args[0]):
-                    continue
-                fn = call.args[0]
-                try:
-                    element = next(iter(call.parent.take(1)))
-                    twice = []
-                    for _ in range(2):
-                        got = fn(*element) if isinstance(element, tuple) else fn(element)
-                        twice.append([np.asarray(t) for t in tf.nest.flatten(got)])
-                except Exception:  # the script's own function, called outside its pipeline
-                    out.append(None)
-                    continue
-                a, b = twice
-                out.append(len(a) == len(b) and all(
-                    x.shape == y.shape and np.array_equal(x, y, equal_nan=x.dtype.kind == "f")
-                    for x, y in zip(a, b, strict=True)))
+            return [same_output(call.args[0], call.parent) for call in calls
+                    if call.name == "map" and call.args and callable(call.args[0])]
         finally:
             self._quiet.on = False
-        return out
 
     def install(self, patch: Callable[[Any, str, Callable[[Any], Any]], None], dataset_cls: Any) -> None:
         """Notes the calls of every transformation the dataset class has."""
         for name in BUILT:
             if hasattr(dataset_cls, name):
                 patch(dataset_cls, name, self.wrap(name))
+
+
+def same_output(fn: Any, parent: Any) -> bool | None:
+    """Whether a map's function gave the same output twice for one element of the dataset
+    it maps, called eagerly (False: a random augmentation; None: it failed outside its
+    pipeline, or the dataset is empty)."""
+    import numpy as np
+    import tensorflow as tf
+
+    try:
+        element = next(iter(parent.take(1)))
+        twice = []
+        for _ in range(2):
+            got = fn(*element) if isinstance(element, tuple) else fn(element)
+            twice.append([np.asarray(t) for t in tf.nest.flatten(got)])
+    except Exception:  # the script's own function, called outside its pipeline
+        return None
+    a, b = twice
+    return len(a) == len(b) and all(x.shape == y.shape and np.array_equal(x, y, equal_nan=x.dtype.kind == "f")
+                                    for x, y in zip(a, b, strict=True))

@@ -6,7 +6,8 @@ The differential probes (probe.py) already time the model alone on one batch, af
 run. The replays go one step further: the fit's ``train_function`` (or a custom loop's
 ``tf.function`` step, held once traced where the loop called it on the batch it read, as
 read: ``step(x, y)``) fed a fresh iterator over the pipeline as the script built it, and
-over the same pipeline built again with one advised change (rebuild.py: a parallel map, a prefetch after the batch), in rounds while
+over the same pipeline built again with one advised change (rebuild.py: a parallel map, a prefetch after the batch,
+a filled cache after the deterministic maps), in rounds while
 the budget lasts, each round's calls after two of warm-up (the iterator's start, a shuffle
 buffer filling), the rounds of each averaged. A change whose pipeline is the same is not
 replayed. What the run's steady step took beyond the replayed one (callbacks, the loop's
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from .hooks import TensorFlowHooks
 
 #: the advice a replay measures: the changes a rebuild makes, and mixed precision under fit
-MEASURED_IDS = ("parallel_map", "prefetch", "mixed_precision")
+MEASURED_IDS = ("parallel_map", "prefetch", "cache", "mixed_precision")
 #: a custom loop's step is held at its call after this many (traced by then)
 HOLD_STEP = 4
 #: calls of each replay not timed: the iterator's start, a shuffle buffer filling
@@ -162,6 +163,8 @@ def rebuild_of(change: Changes) -> str | None:
         return "parallel_map"
     if change.prefetch:
         return "prefetch"
+    if change.cache:
+        return "cache"
     return None
 
 
