@@ -109,6 +109,8 @@ def change_of(rec: Recommendation) -> Changes | None:
         return Changes(amp="auto")
     if rec.id == "threads" and isinstance(v.get("threads"), int) and v["threads"] >= 1:
         return Changes(threads=v["threads"])
+    if rec.id == "compile" and rec.framework == "torch":
+        return Changes(compile=True)
     if rec.id == "gradient_accumulation" and isinstance(v.get("accumulation_steps"), int) \
             and v["accumulation_steps"] >= 2:
         return Changes(accumulation=v["accumulation_steps"])

@@ -9,6 +9,11 @@ from ..records import GpuInfo, Run
 from .base import MEASURE, Recommendation
 from .loader import compute_cpu_per_step
 
+#: compiling takes longer than the what-if budget (2-14 s for a small MLP on 2 CPU cores, minutes
+#: for large models): measured by a trial instead
+COMPILE_BASIS = ("no estimate: compiling takes seconds to minutes, beyond the replays' budget; "
+                 "`loadprof tune --fixes compile` measures it, its first call's compile time counted apart")
+
 #: the reason mixed precision on a GPU carries no figure
 TENSOR_CORES = ("no estimate: tensor cores speed up the matrix work, not the rest of the step, and "
                 "their share is not measured here; `loadprof tune` measures it (amp)")
@@ -33,8 +38,7 @@ def host_bound_advice(m: Metrics, tf: bool) -> list[Recommendation]:
             f"The GPU idles {100 - (m.gpu_util_median or 0):.0f}% of the time while the loop is not "
             "waiting for data: the host cannot launch kernels fast enough.",
             "model = torch.compile(model)  # or mode='reduce-overhead' for CUDA graphs",
-            basis="no estimate: the launches it saves depend on the model, and compiling takes the "
-                  "first steps; compare the median step with and without it",
+            basis=COMPILE_BASIS,
         ))
     return out
 
@@ -85,9 +89,9 @@ def compute_advice(run: Run, m: Metrics, tf: bool) -> list[Recommendation]:
             "compile", "Compile the model",
             f"The model's own work sets the pace on {where}: torch.compile fuses its operations and "
             "cuts per-operation overhead. The first steps compile (seconds to minutes); the gain depends "
-            "on the model, so time it: `loadprof diagnose` the changed script and compare the median step.",
+            "on the model, so time it: `loadprof tune --fixes compile` compiles it in a trial.",
             "model = torch.compile(model)",
-            basis="no estimate: the gain depends on the model; compare the median step with and without it",
+            basis=COMPILE_BASIS,
         ))
     peak = m.gpu_memory_peak_fraction
     if m.gpu_in_use and peak is not None and peak < 0.6 and (m.gpu_util_median or 0) < 90:

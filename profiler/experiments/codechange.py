@@ -68,6 +68,9 @@ def describe_changes(winner: TrialResult, base: TrialResult, args: list[str] | N
         parts.append(_accumulation_recipe(winner))
     if ch.get("threads"):
         parts.append(f"# at the top of the script, before the model is built:\ntorch.set_num_threads({ch['threads']})")
+    if ch.get("compile"):
+        parts.append("# after the model is built and moved to its device (its first call compiles):\n"
+                     "model = torch.compile(model)")
     return "\n".join(p for p in parts if p)
 
 

@@ -43,7 +43,7 @@ from .trial import TrialResult, TrialSpec, compare_losses, run_trial
 MAX_ACCUMULATION = 32
 
 #: Fix families ``--fixes`` can name.
-FAMILIES = ("workers", "prefetch", "pin_memory", "cache", "tf_data", "amp", "accumulation", "threads")
+FAMILIES = ("workers", "prefetch", "pin_memory", "cache", "tf_data", "amp", "accumulation", "threads", "compile")
 
 
 @dataclass
@@ -296,7 +296,7 @@ class Search:
             # The model-only rate of the same model cost as the winner: with its mixed
             # precision and accumulation, or a faster compute path would count as input.
             compute = {k: v for k, v in (winner.changes if winner else {}).items()
-                       if k in ("amp", "accumulation", "threads") and v}
+                       if k in ("amp", "accumulation", "threads", "compile") and v}
             label = "ideal (model only" + "".join(f", {k}={v}" for k, v in compute.items()) + ")"
             ideal = self.trial(Candidate(label, Changes(repeat_batch=True, **compute), "ideal",
                                          "every batch is the first batch again"))
@@ -494,6 +494,8 @@ def plan_compute(base: TrialResult, best: TrialResult | None, o: TuneOptions) ->
             out.append((Candidate(ch.describe(), ch, "amp", f"{verdict} on {where}"), ("", "")))
     if "threads" in o.fixes:
         out.extend(_thread_candidates(base, cur, on))
+    if "compile" in o.fixes:
+        out.append(_compile_candidate(base, cur, on))
     if "accumulation" in o.fixes:
         if verdict != "memory-bound":
             out.append((None, ("gradient accumulation", f"{cur.name} is {verdict or 'not measured'}, not memory-bound: "
@@ -502,6 +504,19 @@ def plan_compute(base: TrialResult, best: TrialResult | None, o: TuneOptions) ->
             ch = on.merged(Changes(accumulation=2))
             out.append((Candidate(ch.describe(), ch, "accumulation", "memory-bound"), ("", "")))
     return out
+
+
+def _compile_candidate(base: TrialResult, cur: TrialResult, on: Changes) -> tuple[Candidate | None, tuple[str, str]]:
+    """torch.compile of the model on top of the best so far, where compute sets the step.
+    Its first call compiles (seconds to minutes): the trial's warm-up steps hold it."""
+    run = cur.run or base.run
+    if not _has_torch_loader(base) and not (run and "torch" in run.environment.frameworks):
+        return None, ("compile", "no torch in the script")
+    if cur.verdict == "data-starved":
+        return None, ("compile", f"{cur.name} is still data-starved: faster compute would wait for data")
+    ch = on.merged(Changes(compile=True))
+    return Candidate(ch.describe(), ch, "compile", f"{cur.verdict or 'the step'}: fused operations, "
+                     "less Python per operation"), ("", "")
 
 
 def _thread_candidates(base: TrialResult, cur: TrialResult,

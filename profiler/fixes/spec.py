@@ -44,6 +44,9 @@ class Changes:
     #: script's own later calls held to it: fewer threads than cores leave the loader's
     #: workers theirs, and small ops run faster on one thread than split over several.
     threads: int | None = None
+    #: torch: ``torch.compile`` of the model (the first module with trainable parameters
+    #: the script calls), compiled in place (``Module.compile``) at its first call.
+    compile: bool = False
     #: Measurement only, never recommended: every batch of a torch DataLoader is
     #: its first batch again, so the loop runs at the model-only rate.
     repeat_batch: bool = False

@@ -51,6 +51,8 @@ class TorchFixes:
         self.amp_dtype: Any = None
         self.roots: tuple[str, ...] = ()
         self._threads_before: int | None = None
+        self.compiled: str | None = None  # the module compiled, by its class's name
+        self.optimized: Any = None  # torch.compile's module around it
 
     # -- install / remove -----------------------------------------------------
     def install(self) -> None:
@@ -67,7 +69,7 @@ class TorchFixes:
         self.p.wrap(dl.DataLoader, "__init__", self._wrap_init)
         # Always: the loaders a trial iterates are the ones its result measured (codechange).
         self.p.wrap(dl.DataLoader, "_get_iterator", self._wrap_get_iterator)
-        if c.amp:
+        if c.amp or c.compile:
             self.p.wrap(torch.nn.Module, "__call__", self._wrap_call)
         if self.a.record_losses or c.amp or c.accumulation:
             self.p.wrap(torch.Tensor, "backward", self._wrap_backward)
@@ -322,30 +324,68 @@ class TorchFixes:
 
     def _wrap_call(self, original: Callable[..., Any]) -> Callable[..., Any]:
         fixes = self
-        torch = self.torch
         depth = self._depth
+        # traced by torch.compile (a module called inside a compiled one), the check is constant
+        # and the wrapper gone from the graph; its thread-local would break the graph
+        compiling = getattr(getattr(self.torch, "compiler", None), "is_compiling", None) or (lambda: False)
 
         def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
-            if getattr(depth, "n", 0) or ThisProcess.pid != fixes.pid:
+            if compiling() or getattr(depth, "n", 0) or ThisProcess.pid != fixes.pid:
                 return original(module, *args, **kwargs)
-            device = _module_device(module, args)
-            dtype = fixes._dtype_for(device) if device else None
-            if dtype is None:
-                if device:
-                    fixes.a.skip(f"amp={fixes.changes.amp}: not supported on device {device!r}")
-                return original(module, *args, **kwargs)
-            if fixes.amp_dtype is None:
-                fixes.amp_dtype = dtype
-                fixes.a.say(f"autocast {str(dtype).replace('torch.', '')} on {device} around each outermost "
-                            "module call (model and loss)" + (", GradScaler on the loss" if dtype == torch.float16 else ""))
-            depth.n = 1
-            try:
-                with torch.autocast(device_type=device, dtype=dtype):
-                    return original(module, *args, **kwargs)
-            finally:
-                depth.n = 0
+            if fixes.changes.compile:
+                if fixes.compiled is None and any(p.requires_grad for p in module.parameters()):
+                    return fixes._compile(module, original, args, kwargs)
+                if fixes.optimized is not None and module is fixes.optimized._orig_mod:
+                    return fixes._call(fixes.optimized, original, args, kwargs)
+            return fixes._call(module, original, args, kwargs)
 
         return __call__
+
+    def _amp_call(self, module: Any, original: Callable[..., Any], args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> Any:
+        torch = self.torch
+        device = _module_device(module, args)
+        dtype = self._dtype_for(device) if device else None
+        if dtype is None:
+            if device:
+                self.a.skip(f"amp={self.changes.amp}: not supported on device {device!r}")
+            return original(module, *args, **kwargs)
+        if self.amp_dtype is None:
+            self.amp_dtype = dtype
+            self.a.say(f"autocast {str(dtype).replace('torch.', '')} on {device} around each outermost "
+                       "module call (model and loss)" + (", GradScaler on the loss" if dtype == torch.float16 else ""))
+        self._depth.n = 1
+        try:
+            with torch.autocast(device_type=device, dtype=dtype):
+                return original(module, *args, **kwargs)
+        finally:
+            self._depth.n = 0
+
+    def _compile(self, module: Any, original: Callable[..., Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> Any:
+        """The model compiled at its first call (the outermost module with trainable parameters:
+        a loss function has none), and called compiled from then on; that call timed: compiling
+        is its cost. Compiled as ``torch.compile(model)``, whose graph starts at the model's
+        ``__call__`` (this wrapper, constant while traced), not ``Module.compile()``, whose graph
+        would start inside torch's own call machinery and end at every submodule."""
+        name = type(module).__name__
+        self.compiled = name
+        try:
+            self.optimized = self.torch.compile(module)
+        except Exception as exc:  # a platform without a compiler
+            self.a.skip(f"compile of {name}: {type(exc).__name__}: {exc}")
+            return self._call(module, original, args, kwargs)
+        t0 = time.perf_counter()
+        out = self._call(self.optimized, original, args, kwargs)
+        self.a.say(f"torch.compile of {name} at its first call, which took {time.perf_counter() - t0:.1f} s")
+        return out
+
+    def _call(self, module: Any, original: Callable[..., Any], args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> Any:
+        """The call with mixed precision where asked (``__call__`` once its compile is done)."""
+        if not self.changes.amp:
+            return original(module, *args, **kwargs)
+        return self._amp_call(module, original, args, kwargs)
 
     # -- backward: loss record, GradScaler, accumulation --------------------------------
     def _wrap_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:

@@ -92,6 +92,7 @@ class TorchHooks:
         self._patches = Patches("torch hooks")
         self._handles: list[Any] = []
         self._forward_handle: Any = None
+        self._compiling: Callable[[], bool] = lambda: False
         # Keyed by id() with a weak reference to tell a new object from a freed one
         # whose id it reuses (a DataLoader built per epoch often lands at the same address).
         self._loaders: dict[int, tuple[Callable[[], Any] | None, LoaderInfo]] = {}
@@ -128,6 +129,7 @@ class TorchHooks:
         wrap(_dl._MultiProcessingDataLoaderIter, "_process_data", self.facts.wrap_process_data)
         wrap(_dl._MultiProcessingDataLoaderIter, "_mark_worker_as_unavailable", self.facts.wrap_mark_unavailable)
         self._handles.append(_optim.register_optimizer_step_post_hook(self._make_optimizer_post()))
+        self._compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
         self._forward_handle = torch.nn.modules.module.register_module_forward_pre_hook(self._on_forward)
         autocast_cls = torch.amp.autocast_mode.autocast
         wrap(autocast_cls, "__enter__", self._wrap_autocast)
@@ -276,7 +278,9 @@ class TorchHooks:
 
     # -- hook callbacks -------------------------------------------------------
     def _on_forward(self, module: Any, args: Any) -> None:
-        if ThisProcess.pid == self.pid:
+        # torch.compile traces global hooks into the model's graph: a clock read there would
+        # break the graph at every module; traced, the check is constant and the hook empty
+        if ThisProcess.pid == self.pid and not self._compiling():
             self.timeline.forward_start(self.clock())
 
     def _make_optimizer_post(self) -> Callable[[Any, Any, Any], None]:
