@@ -84,6 +84,11 @@ def start_up(loader: LoaderInfo | None, steady_wait: float) -> StartUp | None:
     firsts = loader.first_batch_s
     k = max(1, loader.start_batches)
     extra = [max(0.0, w - k * steady_wait) for w in loader.start_wait_s[1:]]
+    if not extra and len(firsts) > 1:
+        # the later epochs' starts ended before their first batches all came (the run's
+        # end): their first batch alone, a lower bound of what the restart cost
+        k = 1
+        extra = [max(0.0, f - steady_wait) for f in firsts[1:]]
     return StartUp(firsts[0], statistics.median(firsts[1:]) if len(firsts) > 1 else None, len(firsts),
                    k, steady_wait, extra)
 

@@ -16,7 +16,7 @@ from ..diagnosis import (
     steady_wait,
 )
 from ..frameworks import for_loader
-from ..loaderhost import restart_cost, shm_fit
+from ..loaderhost import restart_cost, shm_fit, start_up
 from ..records import LoaderInfo, Run
 from .base import STORED, Recommendation, size_text
 
@@ -123,8 +123,10 @@ def persistent_advice(run: Run, m: Metrics, loader: LoaderInfo) -> Recommendatio
     speedup = None
     if cost is not None:
         per_epoch, total = cost
+        started = start_up(loader, steady_wait(m))
+        k = started.start_batches if started is not None else max(1, loader.start_batches)
         detail += (f" Measured: each epoch after the first waited {per_epoch * 1000:.0f} ms more for its first "
-                   f"{max(1, loader.start_batches)} batch(es) than for steady ones, {total:.2f} s over the run "
+                   f"{k} batch(es) than for steady ones, {total:.2f} s over the run "
                    f"({total / steps:.0%} of the time in steps).")
         values["seconds_per_epoch"] = round(per_epoch, 4)
         speedup = round(steps / (steps - total), 2) if steps > total else None
