@@ -613,7 +613,7 @@ def _data_cause(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
     if input_time > 0 and m.h2d_fraction / input_time >= 0.5:
         return "host-to-device"
     adapter = for_loader(m.loader)
-    if adapter is not None and adapter.threads:
+    if adapter is not None and adapter.on_threads(m.loader):
         return _threads_data_cause(m, th, ev, adapter.label)
     workers = m.loader.num_workers if m.loader else None
     if not workers:
@@ -823,7 +823,7 @@ def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:
             reason = "no training steps were seen (no optimizer step, no Profile.step())"
         return Diagnosis("inconclusive", None, reason, "low", ev, m)
     adapter = for_loader(m.loader)
-    if not run.data_wait_method and adapter is not None and adapter.threads:
+    if not run.data_wait_method and adapter is not None and adapter.on_threads(m.loader):
         return Diagnosis(
             "inconclusive", None,
             f"input time of {adapter.label} could not be measured (see limitations)", "low", ev, m,

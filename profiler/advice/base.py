@@ -22,6 +22,8 @@ IDS = (
     "shared_memory",
     # from the loader's stages (stagemodel.py)
     "gpu_transforms", "gpu_decode", "batched_getitems", "slow_stage",
+    # torchdata.nodes: its map's workers and cost, in_order, a Prefetcher
+    "map_workers", "map_cost", "map_in_order", "map_prefetch",
 )
 
 

@@ -78,6 +78,11 @@ class Adapter:
     #: its words for causes and fixes
     words: Words = field(default_factory=Words)
 
+    def on_threads(self, loader: LoaderInfo | None) -> bool:
+        """Whether ``loader`` makes its batches on the training process's threads (``threads``);
+        an adapter whose loaders may run either way (torchdata's thread or process mapper) says per loader."""
+        return self.threads
+
     def part(self, which: str) -> Any:
         """The object one of its "module:attribute" fields names, imported now."""
         target = getattr(self, which)
@@ -92,6 +97,7 @@ REGISTERED: list[str] = [
     "loadprof.frameworks.torch",
     "loadprof.frameworks.tensorflow",
     "loadprof.frameworks.keras",
+    "loadprof.frameworks.torchdata",
 ]
 
 _lock = threading.Lock()
