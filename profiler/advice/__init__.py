@@ -149,7 +149,8 @@ def _whole_job(run: Run, rec: Recommendation, w: WhatIf, gain: float) -> tuple[f
 def measured(run: Run, recs: list[Recommendation]) -> list[Recommendation]:
     """The run's what-if measurements (whatif.py) set the estimates of the advice they
     measured, replacing a model's; a change measured to gain nothing is not advised;
-    then the advice is ordered by what it buys, the unestimated after in their order."""
+    then the advice is ordered by what it buys, the upper bounds after the estimates,
+    the unestimated last in their order."""
     if not run.whatif:
         return recs
     by_change = {w.change: w for w in run.whatif}
@@ -172,8 +173,10 @@ def measured(run: Run, recs: list[Recommendation]) -> list[Recommendation]:
             rec.values["whole_job_speedup"] = round(whole[0], 2)
             rec.basis += f"; {whole[1]}"
         out.append(rec)
-    # a job that ended by itself is ranked by what a change buys it whole (a cache's fill counted)
+    # a job that ended by itself is ranked by what a change buys it whole (a cache's fill counted);
+    # an upper bound after the estimates: what it buys may be far less
     ended = run.exit_status == "ok"
     ranked = sorted((r for r in out if r.estimated_speedup is not None),
-                    key=lambda r: -((r.values.get("whole_job_speedup") if ended else None) or r.estimated_speedup or 0))
+                    key=lambda r: (r.bound, -((r.values.get("whole_job_speedup") if ended else None)
+                                              or r.estimated_speedup or 0)))
     return ranked + [r for r in out if r.estimated_speedup is None]

@@ -108,13 +108,7 @@ class TfDataFixes:
         if name == "map" and c.cache and flags.get("mapped") and not flags.get("cached") \
                 and not flags.get("cache_refused") and args and callable(args[0]) \
                 and _gives(args[0], ds, flags) is False:
-            # a random map after deterministic ones: the cache goes before it
-            cached = self._insert_cache(ds, where, site, name, flags)
-            if cached is None:
-                flags["cache_refused"] = True
-            else:
-                src = cached
-                flags["cached"] = True
+            src = self._cache_before(ds, where, site, name, flags)  # a random map after deterministic ones
         if name == "map":
             facts["maps"] = facts.get("maps", 0) + 1
             if args and callable(args[0]):
@@ -150,12 +144,7 @@ class TfDataFixes:
                                    f"(accumulation over {c.accumulation} micro-batches)")
                     self.a.batch_sizes.append(size)
             if c.cache and not flags.get("cached") and not flags.get("cache_refused") and flags.get("mapped"):
-                cached = self._insert_cache(ds, where, site, name, flags)
-                if cached is None:
-                    flags["cache_refused"] = True
-                else:
-                    src = cached
-                    flags["cached"] = True
+                src = self._cache_before(ds, where, site, name, flags)
         return src, args, kwargs, flags
 
     def _after(self, name: str, out: Any, site: tuple[str, int], flags: dict[str, Any]) -> Any:
@@ -172,6 +161,12 @@ class TfDataFixes:
 
     def _record(self, kind: str, site: tuple[str, int], before: dict[str, Any], after: dict[str, Any]) -> None:
         self.a.sites.append(SiteRecord(kind, site[0], site[1], before, after))
+
+    def _cache_before(self, ds: Any, where: str, site: tuple[str, int], name: str, flags: dict[str, Any]) -> Any:
+        """``ds`` cached where it may be (its flags say so), else ``ds`` as it was."""
+        cached = self._insert_cache(ds, where, site, name, flags)
+        flags["cached" if cached is not None else "cache_refused"] = True
+        return cached if cached is not None else ds
 
     def _insert_cache(self, ds: Any, where: str, site: tuple[str, int], before_op: str,
                       flags: dict[str, Any]) -> Any:
