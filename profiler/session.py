@@ -632,6 +632,8 @@ class Profile:
             trained = diagnosis.metrics.loader
             why = unsafe(capture, ranks, reread=trained is not None and trained.iterations >= 2)
             if why:
+                if not end and not unsafe(capture, ranks, reread=True):
+                    done = False  # a stream read once so far: by the run's end it may have been read again
                 self.run.whatif_skipped = why
                 return
             budget = self.settings.what_if

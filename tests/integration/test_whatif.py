@@ -149,6 +149,27 @@ def test_an_iterable_dataset_the_run_read_again_is_replayed() -> None:
     assert "cache" in measured, measured  # the stream's first items held, as a cache of it would
 
 
+class _LongShards(_Shards):
+    """40 batches of 8 an epoch: the replays' step (30) comes inside the first epoch."""
+
+    def __iter__(self):
+        for i in range(320):
+            time.sleep(0.0005)
+            yield torch.randn(32), i % 4
+
+    def __len__(self) -> int:
+        return 320
+
+
+def test_a_stream_read_again_after_the_replays_step_is_replayed_at_the_runs_end() -> None:
+    loader = DataLoader(_LongShards(), batch_size=8)
+    with Profile(gpu=False, print_report=False, what_if=8) as prof:
+        train(loader, small_model(), epochs=2)
+    run = prof.run
+    assert run.whatif_skipped == "", run.whatif_skipped
+    assert "cache" in {w.change for w in run.whatif}
+
+
 def test_turned_off_nothing_is_held_or_measured() -> None:
     loader = DataLoader(Sleepy(n=256, delay=0.001), batch_size=8)
     prof, _, text = _profiled(loader, small_model(), what_if=0)
