@@ -7,6 +7,7 @@ from ...advice.base import MEASURE, NO_GAIN, STORED, Recommendation
 from ...advice.loader import cache_advice, convert_advice
 from ...diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Metrics, Thresholds
 from ...records import LoaderInfo, Run
+from ...stagemodel import loading
 
 
 def _tf_pipeline_seconds(run: Run, m: Metrics, loader: LoaderInfo) -> float | None:
@@ -25,6 +26,22 @@ def _tf_pipeline_seconds(run: Run, m: Metrics, loader: LoaderInfo) -> float | No
         return None
     overlapped = loader.has_prefetch or "prefetch_injected" in loader.notes
     return m.wait_per_step + (m.compute_per_step if overlapped else 0.0)
+
+
+def _without_python(run: Run, m: Metrics, loader: LoaderInfo) -> tuple[float | None, str]:
+    """The most rewriting the pipeline's Python in TensorFlow ops buys: the step with the
+    Python's measured time per batch gone from the loop's wait (the ops cost nothing)."""
+    load = loading(run, loader)
+    python = sum(r.ms_per_batch for r in load.rows) / 1000 if load is not None else 0.0
+    step = m.step_time_mean
+    if not python or step <= 0:
+        return None, ("no estimate: the map's Python was not timed; what the rewritten map costs is "
+                      "known once it exists: `loadprof compare` the two scripts")
+    new_step = m.compute_per_step + max(0.0, m.wait_per_step - python)
+    if new_step <= 0:
+        return None, "no estimate: the step's compute was not measured"
+    return round(step / new_step, 2), (f"estimate: the step without the Python's {python * 1000:.1f} ms a batch "
+                                       "in the loop's wait: the most the rewrite buys, were its ops free")
 
 
 def cacheable_step(loader: LoaderInfo) -> bool:
@@ -119,6 +136,7 @@ def input_advice(run: Run, d: Diagnosis, loader: LoaderInfo,
     tried = next((w for w in run.whatif if w.change == "parallel_map"), None)
     if python_map and tried is not None and tried.baseline_seconds_per_step < NO_GAIN * tried.seconds_per_step:
         # measured: parallel calls of its Python take turns on the GIL, so the map itself must change
+        bound, bound_basis = _without_python(run, m, loader)
         out.append(Recommendation(
             "slow_stage", "Write the map's Python in TensorFlow ops",
             f"Parallel calls of the map measured {tried.baseline_seconds_per_step / tried.seconds_per_step:.2f}x "
@@ -127,8 +145,7 @@ def input_advice(run: Run, d: Diagnosis, loader: LoaderInfo,
             "def preprocess(x, y):  # TensorFlow ops in place of the numpy_function / py_function\n"
             "    ...\n"
             "ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)",
-            basis="no estimate: what the rewritten map costs is known once it exists; "
-                  "`loadprof compare` the two scripts", framework="tf",
+            estimated_speedup=bound, basis=bound_basis, framework="tf", bound=bound is not None,
         ))
 
     if starved and loader.file_based and "sequential_file_reads" in notes and cause != "cpu-bound-preprocessing":
