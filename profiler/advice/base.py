@@ -97,6 +97,8 @@ def change_of(rec: Recommendation) -> Changes | None:
     if rec.id == "num_workers" and isinstance(v.get("num_workers"), int):
         return Changes(num_workers=v["num_workers"],
                        persistent_workers=True if "persistent_workers=True" in rec.code else None)
+    if rec.id == "persistent_workers":
+        return Changes(persistent_workers=True)
     if rec.id == "prefetch" and rec.framework == "tf":
         return Changes(prefetch=True)
     if rec.id == "prefetch" and isinstance(v.get("prefetch_factor"), int):
