@@ -172,6 +172,13 @@ class StageTime:
     nbytes: int = 0  # read: bytes read
     files: int = 0  # read: files opened
     samples: int = 0  # user: stack samples the function (or the rest) was seen in
+    #: tf.data, from TensorFlow's profiler (frameworks/tensorflow/inside.py): its threads as
+    #: the runtime ran it, its buffer (elements or batches), the seconds its consumer waited
+    #: for its buffer, and whether the consumer's wait is on it
+    parallelism: int | None = None
+    buffer: int | None = None
+    wait: float = 0.0
+    blocks: bool = False
 
 
 @dataclass
@@ -218,6 +225,9 @@ class LoaderInfo:
     worker_fetch: list[WorkerFetch] = field(default_factory=list)
     stage_batches: int = 0
     stage_seconds: float = 0.0
+    #: where its stages came from, where not its framework's own hooks: "tf.profiler" (every
+    #: tf.data transformation, from a window of TensorFlow's profiler)
+    stage_source: str = ""
     # Start-up and sharding, measured by frameworks/torch/loaderfacts.py (NOTE [ Loader start-up and shards ]).
     #: seconds from iter(loader) to its first batch, per training iteration (epoch), the first 100
     first_batch_s: list[float] = field(default_factory=list)

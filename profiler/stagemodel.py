@@ -41,6 +41,12 @@ class StageRow:
     order: int = 0
     nbytes: int = 0
     files: int = 0
+    #: tf.data, from TensorFlow's profiler: threads, buffer, its consumer's wait for its buffer,
+    #: and whether the consumer's wait is on it (records.StageTime)
+    parallelism: int | None = None
+    buffer: int | None = None
+    wait_ms_per_batch: float = 0.0
+    blocks: bool = False
 
 
 @dataclass
@@ -56,6 +62,8 @@ class Loading:
     batch_size: int
     #: the rows are the pipeline's Python functions only, not its graph transformations (tf.data)
     python_only: bool = False
+    #: where the rows came from, beyond the framework's hooks: "tf.profiler" (LoaderInfo.stage_source)
+    source: str = ""
 
 
 def loading(run: Run, loader: LoaderInfo | None) -> Loading | None:
@@ -73,7 +81,8 @@ def loading(run: Run, loader: LoaderInfo | None) -> Loading | None:
         stages.append(StageTime("copy", "host-to-device", h2d * n / batches, None, n, "main", False))
     total = sum(s.seconds for s in stages) or 1e-12
     rows = [StageRow(f"{s.kind}: {s.name}", s.kind, s.name, 1000 * s.seconds / n, s.seconds / total, s.where,
-                     s.random, None if s.cpu is None else 1000 * s.cpu / n, s.order, s.nbytes, s.files)
+                     s.random, None if s.cpu is None else 1000 * s.cpu / n, s.order, s.nbytes, s.files,
+                     s.parallelism, s.buffer, 1000 * s.wait / n, s.blocks)
             for s in stages]
     rows.sort(key=lambda r: -r.ms_per_batch)
     wait = None
@@ -82,9 +91,9 @@ def loading(run: Run, loader: LoaderInfo | None) -> Loading | None:
     # TensorFlow's graph transformations run in C++: its stages are only the Python functions
     # the pipeline calls (NOTE [ Timing tf.data's Python functions ] in frameworks/tensorflow/stages.py)
     adapter = for_loader(loader)
-    python_only = adapter is not None and adapter.stages == "python"
-    fetch = None if python_only else 1000 * loader.stage_seconds / n
-    return Loading(rows, 1000 * total / n, fetch, wait, n, loader.batch_size or 1, python_only)
+    python_only = adapter is not None and adapter.stages_of(loader) == "python"
+    fetch = None if python_only or loader.stage_source else 1000 * loader.stage_seconds / n
+    return Loading(rows, 1000 * total / n, fetch, wait, n, loader.batch_size or 1, python_only, loader.stage_source)
 
 
 def top_stage_line(load: Loading | None) -> str:

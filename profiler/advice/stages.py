@@ -34,9 +34,9 @@ def stage_advice(run: Run, diagnosis: Diagnosis, out: list[Recommendation]) -> l
     m = diagnosis.metrics
     loader = m.loader
     load = loading(run, loader)
-    if load is None or loader is None or load.python_only or not (diagnosis.verdict == "data-starved"
-                                                                 or diagnosis.moderate_input):
-        return out
+    if load is None or loader is None or load.python_only or load.source or not (
+            diagnosis.verdict == "data-starved" or diagnosis.moderate_input):
+        return out  # the rules read the torch loader's stage kinds (a tf.profiler table has its own)
     cores = max(1.0, m.usable_cores - (m.others_cpu_cores or 0.0) - 1.0)
     model = pipeline(load, loader.num_workers or 0, cores, m.compute_per_step)
     named: list[str] = []

@@ -83,6 +83,11 @@ class Adapter:
         an adapter whose loaders may run either way (torchdata's thread or process mapper) says per loader."""
         return self.threads
 
+    def stages_of(self, loader: LoaderInfo | None) -> str:
+        """Which of ``loader``'s stages were timed: ``stages``, or "all" where a source beyond
+        the hooks timed every one (``LoaderInfo.stage_source``: TensorFlow's profiler)."""
+        return "all" if loader is not None and loader.stage_source else self.stages
+
     def part(self, which: str) -> Any:
         """The object one of its "module:attribute" fields names, imported now."""
         target = getattr(self, which)

@@ -161,7 +161,7 @@ class RunReport(Report):
         loader = self.diagnosis.metrics.loader
         line = tf_limitation(self.stages)
         adapter = for_loader(loader)
-        if adapter is not None and adapter.stages == "python" and line not in self.run.limitations:
+        if adapter is not None and adapter.stages_of(loader) == "python" and line not in self.run.limitations:
             return [*self.run.limitations, line]
         return self.run.limitations
 

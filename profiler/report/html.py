@@ -42,7 +42,7 @@ from ..whatif import summary as whatif_summary
 from . import RunReport
 from .console import MAX_GPUS_NAMED, gpu_names
 from .job import JobReport
-from .stages import MAX_ROWS, random_label
+from .stages import MAX_ROWS, caption, random_label, where_text
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -329,17 +329,18 @@ def _stages_section(load: Loading) -> str:
     bar = "".join(f"<span title='{_e(name)}: {share:.0%}' style='width:{100 * share:.2f}%;background:{colour}'></span>"
                   for name, share, colour in pieces if share > 0)
     rows = "".join(f"<tr><td>{_e(r.stage)}</td><td class='num'>{r.ms_per_batch:.2f}</td>"
-                   f"<td class='num'>{r.share:.0%}</td><td>{_e(r.where)}</td><td>{_e(random_label(r.random))}</td></tr>"
+                   f"<td class='num'>{r.share:.0%}</td><td>{_e(where_text(r))}</td><td>{_e(random_label(r.random))}</td></tr>"
                    for r in shown)
     if rest:
         rows += (f"<tr><td>({len(rest):,} more)</td><td class='num'>{sum(r.ms_per_batch for r in rest):.2f}</td>"
                  f"<td class='num'>{sum(r.share for r in rest):.0%}</td><td></td><td></td></tr>")
     waited = (f"; the loop waited {load.wait_ms_per_batch:.1f} ms a batch" if load.wait_ms_per_batch is not None
               else "")
+    note = f"<p class='muted'>{_e(caption(load) or '')}</p>" if load.source else ""
     return (f"<h2>Loading, stage by stage</h2><p class='muted'>{load.ms_per_batch:.1f} ms a batch over "
             f"{load.batches} timed batches{_e(waited)}</p><div class='stagebar'>{bar}</div>"
             "<table class='evidence'><tr><th>stage</th><th>ms/batch</th><th>share</th><th>where</th><th>random</th>"
-            f"</tr>{rows}</table>")
+            f"</tr>{rows}</table>{note}")
 
 
 def _rows(pairs: list[tuple[str, object]]) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.table import Table
 
-from ..stagemodel import Loading
+from ..stagemodel import Loading, StageRow
 
 #: Rows shown in the terminal; the JSON has them all.
 MAX_ROWS = 12
@@ -22,6 +22,35 @@ TF_GRAPH_NOT_TIMED = ("loading stages: tf.data graph transformations (a map of T
                       "calls (py_function, numpy_function, from_generator) are")
 #: Under the table of such a pipeline: its shares are of the Python functions alone.
 PYTHON_ONLY_CAPTION = "tf.data: only its Python functions are timed; its graph transformations are not"
+
+
+#: Under the table of a pipeline TensorFlow's profiler timed (frameworks/tensorflow/inside.py).
+PROFILER_CAPTION = ("tf.data: every transformation, from a window of TensorFlow's profiler; a parallel "
+                    "transformation's time is summed over its threads")
+
+
+def where_text(r: StageRow) -> str:
+    """The "where" column: where it ran, and a tf.data transformation's threads and buffer."""
+    parts = [r.where]
+    if r.parallelism is not None:
+        parts.append(f"{r.parallelism} threads" if r.parallelism != 1 else "1 thread")
+    if r.buffer is not None:
+        parts.append(f"buffer {r.buffer}")
+    return ", ".join(parts)
+
+
+def waits_on_line(load: Loading) -> str:
+    """'the loop waits on: map: parse (...)', where TensorFlow's profiler said which; else ''."""
+    top = next((r for r in load.rows if r.blocks), None)
+    return f"the loop waits on: {top.stage}" if top is not None else ""
+
+
+def caption(load: Loading) -> str | None:
+    if load.python_only:
+        return PYTHON_ONLY_CAPTION
+    if load.source:
+        return "\n".join(line for line in (PROFILER_CAPTION, waits_on_line(load)) if line)
+    return None
 
 
 def tf_limitation(load: Loading | None) -> str:
@@ -39,14 +68,14 @@ def stage_table(load: Loading) -> Table:
                else "")
     table = Table(title=f"Loading, stage by stage ({load.ms_per_batch:.1f} ms a batch, {load.batches} batches"
                         f"{covered})", title_justify="left", expand=False,
-                  caption=PYTHON_ONLY_CAPTION if load.python_only else None, caption_justify="left")
+                  caption=caption(load), caption_justify="left")
     table.add_column("stage", ratio=4)
     table.add_column("ms/batch", justify="right")
     table.add_column("share", justify="right")
     table.add_column("where")
     table.add_column("random")
     for r in load.rows[:MAX_ROWS]:
-        table.add_row(r.stage, f"{r.ms_per_batch:.2f}", f"{r.share:.0%}", r.where,
+        table.add_row(r.stage, f"{r.ms_per_batch:.2f}", f"{r.share:.0%}", where_text(r),
                       random_label(r.random))
     if len(load.rows) > MAX_ROWS:
         rest = load.rows[MAX_ROWS:]
@@ -66,5 +95,6 @@ def loading_dict(load: Loading | None) -> dict[str, Any] | None:
         "batches": load.batches,
         "stages": [{"stage": r.stage, "kind": r.kind, "name": r.name, "ms_per_batch": r.ms_per_batch,
                     "share": r.share, "where": r.where, "random": r.random, "cpu_ms_per_batch": r.cpu_ms_per_batch,
-                    "bytes": r.nbytes, "files": r.files} for r in load.rows],
+                    "bytes": r.nbytes, "files": r.files, "parallelism": r.parallelism, "buffer": r.buffer,
+                    "wait_ms_per_batch": r.wait_ms_per_batch, "blocks": r.blocks} for r in load.rows],
     }

@@ -63,7 +63,15 @@ from ..frameworks import for_loader
 from ..jsonio import dumps, write_text_atomic
 from ..records import GpuSample, HostSample, Run
 from ..stagemodel import loading
-from .stages import MAX_ROWS, TF_GRAPH_NOT_TIMED, TF_NOT_TIMED, random_label
+from .stages import (
+    MAX_ROWS,
+    PROFILER_CAPTION,
+    TF_GRAPH_NOT_TIMED,
+    TF_NOT_TIMED,
+    random_label,
+    waits_on_line,
+    where_text,
+)
 
 if TYPE_CHECKING:
     from . import Report
@@ -231,7 +239,7 @@ def _stages(pid: int, run: Run, offset: float) -> Iterable[dict[str, Any]]:
     loader = main_loader(run)
     load = loading(run, loader)
     adapter = for_loader(loader)
-    if load is None and (adapter is None or adapter.stages != "python"):
+    if load is None and (adapter is None or adapter.stages_of(loader) != "python"):
         return
     base = _us(offset)
     start = base + (_us(run.steps[0].start) if run.steps else 0)
@@ -247,9 +255,13 @@ def _stages(pid: int, run: Run, offset: float) -> Iterable[dict[str, Any]]:
         args["loop's wait ms per batch"] = round(load.wait_ms_per_batch, 3)
     if load.python_only:
         args["not timed"] = TF_GRAPH_NOT_TIMED
+    if load.source:
+        args["source"] = PROFILER_CAPTION
+        if waits_on_line(load):
+            args["waits on"] = waits_on_line(load).split(": ", 1)[1]
     shown, rest = load.rows[:MAX_ROWS], load.rows[MAX_ROWS:]  # as the terminal's table: a track a stage
     for r in shown:
-        args[r.stage] = f"{r.ms_per_batch:.2f} ms/batch, {r.share:.0%}, {r.where}, {random_label(r.random)}"
+        args[r.stage] = f"{r.ms_per_batch:.2f} ms/batch, {r.share:.0%}, {where_text(r)}, {random_label(r.random)}"
     held = [(r.stage, r.ms_per_batch) for r in shown]
     if rest:
         more = f"({len(rest):,} more)"

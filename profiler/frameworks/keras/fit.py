@@ -284,6 +284,8 @@ class KerasFit:
         finally:
             if tl.count > n:
                 record.calls.add(n, t1 - t0, batches, k, start is not None)
+        if record.info is not None and record.dataset is not None:  # between calls: no step's time
+            self.h.inside.on_batch(record.info, record.dataset, batches)
 
 
 def _is_arrays(x: Any) -> bool:

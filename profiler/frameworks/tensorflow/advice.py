@@ -32,7 +32,7 @@ def _without_python(run: Run, m: Metrics, loader: LoaderInfo) -> tuple[float | N
     """The most rewriting the pipeline's Python in TensorFlow ops buys: the step with the
     Python's measured time per batch gone from the loop's wait (the ops cost nothing)."""
     load = loading(run, loader)
-    python = sum(r.ms_per_batch for r in load.rows) / 1000 if load is not None else 0.0
+    python = sum(r.ms_per_batch for r in load.rows if r.kind == "user") / 1000 if load is not None else 0.0
     step = m.step_time_mean
     if not python or step <= 0:
         return None, ("no estimate: the map's Python was not timed; what the rewritten map costs is "

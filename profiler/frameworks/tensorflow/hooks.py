@@ -66,6 +66,7 @@ from ...timeline import Timeline
 from ..keras.fit import FitRecord, KerasFit
 from . import tfdata
 from .facts import check_amp, gpu_facts
+from .inside import Window
 from .probe import measure_fit_input
 from .rebuild import Builds
 from .stages import TfStages
@@ -101,6 +102,8 @@ class TensorFlowHooks:
         self._steps_seen = 0
         self.keras = KerasFit(self)
         self.stages = TfStages(self.ours, clock)
+        #: every transformation of one pipeline, from TensorFlow's profiler (NOTE [ The profiler window ])
+        self.inside = Window(run, clock)
         self._graph_next_in_step = False
         self._limits: set[str] = set()
 
@@ -127,6 +130,7 @@ class TensorFlowHooks:
         problem = self.stages.install(self._patches, optional_module("tensorflow.python.ops.script_ops"))
         if problem:
             self.limit(problem)
+        self.inside.install(self._patches)
         self._when_imported("keras.src.optimizers.base_optimizer", self._patch_optimizer)
         self._when_imported("keras.src.models.model", self.keras.patch_model)
         if self._pending:
@@ -136,6 +140,7 @@ class TensorFlowHooks:
         if not self.installed:
             return
         self.installed = False
+        self.inside.close()
         if self._finder is not None:
             self._finder.remove()
             self._finder = None
@@ -252,6 +257,8 @@ class TensorFlowHooks:
                         info.sample_nbytes = nbytes // first
                         info.batch_size = info.batch_size or first
             hooks.timeline.batch_wait(t0, t1, cpu, size)
+            if info is not None:  # after the wait: the window's start and stop are no part of it
+                hooks.inside.on_batch(info, getattr(it, "_loadprof_ds", None))
             if hooks.loop_step is None:
                 hooks._last = (getattr(it, "_loadprof_ds", None), batch)
             return batch
@@ -421,9 +428,12 @@ class TensorFlowHooks:
                     self.timeline.measured_waits(found.waits, "differential")
         pipelines = [(ref(), info) for ref, info in list(self._datasets.values())]
         pipelines += [(r.dataset, r.info) for r in self.keras.fits if r.info is not None and r.dataset is not None]
+        repeats: dict[int, list[bool | None]] = {}
         for ds, info in pipelines:
             if ds is not None and info.items_repeat is None:
-                _note_randomness(info, self.builds.maps_repeat(ds))
+                repeats[id(info)] = self.builds.maps_repeat(ds)
+                _note_randomness(info, repeats[id(info)])
+        self.inside.finish(self.stages.by_token(), repeats)
         # held for the what-if replays after the run (whatif.py), which let them go
         self.replayable = [record for record in self.keras.fits if record.calls]
         self.keras.fits.clear()

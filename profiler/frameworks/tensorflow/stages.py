@@ -147,6 +147,10 @@ class TfStages:
         if info.stages and not any(seen is info for seen in self._loaders):
             self._loaders.append(info)
 
+    def by_token(self) -> dict[str, StageTime]:
+        """Registry token -> the stage its calls are timed into."""
+        return dict(self._by_token)
+
     def finish(self) -> None:
         """Drop the stages that were never called (a branch not taken)."""
         for info in self._loaders:

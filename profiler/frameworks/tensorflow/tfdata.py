@@ -36,7 +36,6 @@ and the advice says so instead of promising a speed-up TensorFlow already gives.
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +44,8 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+
+from .iterstats import token_of_name
 
 
 def optional_module(name: str) -> ModuleType | None:
@@ -82,13 +83,6 @@ SMALL_FILE_BYTES = 1 << 20
 #: Transformations that already run ahead of the consumer in their own threads.
 _ASYNC = frozenset({"prefetch", "parallel_map", "parallel_interleave", "parallel_batch", "map_and_batch"})
 _INFINITE = -1  # tf.data.INFINITE_CARDINALITY
-_CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
-_NAMES = {
-    "tensor_slice": "from_tensor_slices",
-    "tensor": "from_tensors",
-    "t_f_record": "tfrecord",
-    "tf_record": "tfrecord",
-}
 
 
 @dataclass
@@ -121,11 +115,7 @@ class PipelineFacts:
 
 
 def _token(ds: Any) -> str:
-    name = type(ds).__name__.strip("_")
-    name = re.sub(r"(V\d+|Dataset)+$", "", name)
-    name = re.sub(r"Dataset", "", name)
-    snake = _CAMEL.sub("_", name).lower()
-    return _NAMES.get(snake, snake)
+    return token_of_name(type(ds).__name__)
 
 
 def _int(value: Any) -> int | None:
