@@ -83,11 +83,12 @@ def compute_advice(run: Run, m: Metrics, tf: bool) -> list[Recommendation]:
     mp = mixed_precision(run, tf) if m.gpu_in_use else _cpu_mixed_precision(run, tf)
     if mp is not None:
         out.append(mp)
-    if not tf:
-        where = "the GPU" if m.gpu_in_use else "the CPU"
+    if not tf and m.gpu_in_use:
+        # on a CPU, torch.compile ran three compute-bound models here at 0.45-0.95x of eager
+        # (docs/dev/advice-accuracy.md): only `tune --fixes compile` may say it pays there
         out.append(Recommendation(
             "compile", "Compile the model",
-            f"The model's own work sets the pace on {where}: torch.compile fuses its operations and "
+            "The model's own work sets the pace on the GPU: torch.compile fuses its operations and "
             "cuts per-operation overhead. The first steps compile (seconds to minutes); the gain depends "
             "on the model, so time it: `loadprof tune --fixes compile` compiles it in a trial.",
             "model = torch.compile(model)",

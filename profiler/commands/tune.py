@@ -7,7 +7,7 @@ import math
 import sys
 
 from ..experiments.trial import run_stopped_cleanly
-from ..experiments.tune import FAMILIES, Search, TuneError, TuneOptions
+from ..experiments.tune import DEFAULT_FIXES, FAMILIES, Search, TuneError, TuneOptions
 from ..options import (
     UsageError,
     add_output_options,
@@ -31,8 +31,9 @@ class TuneCommand:
                             help="measured steps per trial (default %(default)s)")
         parser.add_argument("--warmup", type=int, default=TuneOptions.warmup, metavar="N",
                             help="steps per trial before measuring (default %(default)s)")
-        parser.add_argument("--fixes", default=",".join(FAMILIES), metavar="LIST",
-                            help=f"fix families to consider (default all: {','.join(FAMILIES)})")
+        parser.add_argument("--fixes", default=",".join(DEFAULT_FIXES), metavar="LIST",
+                            help=f"fix families to consider, of {','.join(FAMILIES)} (default: all but compile, "
+                                 "which is added where the model runs on a GPU)")
         parser.add_argument("--loss-tolerance", type=float, default=TuneOptions.loss_tolerance, metavar="X",
                             help="relative move of the loss trajectory that makes a fix unsafe (default %(default)s)")
         parser.add_argument("--trial-timeout", type=positive_float, metavar="SECONDS",

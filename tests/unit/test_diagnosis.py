@@ -211,16 +211,17 @@ def test_compute_bound_cpu_run_gets_compute_advice_and_no_input_advice():
     run = make_run(wait=0.001)
     d = diagnose(run)
     assert (d.verdict, d.cause) == ("compute-bound", "cpu")
-    # no bf16 instructions recorded: bf16 would be emulated, slower than float32
-    assert ids(run) == ["compile"]
+    # no bf16 instructions recorded: bf16 would be emulated, slower than float32; and no
+    # compile on a CPU (measured slower than eager for three models: tune tries it)
+    assert ids(run) == []
     run.environment.cpu_features = ["avx512f", "amx_bf16"]
     advice = {r.id: r for r in recommend(run, diagnose(run))}
-    assert list(advice) == ["mixed_precision", "compile"]
+    assert list(advice) == ["mixed_precision"]
     mp = advice["mixed_precision"]
     assert "torch.autocast('cpu', dtype=torch.bfloat16)" in mp.code and "amx_bf16" in mp.detail
     assert mp.estimated_speedup is None and "loadprof tune" in mp.basis
     run.amp_in_use = True
-    assert ids(run) == ["compile"]
+    assert ids(run) == []
 
 
 def test_a_compute_bound_gpu_run_with_memory_to_spare_gets_a_larger_batch():
