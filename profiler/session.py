@@ -229,6 +229,7 @@ class Profile:
         self._report: Any = None
         self._held: HeldSignals | None = None  # from stop() to the report's end
         self._measured = False  # the what-if replays ran (or were found impossible)
+        self._topped = False  # they ran between two steps, the capture held for the end
         self._pause: tuple[float, float] | None = None  # when they ran mid-run: seconds since the start
         #: the report was made and written to the end (a second Ctrl-C stops it half way)
         self.reported = False
@@ -603,6 +604,9 @@ class Profile:
         capture = self._capture()
         if self._measured:
             return
+        if end and self._topped:
+            self._top_up(capture, run)
+            return
         if end and (capture is None or not capture.ready) and (self._measure_after(run) or capture is None):
             self._measured = True
             if capture is not None:
@@ -621,7 +625,7 @@ class Profile:
                 return
             from .advice import recommend
             from .diagnosis import diagnose
-            from .whatif import Interrupted, measure, plan, unsafe
+            from .whatif import TOP_UP_SHARE, Interrupted, measure, plan, unsafe
 
             diagnosis = diagnose(run)
             changes = plan(recommend(run, diagnosis))
@@ -640,6 +644,8 @@ class Profile:
             if self.settings.print_report:
                 _note(f"measuring {len(changes)} advised change(s) on the job's own step, at most "
                       f"{budget:.0f} s (--what-if 0 skips it)")
+            if not end:  # a part kept for the changes the advice at the end may add
+                budget *= 1 - TOP_UP_SHARE
             held = self._held
             t0 = time.perf_counter()
             try:
@@ -651,10 +657,41 @@ class Profile:
             except Exception as err:  # the user's dataset or model failed outside the run
                 self.run.whatif_skipped = f"the replays failed ({type(err).__name__}: {_first_line(err)})"
             self.run.whatif_seconds = time.perf_counter() - t0
+            if not end and self.run.whatif:
+                done, self._topped = False, True  # held: the advice at the end may name more
         finally:
             if done:
                 self._measured = True
                 capture.drop()
+
+    def _top_up(self, capture: Any, run: Run) -> None:
+        """At the run's end, the advised changes the replays between two steps did not measure
+        (the verdict moved since: a compute-bound end advises mixed precision, say), in the
+        budget they left; the capture let go after."""
+        from .advice import recommend
+        from .diagnosis import diagnose
+        from .whatif import MIN_TOP_UP_S, measure, plan
+
+        self._measured = True
+        try:
+            left = self.settings.what_if - self.run.whatif_seconds
+            done = {w.change for w in self.run.whatif}
+            diagnosis = diagnose(run)
+            changes = [c for c in plan(recommend(run, diagnosis)) if c.describe() not in done]
+            if not changes or left < MIN_TOP_UP_S:
+                return
+            held = self._held
+            t0 = time.perf_counter()
+            try:
+                found, _ = measure(capture, changes, diagnosis.metrics.compute_per_step, left,
+                                   lambda: held is not None and held.pending is not None)
+                # each against its own replay of the run's settings; the model alone measured once
+                self.run.whatif.extend(w for w in found if w.change not in done)
+            except Exception:  # the script's data gone with its end: the earlier figures stand
+                pass
+            self.run.whatif_seconds += time.perf_counter() - t0
+        finally:
+            capture.drop()
 
     def _measure_after(self, run: Run) -> bool:
         """The replays of the frameworks whose adapters measure their changes after the run

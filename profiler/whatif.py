@@ -51,6 +51,10 @@ MEASURED_IDS = ("num_workers", "prefetch", "cache", "pin_memory", "mixed_precisi
 #: changes measured in one run, and the default time they may take in all (seconds)
 MAX_CHANGES = 6
 DEFAULT_BUDGET_S = 20.0
+#: the run's end measures the changes its advice adds, in the share of the budget the
+#: replays between two steps leave it, when at least this much is left
+TOP_UP_SHARE = 0.25
+MIN_TOP_UP_S = 2.0
 #: steps of each replay not measured (workers starting, the first batches, allocations)...
 WARMUP_STEPS = 2
 #: ...and measured: at most, and at least (or the replay is not used)

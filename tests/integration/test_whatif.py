@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from loadprof import Profile
 from loadprof.records import Run
-from tests.torch_loops import Sleepy, small_model, train
+from tests.torch_loops import Sleepy, heavy_model, small_model, train
 
 from ..conftest import LOADPROF
 
@@ -283,3 +283,41 @@ def test_items_hdf5_cannot_hold_get_no_stored_copy_and_leave_nothing_behind() ->
     finally:
         items.close()
     assert not [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("loadprof-stored-")]
+
+
+class _SlowStart(torch.utils.data.Dataset):
+    """Items of the first 30 batches wait on storage; the rest come at once."""
+
+    def __init__(self, n: int, slow: int) -> None:
+        self.x = torch.randn(n, 32, generator=torch.Generator().manual_seed(0))
+        self.slow = slow
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        if i < self.slow:
+            time.sleep(0.002)
+        return self.x[i], i % 4
+
+
+def test_advice_the_runs_end_adds_is_measured_in_the_budget_left() -> None:
+    from loadprof.cpufeatures import cpu_features, has_bf16
+
+    if not has_bf16(cpu_features()):
+        pytest.skip("mixed precision is advised on a CPU with bf16 instructions only")
+    # starved at the replays' step (30 batches of slow reads), compute-bound over the run
+    loader = DataLoader(_SlowStart(8 * 150, slow=8 * 30), batch_size=8)
+    with Profile(gpu=False, print_report=False, what_if=12) as prof:
+        train(loader, heavy_model())
+    run = prof.run
+    assert prof.report.verdict == "compute-bound", prof.report.headline()
+    measured = {w.change: w for w in run.whatif}
+    assert "amp=auto" in measured and "cache" in measured, list(measured)  # the end's, and the step's
+    assert len(measured) == len(run.whatif)  # none measured twice (the model alone included)
+    amp = next((r for r in prof.report.recommendations if r.id == "mixed_precision"), None)
+    gain = measured["amp=auto"].baseline_seconds_per_step / measured["amp=auto"].seconds_per_step
+    assert (amp is not None) == (gain >= 1.02), (gain, amp)
+    if amp is not None:
+        assert amp.basis.startswith("measured: the job's own step replayed with amp=auto"), amp.basis
+    assert 0 < run.whatif_seconds <= 12 + 5
