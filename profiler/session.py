@@ -22,10 +22,12 @@ report still printed) and the terminal report. Whatever fails, the session ends
 inactive with its thread, its helper process, its hooks and its gc callback gone,
 and ``__exit__`` raises nothing of ours.
 
-Test seam: ``LOADPROF_TEST_FAULTS=hooks,sampler_start,report,render,html`` (a comma list)
-makes the named seam fail with an injected RuntimeError, after it did its work
-where it has any (the sampler's thread and helper are running): how
-tests/integration/test_never_break.py proves each guard. Nothing else reads it.
+Test seam: ``TEST_FAULTS`` below, set by a test and by nothing of loadprof's (no
+environment variable reaches it), names the seams ("hooks", "sampler_start",
+"report", "render", or an output's format, "json", "html", ...) that fail with an
+injected RuntimeError, after they did their work where they have any (the
+sampler's thread and helper are running): how tests/integration/test_never_break.py
+proves each guard (tests/faulted.py sets it for the ``loadprof`` command).
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ T = TypeVar("T")
 
 _active_lock = threading.Lock()
 _active: Profile | None = None
+
+#: The seams a Profile made from now on fails at: NOTE [ Never break the run ]. Tests only.
+TEST_FAULTS: frozenset[str] = frozenset()
 
 
 class Profile:
@@ -215,7 +220,7 @@ class Profile:
         self.applied: list[str] = []
         self.run = Run(command=list(sys.argv))
         self._pid = os.getpid()
-        self._faults = set(os.environ.get("LOADPROF_TEST_FAULTS", "").split(","))  # NOTE [ Never break the run ]
+        self._faults = TEST_FAULTS  # NOTE [ Never break the run ]
         self._t0 = 0.0
         self._started = False
         self._stopped = False
@@ -781,7 +786,10 @@ class Profile:
         if self._job is not None:  # NOTE [ Merging a job's reports ] in jobs/exchange.py
             rank_report = self._rank_report = self._report
             try:
-                self._report, json_path, print_report = self._job.finish(rank_report, json_path, print_report)
+                from .report.job import build_job_report
+
+                self._report, json_path, print_report = self._job.finish(rank_report, json_path, print_report,
+                                                                         build_job_report)
             except Exception as err:  # NOTE [ Never break the run ]: this rank reports alone
                 self._report = rank_report
                 _warn(f"the job's report could not be merged ({type(err).__name__}: {_first_line(err)})")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 
 from ..diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Thresholds, steady_wait
-from ..frameworks import for_loader
+from ..frameworks import by_name, for_loader
 from ..loaderhost import restart_cost
 from ..records import LoaderInfo, Run, WhatIf
 from ..stagemodel import loading
@@ -33,6 +33,7 @@ from .compute import compute_advice, host_bound_advice, threads_advice
 from .loader import (
     compute_cpu_per_step,
     contention_advice,
+    dialect_of,
     loading_wall,
     loop_prefetch_advice,
     persistent_advice,
@@ -57,7 +58,7 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
     m = diagnosis.metrics
     loader = m.loader
     adapter = for_loader(loader)
-    tf = adapter is not None and adapter.dialect == "tf"
+    dialect = dialect_of(loader)
     out: list[Recommendation] = []
     if diagnosis.verdict == "inconclusive":
         return out
@@ -72,16 +73,15 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
         assert loader is not None
         out.append(persistent_advice(run, m, loader))  # measured: epoch starts cost more than 1%
     elif starved and loader is None and cause in ("io-latency", "cpu-bound-preprocessing"):
-        fw = run.environment.frameworks
-        out.append(loop_prefetch_advice(m, cause, tf="tensorflow" in fw and "torch" not in fw))
+        out.append(loop_prefetch_advice(m, cause, _script_dialect(run)))
 
     if diagnosis.verdict == "memory-bound":
-        out.extend(memory_advice(run, m, tf, diagnosis.cause))
+        out.extend(memory_advice(run, m, dialect, diagnosis.cause))
     if diagnosis.verdict == "host-bound":
-        out.extend(host_bound_advice(m, tf))
+        out.extend(host_bound_advice(m, dialect))
     if diagnosis.verdict == "compute-bound":
-        out.extend(compute_advice(run, m, tf))
-    if diagnosis.verdict in ("compute-bound", "data-starved", "host-bound") and not tf:
+        out.extend(compute_advice(run, m, dialect))
+    if diagnosis.verdict in ("compute-bound", "data-starved", "host-bound") and dialect == "torch":
         planned = next((r.values["num_workers"] for r in out if r.id == "num_workers"), None)
         threads = threads_advice(run, m, planned)
         if threads is not None:
@@ -93,6 +93,13 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
     out = stage_advice(run, diagnosis, out)
     _stored_copies(run, loader, out)
     return measured(run, out)
+
+
+def _script_dialect(run: Run) -> str:
+    """The dialect of a loop that reads its own batches: that of the frameworks the script
+    imported where they share one, else "torch" (``dialect_of``'s default)."""
+    found = {a.dialect for a in map(by_name, run.environment.frameworks) if a is not None and a.dialect}
+    return found.pop() if len(found) == 1 else "torch"
 
 
 def _stored_copies(run: Run, loader: LoaderInfo | None, recs: list[Recommendation]) -> None:

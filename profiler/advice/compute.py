@@ -1,5 +1,7 @@
 """The compute rules: mixed precision on the GPU and on the CPU, compile, a larger batch,
-and the model's intra-op threads against the cores."""
+and the model's intra-op threads against the cores. Each snippet is written in the
+``dialect`` of the run's framework (``Adapter.dialect``, "torch" where none is
+declared: loader.py's ``dialect_of``); compile is written in torch only."""
 
 from __future__ import annotations
 
@@ -19,9 +21,9 @@ TENSOR_CORES = ("no estimate: tensor cores speed up the matrix work, not the res
                 "their share is not measured here; `loadprof tune` measures it (amp)")
 
 
-def host_bound_advice(m: Metrics, tf: bool) -> list[Recommendation]:
+def host_bound_advice(m: Metrics, dialect: str) -> list[Recommendation]:
     """A host-bound run (the GPU idles while the loop is not waiting for data): a larger
-    batch, and for torch, compile."""
+    batch, and in torch, compile."""
     out: list[Recommendation] = []
     if m.gpu_memory_peak_fraction is None or m.gpu_memory_peak_fraction < 0.6:
         out.append(Recommendation(
@@ -32,7 +34,7 @@ def host_bound_advice(m: Metrics, tf: bool) -> list[Recommendation]:
             {"batch_size_factor": 2},
             basis="no estimate: it changes the optimisation; compare samples per second",
         ))
-    if not tf:
+    if dialect == "torch":
         out.append(Recommendation(
             "compile", "Compile the model to cut Python and launch overhead",
             f"The GPU idles {100 - (m.gpu_util_median or 0):.0f}% of the time while the loop is not "
@@ -48,14 +50,14 @@ def _best_gpu(run: Run) -> GpuInfo | None:
     return max(known, key=lambda g: g.compute_capability or (0, 0)) if known else None
 
 
-def mixed_precision(run: Run, tf: bool) -> Recommendation | None:
+def mixed_precision(run: Run, dialect: str) -> Recommendation | None:
     gpu = _best_gpu(run)
     if run.amp_in_use or gpu is None or not gpu.has_tensor_cores or gpu.compute_capability is None:
         return None
     cc = gpu.compute_capability
     bf16 = gpu.supports_bf16
     dtype = "bfloat16" if bf16 else "float16"
-    if tf:
+    if dialect == "tf":
         policy = "mixed_bfloat16" if bf16 else "mixed_float16"
         return Recommendation(
             "mixed_precision", f"Train in mixed precision ({policy})",
@@ -76,14 +78,14 @@ def mixed_precision(run: Run, tf: bool) -> Recommendation | None:
     )
 
 
-def compute_advice(run: Run, m: Metrics, tf: bool) -> list[Recommendation]:
+def compute_advice(run: Run, m: Metrics, dialect: str) -> list[Recommendation]:
     """A compute-bound run: faster math, fewer launches, more work per step. None of
     these has an estimate from the measurements (the gain depends on the model)."""
     out: list[Recommendation] = []
-    mp = mixed_precision(run, tf) if m.gpu_in_use else _cpu_mixed_precision(run, tf)
+    mp = mixed_precision(run, dialect) if m.gpu_in_use else _cpu_mixed_precision(run, dialect)
     if mp is not None:
         out.append(mp)
-    if not tf and m.gpu_in_use:
+    if dialect == "torch" and m.gpu_in_use:
         # on a CPU, torch.compile ran three compute-bound models here at 0.45-0.95x of eager
         # (docs/dev/advice-accuracy.md): only `tune --fixes compile` may say it pays there
         out.append(Recommendation(
@@ -107,13 +109,13 @@ def compute_advice(run: Run, m: Metrics, tf: bool) -> list[Recommendation]:
     return out
 
 
-def _cpu_mixed_precision(run: Run, tf: bool) -> Recommendation | None:
+def _cpu_mixed_precision(run: Run, dialect: str) -> Recommendation | None:
     """bf16 on a CPU pays only with native bf16 instructions (AMX, AVX-512 BF16)."""
     features = run.environment.cpu_features
     if run.amp_in_use or not has_bf16(features):
         return None
     which = " and ".join(f for f in ("amx_bf16", "avx512_bf16") if f in features)
-    if tf:
+    if dialect == "tf":
         return Recommendation(
             "mixed_precision", "Train in mixed precision (mixed_bfloat16)",
             f"The model's work sets the pace on the CPU, which has bf16 instructions ({which}).",

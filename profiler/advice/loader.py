@@ -21,8 +21,9 @@ from ..records import LoaderInfo, Run
 from .base import STORED, Recommendation, size_text
 
 
-def _dialect(loader: LoaderInfo | None) -> str:
-    """The snippet dialect of the loader's framework ("torch" where none is known)."""
+def dialect_of(loader: LoaderInfo | None) -> str:
+    """The dialect the advice's snippets are written in: that of the loader's framework
+    ("torch" where none is known, as ``Recommendation.framework``)."""
     adapter = for_loader(loader)
     return adapter.dialect if adapter is not None and adapter.dialect else "torch"
 
@@ -181,24 +182,24 @@ def contention_advice(run: Run, m: Metrics, cause: bool) -> Recommendation:
     )
 
 
-def loop_prefetch_advice(m: Metrics, cause: str, tf: bool = False) -> Recommendation:
+def loop_prefetch_advice(m: Metrics, cause: str, dialect: str = "torch") -> Recommendation:
     """Input read by the loop's own code (a generator): overlap it with compute. Waiting
-    (I/O, sleeps) overlaps in a thread; CPU work needs processes (the GIL), or with
-    TensorFlow the preprocessing as TensorFlow ops, which tf.data runs off the GIL."""
+    (I/O, sleeps) overlaps in a thread; CPU work needs processes (the GIL), or in the
+    "tf" dialect the preprocessing as TensorFlow ops, which tf.data runs off the GIL."""
     wait, compute = m.wait_per_step, m.compute_per_step
     step = m.step_time_mean
     waiting = cause == "io-latency"
     # waits overlap whole; CPU work splits over enough parallel readers to keep pace
     workers = max(1, math.ceil(wait / max(compute, 1e-6)))
     new_step = max(compute, wait if waiting else wait / (workers + 1))
-    if tf and waiting:
+    if dialect == "tf" and waiting:
         code = ("ds = tf.data.Dataset.from_generator(my_batches, output_signature=(  # the loop's own generator\n"
                 "    tf.TensorSpec(<x shape>, <x dtype>), tf.TensorSpec(<y shape>, <y dtype>)))\n"
                 "ds = ds.prefetch(tf.data.AUTOTUNE)  # read ahead on tf.data's threads while the model computes\n"
                 "for x, y in ds:\n"
                 "    ...")
         how = "tf.data's prefetch overlaps the waits with compute"
-    elif tf:
+    elif dialect == "tf":
         code = ("ds = tf.data.Dataset.from_tensor_slices(<raw inputs: file names or arrays>)\n"
                 "ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)  # preprocess written in tf ops\n"
                 "ds = ds.batch(<batch size>).prefetch(tf.data.AUTOTUNE)\n"
@@ -247,7 +248,9 @@ def offline_snippet(loader: LoaderInfo) -> str:
             "dataset = loadprof.converters.torch.HDF5Dataset('preprocessed.h5')  # then augment per sample")
 
 
-def cache_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, tf: bool) -> list[Recommendation]:
+def cache_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool) -> list[Recommendation]:
+    """Cache a dataset that fits in a quarter of the available memory, in the dialect of
+    its loader's framework."""
     if not starved or loader.dataset_length is None or loader.sample_nbytes is None:
         return []
     if loader.items_repeat is False:
@@ -256,7 +259,8 @@ def cache_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, tf: bo
     avail = min((h.memory_available for h in run.host_samples), default=0)
     if not avail or size > 0.25 * avail:
         return []
-    if tf:
+    dialect = dialect_of(loader)
+    if dialect == "tf":
         code = "ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE).cache()  # before random augmentation"
     elif loader.iterable:  # no indices: the stream read once
         code = ("samples = list(dataset)  # once, one process; deterministic transforms only\n"
@@ -275,7 +279,7 @@ def cache_advice(run: Run, m: Metrics, loader: LoaderInfo, starved: bool, tf: bo
         basis="no estimate: from the second epoch on, reads and decodes are gone and the step is the "
               "model's, which here was timed beside the loading; the first epoch fills the cache. "
               "`loadprof tune` measures both",
-        framework="tf" if tf else "torch",
+        framework=dialect,
     )]
 
 
@@ -285,5 +289,5 @@ def convert_advice(loader: LoaderInfo) -> Recommendation:
         "The loop waits while the loaders barely use the CPU: per-file open/read latency dominates. "
         "Reading one packed file is measured several times faster (see README, converters).",
         "loadprof convert <your data folder> data.h5 --to hdf5\ndataset = loadprof.converters.torch.HDF5Dataset('data.h5')",
-        basis=STORED, framework=_dialect(loader),
+        basis=STORED, framework=dialect_of(loader),
     )

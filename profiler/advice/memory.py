@@ -79,7 +79,8 @@ def micro_batch(batch: int | None, requested: int | None, free: int | None,
     return None, 2, "halved: the batch size was not seen; loadprof tune searches it"
 
 
-def memory_advice(run: Run, m: Metrics, tf: bool, cause: str | None) -> list[Recommendation]:
+def memory_advice(run: Run, m: Metrics, dialect: str, cause: str | None) -> list[Recommendation]:
+    """The memory rules, their snippets in ``dialect`` (compute.py's module doc)."""
     if cause == "shared-memory":
         return [shm_advice(run, m)]
     out = []
@@ -115,7 +116,7 @@ def memory_advice(run: Run, m: Metrics, tf: bool, cause: str | None) -> list[Rec
         free = max(0, h.gpu_total - steady)
     micro, steps, basis = micro_batch(batch, oom.requested_bytes if oom else None, free, per_sample)
     size = str(micro) if micro else "batch_size // 2"
-    if tf:
+    if dialect == "tf":
         out.append(Recommendation(
             "gradient_accumulation", f"Train on micro-batches of {size} and accumulate {steps} of them",
             f"Memory is the limit: {steps} micro-batches per optimizer step keep the effective batch "
@@ -137,7 +138,7 @@ def memory_advice(run: Run, m: Metrics, tf: bool, cause: str | None) -> list[Rec
         ckpt = _checkpointing_advice(m, oom)
         if ckpt is not None:
             out.append(ckpt)
-    mp = mixed_precision(run, tf)
+    mp = mixed_precision(run, dialect)
     if mp is not None:
         mp.detail = "Half-precision activations halve activation memory. " + mp.detail
         out.append(mp)

@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -120,8 +121,10 @@ class Job:
             collective_wait=collective, steps_seen=sum(s.merged for s in run.steps),
         )
 
-    def finish(self, report: Any, json_path: str | None, print_report: bool) -> tuple[Any, str | None, bool]:
-        """Exchange reports. Rank 0: the job's report, to write and print where asked.
+    def finish(self, report: Any, json_path: str | None, print_report: bool,
+               job_report: Callable[[JobRun, dict[int, OwnVerdict], float | None], Any]) -> tuple[Any, str | None, bool]:
+        """Exchange reports. Rank 0: the job's report (``job_report(job, own verdicts, price)``,
+        report/job.py's: jobs/ renders nothing), to write and print where asked.
         Other ranks: their own report, written nowhere, printed nowhere (unless the
         exchange failed: then to ``report.rankR.json`` beside ``json_path``)."""
         run: Run = report.run
@@ -149,8 +152,8 @@ class Job:
             except ValueError:  # a number past 64 bits: the job's file refuses it in its own time
                 pass
             self._to_release = exchange
-            return (self._merge(report, facts, run, verdict, exchange, terminated, json_path), json_path,
-                    print_report)
+            return (self._merge(report, facts, run, verdict, exchange, terminated, json_path, job_report),
+                    json_path, print_report)
         finally:
             if self._to_release is None:
                 exchange.close()
@@ -208,9 +211,8 @@ class Job:
         _warn(f"{line}; written to {path} for loadprof merge")
 
     def _merge(self, report: Any, facts: RankRun, run: Run, verdict: OwnVerdict, exchange: Exchange,
-               terminated: bool, json_path: str | None) -> Any:
-        from ..report.job import build_job_report
-
+               terminated: bool, json_path: str | None,
+               job_report: Callable[[JobRun, dict[int, OwnVerdict], float | None], Any]) -> Any:
         got: dict[int, RankRun] = {}
         own: dict[int, OwnVerdict] = {0: verdict}
 
@@ -244,7 +246,7 @@ class Job:
                 problems.append(f"rank 0's own report not written: {exc}")
         job = JobRun(world_size=self.ctx.world_size, run_id=self.ctx.run_id, merged="at exit",
                      ranks=ranks, limitations=problems)
-        return build_job_report(job, own, report.gpu_hour_price)
+        return job_report(job, own, report.gpu_hour_price)
 
 
 def _missing_rank(r: int, ctx: JobContext, hello: dict[str, Any], steps: int | None, why: str) -> RankRun:

@@ -264,10 +264,9 @@ def test_a_page_that_fails_after_the_run_is_one_error_and_the_scripts_exit_code_
     script = tmp_path / "train.py"
     script.write_text(SCRIPT_EXIT_3)
     page = tmp_path / "r.html"
-    proc = subprocess.run([sys.executable, "-m", "loadprof", "diagnose", "-q", "--no-gpu", "--html", str(page),
-                           "--json", str(tmp_path / "run.json"), str(script)], capture_output=True, text=True,
-                          timeout=180, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "LOADPROF_TEST_FAULTS": "html"})
+    proc = subprocess.run([sys.executable, "-m", "tests.faulted", "html", "diagnose", "-q", "--no-gpu", "--html",
+                           str(page), "--json", str(tmp_path / "run.json"), str(script)], capture_output=True,
+                          text=True, timeout=180, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 3, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.startswith("loadprof:")]
     assert lines == [f"loadprof: error: --html {page}: not written (injected fault: html)"], proc.stderr[-2000:]

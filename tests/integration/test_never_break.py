@@ -6,7 +6,8 @@ loadprof, that the report says what was lost, and that nothing of loadprof is
 left behind (thread, helper process, hooks, import watch, gc callback,
 unraisable hook, active session). Faults come from the outside world (a fake
 pynvml, a path under a file, a file-size limit, the helper killed, a framework
-function gone) or from the documented test seam LOADPROF_TEST_FAULTS.
+function gone) or from the test seam ``session.TEST_FAULTS``, set in the script
+or, for the ``loadprof`` command, by tests/faulted.py.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from torch.utils.data import DataLoader, TensorDataset
 {prelude}
 import loadprof.session as session
 from loadprof import Profile
+session.TEST_FAULTS = frozenset({faults!r})
 ORIGINAL = (DataLoader.__iter__, list(sys.meta_path), list(gc.callbacks), sys.unraisablehook, sys.getprofile())
 torch.manual_seed(0)
 data = TensorDataset(torch.randn(512, 16), torch.randint(0, 2, (512,)))
@@ -81,8 +83,8 @@ KILL_HELPER = """if epoch == 1 and i == 0:
 def _train(tmp_path: Path, *, faults: str = "", json_path: str | None = None, prelude: str = "",
            during: str = "pass", profile: bool = True) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     script = tmp_path / "train.py"
-    script.write_text(TRAIN.format(prelude=prelude, during=during))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "LOADPROF_TEST_FAULTS": faults}
+    script.write_text(TRAIN.format(prelude=prelude, during=during, faults=[x for x in faults.split(",") if x]))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if not profile:
         env["NO_PROFILE"] = "1"
     out = json_path or str(tmp_path / "run.json")
@@ -211,8 +213,8 @@ def test_hooks_failing_inside_the_scripts_import_torch(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     out = tmp_path / "run.json"
-    proc = subprocess.run([sys.executable, "-m", "loadprof", "diagnose", "--json", str(out), str(script)],
-                          capture_output=True, text=True, timeout=300, env={**env, "LOADPROF_TEST_FAULTS": "hooks"})
+    proc = subprocess.run([sys.executable, "-m", "tests.faulted", "hooks", "diagnose", "--json", str(out),
+                           str(script)], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stdout == plain.stdout
     assert any(line.startswith("torch: hooks could not be installed") for line in _limitations(out))
@@ -292,9 +294,9 @@ def test_diagnose_with_a_json_that_fails_after_the_run_keeps_a_failing_scripts_e
     script = tmp_path / "exits.py"
     script.write_text(EXITS)
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "loadprof", "diagnose", "--json", str(out), "--trace",
+    proc = subprocess.run([sys.executable, "-m", "tests.faulted", "json", "diagnose", "--json", str(out), "--trace",
                            str(tmp_path / "t.json"), str(script), str(code)], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT), "LOADPROF_TEST_FAULTS": "json"})
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == expected
     assert "Traceback" not in proc.stderr and "loadprof verdict" in proc.stderr
     assert [x for x in proc.stderr.splitlines() if x.startswith("loadprof:")] == [
@@ -377,6 +379,8 @@ def test_nvml_failing_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_test_seam_is_read_by_nothing_else() -> None:
-    # LOADPROF_TEST_FAULTS is only the seam of NOTE [ Never break the run ]: no other module reads it.
-    hits = [p for p in (ROOT / "profiler").rglob("*.py") if "LOADPROF_TEST_FAULTS" in p.read_text()]
+    # TEST_FAULTS is only the seam of NOTE [ Never break the run ]: no other module reads it,
+    # and no environment variable of a user's sets it.
+    hits = [p for p in (ROOT / "profiler").rglob("*.py") if "TEST_FAULTS" in p.read_text()]
     assert [p.name for p in hits] == ["session.py"]
+    assert "LOADPROF_TEST" not in hits[0].read_text()

@@ -373,6 +373,15 @@ def test_a_tensorflow_loop_over_a_python_generator_gets_tf_data_advice_not_torch
         assert "num_parallel_calls=tf.data.AUTOTUNE" in rec.code and "off the GIL" in rec.detail
 
 
+@pytest.mark.parametrize("frameworks, tf", [({"tensorflow": "2.20.0", "keras": "3.10.0"}, True),
+                                            ({"tensorflow": "2.20.0", "torch": "2.8.0"}, False)])
+def test_a_generator_loops_prefetch_advice_is_in_the_dialect_its_frameworks_share(frameworks, tf):
+    run = make_run(n=40, step=0.1, wait=0.087, wait_cpu=0.002, workers=None)
+    run.environment.frameworks = frameworks
+    rec = next(r for r in recommend(run, diagnose(run)) if r.id == "prefetch")
+    assert ("from_generator" in rec.code) is tf and ("threading.Thread" in rec.code) is not tf
+
+
 def test_a_generator_loop_doing_cpu_work_is_cpu_bound_input_not_too_few_workers():
     run = make_run(n=40, step=0.1, wait=0.06, workers=None, cores=8)
     d = diagnose(run)

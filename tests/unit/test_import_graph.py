@@ -1,6 +1,8 @@
 """No import circle among loadprof's modules, counting the imports inside functions
 (a lazy import is still a dependency; only ``if TYPE_CHECKING:`` blocks are left out),
-and no library module imports a command or the CLI."""
+the submodule a package's PEP 562 name loads (``lazy.py``: ``from loadprof.fixes import
+Applier`` imports fixes/applier.py) and the packages Python imports on the way to a
+module; and no library module imports a command or the CLI."""
 
 from __future__ import annotations
 
@@ -22,10 +24,27 @@ def _modules() -> dict[str, tuple[Path, bool]]:
     return mods
 
 
-def _imports(name: str, path: Path, is_package: bool, known: set[str]) -> set[str]:
+def _lazy(name: str, tree: ast.Module) -> dict[str, str]:
+    """A package's names that ``lazy_names(__name__, WHERE, ...)`` imports on first use:
+    name -> the submodule that defines it."""
+    calls = [node.value for node in tree.body if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+             and ast.unparse(node.value.func) == "lazy_names"]
+    where = {ast.unparse(call.args[1]) for call in calls}
+    return {key: f"{name}.{module}" for node in tree.body if isinstance(node, ast.Assign)
+            and any(ast.unparse(t) in where for t in node.targets)
+            for key, module in ast.literal_eval(node.value).items()}
+
+
+def _parents(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _imports(name: str, tree: ast.Module, is_package: bool, known: set[str],
+             lazy: dict[str, dict[str, str]]) -> set[str]:
     out: set[str] = set()
 
-    def visit(nodes: list[ast.stmt]) -> None:
+    def visit(nodes: list) -> None:
         for node in nodes:
             if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
                 visit(node.orelse)
@@ -38,23 +57,29 @@ def _imports(name: str, path: Path, is_package: bool, known: set[str]) -> set[st
                 else:
                     where = node.module or ""
                 for alias in node.names:
-                    target = f"{where}.{alias.name}" if f"{where}.{alias.name}" in known else where
-                    if target in known and target != name:
-                        out.add(target)
+                    out.add(where)
+                    if f"{where}.{alias.name}" in known:
+                        out.add(f"{where}.{alias.name}")
+                    elif alias.name in lazy.get(where, {}):
+                        out.add(lazy[where][alias.name])
             elif isinstance(node, ast.Import):
-                out.update(a.name for a in node.names if a.name in known and a.name != name)
-            for field in ("body", "orelse", "finalbody", "handlers"):
+                out.update(a.name for a in node.names)
+            for field in ("body", "orelse", "finalbody", "handlers", "cases"):
                 inner = getattr(node, field, None)
                 if isinstance(inner, list):
                     visit(inner)
 
-    visit(ast.parse(path.read_text(encoding="utf-8")).body)
-    return out
+    visit(tree.body)
+    # importing a.b.c imports a and a.b first; a module's own packages are imported before it
+    out |= {parent for target in set(out) for parent in _parents(target)}
+    return {target for target in out if target in known and target != name and target not in _parents(name)}
 
 
 def _graph() -> dict[str, set[str]]:
     mods = _modules()
-    return {name: _imports(name, path, is_package, set(mods)) for name, (path, is_package) in mods.items()}
+    trees = {name: ast.parse(path.read_text(encoding="utf-8")) for name, (path, _) in mods.items()}
+    lazy = {name: _lazy(name, trees[name]) for name, (_, is_package) in mods.items() if is_package}
+    return {name: _imports(name, trees[name], is_package, set(mods), lazy) for name, (_, is_package) in mods.items()}
 
 
 def _circle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -88,6 +113,29 @@ def test_the_finder_sees_a_circle_through_a_lazy_import() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}
     assert _circle(graph) == ["a", "b", "c", "a"]
     assert _circle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_graph_counts_imports_in_functions_lazy_names_and_packages_not_type_checking() -> None:
+    source = """
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:
+    from .typed import T
+def f():
+    try:
+        from .pkg import Lazy
+    except ImportError:
+        import p.helper
+def g(x):
+    match x:
+        case 1:
+            from .pkg.deep import y
+"""
+    known = {"p", "p.mod", "p.typed", "p.pkg", "p.pkg.lazily", "p.pkg.deep", "p.helper"}
+    lazy = {"p.pkg": {"Lazy": "p.pkg.lazily"}}
+    assert _imports("p.mod", ast.parse(source), False, known, lazy) == {"p.pkg", "p.pkg.lazily", "p.pkg.deep",
+                                                                          "p.helper"}
+    where = _lazy("p.pkg", ast.parse('_WHERE = {"Lazy": "lazily"}\n__getattr__, __dir__ = lazy_names(__name__, _WHERE, [])'))
+    assert where == {"Lazy": "p.pkg.lazily"}
 
 
 def test_only_the_entry_points_and_the_commands_import_a_command() -> None:

@@ -167,7 +167,7 @@ def input_advice(run: Run, d: Diagnosis, loader: LoaderInfo,
     # buffer refills through the map each epoch).
     per_epoch_map = loader.parallel_map is not None
     if loader.has_cache is False and cacheable_step(loader):
-        for rec in cache_advice(run, m, loader, starved or per_epoch_map, tf=True):
+        for rec in cache_advice(run, m, loader, starved or per_epoch_map):
             rec.code = ("ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE).cache()  # after the "
                         "deterministic steps\nds = ds.shuffle(buffer).map(augment).batch(batch_size)"
                         ".prefetch(tf.data.AUTOTUNE)")

@@ -126,7 +126,7 @@ def input_advice(run: Run, diagnosis: Diagnosis, loader: LoaderInfo,
             basis="no estimate: it absorbs the spread of batch times, which the mean step does not show; "
                   "`loadprof tune` measures it",
         ))
-    out.extend(cache_advice(run, m, loader, starved, tf=False))
+    out.extend(cache_advice(run, m, loader, starved))
     if starved and cause == "io-latency":
         out.append(convert_advice(loader))
     return out
