@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from .advice.base import CEILING, STORED_COPY, Recommendation, replayed_change
 from .fixes.spec import Changes
 from .records import WhatIf
+from .replayitems import Items, OneBatch
 
 if TYPE_CHECKING:
     from .frameworks.torch.stepcapture import StepCapture
@@ -64,10 +65,6 @@ MIN_STEPS = 3
 EXTRA_SHARE = 0.2
 #: rounds of replays at most (each change and the run's settings once a round)
 MAX_ROUNDS = 3
-#: batches of items a cache replay reads and holds (it cycles over them)
-CACHE_BATCHES = 4
-#: the length a cache replay of a stream gives its held items (a replay reads far fewer)
-STREAM_LENGTH = 1 << 20
 #: the share of the memory left that a copy of the model and its optimizer may take
 MEMORY_SHARE = 1 / 3
 
@@ -156,7 +153,7 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     quiet = warnings.catch_warnings()  # the loader's own (more workers than cores) are the advice's to give
     quiet.__enter__()
     warnings.simplefilter("ignore")
-    items = _Items(capture.loader)
+    items = Items(capture.loader)
     try:
         capture.model.train(capture.training)
         step = _Step(capture)
@@ -218,7 +215,7 @@ class _Result:
 
 
 def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, extra: float, slice_s: float,
-            interrupted: Callable[[], bool], items: _Items) -> _Result | None:
+            interrupted: Callable[[], bool], items: Items) -> _Result | None:
     """One replay: seconds a step and seconds of it outside the batch's wait, or None.
     ``threads``: the run's intra-op threads, set again for each replay that does not change
     them (a replay of fewer threads must not run the replays after it on as few)."""
@@ -352,7 +349,7 @@ def _scalar(out: Any, torch: Any, depth: int = 0) -> Any:
     return None
 
 
-def _loader_for(loader: Any, change: Changes, items: _Items) -> Any:
+def _loader_for(loader: Any, change: Changes, items: Items) -> Any:
     """A loader like the run's (``tune_loader``'s), with the change's settings (None: the
     change's items could not be made: a stored copy of items HDF5 cannot hold)."""
     from .frameworks.torch.loadertune import _loader_like
@@ -365,129 +362,13 @@ def _loader_for(loader: Any, change: Changes, items: _Items) -> Any:
     if change.pin_memory:
         settings["pin_memory"] = True
     if change.repeat_batch:
-        return _OneBatch(next(iter(_loader_like(loader, num_workers=0))))
+        return OneBatch(next(iter(_loader_like(loader, num_workers=0))))
     if change.cache:
         return _loader_like(loader, dataset=items.held(), **settings)
     if change.stored:
         stored = items.stored()
         return None if stored is None else _loader_like(loader, dataset=stored, **settings)
     return _loader_like(loader, **settings)
-
-
-class _OneBatch:
-    """A loader that gives one batch again and again: the step with no loading at all."""
-
-    def __init__(self, batch: Any) -> None:
-        self.batch = batch
-
-    def __iter__(self) -> Any:
-        while True:
-            yield self.batch
-
-
-class _HeldItems:
-    """A cache as the cache fix makes one, for the replay: the items of a few batches
-    read once and held; any index reads one of them (a cached read costs the same)."""
-
-    def __init__(self, items: list[Any], length: int) -> None:
-        self.items, self.length = items, length
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index: int) -> Any:
-        return self.items[index % len(self.items)]
-
-    @classmethod
-    def read(cls, loader: Any) -> _HeldItems:
-        import itertools
-
-        import torch
-
-        from .fixes.cache import internal
-
-        dataset = loader.dataset
-        size = loader.batch_size or 1
-        if isinstance(dataset, torch.utils.data.IterableDataset):  # the stream's first items, in order
-            with internal():
-                held = list(itertools.islice(iter(dataset), CACHE_BATCHES * size))
-            return cls(held, STREAM_LENGTH)
-        with internal():
-            indices = [i for _, i in zip(range(CACHE_BATCHES * size), iter(loader.sampler), strict=False)]
-        items = [dataset[i] for i in indices] or [dataset[0]]
-        return cls(items, len(dataset))
-
-
-class _StoredItems:
-    """An offline copy as ``loadprof convert`` stores one, for the replay: the held items
-    written to an HDF5 file and read back through ``HDF5Dataset``, each read checked
-    against its stored checksum as a user's would be; any index reads one of them."""
-
-    def __init__(self, dataset: Any, length: int) -> None:
-        self.dataset, self.length, self.count = dataset, length, len(dataset)
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index: int) -> Any:
-        return self.dataset[index % self.count]
-
-    @classmethod
-    def write(cls, held: _HeldItems, path: str) -> _StoredItems:
-        from .converters.hdf5 import HDF5Writer
-        from .converters.schema import Schema
-        from .converters.sources import as_sample
-        from .converters.torch import HDF5Dataset
-
-        samples = [as_sample(item, f"held item {i}") for i, item in enumerate(held.items)]
-        schema = Schema.infer(samples[0], "held item 0")
-        writer = HDF5Writer(path, schema, expected=len(samples))
-        try:
-            for i, sample in enumerate(samples):
-                writer.write(schema.check(sample, f"held item {i}"))
-            writer.close({})
-        except BaseException:
-            writer.abort()
-            raise
-        return cls(HDF5Dataset(path), held.length)
-
-
-class _Items:
-    """The items the cache and offline-copy replays read, made once per measurement (its
-    rounds reuse them); the copy's file lives in a temporary folder removed at ``close``."""
-
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-        self._held: _HeldItems | None = None
-        self._stored: _StoredItems | None = None
-        self._folder: Any = None
-        self.problem = ""
-
-    def held(self) -> _HeldItems:
-        if self._held is None:
-            self._held = _HeldItems.read(self.loader)
-        return self._held
-
-    def stored(self) -> _StoredItems | None:
-        if self._stored is None and not self.problem:
-            import os
-            import tempfile
-
-            from .converters.errors import ConvertError
-
-            self._folder = tempfile.TemporaryDirectory(prefix="loadprof-stored-")
-            try:
-                self._stored = _StoredItems.write(self.held(), os.path.join(self._folder.name, "items.h5"))
-            except Exception as err:  # an item HDF5 cannot hold (a str, an object): no copy to read
-                self.problem = (f"its items cannot be stored in HDF5 ({err})" if isinstance(err, ConvertError)
-                                else f"its items cannot be stored in HDF5 ({type(err).__name__}: {err})")
-        return self._stored
-
-    def close(self) -> None:
-        self._stored = None
-        if self._folder is not None:
-            self._folder.cleanup()
-            self._folder = None
 
 
 def _autocast(change: Changes, device: Any) -> Callable[[], Any]:

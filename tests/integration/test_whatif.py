@@ -273,9 +273,9 @@ class _Named(torch.utils.data.Dataset):
 
 
 def test_items_hdf5_cannot_hold_get_no_stored_copy_and_leave_nothing_behind() -> None:
-    from loadprof.whatif import _Items
+    from loadprof.replayitems import Items
 
-    items = _Items(DataLoader(_Named(), batch_size=8))
+    items = Items(DataLoader(_Named(), batch_size=8))
     try:
         assert items.stored() is None
         assert "cannot be stored in HDF5" in items.problem and "name" in items.problem
