@@ -127,22 +127,25 @@ PACKED_AFTER_READ = 0.1
 
 def _whole_job(run: Run, rec: Recommendation, w: WhatIf, gain: float) -> tuple[float, str] | None:
     """The speed-up over the whole job as it ran, one-time costs counted: a cache fills in
-    the first epoch, reading every item once at about today's pace; workers start at each
+    the first epoch, reading every item once at about today's pace (as making an offline
+    copy does, once for every run that reads it); workers start at each
     epoch (once, persistent), as long as they took to give the replay its first batch; a
     tf.data pipeline starts with each epoch's iterator, as long as the replay's first call
     took beyond a steady one."""
     n = sum(s.merged for s in run.steps)
     loader = next((info for info in run.loaders if info.iterations > info.eval_iterations), None)
-    if rec.id not in ("cache", "num_workers", "parallel_map", "prefetch") or not n or loader is None \
+    if rec.id not in ("cache", "num_workers", "parallel_map", "prefetch", *STORED_IDS) or not n or loader is None \
             or not loader.dataset_length or not loader.batch_size:
         return None
     per_epoch = -(-loader.dataset_length // loader.batch_size)
     step = sum(s.duration for s in run.steps) / n
     epochs = n / per_epoch
     span = f"over the whole job as it ran ({n} steps, {epochs:.1f} epoch{'s' if epochs >= 1.05 else ''})"
-    if rec.id == "cache":
+    if rec.id in ("cache", *STORED_IDS):
         whole = n * step / (min(n, per_epoch) * step + max(0, n - per_epoch) * step / gain)
-        return whole, f"{span} about {whole:.2f}x: the cache fills in the first epoch"
+        return whole, (f"{span} about {whole:.2f}x: the cache fills in the first epoch" if rec.id == "cache" else
+                       f"{span} about {whole:.2f}x, the copy made first: making it reads every item once, "
+                       "an epoch at today's pace, once for every run that reads it")
     starts = 1 if "persistent_workers=True" in rec.code else math.ceil(epochs)
     extra = starts * (w.start_seconds - w.baseline_start_seconds)
     whole = n * step / max(1e-9, n * step / gain + extra)
