@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...records import StageTime
+from .dsgraph import functions_of, inputs_of
 from .iterstats import PipelineTime, token_of_name
 from .stages import callable_name
 
@@ -48,20 +49,6 @@ class Transform:
     parent: Any = None
 
 
-def _functions(node: Any) -> list[Any]:
-    try:
-        return list(node._functions())
-    except (AttributeError, NotImplementedError, TypeError):
-        return []
-
-
-def _inputs(node: Any) -> list[Any]:
-    try:
-        return list(node._inputs())
-    except (AttributeError, NotImplementedError, TypeError):
-        return []
-
-
 def _int(node: Any, attr: str) -> int | None:
     try:
         return int(getattr(node, attr))
@@ -76,7 +63,7 @@ def _describe(node: Any, token: str, fams: str) -> tuple[str, str, list[str]]:
     tokens: list[str] = []
     ops: set[str] = set()
     fn_name = ""
-    for wrapper in _functions(node):
+    for wrapper in functions_of(node):
         try:
             ops |= _function_ops(wrapper, tokens)
         except (AttributeError, TypeError, ValueError):
@@ -100,7 +87,7 @@ def _describe(node: Any, token: str, fams: str) -> tuple[str, str, list[str]]:
         return "cache", "to a file" if _cache_file(node) else "in memory", tokens
     if fams == "prefetch":
         return "prefetch", "as written", tokens
-    kind = _KIND.get(fams, "source" if token in _SOURCES or not _inputs(node) else "other")
+    kind = _KIND.get(fams, "source" if token in _SOURCES or not inputs_of(node) else "other")
     return kind, fn_name or token, tokens
 
 
@@ -125,10 +112,10 @@ def transforms(ds: Any) -> list[Transform]:
             kind, name, tokens = _describe(node, token, fam)
             t = Transform(fam if token not in _FILES else "files", kind, name, tokens)
             if fam == "map":
-                t.fn = getattr((_functions(node) or [None])[0], "_func", None)
-                t.parent = (_inputs(node) or [None])[0]
+                t.fn = getattr((functions_of(node) or [None])[0], "_func", None)
+                t.parent = (inputs_of(node) or [None])[0]
             top_down.append(t)
-        stack.extend(reversed(_inputs(node)))
+        stack.extend(reversed(inputs_of(node)))
     out = top_down[::-1]
     maps = 0
     for t in out:

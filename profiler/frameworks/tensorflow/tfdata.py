@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from .dsgraph import functions_of, inputs_of
 from .iterstats import token_of_name
 
 
@@ -138,20 +139,13 @@ def _cardinality(ds: Any) -> int | None:
     node = ds
     # A repeat() somewhere below makes it infinite: the pass is what the repeat repeats.
     for _ in range(64):
-        inputs = _inputs(node)
+        inputs = inputs_of(node)
         if not inputs:
             return None
         if _token(node) == "repeat":
             return _cardinality(inputs[0])
         node = inputs[0]
     return None
-
-
-def _inputs(ds: Any) -> list[Any]:
-    try:
-        return list(ds._inputs())
-    except (AttributeError, NotImplementedError, TypeError):
-        return []
 
 
 def _function_ops(wrapper: Any, tokens: list[str]) -> set[str]:
@@ -214,7 +208,7 @@ def inspect_dataset(ds: Any) -> PipelineFacts:
         seen += 1
         name = _token(node)
         if name == "options":
-            stack.extend(reversed(_inputs(node)))
+            stack.extend(reversed(inputs_of(node)))
             continue
         token = name
         if first:
@@ -236,7 +230,7 @@ def inspect_dataset(ds: Any) -> PipelineFacts:
             size = _int(getattr(node, "_batch_size", None))
             if facts.batch_size is None and size is not None and size > 0:
                 facts.batch_size = size
-                batch_input = (_inputs(node) or [None])[0]
+                batch_input = (inputs_of(node) or [None])[0]
             token = f"{name}[{size}]" if size is not None and size > 0 else name
         elif name in ("tfrecord", "text_line", "fixed_length_record"):
             facts.file_based = True
@@ -245,11 +239,7 @@ def inspect_dataset(ds: Any) -> PipelineFacts:
             facts.parallel_reads = reads is not None and reads != 1
             facts.n_files = _cardinality(getattr(node, "_filenames", None))
         details: list[str] = []
-        try:
-            wrappers = list(node._functions())
-        except (AttributeError, NotImplementedError, TypeError):
-            wrappers = []
-        for wrapper in wrappers:
+        for wrapper in functions_of(node):
             tokens: list[str] = []
             try:
                 ops = _function_ops(wrapper, tokens)
@@ -267,10 +257,10 @@ def inspect_dataset(ds: Any) -> PipelineFacts:
                 facts.file_based = True
                 if name in ("interleave", "parallel_interleave", "flat_map"):
                     facts.parallel_reads = name == "parallel_interleave"
-                    facts.n_files = facts.n_files or _cardinality((_inputs(node) or [None])[0])
+                    facts.n_files = facts.n_files or _cardinality((inputs_of(node) or [None])[0])
             if reads_files:
                 facts.file_based = facts.per_file_reads = True
-                facts.n_files = _cardinality((_inputs(node) or [None])[0])
+                facts.n_files = _cardinality((inputs_of(node) or [None])[0])
                 _file_sizes(node, facts)
             if name in ("map", "parallel_map"):
                 stateful = _stateful(ops)
@@ -285,7 +275,7 @@ def inspect_dataset(ds: Any) -> PipelineFacts:
         if details:
             token = f"{token}[{','.join(dict.fromkeys(details))}]"
         top_down.append(token)
-        stack.extend(reversed(_inputs(node)))
+        stack.extend(reversed(inputs_of(node)))
 
     facts.transformations = list(reversed(top_down))
     facts.python_functions = python_functions
@@ -313,14 +303,14 @@ def inspect_dataset(ds: Any) -> PipelineFacts:
 
 def _file_sizes(map_node: Any, facts: PipelineFacts) -> None:
     """Mean size of the files a per-file pipeline reads, from a sample of their names."""
-    node = (_inputs(map_node) or [None])[0]
+    node = (inputs_of(map_node) or [None])[0]
     for _ in range(16):  # down to the dataset of file names (shuffle etc. in between)
         if node is None:
             return
         tensors = getattr(node, "_tensors", None)
         if tensors:
             break
-        node = (_inputs(node) or [None])[0]
+        node = (inputs_of(node) or [None])[0]
     else:
         return
     try:
