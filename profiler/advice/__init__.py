@@ -92,7 +92,9 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
         out.insert(0, shm_advice(run, m))
     out = stage_advice(run, diagnosis, out)
     _stored_copies(run, loader, out)
-    return measured(run, out)
+    # a change whose most is no gain buys nothing, as a change measured to gain nothing
+    return [r for r in measured(run, out)
+            if not (r.bound and r.estimated_speedup is not None and r.estimated_speedup < NO_GAIN)]
 
 
 def _script_dialect(run: Run) -> str:

@@ -99,6 +99,18 @@ def test_per_sample_python_and_collate_get_batched_getitems_with_the_most_it_buy
     assert "the most batching it buys" in rec.basis
 
 
+def test_per_sample_python_whose_most_is_no_gain_is_not_advised():
+    # workers make the batches beside a GPU step: taking the Python out buys at most 1.00x
+    stages = [_st("user", "slow_part (data.py:12)", 40), _st("collate", "my_collate", 20)]
+    run = _run(stages, wait=0.006, step=0.1, cuda=True)
+    run.loaders[0].num_workers = 2
+    from loadprof.advice import stage_advice
+
+    bounded = stage_advice(run, diagnose(run), [])
+    assert [(r.id, r.bound, r.estimated_speedup) for r in bounded] == [("batched_getitems", True, 1.0)]
+    assert "batched_getitems" not in _advice(run)  # as a change measured to gain nothing
+
+
 def test_per_sample_code_that_waits_is_not_told_to_batch():
     """A __getitem__ that sleeps on a remote read: no CPU work to vectorise."""
     s = 40 * BATCHES / 1000
