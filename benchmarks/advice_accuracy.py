@@ -65,6 +65,9 @@ class Example(NamedTuple):
     #: advice loadprof's fixes cannot apply from outside (a cache of a dataset's
     #: deterministic steps, say)
     flags: dict[str, list[str]] = {}
+    #: the least measured steps its runs take: tf.data's transformations are timed from its
+    #: 100th batch on, for 20 (NOTE [ The profiler window ]), and advised per transformation
+    steps: int = 0
 
 
 EXAMPLES: dict[str, Example] = {
@@ -94,6 +97,10 @@ EXAMPLES: dict[str, Example] = {
     "one_epoch": Example("benchmarks/advice_scripts/one_epoch.py", ["--epochs", "1"]),
     # 4 batches an epoch: the warm-up steps hold the epoch that fills a cache
     "tfdata_tfops": Example("benchmarks/advice_scripts/tfdata_tfops.py", ["--epochs", "50", "--samples", "128"]),
+    # advice per transformation: a costly random map among cheap ones; shards read one after another
+    "tfdata_costly_map": Example("benchmarks/advice_scripts/tfdata_costly_map.py", ["--epochs", "50"], steps=125),
+    "tfdata_shards": Example("benchmarks/advice_scripts/tfdata_shards.py", ["--epochs", "50"],
+                             flags={"interleave": ["--parallel-reads", "2"]}, steps=125),
 }
 #: Multi-rank jobs: name -> (script, arguments, ranks). A trial is a whole torchrun job
 #: (one process per rank on this machine), the fix applied through the script's own
@@ -152,7 +159,8 @@ def _median_step(t: TrialResult, warmup: int) -> float | None:
 
 
 def measure(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
-    rel, args, env, flags = EXAMPLES[example]
+    rel, args, env, flags, least = EXAMPLES[example]
+    o = argparse.Namespace(**{**vars(o), "steps": max(o.steps, least)})
     script = str(ROOT / rel)
     envs = "".join(f"{k}={v} " for k, v in env.items())
     print(f"{example}: {envs}{rel} {' '.join(args)}", file=sys.stderr, flush=True)

@@ -100,11 +100,14 @@ def change_of(rec: Recommendation) -> Changes | None:
     if rec.id == "persistent_workers":
         return Changes(persistent_workers=True)
     if rec.id == "prefetch" and rec.framework == "tf":
-        return Changes(prefetch=True)
+        return Changes(prefetch=True) if "after" not in v else None  # after a given row: code
     if rec.id == "prefetch" and isinstance(v.get("prefetch_factor"), int):
         return Changes(prefetch_factor=v["prefetch_factor"])
     if rec.id == "cache":
         return Changes(cache=True)
+    if rec.id == "parallel_map" and isinstance(v.get("function"), str):
+        calls = v.get("num_parallel_calls")
+        return Changes(map_fn=v["function"], map_calls=calls if isinstance(calls, int) else None)
     if rec.id == "parallel_map":
         return Changes(parallel_map=True)
     if rec.id == "pin_memory":

@@ -32,6 +32,10 @@ class Changes:
     prefetch: bool = False
     #: tf.data: ``map(..., num_parallel_calls=tf.data.AUTOTUNE)`` where unset (order kept).
     parallel_map: bool = False
+    #: tf.data: that change on one map only, its function as the stage table names it
+    #: (``"augment (train.py:30)"``), with ``map_calls`` calls (None: AUTOTUNE)
+    map_fn: str | None = None
+    map_calls: int | None = None
     #: Mixed precision: "fp16" (torch autocast + GradScaler; Keras mixed_float16),
     #: "bf16" (autocast bfloat16; Keras mixed_bfloat16) or "auto" (bf16 where the
     #: device supports it, else fp16 on tensor-core GPUs, else nothing).
@@ -55,7 +59,7 @@ class Changes:
     stored: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("num_workers", "prefetch_factor", "accumulation", "threads"):
+        for name in ("num_workers", "prefetch_factor", "accumulation", "threads", "map_calls"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ValueError(f"{name}: expected a whole number >= 0, got {value!r}")
@@ -63,6 +67,8 @@ class Changes:
             raise ValueError("prefetch_factor: expected >= 1, got 0")
         if self.threads == 0:
             raise ValueError("threads: expected >= 1, got 0")
+        if self.map_calls == 0:
+            raise ValueError("map_calls: expected >= 1, got 0")
         if self.accumulation is not None and self.accumulation < 2:
             raise ValueError(f"accumulation: expected >= 2 micro-batches per step, got {self.accumulation!r}")
         if self.amp not in (None, "auto", "fp16", "bf16"):

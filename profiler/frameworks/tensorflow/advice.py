@@ -8,6 +8,7 @@ from ...advice.loader import cache_advice, convert_advice
 from ...diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Metrics, Thresholds
 from ...records import LoaderInfo, Run
 from ...stagemodel import loading
+from .transformadvice import transform_advice
 
 
 def _tf_pipeline_seconds(run: Run, m: Metrics, loader: LoaderInfo) -> float | None:
@@ -202,4 +203,7 @@ def input_advice(run: Run, d: Diagnosis, loader: LoaderInfo,
         out.append(rec)
     if late_prefetch is not None:
         out.append(late_prefetch)
+    # every transformation timed (the profiler's window): its rows decide which map, where
+    if loader.stage_source:
+        out = transform_advice(run, d, loader, pipeline, out)
     return out

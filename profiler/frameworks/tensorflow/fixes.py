@@ -1,5 +1,6 @@
 """tf.data fixes: observe the pipeline the script builds; insert ``cache()``,
-``prefetch(AUTOTUNE)`` and parallel ``map`` where a trial asks for them.
+``prefetch(AUTOTUNE)`` and parallel ``map`` (every map, or the one ``Changes.map_fn`` names)
+where a trial asks for them.
 Installed when the script imports TensorFlow.
 """
 
@@ -20,6 +21,7 @@ from ...fixes.spec import SiteRecord, short_path
 from ...instrument import ThisProcess
 from ...patch import Patches
 from .rebuild import same_output
+from .stages import callable_name
 
 if TYPE_CHECKING:
     from ...fixes.context import FixContext
@@ -115,11 +117,14 @@ class TfDataFixes:
                 flags["map_fns"] = (*flags.get("map_fns", ()), (ds, args[0]))
             if len(args) < 2 and kwargs.get("num_parallel_calls") is None:
                 facts["sequential_maps"] = facts.get("sequential_maps", 0) + 1
-                if c.parallel_map:
-                    kwargs = {**kwargs, "num_parallel_calls": tf.data.AUTOTUNE}
+                # the one map the advice per transformation named, or every map
+                named = c.map_fn is not None and args and callable_name(args[0]) == c.map_fn
+                if c.parallel_map or named:
+                    calls = c.map_calls if named and c.map_calls else None
+                    kwargs = {**kwargs, "num_parallel_calls": calls or tf.data.AUTOTUNE}
                     self._record("tf.data.map", site, {"num_parallel_calls": None},
-                                 {"num_parallel_calls": "tf.data.AUTOTUNE"})
-                    self.a.say(f"tf.data map at {where}: num_parallel_calls=AUTOTUNE")
+                                 {"num_parallel_calls": str(calls) if calls else "tf.data.AUTOTUNE"})
+                    self.a.say(f"tf.data map at {where}: num_parallel_calls={calls or 'AUTOTUNE'}")
             flags["mapped"] = True
         elif name == "cache":
             facts["cache"] = True

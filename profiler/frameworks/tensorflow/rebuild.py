@@ -105,10 +105,13 @@ class Builds:
         calls.reverse()
         return node, calls
 
-    def rebuild(self, ds: Any, change: str) -> Any:
+    def rebuild(self, ds: Any, change: str, only: str | None = None, parallel: int | None = None) -> Any:
         """``ds`` built again with ``change`` (``CHANGES``), or None: not built while noted,
-        or the change would leave it as it is."""
+        or the change would leave it as it is. ``parallel_map``: on the map whose function
+        the stage table names ``only`` alone, where given, with ``parallel`` calls (None: AUTOTUNE)."""
         import tensorflow as tf
+
+        from .stages import callable_name
 
         if change not in CHANGES:
             raise ValueError(f"change: expected one of {', '.join(CHANGES)}, got {change!r}")
@@ -127,8 +130,9 @@ class Builds:
             for i, call in enumerate(calls):
                 args, kwargs = call.args, dict(call.kwargs)
                 if change == "parallel_map" and call.name == "map" and len(args) < 2 \
-                        and kwargs.get("num_parallel_calls") is None:
-                    kwargs["num_parallel_calls"] = tf.data.AUTOTUNE
+                        and kwargs.get("num_parallel_calls") is None \
+                        and (only is None or (args and callable_name(args[0]) == only)):
+                    kwargs["num_parallel_calls"] = parallel or tf.data.AUTOTUNE
                     changed = True
                 node = getattr(node, call.name)(*args, **kwargs)
                 following = calls[i + 1].name if i + 1 < len(calls) else None
@@ -180,10 +184,15 @@ class Builds:
 def same_output(fn: Any, parent: Any) -> bool | None:
     """Whether a map's function gave the same output twice for one element of the dataset
     it maps, called eagerly (False: a random augmentation; None: it failed outside its
-    pipeline, or the dataset is empty)."""
+    pipeline, or the dataset is empty). A function with random ops that keep a state
+    (``tf.random.*``, ``tf.image.random_*``, a stateless op seeded from a generator) is
+    random even where two draws agreed (a flip's two draws do half the time); a stateless
+    op with a fixed seed is not."""
     import numpy as np
     import tensorflow as tf
 
+    if _draws(fn, parent):
+        return False
     try:
         element = next(iter(parent.take(1)))
         twice = []
@@ -195,3 +204,20 @@ def same_output(fn: Any, parent: Any) -> bool | None:
     a, b = twice
     return len(a) == len(b) and all(x.shape == y.shape and np.array_equal(x, y, equal_nan=x.dtype.kind == "f")
                                     for x, y in zip(a, b, strict=True))
+
+
+def _draws(fn: Any, parent: Any) -> bool:
+    """Whether ``fn``, traced on the elements of ``parent``, has a random op that keeps a state."""
+    import tensorflow as tf
+
+    from .dsgraph import RANDOM_OPS
+
+    try:
+        spec = parent.element_spec
+        args = spec if isinstance(spec, tuple) else (spec,)
+        graph = tf.function(fn, autograph=False).get_concrete_function(*args).graph
+        defs = graph.as_graph_def()
+    except Exception:  # the script's own function, traced outside its pipeline
+        return False
+    ops = {n.op for n in defs.node} | {n.op for f in defs.library.function for n in f.node_def}
+    return bool(ops & RANDOM_OPS)

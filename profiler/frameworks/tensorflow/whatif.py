@@ -6,7 +6,8 @@ The differential probes (probe.py) already time the model alone on one batch, af
 run. The replays go one step further: the fit's ``train_function`` (or a custom loop's
 ``tf.function`` step, held once traced where the loop called it on the batch it read, as
 read: ``step(x, y)``) fed a fresh iterator over the pipeline as the script built it, and
-over the same pipeline built again with one advised change (rebuild.py: a parallel map, a prefetch after the batch,
+over the same pipeline built again with one advised change (rebuild.py: a parallel map, or the one map
+the advice per transformation names, a prefetch after the batch,
 a filled cache after the deterministic maps), in rounds while
 the budget lasts, each round's calls after two of warm-up (the iterator's start, a shuffle
 buffer filling), the rounds of each averaged. A change whose pipeline is the same is not
@@ -159,7 +160,7 @@ def _steady_step(run: Run) -> float | None:
 
 def rebuild_of(change: Changes) -> str | None:
     """The rebuild a change is, or None (not one the replays make)."""
-    if change.parallel_map:
+    if change.parallel_map or change.map_fn:
         return "parallel_map"
     if change.prefetch:
         return "prefetch"
@@ -181,7 +182,7 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
                 variants.append((change, target.dataset, target.mixed))
             continue
         rebuilt = rebuild_of(change)
-        built = builds.rebuild(target.dataset, rebuilt) if rebuilt else None
+        built = builds.rebuild(target.dataset, rebuilt, change.map_fn, change.map_calls) if rebuilt else None
         if built is not None:
             variants.append((change, built, target))
     if not variants:
