@@ -5,7 +5,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # uv installs what pip would, in half the time
-PIP    := $(BIN)/uv pip install -q --python $(BIN)/python -c constraints-dev.txt
+# torchvision kept out (excludes-dev.txt): litdata pulls it, and its wheel does not load against the
+# CPU torch pinned here ("operator torchvision::nms does not exist"), breaking transformers and lightning
+PIP    := $(BIN)/uv pip install -q --python $(BIN)/python -c constraints-dev.txt --excludes excludes-dev.txt
 # uv reads no pip configuration: the wheels pip is told to find (the CPU build of torch) it finds
 # too (pip's list is separated by spaces, uv's by commas)
 empty :=
@@ -29,11 +31,11 @@ $(BIN)/uv: | $(VENV)/bin/python
 # PYTHONDONTWRITEBYTECODE is set, nothing else ever compiles them, and torch took 5.3 s to
 # import instead of 2.3 s. The test environment's are not: compiling all of torch and
 # TensorFlow took 20 s; the tests compile the part they import (`warm`, then as they go).
-$(DEMO_STAMP): pyproject.toml constraints-dev.txt | $(BIN)/uv
+$(DEMO_STAMP): pyproject.toml constraints-dev.txt excludes-dev.txt | $(BIN)/uv
 	$(PIP) --compile-bytecode -e '.[torch]'
 	touch $@
 
-$(TEST_STAMP): pyproject.toml constraints-dev.txt | $(BIN)/uv
+$(TEST_STAMP): pyproject.toml constraints-dev.txt excludes-dev.txt | $(BIN)/uv
 	$(PIP) -e '.[torch,dev]' tensorflow-cpu
 	touch $@ $(DEMO_STAMP)
 

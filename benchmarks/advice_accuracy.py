@@ -101,6 +101,16 @@ EXAMPLES: dict[str, Example] = {
     "tfdata_costly_map": Example("benchmarks/advice_scripts/tfdata_costly_map.py", ["--epochs", "50"], steps=125),
     "tfdata_shards": Example("benchmarks/advice_scripts/tfdata_shards.py", ["--epochs", "50"],
                              flags={"interleave": ["--parallel-reads", "2"]}, steps=125),
+    # Ray Data: a slow Python map_batches on a one-CPU Ray cluster; a wide model fed by a cheap map
+    "raydata_starved": Example("benchmarks/advice_scripts/raydata_starved.py", ["--epochs", "50"],
+                               flags={"ray_cluster_cpus": ["--all-cpus"]}, steps=300),
+    "raydata_compute": Example("benchmarks/advice_scripts/raydata_compute.py", ["--epochs", "50"]),
+    # LitData: a costly per-item transform in a StreamingDataset's __getitem__, moved into the chunks
+    "litdata_stream": Example("benchmarks/advice_scripts/litdata_stream.py", ["--epochs", "50"],
+                              flags={"litdata_optimize": ["--optimized"]}),
+    # a datasets stream: a per-example Python map, batched with array operations
+    "hf_stream": Example("benchmarks/advice_scripts/hf_stream.py", ["--epochs", "50"], {"HF_DATASETS_OFFLINE": "1"},
+                         flags={"hf_batched_map": ["--batched"]}),
 }
 #: Multi-rank jobs: name -> (script, arguments, ranks). A trial is a whole torchrun job
 #: (one process per rank on this machine), the fix applied through the script's own

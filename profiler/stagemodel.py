@@ -64,6 +64,8 @@ class Loading:
     python_only: bool = False
     #: where the rows came from, beyond the framework's hooks: "tf.profiler" (LoaderInfo.stage_source)
     source: str = ""
+    #: what its adapter says its rows are, under the table (``Words.stage_caption``); "" for tf.profiler's
+    caption: str = ""
 
 
 def loading(run: Run, loader: LoaderInfo | None) -> Loading | None:
@@ -86,14 +88,17 @@ def loading(run: Run, loader: LoaderInfo | None) -> Loading | None:
             for s in stages]
     rows.sort(key=lambda r: -r.ms_per_batch)
     wait = None
-    if not loader.num_workers and run.steps:
+    # a source that timed every stage (Ray's stats) sets the loop's wait beside them, workers or not
+    if (not loader.num_workers or loader.stage_source) and run.steps:
         wait = 1000 * sum(s.data_wait for s in run.steps) / batches
     # TensorFlow's graph transformations run in C++: its stages are only the Python functions
     # the pipeline calls (NOTE [ Timing tf.data's Python functions ] in frameworks/tensorflow/stages.py)
     adapter = for_loader(loader)
     python_only = adapter is not None and adapter.stages_of(loader) == "python"
     fetch = None if python_only or loader.stage_source else 1000 * loader.stage_seconds / n
-    return Loading(rows, 1000 * total / n, fetch, wait, n, loader.batch_size or 1, python_only, loader.stage_source)
+    caption = (adapter.words.stage_caption(loader) if adapter is not None and loader.stage_source else None) or ""
+    return Loading(rows, 1000 * total / n, fetch, wait, n, loader.batch_size or 1, python_only, loader.stage_source,
+                   caption)
 
 
 def top_stage_line(load: Loading | None) -> str:

@@ -24,6 +24,12 @@ IDS = (
     "gpu_transforms", "gpu_decode", "batched_getitems", "slow_stage",
     # torchdata.nodes: its map's workers and cost, in_order, a Prefetcher
     "map_workers", "map_cost", "map_in_order", "map_prefetch",
+    # LitData: StreamingDataLoader workers, work moved into optimize(), chunks, pre-download, cache
+    "litdata_workers", "litdata_optimize", "litdata_chunk_bytes", "litdata_pre_download", "litdata_cache_size",
+    # a Hugging Face datasets stream: workers against its shards, batched maps, its shuffle buffer
+    "hf_workers", "hf_shards", "hf_batched_map", "hf_shuffle_buffer",
+    # Ray Data: the cluster's CPUs, the slowest operator's concurrency and num_cpus, prefetch_batches
+    "ray_cluster_cpus", "ray_concurrency", "ray_num_cpus", "ray_prefetch_batches",
 )
 
 

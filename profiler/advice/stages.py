@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..diagnosis import Diagnosis, Metrics
+from ..frameworks import for_loader
 from ..records import LoaderInfo, Run
 from ..stagemodel import (
     Loading,
@@ -37,6 +38,9 @@ def stage_advice(run: Run, diagnosis: Diagnosis, out: list[Recommendation]) -> l
     if load is None or loader is None or load.python_only or load.source or not (
             diagnosis.verdict == "data-starved" or diagnosis.moderate_input):
         return out  # the rules read the torch loader's stage kinds (a tf.profiler table has its own)
+    adapter = for_loader(loader)
+    if adapter is not None and not adapter.stage_rules:
+        return out  # its own rules read its stages, in its knobs
     cores = max(1.0, m.usable_cores - (m.others_cpu_cores or 0.0) - 1.0)
     model = pipeline(load, loader.num_workers or 0, cores, m.compute_per_step)
     named: list[str] = []
@@ -63,7 +67,7 @@ def _estimate_offline(run: Run, m: Metrics, load: Loading, model: Pipeline, rec:
         rec.basis = ("no estimate: none of the timed stages is known to be deterministic (a random or "
                      "unnamed transform comes first); " + MEASURE.split(": ", 1)[1])
         return
-    speedup, basis = _stage_estimate(run, model, m, rows, load)
+    speedup, basis = stage_estimate(run, model, m, rows, load)
     if speedup is None:
         return
     names = ", ".join(r.name for r in sorted(rows, key=lambda r: -r.share)[:4])
@@ -80,7 +84,7 @@ def _stage_slowest_advice(run: Run, m: Metrics, loader: LoaderInfo, load: Loadin
     top = max((r for r in load.rows if r.kind in ("transform", "decode")), key=lambda r: r.share, default=None)
     if top is None or top.share < STAGE_DOMINATES or any(top.name in text for text in named):
         return None
-    speedup, basis = _stage_estimate(run, model, m, [top], load)
+    speedup, basis = stage_estimate(run, model, m, [top], load)
     gpu = run.environment.cuda_in_use
     where = ("on the GPU after the copy, on the whole batch" if gpu
              else "on the whole batch after batching (array operations over the batch dimension)")
@@ -112,7 +116,7 @@ def _ident(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", head).lower().strip("_") or "transform"
 
 
-def _stage_estimate(run: Run, model: Pipeline, m: Metrics, rows: list[StageRow],
+def stage_estimate(run: Run, model: Pipeline, m: Metrics, rows: list[StageRow],
                     load: Loading) -> tuple[float | None, str]:
     """(speed-up, basis) of taking ``rows`` out of each sample's making, from the model."""
     per = 1000.0 * load.batch_size
@@ -149,7 +153,7 @@ def _stage_prefix_advice(run: Run, m: Metrics, loader: LoaderInfo, load: Loading
     size = item * loader.dataset_length if item and loader.dataset_length else None
     avail = min((h.memory_available for h in run.host_samples), default=0)
     fits = size is not None and avail > 0 and size <= 0.25 * avail
-    speedup, basis = _stage_estimate(run, model, m, rows, load)
+    speedup, basis = stage_estimate(run, model, m, rows, load)
     names = ", ".join(r.name for r in sorted(rows, key=lambda r: -r.share)[:4])
     why = (f"The steps before the first random transform ({names}) take {share:.0%} of loading and give the "
            "same result every epoch. ")
@@ -185,7 +189,7 @@ def _stage_gpu_transforms_advice(run: Run, m: Metrics, loader: LoaderInfo, load:
     share = sum(r.share for r in rows)
     if share < STAGE_DOMINATES or not run.environment.cuda_in_use:
         return None
-    speedup, basis = _stage_estimate(run, model, m, rows, load)
+    speedup, basis = stage_estimate(run, model, m, rows, load)
     return Recommendation(
         "gpu_transforms", "Run the random transforms on the GPU, on whole batches",
         f"Random transforms ({', '.join(r.name for r in rows[:3])}) take {share:.0%} of loading, per sample "
@@ -203,7 +207,7 @@ def _stage_gpu_decode_advice(run: Run, m: Metrics, loader: LoaderInfo, load: Loa
     share = sum(r.share for r in rows)
     if share < STAGE_DOMINATES:
         return None
-    speedup, basis = _stage_estimate(run, model, m, rows, load)
+    speedup, basis = stage_estimate(run, model, m, rows, load)
     gpu = run.environment.cuda_in_use
     return Recommendation(
         "gpu_decode", "Decode JPEGs on the GPU" if gpu else "Store the images decoded",
@@ -252,7 +256,7 @@ def _stage_python_advice(run: Run, m: Metrics, loader: LoaderInfo, load: Loading
         return None
     top = max(rows, key=lambda r: r.share)
     why = f"Per-sample Python and collation ({top.name} first) take {share:.0%} of loading. "
-    speedup, basis = _stage_estimate(run, model, m, rows, load)
+    speedup, basis = stage_estimate(run, model, m, rows, load)
     if speedup is not None:
         # what the batched code costs is the user's to write: the figure is its ceiling
         basis = basis.replace("without these stages", "without the per-sample Python: the most batching it "

@@ -44,6 +44,10 @@ class Words:
         """What keeps ``ahead`` batches in flight (``cover`` says why that many)."""
         return None
 
+    def stage_caption(self, loader: LoaderInfo) -> str | None:
+        """What its stage table's rows are, where they came from beyond the hooks (``LoaderInfo.stage_source``)."""
+        return None
+
 
 @dataclass(frozen=True)
 class Adapter:
@@ -71,6 +75,9 @@ class Adapter:
     #: which of its loaders' stages are timed: "all", or "python" (only the Python
     #: functions it calls: its graph transformations run in C++)
     stages: str = "all"
+    #: the shared stage rules (advice/stages.py, their snippets the DataLoader's) apply to its
+    #: loaders; False where its own rules say it in its knobs (LitData, a Hugging Face stream)
+    stage_rules: bool = True
     #: how the report names its loaders ("tf.data")
     label: str = ""
     #: the dialect of the model code its users write, for the advice's snippets ("torch", "tf")
@@ -103,6 +110,9 @@ REGISTERED: list[str] = [
     "loadprof.frameworks.tensorflow",
     "loadprof.frameworks.keras",
     "loadprof.frameworks.torchdata",
+    "loadprof.frameworks.litdata",
+    "loadprof.frameworks.hfstream",
+    "loadprof.frameworks.raydata",
 ]
 
 _lock = threading.Lock()

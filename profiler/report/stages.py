@@ -49,7 +49,7 @@ def caption(load: Loading) -> str | None:
     if load.python_only:
         return PYTHON_ONLY_CAPTION
     if load.source:
-        return "\n".join(line for line in (PROFILER_CAPTION, waits_on_line(load)) if line)
+        return "\n".join(line for line in (load.caption or PROFILER_CAPTION, waits_on_line(load)) if line)
     return None
 
 

@@ -256,7 +256,7 @@ def _stages(pid: int, run: Run, offset: float) -> Iterable[dict[str, Any]]:
     if load.python_only:
         args["not timed"] = TF_GRAPH_NOT_TIMED
     if load.source:
-        args["source"] = PROFILER_CAPTION
+        args["source"] = load.caption or PROFILER_CAPTION
         if waits_on_line(load):
             args["waits on"] = waits_on_line(load).split(": ", 1)[1]
     shown, rest = load.rows[:MAX_ROWS], load.rows[MAX_ROWS:]  # as the terminal's table: a track a stage

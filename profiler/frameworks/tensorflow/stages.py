@@ -32,13 +32,12 @@ traces them), and the report says so instead of a number.
 
 from __future__ import annotations
 
-import functools
-import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from ...callables import callable_name as _callable_name
 from ...patch import Patches
 from ...records import LoaderInfo, StageTime
 
@@ -49,17 +48,8 @@ _FROM_GENERATOR = "tensorflow.python.data.ops.from_generator_op"
 
 
 def callable_name(fn: Any) -> str:
-    """``qualname (file.py:line)`` of a Python callable as its author wrote it; its
-    qualname (or type) alone where no source line is known."""
-    fn = _unwrap(fn)
-    target = fn.func if isinstance(fn, functools.partial) else fn
-    name = getattr(target, "__qualname__", None) or type(target).__qualname__
-    code = getattr(target, "__code__", None)
-    if code is None:  # a callable object: its class's __call__
-        code = getattr(vars(type(target)).get("__call__"), "__code__", None)
-    if code is None:
-        return str(name)
-    return f"{name} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
+    """The name of the user's callable inside TensorFlow's wrappers (``callables.py``)."""
+    return _callable_name(_unwrap(fn))
 
 
 def _unwrap(fn: Any) -> Any:

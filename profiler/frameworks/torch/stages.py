@@ -165,11 +165,11 @@ def _active() -> StageRecorder | None:
     return None
 
 
-def _timed(kind: str, name: str, fn: Callable[..., Any], order: int = 0, random: bool | None = None,
+def timed(kind: str, name: str, fn: Callable[..., Any], order: int = 0, random: bool | None = None,
            named: Callable[[Any], str] | None = None) -> Callable[..., Any]:
     """``fn`` timed as stage (kind, name) while a fetch runs on this thread; ``named(first
     argument)`` names the stage per call instead (PIL's decode: by image format)."""
-    def timed(*args: Any, **kwargs: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
         rec = _state.current
         if rec is None or rec.thread != _ident():
             return fn(*args, **kwargs)
@@ -192,10 +192,10 @@ def _timed(kind: str, name: str, fn: Callable[..., Any], order: int = 0, random:
             rec.child_wall = saved_w + dw
             rec.child_cpu = saved_c + dc
 
-    timed.__wrapped__ = fn  # type: ignore[attr-defined]
-    timed.__name__ = getattr(fn, "__name__", "timed")
-    timed.__doc__ = getattr(fn, "__doc__", None)
-    return timed
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
+    call.__name__ = getattr(fn, "__name__", "timed")
+    call.__doc__ = getattr(fn, "__doc__", None)
+    return call
 
 
 # -- read ------------------------------------------------------------------------------
@@ -279,17 +279,18 @@ class TimedTransform:
     """One transform of a Compose, timed as its own stage; pickles as the transform
     itself (a spawned worker gets the user's object, and wraps it again there)."""
 
-    def __init__(self, inner: Any, order: int) -> None:
+    def __init__(self, inner: Any, order: int, name: str | None = None, kind: str = "transform") -> None:
         self.inner = inner
-        self._name = short(repr(inner))
+        self._name = short(name or repr(inner))
+        self._kind = kind  # another loader's word for it (a Hugging Face stream's "map")
         self._order = order
         self._random = random_by_name(inner)
-        self._call = _timed("transform", self._name, inner, order, self._random)
+        self._call = timed(kind, self._name, inner, order, self._random)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         rec = _state.current
         if args and rec is not None and rec.thread == _ident():
-            acc = rec.slot("transform", self._name, self._order, self._random)
+            acc = rec.slot(self._kind, self._name, self._order, self._random)
             if not acc[3]:  # its input's size, once: what a cache up to here would hold per sample
                 acc[3] = _nbytes(args[0])
         return self._call(*args, **kwargs)
@@ -490,7 +491,7 @@ def _wrap_fetch(rest: str) -> Callable[[Any], Any]:
                 fetcher._loadprof_collate = True
                 collate = fetcher.collate_fn
                 name = short(getattr(collate, "__qualname__", None) or type(collate).__name__)
-                fetcher.collate_fn = _timed("collate", name, collate)
+                fetcher.collate_fn = timed("collate", name, collate)
                 wrap_transforms(fetcher.dataset)
             rec.thread = _ident()
             rec.depth = 1
@@ -588,21 +589,21 @@ def hook_modules() -> None:
     np = sys.modules.get("numpy") if "numpy" not in done else None
     if np is not None:
         done.add("numpy")
-        wrap(np, "load", lambda f: _timed("read", "np.load", f))
-        wrap(np, "frombuffer", lambda f: _timed("decode", "np.frombuffer", f))
+        wrap(np, "load", lambda f: timed("read", "np.load", f))
+        wrap(np, "frombuffer", lambda f: timed("decode", "np.frombuffer", f))
     image = sys.modules.get("PIL.Image") if "PIL" not in done else None
     if image is not None:
         done.add("PIL")
         from PIL import ImageFile
 
-        wrap(image, "open", lambda f: _timed("decode", "PIL Image.open (header)", f))
+        wrap(image, "open", lambda f: timed("decode", "PIL Image.open (header)", f))
         wrap(ImageFile.ImageFile, "load",
-             lambda f: _timed("decode", "", f, named=lambda im: f"PIL {getattr(im, 'format', None) or 'image'} decode"))
-        wrap(image.Image, "convert", lambda f: _timed("decode", "PIL Image.convert", f))
+             lambda f: timed("decode", "", f, named=lambda im: f"PIL {getattr(im, 'format', None) or 'image'} decode"))
+        wrap(image.Image, "convert", lambda f: timed("decode", "PIL Image.convert", f))
     h5 = sys.modules.get("h5py") if "h5py" not in done else None
     if h5 is not None:
         done.add("h5py")
-        wrap(h5.Dataset, "__getitem__", lambda f: _timed("read", "h5py dataset read", f))
+        wrap(h5.Dataset, "__getitem__", lambda f: timed("read", "h5py dataset read", f))
     tvio = sys.modules.get("torchvision.io") if "torchvision" not in done else None
     if tvio is not None:
         done.add("torchvision")
@@ -616,7 +617,7 @@ def hook_modules() -> None:
 
 
 def _decoder(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    return lambda f: _timed("decode", name, f)
+    return lambda f: timed("decode", name, f)
 
 
 def start_sampler() -> None:

@@ -7,10 +7,11 @@ Imported by the hooks (hooks.py) only; it reads attributes and imports nothing o
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from ...callables import callable_name as _callable_name
 
 #: nodes whose ``next()`` takes what another thread (or process) made from a queue: the
 #: time in it is the wait for that thread, not work of the node's own
@@ -47,18 +48,11 @@ class Pipeline:
 
 
 def callable_name(fn: Any) -> str:
-    """``qualname (file.py:line)`` of a Python callable; its type's name where it has no code."""
-    inner = getattr(fn, "map_fn", None)  # MapOverBatch: the user's function inside
+    """The name of the user's function, inside a ``MapOverBatch`` where prebatched (``callables.py``)."""
+    inner = getattr(fn, "map_fn", None)
     if inner is not None and type(fn).__name__ == "MapOverBatch":
         fn = inner
-    target = getattr(fn, "func", fn)  # functools.partial
-    name = getattr(target, "__qualname__", None) or type(target).__qualname__
-    code = getattr(target, "__code__", None) or getattr(getattr(target, "__func__", None), "__code__", None)
-    if code is None:  # a callable object: its class's __call__
-        code = getattr(vars(type(target)).get("__call__"), "__code__", None)
-    if code is None:
-        return str(name)
-    return f"{name} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
+    return _callable_name(fn)
 
 
 def upstream(node: Any, base: type) -> list[Any]:

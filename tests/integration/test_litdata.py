@@ -1,0 +1,151 @@
+"""LitData, unchanged, profiled: a StreamingDataLoader over a StreamingDataset written to a
+temporary folder, its stages named in LitData's words (chunk reads, deserialisation, the
+user's __getitem__), its facts, the verdict and the advice in its knobs. Each scenario runs a
+real small training loop once (module fixtures) and checks what the tool says given what it
+measured, never a time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
+ld = pytest.importorskip("litdata")
+
+from loadprof import Profile  # noqa: E402
+from loadprof.frameworks import for_loader  # noqa: E402
+from loadprof.frameworks.litdata import facts  # noqa: E402
+from loadprof.report import build_report  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+ITEMS = 2048
+
+
+class Augmented(ld.StreamingDataset):
+    """A user's subclass: each item through a costly per-item NumPy loop (``rounds`` times)."""
+
+    def __init__(self, *args, rounds: int = 0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.rounds = rounds
+
+    def __getitem__(self, index):
+        item = super().__getitem__(index)
+        x = item["x"]
+        for _ in range(self.rounds):
+            x = np.tanh(x * 1.01 + 0.1)
+        return torch.from_numpy(np.ascontiguousarray(x)), item["y"]
+
+
+def _write(folder: Path) -> Path:
+    from litdata.streaming.cache import Cache
+
+    cache = Cache(str(folder), chunk_bytes="64KB")
+    for i in range(ITEMS):
+        cache[i] = {"x": np.random.default_rng(i).standard_normal(64).astype(np.float32), "y": i % 10}
+    cache.done()
+    cache.merge()
+    return folder
+
+
+def _train(folder: Path, rounds: int, width: int, workers: int = 1, batches: int | None = None):
+    torch.set_num_threads(1)
+    dataset = Augmented(str(folder), shuffle=True, rounds=rounds)
+    loader = ld.StreamingDataLoader(dataset, batch_size=32, num_workers=workers)
+    model = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+                                torch.nn.ReLU(), torch.nn.Linear(width, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Profile(output=None, what_if=0) as prof:
+        for i, (x, y) in enumerate(loader):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if batches is not None and i + 1 >= batches:
+                break
+    return prof.run, build_report(prof.run)
+
+
+@pytest.fixture(scope="module")
+def chunks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _write(tmp_path_factory.mktemp("litdata") / "optimized")
+
+
+@pytest.fixture(scope="module")
+def starved(chunks: Path):
+    return _train(chunks, rounds=60, width=64)
+
+
+@pytest.fixture(scope="module")
+def compute_bound(chunks: Path):
+    return _train(chunks, rounds=0, width=2048, batches=48)
+
+
+def test_a_streaming_loader_is_litdatas_with_its_facts(starved, chunks: Path) -> None:
+    run, _ = starved
+    [info] = run.loaders
+    assert info.framework == "litdata" and info.kind == "StreamingDataLoader"
+    assert for_loader(info) is not None and for_loader(info).name == "litdata"
+    assert info.num_workers == 1 and info.batch_size == 32 and info.iterable
+    assert facts.note(info, facts.SHUFFLE) == "True" and facts.number(info, facts.PRE_DOWNLOAD) == 2
+    assert not facts.remote(info) and facts.note(info, facts.INPUT_DIR) == str(chunks)
+    written = [p for p in chunks.iterdir() if p.suffix == ".bin"]
+    assert facts.number(info, facts.CHUNK_COUNT) == len(written) > 1
+    assert facts.number(info, facts.DATA_BYTES) == sum(p.stat().st_size for p in written)
+    assert "litdata" in run.environment.frameworks
+
+
+def test_a_starved_loader_names_the_users_getitem_and_is_advised_in_litdatas_knobs(starved) -> None:
+    run, report = starved
+    assert report.verdict == "data-starved"
+    rows = report.stages.rows
+    # the user's __getitem__, timed apart from litdata's chunk reads and deserialisation
+    assert rows[0].stage.startswith("transform: Augmented.__getitem__ (test_litdata.py:")
+    kinds = {r.kind for r in rows}
+    assert {"chunks", "deserialize", "litdata"} <= kinds
+    assert any(r.stage == "deserialize: NoHeaderNumpy" for r in rows)
+    assert "slowest stage: transform: Augmented.__getitem__" in report.summary
+    ours = [r for r in report.recommendations if r.framework == "litdata"]
+    assert ours and {r.id for r in ours} <= {"litdata_workers", "litdata_optimize", "litdata_chunk_bytes"}
+    # the DataLoader's stage rules are not given for LitData's loader
+    assert not {"batched_getitems", "slow_stage", "num_workers"} & {r.id for r in report.recommendations}
+    for rec in ours:
+        assert "StreamingDataLoader(" in rec.code or "optimize(" in rec.code
+    opt = next((r for r in ours if r.id == "litdata_optimize"), None)
+    share = sum(r.share for r in rows if r.kind == "transform")
+    if report.diagnosis.verdict == "data-starved" and share >= 0.4:
+        assert opt is not None and opt.values["stages"][0].startswith("Augmented.__getitem__")
+        assert opt.bound == (opt.estimated_speedup is not None)
+    workers = next((r for r in ours if r.id == "litdata_workers"), None)
+    if workers is not None:
+        assert workers.values["num_workers"] > 1
+        assert workers.code == f"StreamingDataLoader(dataset, batch_size=32, num_workers={workers.values['num_workers']})"
+
+
+def test_a_compute_bound_loader_is_not_told_to_load_faster(compute_bound) -> None:
+    run, report = compute_bound
+    assert report.verdict == "compute-bound"
+    assert not [r for r in report.recommendations if r.framework == "litdata"]
+    assert run.loaders[0].framework == "litdata"
+
+
+def test_items_and_classes_are_litdatas_own(chunks: Path) -> None:
+    torch.set_num_threads(1)
+
+    def first(workers: int):
+        loader = ld.StreamingDataLoader(Augmented(str(chunks), rounds=2), batch_size=16, num_workers=workers)
+        return next(iter(loader))
+
+    plain = first(0)
+    with Profile(output=None, what_if=0):
+        profiled = first(0)
+    assert torch.equal(plain[0], profiled[0]) and torch.equal(plain[1], profiled[1])
+    from litdata.streaming.reader import BinaryReader
+    from litdata.streaming.serializers import NoHeaderNumpySerializer, PILSerializer
+
+    assert "__getitem__" in vars(Augmented) and vars(Augmented)["__getitem__"].__qualname__ == "Augmented.__getitem__"
+    assert BinaryReader.read.__qualname__ == "BinaryReader.read"
+    assert NoHeaderNumpySerializer.deserialize.__qualname__ == "NoHeaderNumpySerializer.deserialize"
+    assert isinstance(vars(PILSerializer)["deserialize"], classmethod)
