@@ -778,7 +778,10 @@ def _loader_host(run: Run, d: Diagnosis, th: Thresholds) -> None:
     if shards:
         d.warnings.append(("shards-fewer-than-workers", shards))
     # Workers that wait on I/O hold no core: more of them than cores is the io-latency advice.
-    busy = oversubscribed(run.environment, loader) if d.cause != "io-latency" else None
+    adapter = for_loader(loader)
+    words = adapter.words if adapter is not None else None
+    busy = oversubscribed(run.environment, loader, (lambda fit: words.oversubscribed_fix(loader, fit)) if words and loader
+                          else None) if d.cause != "io-latency" else None
     if busy:
         d.warnings.append(("workers-oversubscribed", busy))
     shm = shm_small(run.environment, loader)

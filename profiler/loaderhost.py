@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .records import Environment, HostSample, LoaderInfo
@@ -109,8 +109,9 @@ def restart_cost(loader: LoaderInfo | None, steady_wait: float, steps_seconds: f
 
 
 # -- cores ------------------------------------------------------------------------
-def oversubscribed(env: Environment, loader: LoaderInfo | None) -> str | None:
-    """Loader workers and ranks beyond the node's usable cores, or None."""
+def oversubscribed(env: Environment, loader: LoaderInfo | None, fix: Callable[[int], str | None] | None = None) -> str | None:
+    """Loader workers and ranks beyond the node's usable cores, or None; ``fix(fit)`` words what
+    fits in the loader's own knobs (the DataLoader's ``num_workers=fit`` otherwise)."""
     ranks = env.local_world_size or 1
     workers = (loader.num_workers or 0) if loader else 0
     busy = ranks * (workers + 1)
@@ -120,9 +121,9 @@ def oversubscribed(env: Environment, loader: LoaderInfo | None) -> str | None:
     fit = max(0, cores // ranks - 1)
     who = f"{ranks} ranks on this node x ({workers} loader workers + the rank)" if ranks > 1 else \
         f"{workers} loader workers + the training process"
+    fits = (fix(fit) if fix is not None else None) or f"num_workers={fit}{' per rank' if ranks > 1 else ''} fits"
     return (f"{who} = {busy} processes for {cores} usable cores (affinity, cgroup quota, SLURM_CPUS_PER_TASK): "
-            f"they queue for the cores and each gets a share of one; num_workers={fit}{' per rank' if ranks > 1 else ''} "
-            "fits")
+            f"they queue for the cores and each gets a share of one; {fits}")
 
 
 def cores_per_rank(env: Environment) -> int:

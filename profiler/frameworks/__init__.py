@@ -44,6 +44,11 @@ class Words:
         """What keeps ``ahead`` batches in flight (``cover`` says why that many)."""
         return None
 
+    def oversubscribed_fix(self, loader: LoaderInfo, fit: int) -> str | None:
+        """What fits the node's cores where the loader's workers and the ranks outnumber them
+        (``fit``: the DataLoader's ``num_workers`` that would)."""
+        return None
+
     def stage_caption(self, loader: LoaderInfo) -> str | None:
         """What its stage table's rows are, where they came from beyond the hooks (``LoaderInfo.stage_source``)."""
         return None

@@ -24,6 +24,10 @@ class RayWords(Words):
     def cause(self, cause: str) -> str | None:
         return CAUSES.get(cause)
 
+    def oversubscribed_fix(self, loader: LoaderInfo, fit: int) -> str | None:
+        # its "workers" are the slowest operator's tasks at once: the cluster's CPUs set them
+        return f"ray.init(num_cpus={max(1, fit)}) leaves the training process a core"
+
     def stage_caption(self, loader: LoaderInfo) -> str | None:
         return CAPTION
 
