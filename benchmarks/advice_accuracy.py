@@ -93,6 +93,9 @@ EXAMPLES: dict[str, Example] = {
     # an IterableDataset with 4 workers on a 2-core machine
     "iterable_shards": Example("benchmarks/advice_scripts/iterable_shards.py", ["--epochs", "50"]),
     "keras_numpy_map": Example("benchmarks/advice_scripts/keras_numpy_map.py", ["--epochs", "50"]),
+    # a PyDataset whose __getitem__ builds features in plain Python, on Keras's one default worker
+    "keras_pydataset": Example("benchmarks/advice_scripts/keras_pydataset.py", ["--epochs", "50"],
+                               flags={"slow_stage": ["--vectorised"]}),
     # one epoch (64 batches) holds the bounded run: a cache never pays back
     "one_epoch": Example("benchmarks/advice_scripts/one_epoch.py", ["--epochs", "1"]),
     # 4 batches an epoch: the warm-up steps hold the epoch that fills a cache

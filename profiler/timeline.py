@@ -266,7 +266,7 @@ class Timeline:
         self.fold()
         if "manual" in self.methods and len(self.methods) == 1:
             return "manual"
-        for m in ("iterator-next", "differential", "between-steps", "manual"):
+        for m in ("iterator-next", "differential", "handoff", "between-steps", "manual"):
             if m in self.methods:
                 return m
         return ""

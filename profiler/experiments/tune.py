@@ -371,7 +371,7 @@ def _has_torch_loader(t: TrialResult) -> bool:
 
 
 def _input_share_known(t: TrialResult) -> bool:
-    return t.run is not None and t.run.data_wait_method in ("iterator-next", "between-steps", "differential")
+    return t.run is not None and t.run.data_wait_method in ("iterator-next", "between-steps", "differential", "handoff")
 
 
 def plan_input(base: TrialResult, o: TuneOptions) -> tuple[list[Candidate], list[tuple[str, str]]]:

@@ -114,6 +114,7 @@ REGISTERED: list[str] = [
     "loadprof.frameworks.torch",
     "loadprof.frameworks.tensorflow",
     "loadprof.frameworks.keras",
+    "loadprof.frameworks.keras.pydataset",
     "loadprof.frameworks.torchdata",
     "loadprof.frameworks.litdata",
     "loadprof.frameworks.hfstream",

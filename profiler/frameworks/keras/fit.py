@@ -8,13 +8,18 @@ loop's; ``Model.__call__`` outside Keras's loops is a custom loop's forward pass
 
 Each timed call becomes timeline events (where the step begins, its samples, its
 end) and one entry of ``FitCalls``: what the differential probe (tfprobe.py)
-needs after the run to tell each step's input wait, in 4 bytes a call.
+needs after the run to tell each step's input wait, in 4 bytes a call. A
+``keras.utils.PyDataset`` or a generator cannot be read again for that probe: its
+batches are timed as they are made and taken instead (feed.py: NOTE [ Waits of fit
+on a PyDataset or a generator ]).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import time
+import types
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,9 +30,11 @@ import numpy as np
 import tensorflow as tf
 
 from ...patch import Patches, subclass
-from ...records import LoaderInfo
+from ...records import LoaderInfo, StageTime
 from ..tensorflow.facts import check_amp
 from ..tensorflow.tfdata import optional_module
+from .feed import Feed, Feeds, generator_name, getitem_name
+from .pydataset import facts as pyfacts
 
 if TYPE_CHECKING:
     from ..tensorflow.hooks import TensorFlowHooks
@@ -91,6 +98,7 @@ class FitRecord:
     first_in_epoch: bool = False
     epoch_start: float | None = None
     calls: FitCalls = field(default_factory=FitCalls)
+    feed: Feed | None = None  # a PyDataset's or a generator's batches, timed (feed.py)
 
 
 class KerasFit:
@@ -101,6 +109,8 @@ class KerasFit:
         self.fits: list[FitRecord] = []
         self._callback_cls: Any = None
         self._patches = Patches("tensorflow hooks")  # per-fit train_function wraps
+        self.feeds = Feeds(hooks.clock)
+        self._pydataset_cls: Any = None
 
     def patch_model(self, module: ModuleType) -> None:
         h = self.h
@@ -121,6 +131,25 @@ class KerasFit:
         for method in ("evaluate", "predict"):
             if hasattr(model_cls, method):
                 h.patch(model_cls, method, self._wrap_keras_loop)
+        self._patch_adapters()
+
+    def _patch_adapters(self) -> None:
+        """Where a PyDataset's and a generator's batches are handed to tf.data (feed.py)."""
+        h = self.h
+        py = optional_module("keras.src.trainers.data_adapters.py_dataset_adapter")
+        gen = optional_module("keras.src.trainers.data_adapters.generator_data_adapter")
+        self._pydataset_cls = getattr(py, "PyDataset", None)
+        adapter = getattr(py, "PyDatasetAdapter", None)
+        if adapter is None or not hasattr(adapter, "_get_iterator"):
+            self._pydataset_cls = None
+            h.limit("keras PyDatasetAdapter._get_iterator not found: fit's waits on a PyDataset not measured")
+        else:
+            h.patch(adapter, "_get_iterator", self.feeds.wrap_get_iterator)
+        gen_adapter = getattr(gen, "GeneratorDataAdapter", None)
+        if gen_adapter is None:
+            h.limit("keras GeneratorDataAdapter not found: fit's waits on a generator not measured")
+        else:
+            h.patch(gen_adapter, "__init__", self.feeds.wrap_generator_init)
 
     def remove(self) -> None:
         self.h.run.limitations.extend(f"tensorflow: {line}" for line in self._patches.restore())
@@ -212,17 +241,48 @@ class KerasFit:
                 notes=["Keras slices the arrays in a tf.data pipeline it builds itself"],
             )
             h.run.loaders.append(record.info)
+        elif isinstance(x, types.GeneratorType) or (self._pydataset_cls is not None
+                                                     and isinstance(x, self._pydataset_cls)):
+            record.feed = self._watch_feed(x)
+            record.info = record.feed.info
+            if not any(info is record.info for info in h.run.loaders):
+                h.run.loaders.append(record.info)
         else:
             record.info = LoaderInfo(framework="keras", kind=type(x).__name__,
                                      dataset_type=type(x).__module__ + "." + type(x).__qualname__)
             h.run.loaders.append(record.info)
-            h.limit(
-                f"model.fit on a {type(x).__name__}: steps are timed but input time is not measured "
-                "(a generator or PyDataset cannot be re-read for the differential probe)"
-            )
+            h.limit(f"model.fit on a {type(x).__name__}: steps are timed but input time is not measured")
         check_amp(h.run, model=model)
         self.fits.append(record)
         return record
+
+    def _watch_feed(self, x: Any) -> Feed:
+        """A generator's or PyDataset's record, its knobs as notes, and its batches watched (feed.py)."""
+        feed = self.feeds.of(x)
+        if feed is not None:  # fit again on the same object: one record, as for a tf.data pipeline
+            return self.feeds.add(x, feed.info, feed.stage, feed.num_batches)
+        if isinstance(x, types.GeneratorType):
+            name = generator_name(x)
+            info = LoaderInfo(framework=pyfacts.GENERATOR, kind="generator", dataset_type=name, num_workers=0,
+                              iterable=True)
+            return self.feeds.add(x, info, StageTime("user", name, 0.0, 0.0, 0, ""))
+        cls = type(x)
+        # read as Keras's adapter reads them, without the properties' warning (Keras gives it itself)
+        knobs = {key: getattr(x, "_" + key, default) for key, default in pyfacts.DEFAULTS.items()}
+        processes = bool(knobs[pyfacts.MULTIPROCESSING]) and int(knobs[pyfacts.WORKERS] or 0) > 0
+        info = LoaderInfo(framework=pyfacts.PYDATASET, kind="PyDataset", dataset_type=f"{cls.__module__}.{cls.__qualname__}",
+                          num_workers=int(knobs[pyfacts.WORKERS]) if processes else 0, iterable=False)
+        for key, value in knobs.items():
+            pyfacts.set_note(info, key, value)
+        try:
+            num_batches = len(x)
+        except Exception:  # the user's __len__: Keras calls it next and reports its error itself
+            num_batches = None
+        stage = StageTime("user", getitem_name(cls, self.feeds.getitem_of(cls)), 0.0, 0.0, 0, "")
+        if cls not in self.feeds.wrapped:
+            self.feeds.wrapped[cls] = self.feeds.getitem_of(cls)
+            self.h.patch(cls, "__getitem__", self.feeds.wrap_getitem)
+        return self.feeds.add(x, info, stage, num_batches)
 
     # -- callback events ----------------------------------------------------------------
     def train_begin(self, record: FitRecord, params: dict[str, Any]) -> None:
@@ -236,13 +296,17 @@ class KerasFit:
         fit_hooks = self
         clock = self.h.clock
 
+        process_time = time.process_time
+        feed = record.feed
+
         def make(fn: Callable[..., Any]) -> Callable[..., Any]:
             record.original_fn = fn
 
             def train_function(*args: Any, **kwargs: Any) -> Any:
+                cpu0 = process_time() if feed is not None else 0.0  # the wait's CPU (feed.py)
                 t0 = clock()
                 out = fn(*args, **kwargs)  # StopIteration (end of data) is no step
-                fit_hooks._step(record, t0, clock())
+                fit_hooks._step(record, t0, clock(), cpu0)
                 return out
 
             return train_function
@@ -266,7 +330,7 @@ class KerasFit:
             record.epoch_start = self.h.clock()
             record.first_in_epoch = False
 
-    def _step(self, record: FitRecord, t0: float, t1: float) -> None:
+    def _step(self, record: FitRecord, t0: float, t1: float, cpu0: float = 0.0) -> None:
         if not self.h.ours():
             return  # the model-alone probe, after profiling, calls the function this wraps
         k = record.steps_per_execution
@@ -275,7 +339,10 @@ class KerasFit:
             batches = max(1, min(k, record.steps_per_epoch - record.begin_step))
         tl = self.h.timeline
         start, record.epoch_start = record.epoch_start, None
-        samples = batches * record.batch_size if record.batch_size else None
+        feed = record.feed
+        waited = feed.taken(t0, cpu0, t1, batches) if feed is not None else None
+        size = record.batch_size or (feed.info.batch_size if feed is not None else None)
+        samples = batches * size if size else None
         if start is not None or samples is not None:
             tl.step_begins(start, samples)
         n = tl.count
@@ -284,6 +351,9 @@ class KerasFit:
         finally:
             if tl.count > n:
                 record.calls.add(n, t1 - t0, batches, k, start is not None)
+                if feed is not None and waited is not None:
+                    feed.waits.append(waited[0])
+                    feed.cpus.append(waited[1])
         if record.info is not None and record.dataset is not None:  # between calls: no step's time
             self.h.inside.on_batch(record.info, record.dataset, batches)
 

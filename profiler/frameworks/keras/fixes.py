@@ -1,6 +1,8 @@
 """Keras fixes: the global mixed-precision policy, the optimizer's gradient
-accumulation, and the loss record of ``fit`` (for the trials' correctness guard).
-Installed when the script imports Keras.
+accumulation, a ``keras.utils.PyDataset``'s worker processes (``Changes.num_workers``:
+``workers=N, use_multiprocessing=True``, its queue at least as deep), and the loss
+record of ``fit`` (for the trials' correctness guard). Installed when the script
+imports Keras.
 
 The loss of each ``train_function`` call is kept as the tensor it returns and
 read once at the end, like torch's (no sync per step). No callback of ours
@@ -12,10 +14,13 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ...fixes.sites import call_site
+from ...fixes.spec import SiteRecord, short_path
 from ...instrument import ThisProcess
 from ...patch import Patches, subclass
 from ...records import has_tensor_cores, supports_bf16
@@ -59,6 +64,8 @@ class KerasFixes:
             from keras.src.optimizers import base_optimizer
 
             self.p.wrap(base_optimizer.BaseOptimizer, "__init__", self._wrap_optimizer_init)
+        if c.num_workers:
+            self.p.wrap(keras.utils.PyDataset, "__init__", self._wrap_pydataset_init)
         if self.a.record_losses:
             self._callback_cls = subclass(keras.callbacks.Callback, "LoadprofLossRecord", {
                 "on_train_begin": lambda cb, logs=None: self._record_losses(cb.model),
@@ -97,6 +104,32 @@ class KerasFixes:
                 if f"Keras optimizer gradient_accumulation_steps={k}" not in fixes.a.messages:
                     fixes.a.say(f"Keras optimizer gradient_accumulation_steps={k}")
             original(opt, *args, **kwargs)
+
+        return __init__
+
+    def _wrap_pydataset_init(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """Every PyDataset the script builds makes its batches in ``num_workers`` processes
+        (the knobs its constructor gives ``super().__init__`` set over, as the advice's snippet does)."""
+        fixes = self
+        n = self.changes.num_workers
+        roots = (os.path.dirname(os.path.dirname(self.keras.__file__)),)
+        base = self.keras.utils.PyDataset
+
+        def __init__(ds: Any, *args: Any, **kwargs: Any) -> None:
+            original(ds, *args, **kwargs)
+            if ThisProcess.pid != fixes.pid:
+                return
+            before = {"workers": ds._workers, "use_multiprocessing": ds._use_multiprocessing,
+                      "max_queue_size": ds._max_queue_size}
+            ds.workers, ds.use_multiprocessing = n, True
+            ds.max_queue_size = max(ds._max_queue_size, n)  # the enqueuer asks for at most this many
+            after = {"workers": n, "use_multiprocessing": True, "max_queue_size": ds._max_queue_size}
+            site = call_site(sys._getframe(1), roots, init_of=base)
+            name = type(ds).__qualname__
+            if site is not None:
+                fixes.a.sites.append(SiteRecord("keras.PyDataset", site[0], site[1], before, after))
+            where = f" at {short_path(site[0])}:{site[1]}" if site is not None else ""
+            fixes.a.say(f"PyDataset {name}{where}: workers={n}, use_multiprocessing=True")
 
         return __init__
 

@@ -67,7 +67,7 @@ from ..keras.fit import FitRecord, KerasFit
 from . import tfdata
 from .facts import check_amp, gpu_facts
 from .inside import Window
-from .probe import measure_fit_input
+from .probe import measure_feed_input, measure_fit_input
 from .rebuild import Builds
 from .stages import TfStages
 from .tfdata import optional_module
@@ -414,18 +414,20 @@ class TensorFlowHooks:
                 "those input waits cannot be timed (iterate in Python, or use model.fit)"
             )
         for record in self.keras.fits:
-            if record.info is not None:
+            if record.info is not None and record.feed is None:  # a feed counts its own (keras/feed.py)
                 record.info.stage_batches += sum(batches for _, _, batches, _ in record.calls)
         self.stages.finish()
         for i, record in enumerate(self.keras.fits):
             if record.calls:
-                found = measure_fit_input(record, i + 1, self.clock)
+                # a PyDataset or a generator: NOTE [ Waits of fit on a PyDataset or a generator ] in keras/feed.py
+                fed = record.feed is not None
+                found = (measure_feed_input if fed else measure_fit_input)(record, i + 1, self.clock)
                 if found.probe is not None:
                     self.run.fit_probes.append(found.probe)
                 for line in found.limitations:
                     self.limit(line)
                 if found.waits is not None:  # NOTE [ Waits measured after the run ] in timeline.py
-                    self.timeline.measured_waits(found.waits, "differential")
+                    self.timeline.measured_waits(found.waits, "handoff" if fed else "differential")
         pipelines = [(ref(), info) for ref, info in list(self._datasets.values())]
         pipelines += [(r.dataset, r.info) for r in self.keras.fits if r.info is not None and r.dataset is not None]
         repeats: dict[int, list[bool | None]] = {}
@@ -437,6 +439,7 @@ class TensorFlowHooks:
         # held for the what-if replays after the run (whatif.py), which let them go
         self.replayable = [record for record in self.keras.fits if record.calls]
         self.keras.fits.clear()
+        self.keras.feeds.clear()
         if self.timeline.count:
             gpu_facts(self.run)
 

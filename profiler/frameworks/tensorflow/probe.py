@@ -26,9 +26,21 @@ stand in for the CPU spent per second of waiting (``Step.data_wait_cpu``).
 The waits go to the timeline by step index (NOTE [ Waits measured after the run ]
 in timeline.py), so steps a long run merged keep theirs.
 Numpy inputs are probed through Keras's own array adapter (over their first
-``ARRAY_PROBE_BATCHES`` batches);
-generators and ``PyDataset`` cannot be re-read without consuming them: their fit
-steps are timed but their input is not measured (a line in ``limitations``).
+``ARRAY_PROBE_BATCHES`` batches).
+Generators and ``PyDataset`` cannot be re-read without consuming them: their batches
+are timed as they are made and handed over instead (``measure_feed_input``).
+
+NOTE [ A PyDataset's Python beside the model ]
+A PyDataset's ``__getitem__`` (or a generator) runs on tf.data's thread, beside the
+training thread, and pure Python holds the GIL: the training thread, which needs it
+for each call's dispatch and the callbacks between calls, waits for it up to the
+interpreter's switch interval (5 ms) each time. Measured (docs/tensorflow.md: 8.5 ms
+of Python per batch, a model of 0.37 ms alone, 2 cores): the train function found its
+batch ready at every call (no wait at the hand-over) yet took 8.6 ms a call, the pace
+of the Python. So where the model alone could be timed (on the first batch
+handed over, as above), a call's wait is also what it took beyond the model alone, up
+to the time its batches take to make (``Step.data_wait_cpu``: the user's code's CPU
+share of its time): input the hand-over alone does not see. Method "handoff".
 
 NOTE [ Probes never change the run ]
 Both probes run in ``remove()``, after everything that was profiled. The
@@ -151,6 +163,63 @@ def measure_fit_input(record: FitRecord, fit: int, clock: Callable[[], float]) -
                 cap = pipe_batch * batches + (max(0.0, pipe_first - pipe_batch) if epoch_first else 0.0)
                 wait = min(wait, cap)
             yield index, wait, wait * (cores or 0.0)
+
+    found.waits = waits()
+    return found
+
+
+def measure_feed_input(record: FitRecord, fit: int, clock: Callable[[], float]) -> FitInput:
+    """A PyDataset's or a generator's fit: each call's wait for its batches' hand-over
+    (NOTE [ Waits of fit on a PyDataset or a generator ] in keras/feed.py), and what it took
+    beyond the model alone (NOTE [ A PyDataset's Python beside the model ])."""
+    found = FitInput()
+    feed = record.feed
+    assert feed is not None
+    feed.finish()
+    calls = len(record.calls)
+    kind = record.info.kind if record.info is not None else "generator"
+    if feed.unmatched * 2 > calls or len(feed.waits) != calls:
+        found.limitations.append(f"model.fit on a {kind}: {feed.unmatched} of {calls} train_function calls "
+                                 "could not be matched to the batches handed over: input time not measured")
+        return found
+    if feed.unmatched:
+        found.limitations.append(f"model.fit on a {kind}: {feed.unmatched} of {calls} train_function calls not "
+                                 "matched to their batches: their waits count as none")
+    probe = found.probe = FitProbe(fit)
+    probe.fit_batch_s_median = statistics.median(seconds / batches for _, seconds, batches, _ in record.calls)
+    stage = feed.stage
+    make = stage.seconds / stage.calls if stage.calls else None  # the user's code per batch
+    busy = min(1.0, (stage.cpu or 0.0) / stage.seconds) if stage.seconds else 0.0
+    per_batch: float | None = None
+    if make and feed.batch is not None:
+        budget = min(PROBE_MAX_S, max(PROBE_MIN_S, PROBE_SHARE * sum(record.calls.seconds)))
+        try:
+            per_call, timed = _probe_model(record, feed.batch, budget, clock)
+        except _ProbeSkipped as exc:
+            found.limitations.append(f"model-alone probe skipped: {exc}")
+        except (tf.errors.OpError, RuntimeError, TypeError, ValueError, AttributeError) as exc:
+            found.limitations.append(f"model-alone probe failed ({type(exc).__name__}: {str(exc)[:120]})")
+        else:
+            per_batch = per_call / record.steps_per_execution
+            probe.model_batch_s = per_batch
+            probe.model_batches_per_s = 1.0 / per_batch if per_batch > 0 else 0.0
+            probe.model_calls_timed = timed
+    feed.batch = None  # let it go
+    handed, cpus = feed.waits, feed.cpus
+    beyond_capped = 0
+    if per_batch is not None and make:
+        beyond_capped = sum(seconds - per_batch * batches > make * batches for _, seconds, batches, _ in record.calls)
+        probe.steps_wait_capped_by_pipeline = beyond_capped
+
+    def waits() -> Iterator[tuple[int, float, float]]:
+        for i, (index, seconds, batches, _) in enumerate(record.calls):
+            wait, cpu = float(handed[i]), float(cpus[i])
+            if per_batch is not None and make:
+                beyond = min(seconds - per_batch * batches, make * batches)
+                if beyond > wait:
+                    cpu += (beyond - wait) * busy
+                    wait = beyond
+            yield index, wait, cpu
 
     found.waits = waits()
     return found

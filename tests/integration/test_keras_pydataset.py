@@ -1,0 +1,175 @@
+"""Keras ``fit`` fed by a ``keras.utils.PyDataset`` or a Python generator, unchanged, profiled:
+the wait of each call for its batches (method "handoff"), the user's ``__getitem__`` (or the
+generator) as a stage by name, the PyDataset's knobs as facts, and the advice in those knobs.
+Each scenario is one real small ``fit``, shared by its assertions; the slow batches are pure
+Python loops (CPU work that holds the GIL). Nothing here asserts a time: a busy host is told
+as such (``host-contended``), and then no estimate is given."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+from loadprof import Profile  # noqa: E402
+from loadprof.frameworks.keras.pydataset import facts  # noqa: E402
+
+pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
+
+BATCH = 32
+INPUT_IDS = {"num_workers", "slow_stage", "prefetch", "cache", "parallel_map"}
+
+
+def _data(batches: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batches * BATCH, 16)).astype("float32")
+    return x, (x.sum(axis=1) > 0).astype("int32")
+
+
+def _busy(rounds: int) -> int:
+    acc = 0
+    for k in range(rounds):  # Python bytecode: CPU work under the GIL
+        acc += k * k
+    return acc
+
+
+class SlowBatches(keras.utils.PyDataset):
+    def __init__(self, batches: int, rounds: int, **kwargs):
+        super().__init__(**kwargs)
+        self.x, self.y = _data(batches)
+        self.rounds = rounds
+
+    def __len__(self):
+        return len(self.x) // BATCH
+
+    def __getitem__(self, i):
+        _busy(self.rounds)
+        s = slice(i * BATCH, (i + 1) * BATCH)
+        return self.x[s], self.y[s]
+
+
+def slow_batches(batches: int, rounds: int):
+    x, y = _data(batches)
+    for i in range(batches):
+        _busy(rounds)
+        yield x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]
+
+
+def _model(width: int, layers: int = 1):
+    keras.utils.set_random_seed(0)
+    hidden = [keras.layers.Dense(width, activation="relu") for _ in range(layers)]
+    model = keras.Sequential([keras.Input((16,)), *hidden, keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _profiled(fit):
+    with Profile(interval=0.05, print_report=False, what_if=0) as prof:
+        fit()
+    return prof
+
+
+@pytest.fixture(scope="module")
+def starved():
+    """~8 ms of Python per batch feeding a model of well under a millisecond."""
+    model = _model(32)
+    return _profiled(lambda: model.fit(SlowBatches(30, 150_000), epochs=2, verbose=0))
+
+
+@pytest.fixture(scope="module")
+def heavy():
+    """Cheap batches (slices) feeding a model of tens of milliseconds a batch."""
+    model = _model(1024, layers=3)
+    return _profiled(lambda: model.fit(SlowBatches(24, 0), epochs=1, verbose=0))
+
+
+@pytest.fixture(scope="module")
+def generator():
+    model = _model(32)
+    return _profiled(lambda: model.fit(slow_batches(40, 150_000), steps_per_epoch=40, epochs=1, shuffle=False, verbose=0))
+
+
+def test_a_starved_pydataset_is_measured_and_its_getitem_leads(starved) -> None:
+    run, report = starved.run, starved.report
+    assert run.data_wait_method == "handoff"
+    assert report.verdict == "data-starved", report.diagnosis.summary
+    [info] = run.loaders
+    assert (info.framework, info.kind, info.batch_size, info.dataset_length) == ("keras.PyDataset", "PyDataset", 32, 960)
+    assert (facts.workers(info), facts.processes(info), facts.queue_size(info)) == (1, False, 10)
+    assert info.num_workers == 0
+    top = report.stages.rows[0]
+    assert top.stage.startswith("user: SlowBatches.__getitem__ (test_keras_pydataset.py:")
+    assert top.where == "threads" and top.share == 1.0
+    assert "slowest stage: user: SlowBatches.__getitem__" in report.summary
+    # every batch made was timed once: 60 for the steps, 2 Keras reads for their spec
+    assert info.stage_batches == 62
+    [probe] = run.fit_probes
+    assert probe.model_batch_s is not None and probe.model_batch_s < probe.fit_batch_s_median
+
+
+def test_a_starved_pydataset_is_advised_worker_processes_in_its_own_knobs(starved) -> None:
+    report = starved.report
+    d = report.diagnosis
+    if d.cause == "cpu-bound-preprocessing":  # the cores were full: no workers to add
+        assert [r.id for r in report.recommendations if r.framework == "keras"] == ["slow_stage"]
+        return
+    assert d.cause in ("too-few-workers", "host-contended")
+    if d.cause == "too-few-workers":
+        assert "Python that makes fit's batches (its PyDataset or generator) is CPU work" in report.summary
+    rec = next(r for r in report.recommendations if r.id == "num_workers")
+    assert rec.framework == "keras" and rec.values["use_multiprocessing"] is True
+    n = rec.values["workers"]
+    assert n >= 2 and rec.values["num_workers"] == n and rec.values["current"] == 1
+    assert rec.code.startswith(f"super().__init__(workers={n}, use_multiprocessing=True")
+    assert "SlowBatches.__getitem__ takes" in rec.detail and "GIL" in rec.detail
+    contended = d.cause == "host-contended" or any(w == "host-contended" for w, _ in d.warnings)
+    if contended:
+        assert rec.estimated_speedup is None and rec.basis.startswith("no estimate")
+    else:
+        assert rec.bound and rec.estimated_speedup is not None and rec.estimated_speedup > 1.0
+
+
+def test_a_pydataset_feeding_a_heavier_model_is_compute_bound(heavy) -> None:
+    run, report = heavy.run, heavy.report
+    assert run.data_wait_method == "handoff"
+    assert report.verdict == "compute-bound", report.diagnosis.summary
+    assert not set(report.recommendation_ids()) & INPUT_IDS
+    assert report.stages.rows[0].stage.startswith("user: SlowBatches.__getitem__")
+
+
+def test_a_generator_is_measured_and_advised_a_pydataset(generator) -> None:
+    run, report = generator.run, generator.report
+    assert run.data_wait_method == "handoff"
+    assert report.verdict == "data-starved", report.diagnosis.summary
+    [info] = run.loaders
+    assert info.framework == "keras.generator" and info.batch_size == 32
+    assert report.stages.rows[0].stage.startswith("user: slow_batches (test_keras_pydataset.py:")
+    assert info.stage_batches == 40  # Keras's peek at its first two included, none twice
+    recs = [r for r in report.recommendations if r.framework == "keras"]
+    if report.diagnosis.cause != "cpu-bound-preprocessing":
+        [rec] = recs
+        assert rec.id == "num_workers" and "num_workers" not in rec.values  # no fix makes a PyDataset
+        assert rec.title.startswith("Make fit's batches in a PyDataset with")
+        assert "from_generator(...).prefetch(AUTOTUNE)" in rec.detail
+        assert "class Batches(keras.utils.PyDataset)" in rec.code
+
+
+def _trained(profile: bool, workers: int) -> list[np.ndarray]:
+    model = _model(16)
+    data = SlowBatches(16, 0, workers=workers)
+    if profile:
+        prof = _profiled(lambda: model.fit(data, epochs=2, shuffle=False, verbose=0))
+        [info] = prof.run.loaders
+        assert prof.run.data_wait_method == "handoff" and facts.workers(info) == workers
+    else:
+        model.fit(data, epochs=2, shuffle=False, verbose=0)
+    return [w.copy() for w in model.get_weights()]
+
+
+def test_profiling_a_pydataset_fit_changes_no_weight() -> None:
+    # workers=2: the enqueuer's thread pool makes the batches (its path timed too)
+    plain, profiled = _trained(False, 2), _trained(True, 2)
+    assert all(np.array_equal(a, b) for a, b in zip(plain, profiled, strict=True))
