@@ -123,7 +123,8 @@ def test_a_real_loop_beside_processes_that_hold_every_core_is_reported_contended
     named = {p.pid: p for p in report.run.other_processes}
     assert set(hogs) & set(named), report.run.other_processes
     hog = named[next(pid for pid in hogs if pid in named)]
-    assert "while True: pass" in hog.command and 0.2 <= hog.cores <= 1.05
+    # a share of a core: the more runnable processes beside it, the smaller (8 on 2 cores: 0.19)
+    assert "while True: pass" in hog.command and 0.1 <= hog.cores <= 1.05
     warned = dict((w["id"], w["detail"]) for w in data["warnings"])["host-contended"]
     assert f"pid {hog.pid} " in warned
     contention = next(r for r in report.recommendations if r.id == "contention")

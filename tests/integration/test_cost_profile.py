@@ -19,12 +19,13 @@ def test_a_profiled_loop_on_a_fake_gpu_reports_its_energy_and_no_gpu_reports_non
     fake = FakeNvml(gpus=[FakeGpu(power_mw=250_000, util=50, processes=[(os.getpid(), GiB)])], clock=time.monotonic)
     fake.install(monkeypatch)
     with Profile(print_report=False, interval=0.05, host_helper=False) as prof:
-        for _ in range(12):
+        for _ in range(30):
             time.sleep(0.05)
             prof.step()
     cost = prof.report.cost
     assert cost.measured and cost.energy_source == "counter"
-    assert cost.mean_power_w == pytest.approx(250, rel=0.25)  # the counter moves every 0.1 s
+    # the counter moves every 0.1 s: over 1.5 s a step of it is 7%, a sampler late on a busy host included
+    assert cost.mean_power_w == pytest.approx(250, rel=0.25)
     with Profile(print_report=False, gpu=False, host_helper=False, gpu_hour_price=1.0) as prof:
         for _ in range(6):
             time.sleep(0.01)
