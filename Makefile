@@ -70,13 +70,12 @@ system-packages:
 	-.ci/system-packages
 
 # two tiers: tests/unit (no processes, no sleeps, no real clocks) and tests/integration
-# (real loops, torchrun, Chromium, tmux). Two test processes more than this machine's two
-# cores keep them busy while tests wait on children (wall time is twice the CPU time: timeouts,
-# torchrun's shutdown, spawned workers), and hold the suite's share beside other work
-# (docs/dev/test-suite.md). Bytecode is written: where
+# (real loops, torchrun, Chromium, tmux). One test process more than this machine's two
+# cores keeps them busy while a test waits on a child; four were no faster and turned the
+# verdicts of tests that judge CPU shares (docs/dev/test-suite.md). Bytecode is written: where
 # PYTHONDONTWRITEBYTECODE is set, each Python process a test starts would compile loadprof
 # and the modules `warm` left out again, and each test process would rewrite every test module.
-TEST_JOBS ?= 4
+TEST_JOBS ?= 3
 pytest: $(TEST_STAMP) system-packages
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -ra -n $(TEST_JOBS) --dist worksteal
 

@@ -65,7 +65,10 @@ def _workers(d: Diagnosis, loader: LoaderInfo, stage: StageTime, th: Thresholds)
     b, compute = _per_batch(m)
     wall = stage.seconds / stage.calls
     cpu = (stage.cpu or 0.0) / stage.calls
-    busy = cpu / wall if wall > 0 else 0.0
+    # time queued for a core (schedstat) is neither work nor a wait for I/O: a busy host
+    # stretches a CPU-bound __getitem__ without making it one that waits
+    running = wall * (1.0 - min(0.9, m.run_delay or 0.0))
+    busy = min(1.0, cpu / running) if running > 0 else 0.0
     now = facts.workers(loader)
     generator = facts.is_generator(loader)
     processes_now = facts.processes(loader)
