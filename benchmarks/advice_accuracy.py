@@ -36,8 +36,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, NamedTuple
+
+import psutil
 
 from loadprof.advice import NO_GAIN, Recommendation
 from loadprof.advice.base import CEILING, change_of, speedup_text
@@ -104,16 +107,16 @@ EXAMPLES: dict[str, Example] = {
     "tfdata_costly_map": Example("benchmarks/advice_scripts/tfdata_costly_map.py", ["--epochs", "50"], steps=125),
     "tfdata_shards": Example("benchmarks/advice_scripts/tfdata_shards.py", ["--epochs", "50"],
                              flags={"interleave": ["--parallel-reads", "2"]}, steps=125),
-    # Ray Data: a slow Python map_batches on a one-CPU Ray cluster; a wide model fed by a cheap map
-    "raydata_starved": Example("benchmarks/advice_scripts/raydata_starved.py", ["--epochs", "50"],
-                               flags={"ray_cluster_cpus": ["--all-cpus"]}, steps=300),
-    "raydata_compute": Example("benchmarks/advice_scripts/raydata_compute.py", ["--epochs", "50"]),
     # LitData: a costly per-item transform in a StreamingDataset's __getitem__, moved into the chunks
     "litdata_stream": Example("benchmarks/advice_scripts/litdata_stream.py", ["--epochs", "50"],
                               flags={"litdata_optimize": ["--optimized"]}),
     # a datasets stream: a per-example Python map, batched with array operations
     "hf_stream": Example("benchmarks/advice_scripts/hf_stream.py", ["--epochs", "50"], {"HF_DATASETS_OFFLINE": "1"},
                          flags={"hf_batched_map": ["--batched"]}),
+    # Ray Data, last of the scripts (its daemons outlive a stopped run: _settle): a slow Python map_batches on a one-CPU Ray cluster; a wide model fed by a cheap map
+    "raydata_starved": Example("benchmarks/advice_scripts/raydata_starved.py", ["--epochs", "50"],
+                               flags={"ray_cluster_cpus": ["--all-cpus"]}, steps=300),
+    "raydata_compute": Example("benchmarks/advice_scripts/raydata_compute.py", ["--epochs", "50"]),
 }
 #: Multi-rank jobs: name -> (script, arguments, ranks). A trial is a whole torchrun job
 #: (one process per rank on this machine), the fix applied through the script's own
@@ -169,6 +172,27 @@ def _median_step(t: TrialResult, warmup: int) -> float | None:
         return None
     times = [st.end - st.start for st in t.run.steps[warmup:]]
     return statistics.median(times) if times else None
+
+
+#: processes a stopped run may leave behind for seconds: Ray's daemons and workers
+LINGERING = ("raylet", "gcs_server", "ray::")
+
+
+def _settle(limit: float = 60.0) -> None:
+    """Wait (up to ``limit`` s) until no process a stopped run left behind is running: the
+    next example's baseline would read them as another job on the cores (a LitData run
+    after the Ray ones was diagnosed host-contended)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        left = []
+        for p in psutil.process_iter(["name", "cmdline"]):
+            text = " ".join(p.info["cmdline"] or [p.info["name"] or ""])
+            if any(word in text for word in LINGERING):
+                left.append(p)
+        if not left:
+            return
+        time.sleep(1.0)
+    print(f"still running after {limit:.0f} s: {len(left)} process(es) of an earlier run", file=sys.stderr)
 
 
 def measure(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
@@ -344,6 +368,7 @@ def run(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for name in names:
         rows.extend(measure_job(name, o) if name in JOBS else measure(name, o))
+        _settle()
         if o.json:  # each example's rows as soon as they are measured: a run cut short keeps them
             write_json(o.json, {"options": vars(o), "rows": rows})
     print(f"machine: {os.cpu_count()} logical cores; {o.warmup} warm-up + {o.steps} measured steps per run, "

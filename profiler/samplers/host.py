@@ -10,8 +10,13 @@ With ``persistent_workers=False`` PyTorch forks fresh DataLoader workers every
 epoch, so a worker may live for only part of an interval. A child seen for the
 first time is charged the CPU time it used since it was created (or the share of
 it that falls in this interval, if it was created earlier and we missed it), not
-a zero "priming" reading. CPU a worker used after our last reading and before it
-exited is lost: psutil cannot read a process that is gone.
+a zero "priming" reading. A process that is gone cannot be read, but once its parent
+has reaped it (a DataLoader joins its workers), the kernel adds its CPU time to the
+parent's cutime and cstime (proc(5)): what those grew by in an interval, less the CPU
+last read of the children that left in it, is the CPU they used after our last reading,
+and all of it for a worker that lived between two listings and was never seen. Without
+it, an epoch's workers shorter than the listing period read as another process's load
+(a quiet host called contended, 0.9 of 2 cores, with no process to name).
 """
 
 from __future__ import annotations
@@ -119,6 +124,9 @@ class HostSource:
         self._last_all: tuple[float, float, float | None] = (0.0, 0.0, None)  # busy, total, iowait
         self._last_proc_cpu = 0.0
         self._last_children: dict[tuple[int, float], float] = {}  # (pid, create_time) -> cpu s
+        # the process's reaped children's CPU seconds (cutime + cstime): NOTE [ Short-lived loader workers ]
+        self._reaped: float | None = None
+        self._last_reaped: float | None = None
         self._last_excluded: dict[int, float] = {}  # excluded pid (our helper) -> cpu s
         self._worker_pids: list[int] = []  # the last reading's, shared by readings of the same workers
         self._last_disk_read: int | None = None
@@ -260,6 +268,8 @@ class HostSource:
             rss = statm_rss(self._statm_file)
         except (OSError, ValueError, IndexError):
             return None
+        times = os.times()
+        self._reaped = times.children_user + times.children_system
         return time.process_time(), rss
 
     def _list_descendants(self, proc: psutil.Process) -> list[psutil.Process]:
@@ -339,6 +349,7 @@ class HostSource:
         self._last_own_delay = own_delay
 
         wall_now = time.time()
+        last_reaped = self._last_reaped
         seen: dict[tuple[int, float], float] = {}
         delays: dict[tuple[int, float], float] = {}
         used = 0.0
@@ -370,6 +381,11 @@ class HostSource:
             used += c_used
             worker_pids.append(key[0])
             worker_cpu.append(round(c_used * scale, 2))  # 0.01% of a core: short JSON, sums within rounding
+        reaped, self._last_reaped = self._reaped, self._reaped
+        if reaped is not None and last_reaped is not None and dt:
+            # NOTE [ Short-lived loader workers ]: what reaped children used beyond our readings
+            read = sum(c for key, c in self._last_children.items() if key not in seen)
+            used += max(0.0, reaped - last_reaped - read)
         self._last_children = seen
         self._last_delay = delays
         self._pids = {proc.pid, *(pid for pid, _ in seen)}
@@ -408,6 +424,8 @@ class HostSource:
             fields = data[data.rfind(b")") + 2:].split()
             start = int(fields[19]) / _CLOCK_TICKS
             cpu = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+            if child.pid == self.pid:  # the training process read from the helper: its reaped children too
+                self._reaped = (int(fields[13]) + int(fields[14])) / _CLOCK_TICKS
             return (child.pid, self._boot_time + start), cpu, statm_rss(files[1]), run_delay(files[2])
         except (OSError, ValueError, IndexError):
             # Gone (its files read ESRCH once it exits: reopened by pid next time, a

@@ -138,7 +138,10 @@ def _batched(run: Run, d: Diagnosis, loader: LoaderInfo) -> Recommendation | Non
         return None
     cores = max(1.0, m.usable_cores - (m.others_cpu_cores or 0.0) - 1.0)
     model = pipeline(load, loader.num_workers or 0, cores, m.compute_per_step)
-    speedup, basis = stage_estimate(run, model, m, [top], load)
+    # batched, datasets' own per-example work (rows to Python, formatting) goes too: measured
+    # 6.97x against a bound of the map alone of 2.26x
+    own = [r for r in load.rows if r.kind == facts.OWN_KIND]
+    speedup, basis = stage_estimate(run, model, m, [top, *own], load)
     fn = top.name.split(" (")[0]
     per = top.ms_per_batch / max(1, loader.batch_size or 1)
     return Recommendation(
@@ -151,8 +154,8 @@ def _batched(run: Run, d: Diagnosis, loader: LoaderInfo) -> Recommendation | Non
         "# takes and returns a dict of lists",
         {"map": top.name, "share": round(top.share, 3), "ms_per_example": round(per, 3)},
         speedup, basis if speedup is None else basis.replace(
-            "without these stages", "without the map's time: the most a batched map buys, its array operations "
-            "not counted"),
+            "without these stages", "without the map's time and datasets' own per-example work: the most a "
+            "batched map buys, its array operations not counted"),
         framework=FRAMEWORK, bound=speedup is not None,
     )
 
