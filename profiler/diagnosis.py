@@ -327,12 +327,15 @@ def compute_metrics(run: Run) -> Metrics:
     if cpu_host:
         busy = [(sum(h.cpu_per_core) / (100.0 * m.usable_cores), h.window) for h in cpu_host if h.cpu_per_core]
         m.cpu_busy = min(1.0, _time_mean(busy)) if busy else None  # type: ignore[type-var]
-        m.tree_cpu_cores = _time_mean([((h.process_cpu + h.children_cpu) / 100.0, h.window) for h in cpu_host])
-        m.children_cpu_cores = _time_mean([(h.children_cpu / 100.0, h.window) for h in cpu_host])
+        # workers the listings missed count too, once reaped (HostSample.reaped_cpu)
+        m.tree_cpu_cores = _time_mean([((h.process_cpu + h.children_cpu + h.reaped_cpu) / 100.0, h.window)
+                                       for h in cpu_host])
+        m.children_cpu_cores = _time_mean([((h.children_cpu + h.reaped_cpu) / 100.0, h.window) for h in cpu_host])
         m.workers_seen = max(h.n_children for h in cpu_host)
         # Busy cores minus the tree's own CPU: what other processes took of the usable
         # cores (never negative: the tree may run on cores outside the affinity list).
-        others = [(max(0.0, (sum(h.cpu_per_core) - h.process_cpu - h.children_cpu - h.profiler_cpu) / 100.0), h.window)
+        others = [(max(0.0, (sum(h.cpu_per_core) - h.process_cpu - h.children_cpu - h.reaped_cpu - h.profiler_cpu)
+                       / 100.0), h.window)
                   for h in cpu_host if h.cpu_per_core]
         m.others_cpu_cores = _time_mean(others) if others else None
         delays = [(h.process_run_delay, h.window) for h in cpu_host if h.process_run_delay is not None]

@@ -14,7 +14,8 @@ a zero "priming" reading. A process that is gone cannot be read, but once its pa
 has reaped it (a DataLoader joins its workers), the kernel adds its CPU time to the
 parent's cutime and cstime (proc(5)): what those grew by in an interval, less the CPU
 last read of the children that left in it, is the CPU they used after our last reading,
-and all of it for a worker that lived between two listings and was never seen. Without
+and all of it for a worker that lived between two listings and was never seen; it is kept
+apart (``HostSample.reaped_cpu``: the job's, in no worker's figure). Without
 it, an epoch's workers shorter than the listing period read as another process's load
 (a quiet host called contended, 0.9 of 2 cores, with no process to name).
 """
@@ -127,6 +128,7 @@ class HostSource:
         # the process's reaped children's CPU seconds (cutime + cstime): NOTE [ Short-lived loader workers ]
         self._reaped: float | None = None
         self._last_reaped: float | None = None
+        self._reaped_cpu = 0.0  # % of a core over the last window: HostSample.reaped_cpu
         self._last_excluded: dict[int, float] = {}  # excluded pid (our helper) -> cpu s
         self._worker_pids: list[int] = []  # the last reading's, shared by readings of the same workers
         self._last_disk_read: int | None = None
@@ -240,6 +242,7 @@ class HostSource:
         s.process_pss, s.children_pss, s.oom_kills, s.memory_limit_left = self._memory
         s.worker_uss = self._uss_of(s.worker_pids)
         s.profiler_cpu = self._excluded_cpu(dt)
+        s.reaped_cpu = self._reaped_cpu
         self._last_wall = now
         return s
 
@@ -385,7 +388,9 @@ class HostSource:
         if reaped is not None and last_reaped is not None and dt:
             # NOTE [ Short-lived loader workers ]: what reaped children used beyond our readings
             read = sum(c for key, c in self._last_children.items() if key not in seen)
-            used += max(0.0, reaped - last_reaped - read)
+            self._reaped_cpu = max(0.0, 100.0 * (reaped - last_reaped - read) / dt)
+        else:
+            self._reaped_cpu = 0.0
         self._last_children = seen
         self._last_delay = delays
         self._pids = {proc.pid, *(pid for pid, _ in seen)}

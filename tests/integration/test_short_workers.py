@@ -47,6 +47,6 @@ def test_workers_shorter_than_a_listing_are_counted_as_the_jobs() -> None:
             # the two largest are the two workers' last readings at most)
             workers_cpu += sum(sorted(per_epoch)[-2:])
     host = prof.run.host_samples
-    counted = sum(h.children_cpu / 100.0 * h.window for h in host)
+    counted = sum((h.children_cpu + h.reaped_cpu) / 100.0 * h.window for h in host)
     # the workers' own CPU (less the tail after their last item) must reach the job's tree
     assert counted >= 0.75 * workers_cpu, (counted, workers_cpu, len(host))
