@@ -782,9 +782,11 @@ def _loader_host(run: Run, d: Diagnosis, th: Thresholds) -> None:
         d.warnings.append(("shards-fewer-than-workers", shards))
     # Workers that wait on I/O hold no core: more of them than cores is the io-latency advice.
     adapter = for_loader(loader)
-    words = adapter.words if adapter is not None else None
-    busy = oversubscribed(run.environment, loader, (lambda fit: words.oversubscribed_fix(loader, fit)) if words and loader
-                          else None) if d.cause != "io-latency" else None
+    fix = None
+    if adapter is not None and loader is not None:
+        words, info = adapter.words, loader
+        fix = lambda fit: words.oversubscribed_fix(info, fit)  # noqa: E731  its own knobs (Ray's CPUs)
+    busy = oversubscribed(run.environment, loader, fix) if d.cause != "io-latency" else None
     if busy:
         d.warnings.append(("workers-oversubscribed", busy))
     shm = shm_small(run.environment, loader)
