@@ -201,7 +201,7 @@ def hook_cost_per_step(rounds: int, gap: float, steps: int = 2000) -> float:
             if kind == "plain":
                 ends = run()
             else:
-                with Profile(print_report=False, gpu=True, interval=1e6):  # one sample at start and at stop only
+                with Profile(print_report=False, gpu=True, interval=1e6, what_if=0):  # a sample at start and stop only
                     ends = run()
             t[kind] = ends[-1] - ends[0]
         extra.append((t["profiled"] - t["plain"]) / steps * 1e6)
@@ -340,7 +340,7 @@ def main() -> None:
                 TICKS.clear()
                 FRAMES.clear()
                 with Profile(print_report=False, gpu=True, interval=args.interval,
-                             host_helper=args.host == "helper", live=True) as prof:
+                             host_helper=args.host == "helper", live=True, what_if=0) as prof:
                     ends = run()
                 if prof._live is not None:
                     frames += prof._live.frames
@@ -351,8 +351,10 @@ def main() -> None:
             elif kind == "profiled":
                 e0 = time.perf_counter()
                 TICKS.clear()
+                # the what-if replays are a measurement of their own, bounded and stated apart
+                # (docs/whatif.md): this measures what profiling costs the loop
                 with Profile(print_report=False, gpu=True, interval=args.interval,
-                             host_helper=args.host == "helper") as prof:
+                             host_helper=args.host == "helper", what_if=0) as prof:
                     ends = run()
                 edges.append(time.perf_counter() - e0 - (ends[-1] - ends[0]))
                 ticks.append(prof.run.sampling.get("mean_sample_seconds", 0.0))
