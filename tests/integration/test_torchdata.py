@@ -41,8 +41,12 @@ def test_a_starved_thread_mapper_is_named_and_advised_in_its_own_knobs() -> None
     assert facts.method(info) == "thread" and run.data_wait_method == "iterator-next"
     assert report.verdict == "data-starved"
     d = report.diagnosis
-    # a busy host (another job on the cores) is told as such; otherwise the map's CPU work
-    assert d.cause in ("too-few-workers", "host-contended")
+    # a busy host (another job on the cores) is told as such; otherwise the map's CPU work. With
+    # other processes on the cores, a thread waiting for the GIL reads as waiting (docs/limits.md)
+    contended = any(w == "host-contended" for w, _ in d.warnings)
+    assert d.cause in ("too-few-workers", "host-contended") or (d.cause == "io-latency" and contended), d.summary
+    if d.cause == "io-latency":
+        return
     if d.cause == "too-few-workers":
         assert "torchdata.nodes pipeline's map is CPU work" in report.summary
     top = report.stages.rows[0]
