@@ -227,6 +227,10 @@ class Diagnosis:
     #: (id, detail) of conditions that make the measurement itself less telling
     warnings: list[tuple[str, str]] = field(default_factory=list)
 
+    def contended(self) -> bool:
+        """Whether other processes held the cores: the cause, or a warning beside another cause."""
+        return self.cause == "host-contended" or any(wid == "host-contended" for wid, _ in self.warnings)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["metrics"].pop("loader", None)

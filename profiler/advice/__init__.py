@@ -86,7 +86,7 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
         threads = threads_advice(run, m, planned)
         if threads is not None:
             out.insert(0 if diagnosis.verdict == "compute-bound" else len(out), threads)
-    if cause == "host-contended" or any(wid == "host-contended" for wid, _ in diagnosis.warnings):
+    if diagnosis.contended():
         out.insert(0, contention_advice(run, m, cause == "host-contended"))
     if cause != "shared-memory" and any(wid == "shm-small" for wid, _ in diagnosis.warnings):
         out.insert(0, shm_advice(run, m))

@@ -29,10 +29,6 @@ FRAMEWORK = "hfstream"
 START_SHARE = 0.05
 
 
-def _contended(d: Diagnosis) -> bool:
-    return d.cause == "host-contended" or any(w == "host-contended" for w, _ in d.warnings)
-
-
 def _workers(run: Run, d: Diagnosis, loader: LoaderInfo, th: Thresholds) -> Recommendation | None:
     """More workers, up to the shards, where loading is CPU work that cores left free can do."""
     m = d.metrics
@@ -60,7 +56,7 @@ def _workers(run: Run, d: Diagnosis, loader: LoaderInfo, th: Thresholds) -> Reco
     basis = "estimate: the workers' measured CPU and wall time over the free cores (as the DataLoader's)"
     if shares:
         speedup, basis = None, "no estimate: the workers would share the cores with the model; " + MEASURE.split(": ", 1)[1]
-    if _contended(d):
+    if d.contended():
         speedup, basis = None, "no estimate: other processes share the cores; " + MEASURE.split(": ", 1)[1]
     more = (f" The stream has {shards} shards, so no more than {shards} workers get data: "
             "ds.reshard() (Parquet: a shard per row group) or more files allow more." if capped else "")
@@ -105,12 +101,12 @@ def _shards(run: Run, d: Diagnosis, loader: LoaderInfo) -> Recommendation | None
         cores = max(1.0, m.usable_cores - (m.others_cpu_cores or 0.0) - 1.0)
         busy = pipeline(load, shards, cores, m.compute_per_step)
         found = estimate(busy, dataclasses.replace(busy, workers=workers), m.step_time_mean)
-        if found is not None and not _contended(d):
+        if found is not None and not d.contended():
             speedup = round(found, 2)
             basis = (f"estimate: the stage model (stagemodel.py) with all {workers} workers making batches "
                      f"instead of {shards}, on the free cores")
         else:
-            basis = ("no estimate: " + ("other processes share the cores" if _contended(d) else
+            basis = ("no estimate: " + ("other processes share the cores" if d.contended() else
                                         "the stage model does not reproduce the measured step")
                      + "; " + MEASURE.split(": ", 1)[1])
     return Recommendation(

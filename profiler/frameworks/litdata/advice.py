@@ -60,7 +60,7 @@ def _workers(run: Run, d: Diagnosis, loader: LoaderInfo, th: Thresholds) -> Reco
     if shares:
         speedup, basis = None, ("no estimate: the workers would share the cores with the model; "
                                 + MEASURE.split(": ", 1)[1])
-    if d.cause == "host-contended" or any(w == "host-contended" for w, _ in d.warnings):
+    if d.contended():
         speedup, basis = None, "no estimate: other processes share the cores; " + MEASURE.split(": ", 1)[1]
     chunks = facts.number(loader, facts.CHUNK_COUNT)
     over = (f" The dataset's {chunks} chunks are fewer than {target} workers: litdata splits chunks "

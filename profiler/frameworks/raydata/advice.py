@@ -56,15 +56,11 @@ class _Rates:
         return abs(self.step_with(self.at_once) / self.step - 1) if self.step > 0 else 1.0
 
 
-def _contended(d: Diagnosis) -> bool:
-    return d.cause == "host-contended" or any(wid == "host-contended" for wid, _ in d.warnings)
-
-
 def _estimate(d: Diagnosis, rates: _Rates | None, at_once: int, why_none: str) -> tuple[float | None, str]:
     """(speed-up, basis) for the slowest operator on ``at_once`` tasks; None and why where no figure holds."""
     if rates is None:
         return None, why_none
-    if _contended(d):
+    if d.contended():
         return None, "no estimate: other processes share the cores; " + MEASURE.split(": ", 1)[1]
     if rates.miss() > TRUST:
         return None, (f"no estimate: the model's step ({rates.step_with(rates.at_once) * 1000:.1f} ms a batch) misses "
@@ -191,7 +187,7 @@ def _num_cpus(d: Diagnosis, loader: LoaderInfo, rates: _Rates | None, th: Thresh
 def _prefetch(d: Diagnosis, loader: LoaderInfo, rates: _Rates | None) -> Recommendation | None:
     """The operators keep up on average, yet the loop waits: their batches come in bursts
     (a block at a time); more batches fetched ahead ride them out."""
-    if rates is None or _contended(d):
+    if rates is None or d.contended():
         return None
     m = d.metrics
     made = rates.step_with(rates.at_once)

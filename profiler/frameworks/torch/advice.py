@@ -50,7 +50,7 @@ def input_advice(run: Run, diagnosis: Diagnosis, loader: LoaderInfo,
     need = workers_needed(m, loader)
     # On a contended host more workers still win a larger share of the cores (the
     # scheduler is fair per thread), so the advice stands; only its estimate goes.
-    contended = cause == "host-contended" or any(wid == "host-contended" for wid, _ in diagnosis.warnings)
+    contended = diagnosis.contended()
     if not saturated and need is not None and cause not in ("host-to-device", "workers-unmeasured"):
         target, load = need
         if cause == "io-latency":

@@ -61,7 +61,7 @@ def _map_workers(run: Run, d: Diagnosis, loader: LoaderInfo, stage: StageTime | 
     items = loader.batch_size or 1
     compute = max(_per_batch(m), 1e-6)
     free = _free_cores(m)
-    contended = d.cause == "host-contended" or any(wid == "host-contended" for wid, _ in d.warnings)
+    contended = d.contended()
     if stage is None:
         # a process mapper: its workers' CPU from the host sampler, as DataLoader workers'
         need = workers_needed(m, loader)

@@ -27,10 +27,6 @@ FRAMEWORK = "keras"
 THREADS_PER_CORE = 4
 
 
-def _contended(d: Diagnosis) -> bool:
-    return d.cause == "host-contended" or any(wid == "host-contended" for wid, _ in d.warnings)
-
-
 def _per_batch(m: Metrics) -> tuple[float, float]:
     """(batches per step, the model's compute per batch)."""
     b = max(m.batches_per_step, 1.0)
@@ -100,7 +96,7 @@ def _workers(d: Diagnosis, loader: LoaderInfo, stage: StageTime, th: Thresholds)
                f"{target} threads wait side by side, against {compute * 1000:.1f} ms of the model's compute")
         basis = f"the measured time per batch over {target} threads"
     speedup = m.step_time_mean / (new * b) if new > 0 else None
-    contended = _contended(d)
+    contended = d.contended()
     queue = facts.queue_size(loader)
     kind = "process" if processes else "thread"
     plural = "es" if processes and target > 1 else "s" if target > 1 else ""
