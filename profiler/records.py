@@ -306,6 +306,9 @@ class WhatIf:
     #: change and as the run had it
     start_seconds: float = 0.0
     baseline_start_seconds: float = 0.0
+    #: where the loader could not be read again: the model alone on its held batch, and the
+    #: run's measured wait for a batch (seconds a step) added to both step times
+    held_wait_seconds: float = 0.0
 
 
 @dataclass
@@ -658,7 +661,7 @@ def check_run(run: Run) -> None:
         raise bad("run.whatif", f"{len(run.whatif)} entries, at most {MAX_WHATIFS}")
     for i, w in enumerate(run.whatif):
         if not (w.seconds_per_step > 0 and w.baseline_seconds_per_step > 0 and w.steps >= 1
-                and min(w.extra_seconds, w.start_seconds, w.baseline_start_seconds) >= 0
+                and min(w.extra_seconds, w.start_seconds, w.baseline_start_seconds, w.held_wait_seconds) >= 0
                 and len(w.change) <= MAX_COMMAND_CHARS):
             raise bad(f"run.whatif[{i}]", "expected step times > 0, steps >= 1, other times >= 0 and a change "
                       f"of at most {MAX_COMMAND_CHARS} characters")

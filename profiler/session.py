@@ -235,6 +235,9 @@ class Profile:
         self._held: HeldSignals | None = None  # from stop() to the report's end
         self._measured = False  # the what-if replays ran (or were found impossible)
         self._topped = False  # they ran between two steps, the capture held for the end
+        #: the replays run the model alone on its held batch, this measured wait a step added
+        #: (its loader cannot be read again: whatif.model_only); None: beside its loader
+        self._held_wait: float | None = None
         self._pause: tuple[float, float] | None = None  # when they ran mid-run: seconds since the start
         #: the report was made and written to the end (a second Ctrl-C stops it half way)
         self.reported = False
@@ -586,7 +589,7 @@ class Profile:
         """The what-if replays between two steps, once the step is held (NOTE [ What-if
         replays ] in whatif.py): the hooks inert meanwhile, and the pause taken out of the
         run's times at the end (``_close_pause``)."""
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         try:
             with hooks.suspended():
                 hooks.check_items()  # the plan's cache and offline copies need it
@@ -596,7 +599,10 @@ class Profile:
         except Exception as err:  # NOTE [ Never break the run ]
             self.run.whatif_skipped = f"the replays failed ({type(err).__name__}: {_first_line(err)})"
         finally:
-            self._pause = (t0 - self._t0, time.perf_counter() - self._t0)
+            t1 = time.perf_counter()
+            self._pause = (t0 - self._t0, t1 - self._t0)
+            if self._timeline is not None:  # a loop timed between steps: the pause is no wait of its
+                self._timeline.profiler_pause(t0, t1, time.thread_time() - cpu0)
 
     def _capture(self) -> Any:
         """The torch hooks' held step (frameworks/torch/stepcapture.py), or None."""
@@ -630,7 +636,15 @@ class Profile:
                 return
             from .advice import recommend
             from .diagnosis import diagnose
-            from .whatif import TOP_UP_SHARE, Interrupted, measure, plan, unsafe
+            from .whatif import (
+                TOP_UP_SHARE,
+                Interrupted,
+                measure,
+                model_only,
+                plan,
+                step_unsafe,
+                unsafe,
+            )
 
             diagnosis = diagnose(run)
             changes = plan(recommend(run, diagnosis))
@@ -639,12 +653,20 @@ class Profile:
                 return
             ranks = self._job.ctx.world_size if self._job is not None else _world_size()
             trained = diagnosis.metrics.loader
+            not_read = ""  # why the loader is not read again where the model alone is replayed
             why = unsafe(capture, ranks, reread=trained is not None and trained.iterations >= 2)
             if why:
                 if not end and not unsafe(capture, ranks, reread=True):
                     done = False  # a stream read once so far: by the run's end it may have been read again
+                    self.run.whatif_skipped = why
+                    return
+                alone = [] if step_unsafe(capture, ranks) else model_only(changes, diagnosis.metrics.wait_fraction)
                 self.run.whatif_skipped = why
-                return
+                if not alone:
+                    return
+                not_read = why
+                # the loader not read again: the model's own changes, alone on its held batch
+                changes, self._held_wait = alone, diagnosis.metrics.wait_per_step
             budget = self.settings.what_if
             if self.settings.print_report:
                 _note(f"measuring {len(changes)} advised change(s) on the job's own step, at most "
@@ -654,9 +676,10 @@ class Profile:
             held = self._held
             t0 = time.perf_counter()
             try:
-                self.run.whatif, self.run.whatif_skipped = measure(
+                self.run.whatif, skipped = measure(
                     capture, changes, diagnosis.metrics.compute_per_step, budget,
-                    lambda: held is not None and held.pending is not None)
+                    lambda: held is not None and held.pending is not None, self._held_wait)
+                self.run.whatif_skipped = skipped or not_read
             except Interrupted:
                 self.run.whatif_skipped = "stopped by a signal before the changes were measured"
             except Exception as err:  # the user's dataset or model failed outside the run
@@ -675,7 +698,7 @@ class Profile:
         budget they left; the capture let go after."""
         from .advice import recommend
         from .diagnosis import diagnose
-        from .whatif import MIN_TOP_UP_S, measure, plan
+        from .whatif import MIN_TOP_UP_S, measure, model_only, plan
 
         self._measured = True
         try:
@@ -683,13 +706,15 @@ class Profile:
             done = {w.change for w in self.run.whatif}
             diagnosis = diagnose(run)
             changes = [c for c in plan(recommend(run, diagnosis)) if c.describe() not in done]
+            if self._held_wait is not None:  # as the replays between two steps: the model alone
+                changes = model_only(changes, diagnosis.metrics.wait_fraction)
             if not changes or left < MIN_TOP_UP_S:
                 return
             held = self._held
             t0 = time.perf_counter()
             try:
                 found, _ = measure(capture, changes, diagnosis.metrics.compute_per_step, left,
-                                   lambda: held is not None and held.pending is not None)
+                                   lambda: held is not None and held.pending is not None, self._held_wait)
                 # each against its own replay of the run's settings; the model alone measured once
                 self.run.whatif.extend(w for w in found if w.change not in done)
             except Exception:  # the script's data gone with its end: the earlier figures stand

@@ -69,7 +69,9 @@ Events are:
 - ``(_EVAL, start, end)``: a batch read with gradients off (NOTE [ Evaluation batches ]);
 - ``(_GC, start, end)``: a garbage collection (NOTE [ Garbage collection in a wait ]);
 - ``(_BEGIN, t, batch_size)``: the open step starts at ``t`` (None: where it did) and
-  holds ``batch_size`` more samples (NOTE [ Waits measured after the run ]).
+  holds ``batch_size`` more samples (NOTE [ Waits measured after the run ]);
+- ``(_PAUSE, (start, end, thread_cpu))``: loadprof's own work between two steps (the
+  what-if replays), which a between-steps gap leaves out.
 
 NOTE [ Waits measured after the run ]
 Under Keras ``fit`` the batches are pulled inside the compiled function: no wait
@@ -121,7 +123,7 @@ MAX_EVENTS = 65_536
 #: they are still counted in ``eval_batches``, ``eval_seconds``.
 MAX_EVAL_PASSES = 10_000
 
-_END_CPU, _FORWARD, _H2D, _MANUAL, _EVAL, _GC, _BEGIN = range(7)
+_END_CPU, _FORWARD, _H2D, _MANUAL, _EVAL, _GC, _BEGIN, _PAUSE = range(8)
 
 
 class StopRun(BaseException):
@@ -181,6 +183,7 @@ class Timeline:
         self.gc_collections = 0
         self.gc_seconds = 0.0
         self.gc_in_waits = 0.0  # seconds of collections taken out of waits
+        self._pauses: list[tuple[float, float, float]] = []  # loadprof's own, since the last forward
 
     # -- events (NOTE [ Events now, steps on read ]) ---------------------------
     def batch_wait(self, start: float, end: float, cpu: float | None = 0.0, batch_size: int | None = None) -> None:
@@ -208,6 +211,11 @@ class Timeline:
             start, self._gc_start = self._gc_start, None
             if os.getpid() == self._pid:  # a forked loader worker inherits the callback: never recorded
                 self.gc_pause(start, self.clock())
+
+    def profiler_pause(self, start: float, end: float, cpu: float) -> None:
+        """loadprof worked from ``start`` to ``end`` between two steps, ``cpu`` seconds of this
+        thread's CPU: none of it the loop's wait for its next batch."""
+        self._events.append((_PAUSE, (start, end, cpu)))
 
     def host_to_device(self, seconds: float) -> None:
         self._events.append((_H2D, seconds))
@@ -301,6 +309,9 @@ class Timeline:
                         self.gc_seconds += e[2] - e[1]
                     elif kind == _BEGIN:
                         self._fold_begin(e[1], e[2])
+                    elif kind == _PAUSE:
+                        if len(self._pauses) < 16:
+                            self._pauses.append(e[1])
                     elif kind == _MANUAL:
                         self.methods.add("manual")
                         if self._step_start is None and self._last_end is None:
@@ -379,9 +390,15 @@ class Timeline:
                 gap = max(0.0, gap - paused)
                 if gap_cpu is not None:
                     gap_cpu = max(0.0, gap_cpu - paused)
+            for a, b, own_cpu in self._pauses:
+                inside = max(0.0, min(b, t) - max(a, self._last_end))
+                gap = max(0.0, gap - inside)
+                if gap_cpu is not None and inside:
+                    gap_cpu = max(0.0, gap_cpu - own_cpu * inside / max(b - a, 1e-9))
             self._wait += gap
             self._wait_cpu += self._cpu_of(gap, gap_cpu)
             self.methods.add("between-steps")
+        self._pauses.clear()
         self._fold_awaiting = False
 
     def _cpu_of(self, wall: float, cpu: float | None) -> float:

@@ -23,13 +23,16 @@ buffers (``torch.func.functional_call``); the optimizer is a new one over the co
 the random generators, thread count and the module's train/eval mode are put back;
 loadprof's hooks are inert meanwhile (``TorchHooks.suspended``); a zero loss keeps the
 copies as the run left them. Not replayed, with the reason in the report: a job of
-several processes (its step runs collectives), an IterableDataset (a stream may not be
-read twice, unless the run read it again already, epoch after epoch), a model whose copy
-does not fit in a third of the memory left.
+several processes (its step runs collectives), a model whose copy does not fit in a
+third of the memory left. Where the loader cannot be read again (batches not from a
+DataLoader; an IterableDataset, a stream that may not be read twice, unless the run read
+it again already), the model's own changes (``model_only``) are replayed on its held
+batch alone, the run's measured wait for a batch added to each replay's step.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import sys
@@ -49,6 +52,10 @@ if TYPE_CHECKING:
 #: the advice measured by a replay (the rest changes the code, or the optimisation)
 MEASURED_IDS = ("num_workers", "prefetch", "cache", "pin_memory", "mixed_precision", "threads",
                 "offline_preprocessing", "convert_format")
+#: the changes' fields a replay of the model alone on a held batch applies...
+MODEL_FIELDS = ("amp", "threads")
+#: ...the thread count only where waiting for batches takes at most this share of the step
+MODEL_ONLY_MAX_WAIT = 0.3
 #: changes measured in one run, and the default time they may take in all (seconds)
 MAX_CHANGES = 6
 DEFAULT_BUDGET_S = 20.0
@@ -104,9 +111,45 @@ def plan(recommendations: list[Recommendation], dialect: str = "torch",
 
 
 def unsafe(capture: StepCapture, ranks: int, reread: bool = False) -> str:
-    """Why the captured step may not be replayed ("" where it may). ``reread``: the run
-    read its loader again already (a second epoch), so an IterableDataset can be read
-    again too; a stream read once may not be."""
+    """Why the captured step may not be replayed beside its loader ("" where it may): the
+    step's own reason (``step_unsafe``) or its loader's (``loader_unsafe``)."""
+    return step_unsafe(capture, ranks) or loader_unsafe(capture, reread)
+
+
+def loader_unsafe(capture: StepCapture, reread: bool = False) -> str:
+    """Why the step's loader may not be read again ("" where it may). ``reread``: the run
+    read it again already (a second epoch), so an IterableDataset can be read again too;
+    a stream read once may not be."""
+    import torch
+
+    if capture.loader is None:
+        return capture.problem or "the step's batches did not come from a DataLoader"
+    dataset = getattr(capture.loader, "dataset", None)
+    if isinstance(dataset, torch.utils.data.IterableDataset) and not reread:
+        return ("the loader reads an IterableDataset the run had not read twice by then, a stream that "
+                "may not be read twice")
+    if getattr(capture.loader, "batch_size", None) is None and getattr(capture.loader, "batch_sampler", None) is None:
+        return "the loader has neither a batch size nor a batch sampler"
+    return ""
+
+
+def model_only(changes: list[Changes], wait_fraction: float) -> list[Changes]:
+    """The changes the model alone on a held batch can measure, where its loader cannot be
+    read again: mixed precision, and the thread count where the loop seldom waits for
+    batches (what fewer threads buy a starved job is cores for its loader, which the
+    model alone does not show)."""
+    out = []
+    for change in changes:
+        if set(change.to_dict()) - set(MODEL_FIELDS):
+            continue
+        if change.threads is not None and wait_fraction > MODEL_ONLY_MAX_WAIT:
+            continue
+        out.append(change)
+    return out
+
+
+def step_unsafe(capture: StepCapture, ranks: int) -> str:
+    """Why the captured step may not be replayed at all ("" where it may)."""
     import torch
 
     if ranks > 1:
@@ -115,12 +158,6 @@ def unsafe(capture: StepCapture, ranks: int, reread: bool = False) -> str:
     wrapped = type(model).__name__
     if wrapped in ("DistributedDataParallel", "FullyShardedDataParallel", "DataParallel"):
         return f"the model is wrapped in {wrapped}: its step runs collectives"
-    dataset = getattr(capture.loader, "dataset", None)
-    if isinstance(dataset, torch.utils.data.IterableDataset) and not reread:
-        return ("the loader reads an IterableDataset the run had not read twice by then, a stream that "
-                "may not be read twice")
-    if getattr(capture.loader, "batch_size", None) is None and getattr(capture.loader, "batch_sampler", None) is None:
-        return "the loader has neither a batch size nor a batch sampler"
     need = _model_bytes(model, capture.optimizer) * 3  # parameters, gradients, optimizer state
     device = _device_of(capture.args, capture.kwargs, model)
     if device.type == "cuda":
@@ -136,11 +173,13 @@ def unsafe(capture: StepCapture, ranks: int, reread: bool = False) -> str:
 
 
 def measure(capture: StepCapture, changes: list[Changes], run_compute: float, budget: float,
-            interrupted: Callable[[], bool]) -> tuple[list[WhatIf], str]:
+            interrupted: Callable[[], bool], held_wait: float | None = None) -> tuple[list[WhatIf], str]:
     """Replays of the captured step as the run had it, then with each change, in rounds
     while the budget lasts, interleaved so that another process's work falls on all alike;
     each one's rounds are averaged (``_Result.joined``). The step times measured, or the reason none could be (NOTE [ What-if
-    replays ])."""
+    replays ]). ``held_wait``: the loader is not read; the model runs alone on its held
+    batch, and this measured wait for a batch (seconds a step) is added to every replay's
+    step (``model_only``'s changes)."""
     import torch
 
     saved = _RandomState.save()
@@ -148,7 +187,8 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     training = capture.model.training
     deadline = time.perf_counter() + budget
     # the model alone on one held batch: the ceiling the stage advice measures against
-    configs = [Changes(), *changes, Changes(repeat_batch=True)]
+    held = held_wait is not None
+    configs = [Changes(), *changes] if held else [Changes(), *changes, Changes(repeat_batch=True)]
     best: dict[int, _Result] = {}
     quiet = warnings.catch_warnings()  # the loader's own (more workers than cores) are the advice's to give
     quiet.__enter__()
@@ -157,7 +197,8 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     try:
         capture.model.train(capture.training)
         step = _Step(capture)
-        first = _replay(capture, step, Changes(), threads, 0.0, budget / (len(configs) + 2), interrupted, items)
+        first = _replay(capture, step, Changes(), threads, 0.0, budget / (len(configs) + 2), interrupted, items,
+                        held)
         if first is None:
             return [], "the run's own settings could not be replayed in the time given"
         extra = max(0.0, run_compute - first.compute)
@@ -172,7 +213,7 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
                 if left <= 0 or (rounds and left < _slice(best, i, 1.0)):
                     break
                 got = _replay(capture, step, change, threads, extra, min(left, budget / (len(configs) + 2)),
-                              interrupted, items)
+                              interrupted, items, held)
                 if got is not None:
                     best[i] = best[i].joined(got) if i in best else got
             rounds += 1
@@ -187,9 +228,14 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     if 0 not in best:
         return [], "the run's own settings could not be replayed in the time given"
     base = best[0]
-    out = [WhatIf(configs[i].describe(), r.seconds, base.seconds, min(r.steps, base.steps), extra_seconds=extra,
-                  start_seconds=r.start, baseline_start_seconds=base.start)
+    wait = held_wait or 0.0
+    out = [WhatIf(configs[i].describe(), r.seconds + wait, base.seconds + wait, min(r.steps, base.steps),
+                  extra_seconds=extra, start_seconds=r.start, baseline_start_seconds=base.start,
+                  held_wait_seconds=wait)
            for i, r in sorted(best.items()) if i]
+    if held and out:  # the replay as the run had it is the model alone: the ceiling, measured
+        out.append(WhatIf(CEILING, base.seconds, base.seconds + wait, base.steps, extra_seconds=extra,
+                          held_wait_seconds=wait))
     return out, "" if out else "no change could be replayed in the time given"
 
 
@@ -215,10 +261,11 @@ class _Result:
 
 
 def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, extra: float, slice_s: float,
-            interrupted: Callable[[], bool], items: Items) -> _Result | None:
+            interrupted: Callable[[], bool], items: Items, held: bool = False) -> _Result | None:
     """One replay: seconds a step and seconds of it outside the batch's wait, or None.
     ``threads``: the run's intra-op threads, set again for each replay that does not change
-    them (a replay of fewer threads must not run the replays after it on as few)."""
+    them (a replay of fewer threads must not run the replays after it on as few).
+    ``held``: no loader read, the model alone on its held arguments."""
     import torch
 
     from .fixes.cache import internal
@@ -227,7 +274,7 @@ def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, ex
     torch.set_num_threads(change.threads or threads)
     amp = _autocast(change, device)
     with internal():  # loadprof's own loader: a trial's fixes leave it as it is
-        loader = _loader_for(capture.loader, change, items)
+        loader = itertools.repeat(None) if held else _loader_for(capture.loader, change, items)
         if loader is None:
             return None
         t_iter = time.perf_counter()
@@ -467,7 +514,10 @@ def summary(run: Any) -> str:
                  f"{'an HDF5 copy of the items' if w.change == STORED_COPY else w.change} {speedup(w):.2f}x"
                  + (" (no gain: not advised)" if speedup(w) < NO_GAIN else "")
                  for w in run.whatif]
-        return (f"Measured on the job's own step, {run.whatif_seconds:.1f} s: "
+        held = next((w.held_wait_seconds for w in run.whatif if w.held_wait_seconds), 0.0)
+        alone = (f" (the model alone on a held batch, the loop's {held * 1e3:.1f} ms wait a step as measured: "
+                 f"{run.whatif_skipped})" if held and run.whatif_skipped else "")
+        return (f"Measured on the job's own step, {run.whatif_seconds:.1f} s{alone}: "
                 + ", ".join(parts))
     if run.whatif_skipped:
         return f"The advised changes were not measured on the job's own step: {run.whatif_skipped}"

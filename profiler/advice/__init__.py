@@ -180,6 +180,9 @@ def measured(run: Run, recs: list[Recommendation]) -> list[Recommendation]:
         rec.basis = (f"measured: the job's own step replayed with {replay_name(w.change)}, "
                      f"{w.seconds_per_step * 1e3:.1f} ms against {w.baseline_seconds_per_step * 1e3:.1f} ms "
                      f"as it ran, {w.steps} steps each")
+        if w.held_wait_seconds:
+            rec.basis += (f" (the model alone on a held batch, the {w.held_wait_seconds * 1e3:.1f} ms a step "
+                          "the loop waited for batches added as measured)")
         whole = _whole_job(run, rec, w, gain)
         if whole is not None:
             rec.values["whole_job_speedup"] = round(whole[0], 2)

@@ -16,6 +16,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from loadprof import Profile
+from loadprof.advice.base import CEILING
+from loadprof.cpufeatures import cpu_features, has_bf16
 from loadprof.records import Run
 from tests.torch_loops import Sleepy, heavy_model, small_model, train
 
@@ -321,3 +323,31 @@ def test_advice_the_runs_end_adds_is_measured_in_the_budget_left() -> None:
     if amp is not None:
         assert amp.basis.startswith("measured: the job's own step replayed with amp=auto"), amp.basis
     assert 0 < run.whatif_seconds <= 12 + 5
+
+
+def _batches(n: int):
+    """The loop's own batches, no DataLoader: nothing a replay could read again."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(n):
+        yield torch.randn(64, 32, generator=g), torch.randint(0, 4, (64,), generator=g)
+
+
+@pytest.mark.skipif(not has_bf16(cpu_features()), reason="mixed precision is advised on a CPU with bf16 instructions")
+def test_a_loop_over_its_own_batches_gets_the_models_changes_measured_alone_and_keeps_its_waits() -> None:
+    model = heavy_model(512)
+    with Profile(gpu=False, print_report=False, what_if=8) as prof:
+        train(_batches(60), model)
+    run = prof.run
+    assert run.data_wait_method == "between-steps"
+    # the loader cannot be replayed; the model's own change is measured on its held batch
+    assert "did not come from a DataLoader" in run.whatif_skipped
+    measured = {w.change: w for w in run.whatif}
+    assert "amp=auto" in measured and CEILING in measured, (measured, run.whatif_skipped)
+    amp = measured["amp=auto"]
+    assert amp.held_wait_seconds > 0 and amp.held_wait_seconds == measured[CEILING].held_wait_seconds
+    rec = {r.id: r for r in prof.report.recommendations}["mixed_precision"]
+    assert rec.estimated_speedup is not None and "the model alone on a held batch" in rec.basis
+    # the replays ran between two steps: that pause is no wait of the loop's
+    assert len(run.steps) == 60
+    assert max(st.data_wait for st in run.steps) < run.whatif_seconds / 4
+    assert prof.report.verdict == "compute-bound"

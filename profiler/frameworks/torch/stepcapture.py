@@ -39,7 +39,8 @@ class StepCapture:
 
     @property
     def ready(self) -> bool:
-        return self.args is not None and self.loader is not None
+        """A step is held (its loader, where batches came from a DataLoader: whatif.loader_unsafe)."""
+        return self.args is not None
 
     def on_loader(self, loader: Any) -> None:
         """A training iteration of ``loader`` began (the last one wins). Held: a loop over
