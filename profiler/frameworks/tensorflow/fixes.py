@@ -20,6 +20,7 @@ from ...fixes.sites import is_framework_file
 from ...fixes.spec import SiteRecord, short_path
 from ...instrument import ThisProcess
 from ...patch import Patches
+from .cachefill import fill
 from .rebuild import same_output
 from .stages import callable_name
 
@@ -175,12 +176,14 @@ class TfDataFixes:
 
     def _insert_cache(self, ds: Any, where: str, site: tuple[str, int], before_op: str,
                       flags: dict[str, Any]) -> Any:
-        """``ds.cache()`` where its elements are the same every epoch and fit in memory; a
-        shuffle before it is done again after it (each epoch's order is the shuffle's, not
-        the cached first epoch's). None: refused, and the trial says why."""
+        """``ds.cache()`` where its elements are the same every epoch and fit in memory,
+        filled here (cachefill.py); a shuffle before it is done again after it (each epoch's
+        order is the shuffle's, not the cached first epoch's). None: refused, and the trial
+        says why."""
         n = int(ds.cardinality())
-        if n < 0:
-            self.a.skip(f"tf.data cache at {where}: the dataset's length is unknown or infinite")
+        if n == self.tf.data.INFINITE_CARDINALITY:
+            self.a.skip(f"tf.data cache at {where}: the dataset is infinite (a repeat before it): "
+                        "a cache of it is never filled")
             return None
         try:
             first = list(ds.take(PROBE_ITEMS).as_numpy_iterator())
@@ -195,12 +198,23 @@ class TfDataFixes:
             self.a.skip(f"tf.data cache at {where}: elements differ between two reads (random map?): "
                         "a cache would freeze one draw")
             return None
-        size = sum(item_nbytes(e) for e in first) * n // max(1, len(first))
-        avail = psutil.virtual_memory().available
-        if size > CACHE_MEMORY_SHARE * avail:
-            self.a.skip(f"tf.data cache at {where}: about {size / 2**20:.0f} MiB does not fit")
+        limit = int(CACHE_MEMORY_SHARE * psutil.virtual_memory().available)
+        guess = sum(item_nbytes(e) for e in first) * n // max(1, len(first))
+        if n >= 0 and guess > limit:  # a known length: refused before a pass that could not fit
+            self.a.skip(f"tf.data cache at {where}: about {guess / 2**20:.0f} MiB does not fit")
             return None
         cached = self._original("cache")(ds)
+        try:
+            filled = fill(cached, limit)
+        except Exception as exc:  # the script's pipeline failed on a full pass: its own run will say so
+            self.a.skip(f"tf.data cache at {where}: filling it failed ({type(exc).__name__})")
+            return None
+        self.a.setup_seconds += filled.seconds
+        if not filled.complete:
+            self.a.skip(f"tf.data cache at {where}: more than {limit / 2**20:.0f} MiB after {filled.elements} "
+                        "elements: it does not fit")
+            return None
+        n, size = filled.elements, filled.nbytes
         shuffled = flags.get("shuffle")
         if shuffled is not None:
             cached = self._original("shuffle")(cached, *shuffled[0], **shuffled[1])

@@ -67,6 +67,7 @@ from ..keras.fit import FitRecord, KerasFit
 from . import tfdata
 from .facts import check_amp, gpu_facts
 from .inside import Window
+from .looptime import LoopTime
 from .probe import measure_feed_input, measure_fit_input
 from .rebuild import Builds
 from .stages import TfStages
@@ -98,6 +99,8 @@ class TensorFlowHooks:
         self.replayable: list[FitRecord] = []
         #: a custom loop's step as it was called on the batch it read (whatif.py)
         self.loop_step: LoopStep | None = None
+        #: a custom loop's own time a step, outside its step calls and waits (whatif.py adds it)
+        self.loop_time = LoopTime()
         self._last: tuple[Any, Any] | None = None  # (the pipeline, its batch) the loop read last
         self._steps_seen = 0
         self.keras = KerasFit(self)
@@ -209,6 +212,7 @@ class TensorFlowHooks:
         hooks = self
 
         def __iter__(ds: Any) -> Any:
+            t0 = hooks.clock()
             it = original(ds)
             if hooks.ours() and not hooks.in_keras() and tf.executing_eagerly():
                 info = hooks.dataset_info(ds)
@@ -220,6 +224,7 @@ class TensorFlowHooks:
                         it._loadprof_ds = ds
                     except AttributeError:  # a future iterator with __slots__: waits still timed
                         pass
+                hooks.loop_time.waited(hooks.clock() - t0)  # a pass's start: the pipeline's, not the loop's
             return it
 
         return __iter__
@@ -242,9 +247,11 @@ class TensorFlowHooks:
             try:
                 batch = original(it)
             except StopIteration:
+                hooks.loop_time.waited(clock() - t0)
                 hooks._end_of_pass(it)
                 raise
             t1 = clock()
+            hooks.loop_time.waited(t1 - t0)
             cpu = process_time() - c0
             size = tfdata.leading_dim(batch)
             info = getattr(it, "_loadprof_info", None)
@@ -321,6 +328,7 @@ class TensorFlowHooks:
             if step:
                 # Like a forward pass: the loop has its batch (NOTE [ Input time without a DataLoader ]).
                 hooks.timeline.forward_start(clock())
+                hooks.loop_time.call_starts(clock())
             stack.append(fn)
             try:
                 out = original(fn, *args, **kwargs)
@@ -329,6 +337,7 @@ class TensorFlowHooks:
             if outer and fn in hooks._step_functions:
                 # (also the first call, recognised as a step while it was traced)
                 hooks.timeline.optimizer_step(clock())
+                hooks.loop_time.call_ends(clock())
                 if hooks.loop_step is None:
                     hooks._hold_step(fn, args, kwargs)
             return out

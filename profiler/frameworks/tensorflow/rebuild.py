@@ -11,9 +11,10 @@ transformations again on that source, with the change:
   kept, as ``deterministic`` was);
 - ``prefetch``: ``prefetch(tf.data.AUTOTUNE)`` after each ``batch`` not followed by one;
 - ``cache``: after the last of the maps that give the same output twice (the leading ones,
-  ``maps_repeat``), the elements of ``CACHE_BATCHES`` batches taken, cached and repeated:
-  what follows reads a filled cache, as every epoch after the first would (the fill, an
-  epoch of the maps, is the whole-job figure's to count).
+  ``maps_repeat``), the elements of ``CACHE_BATCHES`` batches taken, cached and repeated,
+  a shuffle before them done again after them (as the trial's fix does): what follows
+  reads a filled cache, as every epoch after the first would (the fill, an epoch of the
+  maps, is the whole-job figure's to count).
 The functions are the script's own, traced again. The same notes tell whether each map
 gives the same output twice for one element (``maps_repeat``: its function called twice
 eagerly after the run), which decides whether a cache or a stored copy may stand in for it. Nothing is rebuilt from TensorFlow's
@@ -140,7 +141,11 @@ class Builds:
                     node = node.prefetch(tf.data.AUTOTUNE)
                     changed = True
                 if i == cache_after:
-                    node = node.take(held).cache().repeat()
+                    node = node.take(held).cache()
+                    # as the trial's fix does: a shuffle before the cache done again after it, each pass
+                    for before in (c for c in calls[:i] if c.name == "shuffle"):
+                        node = node.shuffle(*before.args, **before.kwargs)
+                    node = node.repeat()
                     changed = True
         finally:
             self._quiet.on = False

@@ -11,8 +11,10 @@ the advice per transformation names, a prefetch after the batch,
 a filled cache after the deterministic maps), in rounds while
 the budget lasts, each round's calls after two of warm-up (the iterator's start, a shuffle
 buffer filling), the rounds of each averaged. A change whose pipeline is the same is not
-replayed. What the run's steady step took beyond the replayed one (callbacks, the loop's
-own code) is added to every replay alike. The variables the step uses (the model's, its
+replayed. What a step took beyond the replayed call is added to every replay alike: for a
+custom loop, its time between step calls beyond its waits for batches, read while it ran
+(looptime.py); for a fit (callbacks), what the run's steady step took beyond the replayed
+one. The variables the step uses (the model's, its
 optimizer's and metrics'; a loop step's: those its traced functions capture) are copied to
 host memory first and assigned back after, as the model-alone probe does, so the model
 leaves as training left it. A pipeline that cannot be read again (its files gone with the
@@ -73,6 +75,8 @@ class _Target:
     batches: int
     #: the same step under a mixed-precision policy (a clone of the model), where one was built
     mixed: _Target | None = None
+    #: a custom loop's own time a step, read in the run (looptime.py); None: a fit's
+    own: float | None = None
 
 
 def replay(hooks: TensorFlowHooks, run: Run, recommendations: list[Recommendation], budget: float,
@@ -95,10 +99,11 @@ def replay(hooks: TensorFlowHooks, run: Run, recommendations: list[Recommendatio
             target.mixed = _mixed_target(record, mixed)
     elif loop is not None:
         target = _loop_target(loop)
+        target.own = hooks.loop_time.per_step()
     else:
         return [], ("a custom tf.data loop whose step was not held (a tf.function called on the batch "
                     "as read, after its first steps): its changes are not replayed (`loadprof tune` measures them)")
-    return measure(target, hooks.builds, changes, _steady_step(run), budget, interrupted)
+    return measure(target, hooks.builds, changes, _steady_step(run), budget, interrupted, _per_epoch(run))
 
 
 def _fit_target(record: FitRecord) -> _Target:
@@ -158,6 +163,14 @@ def _steady_step(run: Run) -> float | None:
     return statistics.median(per) if per else None
 
 
+def _per_epoch(run: Run) -> int | None:
+    """The batches of an epoch of the pipeline trained on, where its length is known."""
+    info = next((i for i in run.loaders if i.iterations > i.eval_iterations), None)
+    if info is None or not info.dataset_length or not info.batch_size:
+        return None
+    return -(-info.dataset_length // info.batch_size)
+
+
 def rebuild_of(change: Changes) -> str | None:
     """The rebuild a change is, or None (not one the replays make)."""
     if change.parallel_map or change.map_fn:
@@ -170,9 +183,10 @@ def rebuild_of(change: Changes) -> str | None:
 
 
 def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: float | None, budget: float,
-            interrupted: Callable[[], bool]) -> tuple[list[WhatIf], str]:
+            interrupted: Callable[[], bool], per_epoch: int | None = None) -> tuple[list[WhatIf], str]:
     """The step with the pipeline as built and with each change: the measurements, or why
-    there are none (NOTE [ What-if replays under Keras fit ])."""
+    there are none (NOTE [ What-if replays under Keras fit ]). ``per_epoch``: the batches of
+    an epoch, where known."""
     import psutil
 
     variants: list[tuple[Changes, Any, _Target]] = []
@@ -195,37 +209,47 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
                     f"{STATE_COPY_SHARE:.0%} of the available memory")
     saved = [np.array(v.numpy(), copy=True) for v in variables]
     configs: list[tuple[Changes, Any, _Target]] = [(Changes(), target.dataset, target), *variants]
-    results: dict[int, tuple[float, int, float, int]] = {}  # seconds, calls; first calls' seconds, count
+    results: dict[int, tuple[float, int]] = {}  # seconds, calls
+    firsts: dict[int, list[float]] = {}  # each round's first call: an epoch's start
     deadline = time.perf_counter() + budget
     slice_s = budget / (MAX_ROUNDS * len(configs))
     try:
-        for _ in range(MAX_ROUNDS):
+        for round_ in range(MAX_ROUNDS):
             for i, (change, ds, replayed) in enumerate(configs):
                 if time.perf_counter() >= deadline:
                     break
                 # a cache's replay fills it first: the batches it holds, untimed
                 warmup = WARMUP_CALLS + (CACHE_BATCHES if change.cache else 0)
                 seconds, calls, first = _replay(replayed, ds, slice_s, interrupted, warmup)
-                s0, n0, f0, k0 = results.get(i, (0.0, 0, 0.0, 0))
-                results[i] = (s0 + seconds, n0 + calls, f0 + first, k0 + 1)
+                s0, n0 = results.get(i, (0.0, 0))
+                results[i] = (s0 + seconds, n0 + calls)
+                if round_ or not change.cache:  # a cache's first round starts filling it: no epoch's start
+                    firsts.setdefault(i, []).append(first)
     finally:
         for v, value in zip(variables, saved, strict=True):
             v.assign(value)
     if 0 not in results:
         return [], "the step could not be replayed in the time given"
-    base_s, base_n, base_f, base_k = results[0]
+    base_s, base_n = results[0]
     base = base_s / base_n / target.batches
-    extra = max(0.0, run_step - base) if run_step else 0.0
+    # a loop's own time was read in the run; a fit's is what its steady step took beyond the replay
+    extra = target.own if target.own is not None else max(0.0, run_step - base) if run_step else 0.0
 
     def start(i: int) -> float:
         """A fresh iterator's first call beyond a steady one: the pipeline starting (an epoch's start)."""
-        s, n, f, k = results[i]
-        return max(0.0, f / k - s / n)
+        s, n = results[i]
+        return max(0.0, statistics.mean(firsts[i]) - s / n) if firsts.get(i) else 0.0
 
-    out = [WhatIf(configs[i][0].describe(), s / n / target.batches + extra, base + extra,
-                  min(n, base_n) * target.batches, extra_seconds=extra, start_seconds=start(i),
-                  baseline_start_seconds=start(0))
-           for i, (s, n, _, _) in sorted(results.items()) if i]
+    out = []
+    for i, (s, n) in sorted(results.items()):
+        if not i:
+            continue
+        change, step, was = configs[i][0], s / n / target.batches, base
+        if change.cache and per_epoch and firsts.get(i):
+            # its figure is for every epoch after the first: each starts again, from the filled cache
+            step, was = step + start(i) / per_epoch, base + start(0) / per_epoch
+        out.append(WhatIf(change.describe(), step + extra, was + extra, min(n, base_n) * target.batches,
+                          extra_seconds=extra, start_seconds=start(i), baseline_start_seconds=start(0)))
     return out, "" if out else "no change could be replayed in the time given"
 
 
