@@ -23,20 +23,26 @@ a baseline's steps vary, its throughput (a mean) and its median step differ.
 Prints one row per recommendation and the mean absolute error. Not a test:
 figures are printed, never asserted.
 
+With ``--busy``, a process that keeps one core busy runs beside every baseline and
+trial, and the ``contention`` advice is applied by pausing it (SIGSTOP) for a trial.
+
     python benchmarks/advice_accuracy.py [--examples torch_starved,...] [--steps 30]
-                                         [--warmup 5] [--repeats 2] [--gpu] [--json out.json]
+                                         [--warmup 5] [--repeats 2] [--gpu] [--busy] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -137,6 +143,31 @@ NOT_SPEED = ("loader_memory", "shared_memory", "gradient_checkpointing", "gradie
 TRIAL_LIMIT_S = 300.0
 
 
+class BusyCore:
+    """Another job on the host (``--busy``): one process spinning on a core, outside every
+    trial's process tree, paused to run the ``contention`` advice's trial."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        self.proc.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            self.proc.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        self.proc.kill()  # a stopped process dies of SIGKILL too
+        self.proc.wait()
+
+
+#: the change the ``contention`` trial makes: the other job's cores given back
+FREED = "the busy process paused"
+
+
 def changes_for(rec: Recommendation) -> Changes | None:
     """The fix loadprof can apply from outside the script for a recommendation; None: none can."""
     return change_of(rec)
@@ -163,6 +194,8 @@ def _changes_of(described: str) -> Changes:
 
 def _change(rec: Recommendation, flags: dict[str, list[str]]) -> str:
     changes = changes_for(rec)
+    if changes is None and rec.id == "contention":
+        return FREED
     return changes.describe() if changes is not None else "the script's " + " ".join(flags[rec.id])
 
 
@@ -172,6 +205,12 @@ def _median_step(t: TrialResult, warmup: int) -> float | None:
         return None
     times = [st.end - st.start for st in t.run.steps[warmup:]]
     return statistics.median(times) if times else None
+
+
+def _others(t: TrialResult) -> float:
+    """The cores processes outside a run's job kept busy, as its diagnosis measured them."""
+    assert t.run is not None  # the baselines' and the measured trials'
+    return build_report(t.run).diagnosis.metrics.others_cpu_cores or 0.0
 
 
 #: processes a stopped run may leave behind for seconds: Ray's daemons and workers
@@ -195,7 +234,7 @@ def _settle(limit: float = 60.0) -> None:
     print(f"still running after {limit:.0f} s: {len(left)} process(es) of an earlier run", file=sys.stderr)
 
 
-def measure(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
+def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -> list[dict[str, Any]]:
     rel, args, env, flags, least = EXAMPLES[example]
     o = argparse.Namespace(**{**vars(o), "steps": max(o.steps, least)})
     script = str(ROOT / rel)
@@ -240,6 +279,11 @@ def measure(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
             trials.setdefault(rid, []).append((base, t))
         for rid, rec in recs.items():
             changes = changes_for(rec)
+            if rid == "contention" and busy is not None:
+                with busy.paused():
+                    t = _trial(f"{rid} ({FREED}) #{r + 1}", script, args, env, Changes(), o)
+                trials.setdefault(rid, []).append((base, t))
+                continue
             if changes is None and rid in flags:
                 t = _trial(f"{rid} ({' '.join(flags[rid])}) #{r + 1}", script, [*args, *flags[rid]], env,
                            Changes(), o)
@@ -280,6 +324,11 @@ def measure(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
             "trial_samples_per_s": [t.rate for _, t in runs if t.ok],
             "diagnosed": verdicts,
         }
+        if rid == "contention":  # what the other processes held, beside the busy one and with it paused
+            held = [(_others(b), _others(t)) for b, t in runs if t.ok and t.run is not None]
+            rows[rid]["others_cpu_cores"] = held
+            rows[rid]["change"] += " (the others held " + ", ".join(
+                f"{before:.2f} -> {after:.2f} cores" for before, after in held) + ")"
     for rid in recs:
         rows.setdefault(rid, {"example": example, "id": rid, "status": "not run"})
         rows[rid]["bound"] = recs[rid].bound
@@ -359,6 +408,8 @@ def run(argv: list[str] | None = None) -> int:
     parser.add_argument("--what-if", type=float, default=20.0, metavar="SECONDS",
                         help="the baseline's what-if replays, as `loadprof diagnose --what-if` (default 20; 0: none)")
     parser.add_argument("--gpu", action="store_true", help="sample GPUs (the examples use one when there is one)")
+    parser.add_argument("--busy", action="store_true",
+                        help="a process keeping one core busy beside every run; `contention` is measured by pausing it")
     parser.add_argument("--json", metavar="PATH", help="write every figure here")
     o = parser.parse_args(argv)
     names = [n.strip() for n in o.examples.split(",") if n.strip()]
@@ -366,13 +417,18 @@ def run(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown example {unknown[0]!r}; known: {', '.join([*EXAMPLES, *JOBS])}")
     rows: list[dict[str, Any]] = []
-    for name in names:
-        rows.extend(measure_job(name, o) if name in JOBS else measure(name, o))
-        _settle()
-        if o.json:  # each example's rows as soon as they are measured: a run cut short keeps them
-            write_json(o.json, {"options": vars(o), "rows": rows})
+    busy = BusyCore() if o.busy else None
+    try:
+        for name in names:
+            rows.extend(measure_job(name, o) if name in JOBS else measure(name, o, busy))
+            _settle()
+            if o.json:  # each example's rows as soon as they are measured: a run cut short keeps them
+                write_json(o.json, {"options": vars(o), "rows": rows})
+    finally:  # Ctrl-C included: the spinning process never outlives the benchmark
+        if busy is not None:
+            busy.stop()
     print(f"machine: {os.cpu_count()} logical cores; {o.warmup} warm-up + {o.steps} measured steps per run, "
-          f"{o.repeats} rounds")
+          f"{o.repeats} rounds" + ("; a process keeping one core busy beside every run" if o.busy else ""))
     for name in names:
         seen = next((row["diagnosed"] for row in rows if row["example"] == name), None)
         print(f"{name}: baseline diagnosed " + ("; ".join(seen) if seen else "(no baseline)"))

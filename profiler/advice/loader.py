@@ -19,6 +19,7 @@ from ..frameworks import for_loader
 from ..loaderhost import restart_cost, shm_fit, start_up
 from ..records import LoaderInfo, Run
 from .base import STORED, Recommendation, size_text
+from .contention import Freed, contention_basis, freed_step
 
 
 def dialect_of(loader: LoaderInfo | None) -> str:
@@ -159,6 +160,8 @@ def shm_advice(run: Run, m: Metrics) -> Recommendation:
 
 
 def contention_advice(run: Run, m: Metrics, cause: bool) -> Recommendation:
+    """Other processes hold the cores: lower them, with the job's queued time as the gain
+    (contention.py)."""
     others = m.others_cpu_cores or 0.0
     why = (f"Other processes keep {others:.1f} of the {m.usable_cores} usable cores busy"
            + (f", and the training thread waits for a CPU {m.run_delay:.0%} of the time" if m.run_delay else "")
@@ -172,13 +175,18 @@ def contention_advice(run: Run, m: Metrics, cause: bool) -> Recommendation:
         renice = "".join(f"renice -n 10 -p {p.pid}  # {p.command[:60]}, {p.cores:.2f} cores\n" for p in named)
     else:
         renice = "renice -n 10 -p <PID of the other job>\n"
+    freed = freed_step(m)
+    values: dict[str, Any] = {"others_cpu_cores": round(others, 2), "other_pids": [p.pid for p in named]}
+    if isinstance(freed, Freed):
+        values["queued_seconds_per_step"] = round(freed.saved, 4)
     return Recommendation(
         "contention", "Give the job cores of its own",
         why,
         "# lower the other jobs' priority (or give them fewer cores), then measure again:\n"
         + renice + f"loadprof diagnose {command}",
-        {"others_cpu_cores": round(others, 2), "other_pids": [p.pid for p in named]},
-        basis="no estimate: what the job gains is what the other processes give up",
+        values,
+        round(freed.speedup, 2) if isinstance(freed, Freed) else None,
+        contention_basis(freed) if isinstance(freed, Freed) else freed,
     )
 
 

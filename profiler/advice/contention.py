@@ -1,0 +1,84 @@
+"""What the job gains on cores of its own: the time its threads waited for a core
+(Linux schedstat run delay) given back, on the part of the step each thread holds up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..diagnosis import DEFAULT_THRESHOLDS, Metrics
+from ..frameworks import for_loader
+
+
+@dataclass(frozen=True)
+class Freed:
+    """The judged mean step as measured and with the queued time given back (seconds)."""
+
+    step: float
+    new_step: float
+    #: the cores other processes held, where they capped the queued time given back
+    capped_at: float | None = None
+
+    @property
+    def saved(self) -> float:
+        return self.step - self.new_step
+
+    @property
+    def speedup(self) -> float:
+        return self.step / max(self.new_step, 1e-12)
+
+
+def _ms(seconds: float) -> str:
+    ms = seconds * 1000
+    return f"{ms:.1f}" if ms < 10 else f"{ms:.0f}"
+
+
+def contention_basis(freed: Freed) -> str:
+    capped = (f" (capped at the {freed.capped_at:.1f} cores the other processes held)"
+              if freed.capped_at is not None else "")
+    return (f"estimate: the {_ms(freed.saved)} ms a step the job's threads waited for a core given back"
+            f"{capped}; holds if the other processes stop")
+
+
+def freed_step(m: Metrics) -> Freed | str:
+    """The step with the job's run delay given back, or the basis that says why there is no figure.
+
+    The training thread's queued time (its run delay x step) lies on the loop's own part of
+    the step: the whole step where it loads the batches itself; its compute where workers load
+    them, since it sleeps through its waits for them. Where the loop waits for worker processes
+    (at least ``input_moderate`` of the step), they work without pause, so a batch comes every
+    step less each worker's queued share of it; where the loop does not wait, their queueing
+    costs the step nothing. Together the job's threads can get back at most the cores the other
+    processes held (and the usable cores the job did not use): the queued time is scaled down
+    to that.
+    """
+    step = m.step_time_mean
+    if step <= 0:
+        return "no estimate: no judged steps"
+    if m.run_delay is None:
+        return ("no estimate: the kernel gave no schedstat, so the time the job's threads "
+                "waited for a core was not measured")
+    loader = m.loader
+    adapter = for_loader(loader)
+    on_threads = adapter is not None and adapter.on_threads(loader)
+    workers = 0 if on_threads or loader is None else loader.num_workers or 0
+    waits = m.wait_fraction >= DEFAULT_THRESHOLDS.input_moderate
+    if on_threads and waits:
+        return ("no estimate: the loop waits for its loader's threads, and schedstat is read for "
+                "the training thread alone")
+    if workers and waits and m.workers_run_delay is None:
+        return ("no estimate: the loop waits for its loader workers, and their wait for a core "
+                "was not measured (the sampler saw none of them)")
+    worker_delay = m.workers_run_delay if workers and waits else 0.0
+    assert worker_delay is not None
+    queued = m.run_delay + workers * worker_delay  # threads queued at once, in cores
+    free = m.others_cpu_cores or 0.0
+    if m.tree_cpu_cores is not None:
+        free = min(free, max(0.0, m.usable_cores - m.tree_cpu_cores))
+    scale = min(1.0, free / queued) if queued > 0 else 1.0
+    capped = free if scale < 1.0 else None
+    own = scale * m.run_delay * step
+    if not (workers and waits):
+        return Freed(step, step - own, capped)
+    loop = step - m.wait_per_step - own
+    batch_every = step * (1.0 - scale * worker_delay)
+    return Freed(step, max(loop, batch_every), capped)
