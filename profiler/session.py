@@ -480,6 +480,8 @@ class Profile:
         assert self._timeline is not None
         self._fault("hooks")
         hooks: Hooks = factory(self._timeline, self.run)
+        if hasattr(hooks, "settings"):  # hooks that profile processes of their own (Ray Train's workers)
+            hooks.settings = self.settings
         return hooks
 
     def step(self) -> None:
@@ -806,6 +808,8 @@ class Profile:
             self._report = build_report(self.run, self.settings.gpu_hour_price)
         except Exception as err:  # NOTE [ Never break the run ]
             self._report = failed_report(self.run, f"{type(err).__name__}: {_first_line(err)}")
+        if self._job is None:
+            self._report = self._guard("the workers' report could not be read", self._workers_report) or self._report
         paths, print_report, outputs = dict(self.settings.outputs), self.settings.print_report, True
         json_path = paths.pop("json", None)
         if self._job is not None:  # NOTE [ Merging a job's reports ] in jobs/exchange.py
@@ -837,6 +841,16 @@ class Profile:
         self._log_trackers()
         if self._job is not None:
             self._job.release_sigterm()  # held since stop(): jobs/__init__.py
+
+    def _workers_report(self) -> Any:
+        """The merged report of a job whose ranks ran in processes the script's library started
+        (NOTE [ Ray Train's workers profiled ] in frameworks/raytrain/worker.py), or None."""
+        for hooks in list(self._watch.hooks.values()) if self._watch is not None else []:
+            find = getattr(hooks, "job_report", None)
+            report = find() if find is not None else None
+            if report is not None:
+                return report
+        return None
 
     def _log_trackers(self) -> None:
         """NOTE [ Logging into the script's own run ] in trackers/__init__.py: rank 0's report

@@ -119,6 +119,7 @@ REGISTERED: list[str] = [
     "loadprof.frameworks.litdata",
     "loadprof.frameworks.hfstream",
     "loadprof.frameworks.raydata",
+    "loadprof.frameworks.raytrain",
 ]
 
 _lock = threading.Lock()

@@ -150,7 +150,10 @@ class JobContext:
             except (KeyError, ValueError):
                 return None
 
-        return cls(rank, world, maybe("LOCAL_RANK"), maybe("GROUP_RANK"), addr, port,
+        node = maybe("GROUP_RANK")
+        if node is None:
+            node = maybe("NODE_RANK")  # Ray Train's name for it
+        return cls(rank, world, maybe("LOCAL_RANK"), node, addr, port,
                    env.get("TORCHELASTIC_RUN_ID", "") or "none", env.get("TORCHELASTIC_RESTART_COUNT", "0"),
                    env.get("TORCHELASTIC_USE_AGENT_STORE") == "True", maybe("LOCAL_WORLD_SIZE"))
 

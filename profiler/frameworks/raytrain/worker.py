@@ -1,0 +1,94 @@
+"""What each Ray Train worker runs: the user's ``train_loop_per_worker`` inside a ``Profile``.
+
+NOTE [ Ray Train's workers profiled ]
+A ``TorchTrainer``'s training runs in Ray's worker processes (actors), which ``loadprof
+diagnose`` never starts: profiled alone, the driver is an idle process waiting for ``fit()``.
+So for the length of ``fit()`` the trainer's ``train_loop_per_worker`` is a ``ProfiledLoop``
+(hooks.py), which Ray pickles to each worker (cloudpickle: this class by reference, the
+user's loop as Ray ships it anyway). There it runs the loop inside a ``Profile`` with the
+diagnose run's settings, quiet. Ray Train sets RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT in each worker before the loop (its process
+group's ``env://`` rendezvous, ray/train/torch/config.py), so each worker's Profile is a rank
+of a job as under torchrun: the reports meet on rank 0 through the store that rank 0's
+process hosts for the process group (NOTE [ Merging a job's reports ] in jobs/exchange.py,
+without an agent store), while the loop, inside the Profile, still holds it. Rank 0 writes
+the job's report to the file the driver named (``REPORT`` in a folder made for this
+``fit()``); a rank the exchange missed writes its own beside it (``report.rankR.json``). When
+``fit()`` returns, the driver reads them (merging rank files itself where rank 0 wrote
+none), and ``loadprof diagnose`` writes and prints the job's report instead of the driver's.
+The folder is on the driver's host: a rank 0 on another node writes where the driver
+cannot read (docs/limits.md).
+
+The loop's return value and exceptions are its own; a Profile that cannot be made is one
+warning on the worker's stderr (Ray forwards it to the driver's) and the loop runs
+unprofiled (NOTE [ Never break the run ] in session.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ...settings import Settings
+
+#: the file rank 0 writes in the driver's folder (rank R's own: ``report.rankR.json``)
+REPORT = "report.json"
+
+
+class ProfiledLoop:
+    """``train_loop_per_worker`` profiled in the worker that runs it."""
+
+    def __init__(self, loop: Callable[..., Any], settings: Settings, folder: str, command: list[str]) -> None:
+        # Ray counts the loop's parameters (0 or the config) through ``__wrapped__``
+        functools.update_wrapper(self, loop)
+        self.loop = loop
+        self.settings = settings
+        self.folder = folder
+        self.command = list(command)
+
+    def __call__(self, *args: Any) -> Any:
+        prof = self._profile()
+        if prof is None:
+            return self.loop(*args)
+        with prof:
+            return self.loop(*args)
+        return None  # max_steps reached: the Profile swallowed its StopRun
+
+    def _profile(self) -> Any:
+        try:
+            from ...jobs.exchange import JobContext
+            from ...session import Profile
+
+            s = self.settings
+            alone = JobContext.from_env() is None and _world_size() > 1
+            # without MASTER_ADDR (TorchConfig(init_method="tcp")) the ranks cannot meet:
+            # rank 0 reports alone, the others write nothing over its file
+            json = None if alone and os.environ.get("RANK", "0") != "0" else os.path.join(self.folder, REPORT)
+            prof = Profile(interval=s.interval, json=json, max_steps=s.max_steps, print_report=False, gpu=s.gpu,
+                           host_helper=s.host_helper, gpu_hour_price=s.gpu_hour_price, what_if=s.what_if)
+            prof.run.command = list(self.command)  # the driver's, not Ray's worker's
+            if alone:
+                prof.run.limitations.append(
+                    f"Ray Train worker {os.environ.get('RANK', '?')} of {_world_size()} reports alone: no MASTER_ADDR "
+                    "to meet the others at (TorchConfig(init_method='tcp')); their reports are not merged")
+            return prof
+        except Exception as exc:  # NOTE [ Never break the run ] in session.py
+            _warn(f"this Ray Train worker is not profiled ({type(exc).__name__}: {exc})")
+            return None
+
+
+def _world_size() -> int:
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
+def _warn(line: str) -> None:
+    try:
+        print(f"loadprof: warning: {line}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
