@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import importlib.util
 import json
 import os
 import re
@@ -455,3 +456,10 @@ def to_the_end(batches: Iterator[Any], error: type[BaseException]) -> None:
             return
         except error:
             continue
+
+
+def installed_or_skip(name: str) -> None:
+    """Skip unless ``name`` is installed, without importing it in the test process: where only
+    the script a test runs uses it (Lightning takes 2 s of CPU to import, in each test process)."""
+    if importlib.util.find_spec(name) is None:
+        pytest.skip(f"{name} is not installed")

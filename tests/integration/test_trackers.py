@@ -17,7 +17,7 @@ import pytest
 
 from loadprof import Profile
 from loadprof.cli import main
-from tests.conftest import LOADPROF, LOOP, PREAMBLE, TORCHRUN, finish, start
+from tests.conftest import LOADPROF, LOOP, PREAMBLE, TORCHRUN, finish, installed_or_skip, start
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -371,7 +371,7 @@ print("LOGGERS", mlf.run_id, tb.log_dir, file=sys.stderr)
 
 @pytest.mark.slow
 def test_lightnings_mlflow_and_tensorboard_loggers_get_the_summary_in_their_own_runs(tmp_path, monkeypatch):
-    pytest.importorskip("lightning")
+    installed_or_skip("lightning")
     mlflow = pytest.importorskip("mlflow")
     pytest.importorskip("tensorboard")
     uri = (tmp_path / "store").as_uri()  # the logger's own store, not MLflow's default (./mlruns)
@@ -436,7 +436,7 @@ LIGHTNING_WANDB = LIGHTNING_SCRIPT.replace(
 
 @pytest.mark.slow
 def test_lightnings_wandb_logger_gets_the_summary_though_the_script_finishes_its_run(tmp_path):
-    pytest.importorskip("lightning")
+    installed_or_skip("lightning")
     pytest.importorskip("wandb")
     script = tmp_path / "train.py"
     script.write_text(LIGHTNING_WANDB)
