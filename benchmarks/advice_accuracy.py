@@ -118,7 +118,7 @@ EXAMPLES: dict[str, Example] = {
                               flags={"litdata_optimize": ["--optimized"]}),
     # a datasets stream: a per-example Python map, batched with array operations
     "hf_stream": Example("benchmarks/advice_scripts/hf_stream.py", ["--epochs", "50"], {"HF_DATASETS_OFFLINE": "1"},
-                         flags={"hf_batched_map": ["--batched"]}),
+                         flags={"hf_batched_map": ["--batched"], "hf_shuffle_buffer": ["--shuffle-buffer", "32"]}),
     # Ray Data, last of the scripts (its daemons outlive a stopped run: _settle): a slow Python map_batches on a one-CPU Ray cluster; a wide model fed by a cheap map
     "raydata_starved": Example("benchmarks/advice_scripts/raydata_starved.py", ["--epochs", "50"],
                                flags={"ray_cluster_cpus": ["--all-cpus"]}, steps=300),

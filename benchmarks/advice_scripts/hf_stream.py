@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--batched", action="store_true")
+    parser.add_argument("--shuffle-buffer", type=int, default=64)
     args = parser.parse_args()
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     files = write(os.path.join(tempfile.gettempdir(), "loadprof-hf-stream"))
@@ -65,7 +66,7 @@ def main() -> None:
         ds = ds.map(featurize_batched, batched=True, batch_size=64, remove_columns=["text"])
     else:
         ds = ds.map(featurize, remove_columns=["text"])
-    ds = ds.shuffle(seed=0, buffer_size=64)
+    ds = ds.shuffle(seed=0, buffer_size=args.shuffle_buffer)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     loader = torch.utils.data.DataLoader(ds, batch_size=32, num_workers=args.workers)

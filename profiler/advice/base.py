@@ -116,6 +116,8 @@ def change_of(rec: Recommendation) -> Changes | None:
         return Changes(map_fn=v["function"], map_calls=calls if isinstance(calls, int) else None)
     if rec.id == "parallel_map":
         return Changes(parallel_map=True)
+    if rec.id == "interleave" and isinstance(v.get("num_parallel_reads"), int) and v["num_parallel_reads"] >= 2:
+        return Changes(parallel_reads=v["num_parallel_reads"])
     if rec.id == "pin_memory":
         return Changes(pin_memory=True)
     if rec.id == "mixed_precision":

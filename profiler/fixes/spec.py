@@ -36,6 +36,10 @@ class Changes:
     #: (``"augment (train.py:30)"``), with ``map_calls`` calls (None: AUTOTUNE)
     map_fn: str | None = None
     map_calls: int | None = None
+    #: tf.data: a file reader's files (``TFRecordDataset``, ``TextLineDataset``,
+    #: ``FixedLengthRecordDataset``) read this many at a time (``num_parallel_reads``),
+    #: where the script reads them one after another.
+    parallel_reads: int | None = None
     #: Mixed precision: "fp16" (torch autocast + GradScaler; Keras mixed_float16),
     #: "bf16" (autocast bfloat16; Keras mixed_bfloat16) or "auto" (bf16 where the
     #: device supports it, else fp16 on tensor-core GPUs, else nothing).
@@ -59,7 +63,8 @@ class Changes:
     stored: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("num_workers", "prefetch_factor", "accumulation", "threads", "map_calls"):
+        for name in ("num_workers", "prefetch_factor", "accumulation", "threads", "map_calls",
+                     "parallel_reads"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ValueError(f"{name}: expected a whole number >= 0, got {value!r}")
@@ -69,6 +74,8 @@ class Changes:
             raise ValueError("threads: expected >= 1, got 0")
         if self.map_calls == 0:
             raise ValueError("map_calls: expected >= 1, got 0")
+        if self.parallel_reads is not None and self.parallel_reads < 2:
+            raise ValueError(f"parallel_reads: expected >= 2 files at a time, got {self.parallel_reads}")
         if self.accumulation is not None and self.accumulation < 2:
             raise ValueError(f"accumulation: expected >= 2 micro-batches per step, got {self.accumulation!r}")
         if self.amp not in (None, "auto", "fp16", "bf16"):

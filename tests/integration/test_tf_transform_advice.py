@@ -171,4 +171,4 @@ def test_tfrecord_shards_read_one_after_another_are_told_to_be_read_in_parallel(
     assert rec is not None, (prof.report.recommendation_ids, prof.report.loading["stages"])
     assert rec.values["num_parallel_reads"] >= 2 and "TFRecordDatasetV2 (one file after another)" in rec.detail
     assert "num_parallel_reads=" in rec.code
-    assert rec.estimated_speedup is None or "not replayed: the read is the pipeline's source" in rec.basis
+    assert "not replayed" not in rec.basis  # the replays build parallel reads (rebuild.py)

@@ -115,15 +115,15 @@ def test_no_cache_over_a_random_map_before_the_costly_deterministic_one():
     assert "cache" not in advised(run_of(stages))
 
 
-def test_files_read_one_after_another_get_parallel_reads_with_the_reason_it_is_not_replayed():
+def test_files_read_one_after_another_get_parallel_reads_a_change_loadprof_applies():
     stages = [row("prefetch", "as written", 0.0, 0), row("batch", "size 32", 0.2, 1),
               row("map", "decode (train.py:22)", 1.0, 2, threads=2),
               row("read", "TFRecordDatasetV2 (one file after another)", 6.0, 3, blocks=True)]
     rec = advised(run_of(stages, file_based=True, notes=["sequential_file_reads"]))["interleave"]
     assert rec.values["num_parallel_reads"] == 2 and "num_parallel_reads=2" in rec.code
     assert rec.estimated_speedup is not None and rec.estimated_speedup > 1.2
-    assert "not replayed: the read is the pipeline's source" in rec.basis
-    assert change_of(rec) is None  # nothing loadprof applies from outside
+    assert "with the files read 2 at a time" in rec.basis
+    assert change_of(rec) == Changes(parallel_reads=2)  # the trial's fix and the what-if replay
 
 
 def test_a_prefetch_goes_after_the_row_the_loop_waits_on_where_it_shares_a_thread():

@@ -1,6 +1,6 @@
 """tf.data fixes: observe the pipeline the script builds; insert ``cache()``,
-``prefetch(AUTOTUNE)`` and parallel ``map`` (every map, or the one ``Changes.map_fn`` names)
-where a trial asks for them.
+``prefetch(AUTOTUNE)`` and parallel ``map`` (every map, or the one ``Changes.map_fn`` names),
+and read a file reader's files ``Changes.parallel_reads`` at a time, where a trial asks for them.
 Installed when the script imports TensorFlow.
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from ...fixes.spec import SiteRecord, short_path
 from ...instrument import ThisProcess
 from ...patch import Patches
 from .cachefill import fill
-from .rebuild import same_output
+from .rebuild import READERS, same_output
 from .stages import callable_name
 
 if TYPE_CHECKING:
@@ -58,6 +59,11 @@ class TfDataFixes:
             tf.random.set_seed(self.a.seed)
         for name in ("map", "shuffle", "batch", "repeat", "cache", "prefetch"):
             self.p.wrap(tf.data.Dataset, name, functools.partial(self._wrap, name))
+        if self.changes.parallel_reads:
+            for reader in READERS:
+                cls = getattr(tf.data, reader, None)
+                if isinstance(cls, type):
+                    self.p.wrap(cls, "__init__", functools.partial(self._wrap_reader, cls))
 
     def remove(self) -> list[str]:
         self.pid = -1
@@ -99,6 +105,32 @@ class TfDataFixes:
                 return out
 
         return method
+
+    def _wrap_reader(self, cls: type, original: Callable[..., Any]) -> Callable[..., Any]:
+        """A file reader's ``__init__`` reading ``parallel_reads`` files at a time where the
+        script's reads them one after another."""
+        fixes = self
+        signature = inspect.signature(original)
+
+        @functools.wraps(original)  # its signature, for a wrap over this one
+        def __init__(ds: Any, *args: Any, **kwargs: Any) -> None:
+            site = fixes._from_user() if ThisProcess.pid == fixes.pid and type(ds) is cls else None
+            if site is not None:
+                try:
+                    bound = signature.bind(ds, *args, **kwargs)
+                except TypeError:  # the script's own call is wrong: its error stands
+                    bound = None
+                reads = fixes.changes.parallel_reads
+                if bound is not None and bound.arguments.get("num_parallel_reads") in (None, 1):
+                    bound.arguments["num_parallel_reads"] = reads
+                    args, kwargs = bound.args[1:], bound.kwargs
+                    fixes._record(f"tf.data.{cls.__name__}", site, {"num_parallel_reads": None},
+                                  {"num_parallel_reads": reads})
+                    fixes.a.say(f"tf.data {cls.__name__} at {short_path(site[0])}:{site[1]}: "
+                                f"num_parallel_reads={reads}")
+            original(ds, *args, **kwargs)
+
+        return __init__
 
     def _before(self, name: str, ds: Any, site: tuple[str, int], args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> tuple[Any, tuple[Any, ...], dict[str, Any], dict[str, Any]]:

@@ -10,6 +10,8 @@ transformations again on that source, with the change:
 - ``parallel_map``: ``map(..., num_parallel_calls=tf.data.AUTOTUNE)`` where unset (order
   kept, as ``deterministic`` was);
 - ``prefetch``: ``prefetch(tf.data.AUTOTUNE)`` after each ``batch`` not followed by one;
+- ``parallel_reads``: the source, a file reader (``READERS``) reading its files one after
+  another, made again with ``num_parallel_reads`` (its construction is noted too);
 - ``cache``: after the last of the maps that give the same output twice (the leading ones,
   ``maps_repeat``), the elements of ``CACHE_BATCHES`` batches taken, cached and repeated,
   a shuffle before them done again after them (as the trial's fix does): what follows
@@ -25,6 +27,7 @@ the replay says so. Notes are dropped with the dataset they describe.
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Callable
@@ -36,8 +39,11 @@ BUILT = ("map", "batch", "padded_batch", "unbatch", "prefetch", "shuffle", "repe
          "take", "skip", "shard", "interleave", "flat_map", "take_while", "ignore_errors", "with_options",
          "enumerate", "map_with_legacy_function", "rebatch", "prefetch_to_device")
 
+#: the file readers whose construction is noted: sources a ``parallel_reads`` rebuild makes again
+READERS = ("TFRecordDataset", "TextLineDataset", "FixedLengthRecordDataset")
+
 #: the changes a rebuild can make (``fixes.Changes`` fields of the same names)
-CHANGES = ("parallel_map", "prefetch", "cache")
+CHANGES = ("parallel_map", "prefetch", "cache", "parallel_reads")
 #: batches of elements a cache rebuild holds (it cycles over them)
 CACHE_BATCHES = 4
 
@@ -55,6 +61,8 @@ class Builds:
 
     def __init__(self) -> None:
         self._made: dict[int, tuple[weakref.ref[Any], _Call]] = {}
+        #: file readers as constructed: their class and bound arguments
+        self._readers: dict[int, tuple[weakref.ref[Any], tuple[type, dict[str, Any]]]] = {}
         self._lock = threading.Lock()
         self._quiet = threading.local()
 
@@ -73,24 +81,49 @@ class Builds:
 
         return make
 
+    def wrap_reader(self, cls: type) -> Callable[[Any], Any]:
+        """A ``Patches.wrap`` factory for a reader's ``__init__``: its arguments noted."""
+        import inspect
+
+        builds = self
+
+        def make(original: Any) -> Any:
+            signature = inspect.signature(original)
+
+            @functools.wraps(original)  # its signature, for a wrap over this one
+            def __init__(ds: Any, *args: Any, **kwargs: Any) -> None:
+                original(ds, *args, **kwargs)
+                if getattr(builds._quiet, "on", False) or type(ds) is not cls:
+                    return
+                try:
+                    bound = signature.bind(ds, *args, **kwargs).arguments
+                except TypeError:
+                    return
+                bound.pop(next(iter(signature.parameters)), None)  # self
+                builds._keep(builds._readers, ds, (cls, dict(bound)))
+
+            return __init__
+
+        return make
+
     def note(self, result: Any, call: _Call) -> None:
+        self._keep(self._made, result, call)
+
+    def _keep(self, table: dict[int, Any], result: Any, what: Any) -> None:
         key = id(result)
 
         def gone(_: weakref.ref[Any]) -> None:
-            self._forget(key)
+            with self._lock:
+                held = table.get(key)
+                if held is not None and held[0]() is None:
+                    del table[key]
 
         try:
             ref = weakref.ref(result, gone)
         except TypeError:
             return
         with self._lock:
-            self._made[key] = (ref, call)
-
-    def _forget(self, key: int) -> None:
-        with self._lock:
-            held = self._made.get(key)
-            if held is not None and held[0]() is None:
-                del self._made[key]
+            table[key] = (ref, what)
 
     def chain(self, ds: Any) -> tuple[Any, list[_Call]]:
         """The source ``ds`` was built from, and the calls from it up to ``ds``."""
@@ -117,14 +150,18 @@ class Builds:
         if change not in CHANGES:
             raise ValueError(f"change: expected one of {', '.join(CHANGES)}, got {change!r}")
         source, calls = self.chain(ds)
-        if not calls:
+        if change == "parallel_reads":
+            source = self._read_again(source, parallel or 2)
+            if source is None:
+                return None
+        elif not calls:
             return None
         cache_after = self._cache_point(ds, calls) if change == "cache" else None
         if change == "cache" and cache_after is None:
             return None
         held = CACHE_BATCHES * next((int(c.kwargs.get("batch_size", c.args[0] if c.args else 32))
                                      for c in calls if c.name in ("batch", "padded_batch")), 32)
-        changed = False
+        changed = change == "parallel_reads"
         self._quiet.on = True
         try:
             node = source
@@ -150,6 +187,22 @@ class Builds:
         finally:
             self._quiet.on = False
         return node if changed else None
+
+    def _read_again(self, source: Any, reads: int) -> Any:
+        """The file reader ``source`` made again reading ``reads`` files at a time; None: not a
+        reader noted, or one that reads files in parallel already."""
+        with self._lock:
+            held = self._readers.get(id(source))
+        if held is None or held[0]() is not source:
+            return None
+        cls, arguments = held[1]
+        if arguments.get("num_parallel_reads") not in (None, 1):
+            return None
+        self._quiet.on = True
+        try:
+            return cls(**{**arguments, "num_parallel_reads": reads})
+        finally:
+            self._quiet.on = False
 
     def _cache_point(self, ds: Any, calls: list[_Call]) -> int | None:
         """The index in ``calls`` of the last map of the leading ones that repeat, where a
@@ -184,6 +237,12 @@ class Builds:
         for name in BUILT:
             if hasattr(dataset_cls, name):
                 patch(dataset_cls, name, self.wrap(name))
+        import tensorflow as tf
+
+        for reader in READERS:
+            cls = getattr(tf.data, reader, None)
+            if isinstance(cls, type):
+                patch(cls, "__init__", self.wrap_reader(cls))
 
 
 def same_output(fn: Any, parent: Any) -> bool | None:

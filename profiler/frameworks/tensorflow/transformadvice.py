@@ -5,7 +5,7 @@ the run of rows the loop waits on, a cheap per-element map vectorised after ``ba
 
 Each figure comes from the pipeline model (pipemodel.py: NOTE [ A pipeline's rows as
 stages ]), scaled to the pipeline's measured time a step; the what-if replays measure the
-changes they can build (a parallel map, a cache, a prefetch after the batch) and their
+changes they can build (a parallel map, a cache, a prefetch after the batch, parallel reads) and their
 figure replaces the model's (``advice.measured``). Where the window's rows exist they decide
 these ids; without them the pipeline-wide rules of advice.py stand.
 """
@@ -31,8 +31,6 @@ CACHE_MEMORY_SHARE = 0.25
 #: the ids the rows decide where they exist
 DECIDED = ("parallel_map", "cache", "interleave")
 _SEQUENTIAL_READ = "one file after another"
-_NOT_REPLAYED_READ = ("not replayed: the read is the pipeline's source, which the replays do not build again; "
-                      "`loadprof compare` the two scripts")
 
 
 def function_of(row: StageRow) -> str:
@@ -192,7 +190,7 @@ def _reads(c: _Context) -> Recommendation | None:
         f"ds = tf.data.TFRecordDataset(files, num_parallel_reads={calls})  # or tf.data.AUTOTUNE\n"
         f"# or: files.interleave(tf.data.TFRecordDataset, cycle_length={calls}, num_parallel_calls={calls})",
         {"num_parallel_reads": calls, "ms_per_batch": round(c.ms(read), 2)},
-        speedup, f"{basis}; {_NOT_REPLAYED_READ}" if speedup else basis, framework="tf")
+        speedup, basis, framework="tf")
 
 
 def _prefetch(c: _Context) -> Recommendation | None:

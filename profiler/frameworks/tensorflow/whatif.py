@@ -8,7 +8,7 @@ run. The replays go one step further: the fit's ``train_function`` (or a custom 
 read: ``step(x, y)``) fed a fresh iterator over the pipeline as the script built it, and
 over the same pipeline built again with one advised change (rebuild.py: a parallel map, or the one map
 the advice per transformation names, a prefetch after the batch,
-a filled cache after the deterministic maps), in rounds while
+a filled cache after the deterministic maps, the files read several at a time), in rounds while
 the budget lasts, each round's calls after two of warm-up (the iterator's start, a shuffle
 buffer filling), the rounds of each averaged. A change whose pipeline is the same is not
 replayed. What a step took beyond the replayed call is added to every replay alike: for a
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from .hooks import TensorFlowHooks
 
 #: the advice a replay measures: the changes a rebuild makes, and mixed precision under fit
-MEASURED_IDS = ("parallel_map", "prefetch", "cache", "mixed_precision")
+MEASURED_IDS = ("parallel_map", "prefetch", "cache", "interleave", "mixed_precision")
 #: a custom loop's step is held at its call after this many (traced by then)
 HOLD_STEP = 4
 #: calls of each replay not timed: the iterator's start, a shuffle buffer filling
@@ -179,6 +179,8 @@ def rebuild_of(change: Changes) -> str | None:
         return "prefetch"
     if change.cache:
         return "cache"
+    if change.parallel_reads:
+        return "parallel_reads"
     return None
 
 
@@ -196,7 +198,8 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
                 variants.append((change, target.dataset, target.mixed))
             continue
         rebuilt = rebuild_of(change)
-        built = builds.rebuild(target.dataset, rebuilt, change.map_fn, change.map_calls) if rebuilt else None
+        calls = change.parallel_reads if rebuilt == "parallel_reads" else change.map_calls
+        built = builds.rebuild(target.dataset, rebuilt, change.map_fn, calls) if rebuilt else None
         if built is not None:
             variants.append((change, built, target))
     if not variants:
