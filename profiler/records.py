@@ -331,6 +331,11 @@ class Probes:
     torch_model_state_bytes: int | None = None
     torch_steady_bytes: int | None = None
     torch_peak_bytes: int | None = None
+    #: TensorFlow's profiler window over tf.data (NOTE [ The profiler window ] in
+    #: frameworks/tensorflow/inside.py), seconds from the run's start: its traced steps are
+    #: slower, and a trial's throughput leaves them out
+    tf_window_start_s: float | None = None
+    tf_window_end_s: float | None = None
 
 
 @dataclass

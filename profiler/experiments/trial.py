@@ -377,12 +377,20 @@ def throughput(run: Run, warmup: int) -> tuple[int, float | None, float | None]:
     """(measured steps, steps/s, samples/s) over the steps after ``warmup``.
 
     Steps are contiguous (each starts where the previous ended), so their span is
-    the time the loop took. samples/s needs every measured step's batch size.
+    the time the loop took. samples/s needs every measured step's batch size. The
+    steps TensorFlow's profiler window traced (slower, by as much as the pipeline has
+    ops: a parallel map more than a serial one) are left out, in trials alike.
     """
     steps = run.steps[warmup:]
+    a, b = run.probes.tf_window_start_s, run.probes.tf_window_end_s
+    traced = {id(s): s for s in steps if a is not None and b is not None and s.end > a and s.start < b}
+    if traced and len(traced) < len(steps):
+        span = steps[-1].end - steps[0].start - sum(s.duration for s in traced.values())
+        steps = [s for s in steps if id(s) not in traced]
+    else:
+        span = steps[-1].end - steps[0].start if steps else 0.0
     if not steps:
         return 0, None, None
-    span = steps[-1].end - steps[0].start
     if span <= 0:
         return len(steps), None, None
     sizes = [s.batch_size for s in steps]

@@ -94,6 +94,10 @@ def test_a_costly_map_of_tensorflow_ops_is_named_as_the_leading_stage_in_a_custo
     assert any(s["kind"] == "prefetch" and s["buffer"] == 2 for s in stages)
     info = prof.run.loaders[0]
     assert info.stage_source == "tf.profiler" and loading["batches"] == BATCHES
+    # the window's span, on the steps' clock: a trial's throughput leaves its traced steps out
+    a, b = prof.run.probes.tf_window_start_s, prof.run.probes.tf_window_end_s
+    assert a is not None and b is not None and prof.run.steps[0].start < a < b <= prof.run.steps[-1].end
+    assert inside.BATCHES // 2 <= sum(1 for s in prof.run.steps if s.end > a and s.start < b) <= inside.BATCHES + 2
     assert TF_GRAPH_NOT_TIMED not in report.limitations and TF_NOT_TIMED not in report.limitations
     assert f"slowest stage: map: costly ({_line(costly)})" in report.summary
     assert not prof.run.notices

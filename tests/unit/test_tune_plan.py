@@ -353,3 +353,21 @@ def test_mixed_precision_comes_as_a_recipe_naming_the_loss_line(script: Path) ->
     assert text.startswith("# mixed precision (the loss at ")
     assert ":7)" in text.splitlines()[0]
     assert "with torch.autocast('cpu', dtype=torch.bfloat16):" in text
+
+
+def test_a_trials_throughput_leaves_out_the_steps_tensorflows_profiler_window_traced() -> None:
+    from loadprof.experiments.trial import throughput
+
+    # 40 steps of 10 ms, but the 10 the window traced took 50 ms each
+    run = Run()
+    t, steps = 0.0, []
+    for i in range(40):
+        d = 0.05 if 20 <= i < 30 else 0.01
+        steps.append(Step(i, t, t + d, batch_size=8))
+        t += d
+    run.steps = steps
+    n, _, samples = throughput(run, 5)
+    assert n == 35 and abs(samples - 35 * 8 / (t - 0.05)) < 1e-6  # the window steps counted as they ran
+    run.probes.tf_window_start_s, run.probes.tf_window_end_s = steps[20].start, steps[29].end
+    n, steps_per_s, samples = throughput(run, 5)
+    assert n == 25 and abs(steps_per_s - 100.0) < 1e-6 and abs(samples - 800.0) < 1e-6

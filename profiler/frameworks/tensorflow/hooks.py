@@ -106,7 +106,7 @@ class TensorFlowHooks:
         self.keras = KerasFit(self)
         self.stages = TfStages(self.ours, clock)
         #: every transformation of one pipeline, from TensorFlow's profiler (NOTE [ The profiler window ])
-        self.inside = Window(run, clock)
+        self.inside = Window(run, clock, timeline.t0)
         self._graph_next_in_step = False
         self._limits: set[str] = set()
 

@@ -53,9 +53,10 @@ _API = "tensorflow._api.v2.profiler.experimental"
 class Window:
     """The profiler window of one session (NOTE [ The profiler window ])."""
 
-    def __init__(self, run: Run, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, run: Run, clock: Callable[[], float] = time.perf_counter, t0: float | None = None) -> None:
         self.run = run
         self.clock = clock
+        self.t0 = t0  # the clock's reading at the run's start: the steps' zero
         self.state = "waiting"  # running, done, off
         self._counts: dict[int, int] = {}
         self._info: LoaderInfo | None = None
@@ -150,8 +151,12 @@ class Window:
             self._off("tf-profiler-lost", f"TensorFlow's profiler stopped before loadprof's window ended "
                       f"({type(exc).__name__}): tf.data's graph transformations are not timed")
             return
-        self.seconds = self.clock() - self._t0
+        end = self.clock()
+        self.seconds = end - self._t0
         self.state = "done"
+        if self.t0 is not None:
+            self.run.probes.tf_window_start_s = self._t0 - self.t0
+            self.run.probes.tf_window_end_s = end - self.t0
 
     def _discard(self) -> None:
         if self.state == "running":
