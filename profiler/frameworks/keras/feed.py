@@ -23,10 +23,10 @@ wait is the time its last batch came after the call began, less the compute of t
 before it at the rate it computed the last (the time after the last came).
 
 The user's code is timed where it runs: a PyDataset's ``__getitem__`` (wrapped on its class,
-timed for the instances given to ``fit``, on tf.data's thread or the enqueuer's thread
-pool; in forked worker processes it passes through untimed and the host sampler reads
-their CPU as loader workers), a generator's ``next()`` (Keras's peek at its first batches
-included).
+timed for the instances given to ``fit``, on tf.data's thread, the enqueuer's thread
+pool, or in the enqueuer's forked worker processes, whose figures come back through a pipe:
+NOTE [ A PyDataset's batches timed in its worker processes ] in poolstages.py), a
+generator's ``next()`` (Keras's peek at its first batches included).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from ...callables import callable_name
 from ...instrument import ThisProcess
 from ...records import LoaderInfo, StageTime
 from ..tensorflow.tfdata import batch_facts
+from .poolstages import Pools, PoolTimes, worker_for
 from .pydataset import facts
 
 
@@ -59,9 +60,10 @@ class _Stream:
 class Feed:
     """One ``fit``'s PyDataset or generator: its streams, the user's code timed, each call's wait."""
 
-    def __init__(self, source: Any, info: LoaderInfo, stage: StageTime, num_batches: int | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, source: Any, info: LoaderInfo, stage: StageTime, limit: Callable[[str], None],
+                 num_batches: int | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.ref = weakref.ref(source)
+        self.limit = limit
         self.num_batches = num_batches
         self.info = info
         self.stage = stage
@@ -73,6 +75,7 @@ class Feed:
         self.cpus = array("f")
         self.unmatched = 0  # calls no stream's batches could be matched to
         self.batch: Any = None  # the first batch handed over: the model-alone probe's (probe.py)
+        self.pool = PoolTimes()  # __getitem__ timed in the enqueuer's worker processes
         self._streams: list[_Stream] = []
         self._lock = threading.Lock()
         self._on_main = 0
@@ -140,6 +143,7 @@ class Feed:
         """One train_function call from ``t0`` to ``t1`` took ``batches`` batches; the process's
         CPU clock read ``cpu0`` at ``t0``. Its (wait, the wait's CPU seconds): see the NOTE. The
         caller keeps them (``waits``, ``cpus``) where the call was recorded as a step."""
+        self.pool.maybe_drain(t1)
         c = self.consumed
         self.consumed = c + batches
         got = self._take(c, t1, batches)
@@ -176,10 +180,22 @@ class Feed:
         stage, info = self.stage, self.info
         if self.num_batches and info.batch_size:
             info.dataset_length = self.num_batches * info.batch_size  # the last batch may be short
+        seconds, cpu, calls, squares = self.pool.take()
+        if calls:
+            stage.seconds += seconds
+            stage.cpu = (stage.cpu or 0.0) + cpu
+            stage.calls += calls
+            self._squares += squares
+        if self.pool.unread:
+            self.limit(f"{self.pool.unread} pipe(s) from a PyDataset's worker processes sent what is not ours: "
+                       "their __getitem__ figures after it are left out")
         if not stage.calls:
             info.stages.clear()
             return
-        stage.where = "main" if self._on_main * 2 > stage.calls else "threads"
+        if calls:
+            stage.where = "workers"
+        else:
+            stage.where = "main" if self._on_main * 2 > stage.calls else "threads"
         info.stage_batches = stage.calls  # each call makes one batch
         info.stage_seconds = stage.seconds
         if stage.calls >= 2:
@@ -191,15 +207,18 @@ class Feed:
 class Feeds:
     """The Feeds of the session's fits, by their source, and the wrappers that find them."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], limit: Callable[[str], None]) -> None:
         self.clock = clock
         self._by_id: dict[int, Feed] = {}
+        self.limit = limit
+        #: the enqueuer's worker processes, for the feeds' datasets (poolstages.py)
+        self.pools = Pools(self._pool_times, limit)
         self._local = threading.local()
         #: PyDataset classes whose __getitem__ is wrapped -> what it was
         self.wrapped: dict[type, Any] = {}
 
     def add(self, source: Any, info: LoaderInfo, stage: StageTime, num_batches: int | None = None) -> Feed:
-        feed = Feed(source, info, stage, num_batches, self.clock)
+        feed = Feed(source, info, stage, self.limit, num_batches, self.clock)
         self._by_id[id(source)] = feed
         if not any(s is stage for s in info.stages):
             info.stages.append(stage)
@@ -210,6 +229,10 @@ class Feeds:
         if feed is None or feed.ref() is not source or ThisProcess.pid != feed.pid:
             return None
         return feed
+
+    def _pool_times(self, source: Any) -> PoolTimes | None:
+        feed = self.of(source)
+        return feed.pool if feed is not None else None
 
     def getitem_of(self, cls: type) -> Any:
         """``cls.__getitem__`` as the user wrote it (ours may be on it, or on a class it inherits from)."""
@@ -230,7 +253,10 @@ class Feeds:
 
         def __getitem__(ds: Any, index: Any) -> Any:
             feed = feeds.of(ds)
-            if feed is None or getattr(local, "inside", False):
+            if feed is None:
+                worker = worker_for(ds)  # in a pool's process of ours
+                return original(ds, index) if worker is None else worker.call(original, ds, index)
+            if getattr(local, "inside", False):
                 return original(ds, index)  # a nested call is its caller's time
             local.inside = True
             try:

@@ -109,7 +109,7 @@ class KerasFit:
         self.fits: list[FitRecord] = []
         self._callback_cls: Any = None
         self._patches = Patches("tensorflow hooks")  # per-fit train_function wraps
-        self.feeds = Feeds(hooks.clock)
+        self.feeds = Feeds(hooks.clock, hooks.limit)
         self._pydataset_cls: Any = None
 
     def patch_model(self, module: ModuleType) -> None:
@@ -145,6 +145,13 @@ class KerasFit:
             h.limit("keras PyDatasetAdapter._get_iterator not found: fit's waits on a PyDataset not measured")
         else:
             h.patch(adapter, "_get_iterator", self.feeds.wrap_get_iterator)
+        enqueuer = getattr(py, "OrderedEnqueuer", None)
+        if enqueuer is None or not hasattr(enqueuer, "_get_executor_init") or not hasattr(py, "get_pool_class"):
+            h.limit("keras OrderedEnqueuer's pool not found: a PyDataset's __getitem__ in worker processes "
+                    "is not timed")
+        else:  # NOTE [ A PyDataset's batches timed in its worker processes ] in poolstages.py
+            h.patch(enqueuer, "_get_executor_init", self.feeds.pools.wrap_executor_init)
+            h.patch(py, "get_pool_class", self.feeds.pools.wrap_pool_class)
         gen_adapter = getattr(gen, "GeneratorDataAdapter", None)
         if gen_adapter is None:
             h.limit("keras GeneratorDataAdapter not found: fit's waits on a generator not measured")

@@ -21,12 +21,10 @@ figures travel to the training process through one pipe per loader iteration:
   after a batch and once more at exit (a multiprocessing finalizer, which both
   fork and spawn children run on a clean exit). Cumulative figures make a lost
   message harmless: the next one carries everything.
-- A worker never blocks on the pipe and never corrupts it: the write end is
-  non-blocking, and each message is one ``os.write`` of at most ``PIPE_BUF``
-  bytes, which POSIX makes atomic (all of it, or EAGAIN: the worker skips the
-  send). Several workers share one pipe for the same reason; figures too long for
-  one message go in several, each complete for the stages it holds. Messages are
-  ``marshal`` data (numbers, strings, tuples), never pickles.
+- A worker never blocks on the pipe and never corrupts it (profiler/workerpipe.py:
+  non-blocking, one atomic write per message of at most ``PIPE_BUF`` bytes, ``marshal``
+  data); figures too long for one message go in several, each complete for the stages
+  it holds.
 - The training process drains the pipes from the batch wrapper (at most every
   ``DRAIN_EVERY`` seconds, a ``poll`` per pipe) and at the end of the session; it
   keeps each worker's latest figures per stage, keyed by (pipe, pid): a pid reused
@@ -39,10 +37,7 @@ figures travel to the training process through one pipe per loader iteration:
 from __future__ import annotations
 
 import itertools
-import marshal
 import os
-import select
-import struct
 import threading
 import time
 import weakref
@@ -50,6 +45,7 @@ from collections.abc import Callable
 from multiprocessing import connection, util
 from typing import Any
 
+from ... import workerpipe
 from ...patch import Patches
 from ...records import LoaderInfo, StageTime, WorkerFetch
 from . import stages
@@ -67,8 +63,6 @@ FILL_EVERY = 2.0
 #: hooks and the stack reader cost a short-step loop 1-3% (benchmarks/overhead.py).
 DECIDE_AFTER = 4
 INPUT_SHARE = 0.20
-#: Bytes POSIX writes to a pipe at once (Linux: 4096; POSIX's minimum is 512).
-PIPE_BUF = getattr(select, "PIPE_BUF", 512)
 #: The user's functions listed apart (the rest of __getitem__ stays one row), and the
 #: share of the user's samples one needs to be listed.
 TOP_SITES = 3
@@ -99,9 +93,8 @@ class WorkerStages:
 
 
 class _Sender:
-    def __init__(self, conn: connection.Connection) -> None:
-        self.conn = conn  # held here: a collected Connection closes its descriptor
-        self.fd = conn.fileno()
+    def __init__(self, writer: workerpipe.Writer) -> None:
+        self.writer = writer
         self.next = 0.0
         self.pid = os.getpid()
 
@@ -121,39 +114,25 @@ class _Sender:
         chunk: list[Any] = []
         for row in rows:
             chunk.append(row)
-            if len(_frame(("s", self.pid, tuple(chunk)))) > PIPE_BUF:
+            if not workerpipe.fits(("s", self.pid, tuple(chunk))):
                 chunk.pop()
                 if chunk:
                     messages.append(("s", self.pid, tuple(chunk)))
                 chunk = [row]
         if chunk:
             messages.append(("s", self.pid, tuple(chunk)))
-        for msg in messages:
-            data = _frame(msg)
-            if len(data) > PIPE_BUF:
-                continue  # one stage alone too long (cannot be: names are short)
-            try:
-                os.write(self.fd, data)
-            except BlockingIOError:
-                return  # the pipe is full: the next send carries it all
-            except OSError:
-                return  # the training process is gone
-
-
-def _frame(msg: Any) -> bytes:
-    body = marshal.dumps(msg)
-    return struct.pack("!i", len(body)) + body  # Connection.recv_bytes's framing
+        self.writer.write(messages)  # one stage alone too long is skipped (cannot be: names are short)
 
 
 def _start_worker(conn: connection.Connection) -> None:
-    os.set_blocking(conn.fileno(), False)
+    writer = workerpipe.Writer(conn)
     stages._state.current = None
     stages._state.sampler = None  # a forked worker inherits the record of a thread it does not have
     stages._state.fetching = threading.Event()  # and maybe a lock that thread held at the fork
     stages.install()
     rec = stages.StageRecorder("workers")
     stages._state.worker = rec
-    sender = _Sender(conn)
+    sender = _Sender(writer)
     stages._after_fetch = sender.after_batch
     stages.start_sampler()
     # multiprocessing runs finalizers with a priority when a child exits cleanly
@@ -237,7 +216,7 @@ class StageCollector:
             return it
         if getattr(loader, "persistent_workers", False) and getattr(loader, "_iterator", None) is not None:
             return original(loader)  # its workers run already, with their pipe
-        read, write = connection.Pipe(duplex=False)
+        read, write = workerpipe.open_pipe()
         user_init = loader.worker_init_fn
         loader.worker_init_fn = WorkerStages(user_init, write)
         try:
@@ -300,21 +279,20 @@ class StageCollector:
 
     def _read(self, entry: _Loader, serial: int, conn: connection.Connection) -> bool:
         """Read what the pipe holds; False once it ended (every worker gone)."""
+
+        def handle(msg: Any) -> None:
+            producer = entry.producers.setdefault((serial, msg[1]), _Producer())
+            if msg[0] == "h":
+                producer.head = msg
+            else:
+                for row in msg[2]:
+                    producer.rows[(row[0], row[1])] = row
+
         try:
-            while conn.poll():
-                msg = marshal.loads(conn.recv_bytes(1 << 20))
-                producer = entry.producers.setdefault((serial, msg[1]), _Producer())
-                if msg[0] == "h":
-                    producer.head = msg
-                else:
-                    for row in msg[2]:
-                        producer.rows[(row[0], row[1])] = row
-        except (EOFError, OSError):
-            return False
+            return workerpipe.receive(conn, handle)
         except (ValueError, TypeError, IndexError) as exc:  # not what a worker of ours sends
             self.limitations.append(f"stage timing: a worker's message could not be read ({type(exc).__name__})")
             return False
-        return True
 
     def finish(self, infos: list[LoaderInfo]) -> None:
         """Drain the pipes a last time and put each loader's stages on its ``LoaderInfo``;
