@@ -58,6 +58,9 @@ from .procfs import (
 log = logging.getLogger("loadprof.samplers")
 
 _PROC_ROOT = Path("/proc")
+#: the commands of multiprocessing's own helper processes (Python's ``-c`` lines)
+MP_HELPERS = ("multiprocessing.resource_tracker import main", "multiprocessing.forkserver import main",
+              "multiprocessing.semaphore_tracker import main")
 _BLOCK_ROOT = Path("/sys/block")
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc/PID/stat's time unit
 
@@ -107,6 +110,8 @@ class HostSource:
         self.pid = os.getpid() if pid is None else pid
         #: descendants that are not the run's: the helper process that reads this tree (hostproc.py)
         self.exclude = exclude
+        #: (pid, create time) -> whether it is one of multiprocessing's helpers (``_helper``)
+        self._helpers: dict[tuple[int, float], bool] = {}
         #: where /proc is (tests point it elsewhere); unreadable -> psutil for everything
         self.proc_root = _PROC_ROOT if proc_root is None else proc_root
         #: where /sys/block is: its entries are the devices whose reads count
@@ -287,7 +292,7 @@ class HostSource:
         """
         pids = linux_descendants(self.proc_root, proc.pid)
         if pids is None:
-            return [c for c in proc.children(recursive=True) if c.pid not in self.exclude]
+            return [c for c in proc.children(recursive=True) if c.pid not in self.exclude and not self._helper(c)]
         known = {c.pid: c for c in self._children}
         found = []
         for pid in pids:
@@ -302,8 +307,25 @@ class HostSource:
                     child = psutil.Process(pid)
                 except GONE:
                     continue  # exited since it was listed
+                if self._helper(child):
+                    continue
             found.append(child)
         return found
+
+    def _helper(self, child: psutil.Process) -> bool:
+        """Whether ``child`` is one of multiprocessing's own helpers (its resource tracker,
+        started by the first spawned worker or shared memory and alive until the process
+        ends; a forkserver), never a loader worker: read once a process, by its command."""
+        key = (child.pid, _create_time(child))
+        if key not in self._helpers:
+            if len(self._helpers) > 256:  # bounded: pids come and go over a long run
+                self._helpers.clear()
+            try:
+                command = " ".join(child.cmdline()[:4])
+            except (psutil.Error, OSError):
+                command = ""
+            self._helpers[key] = any(m in command for m in MP_HELPERS)
+        return self._helpers[key]
 
     def _read_tree(self, now: float, dt: float,
                    relist: bool) -> tuple[float, int, float, int, int, float | None, float, list[int], list[float]]:
@@ -543,3 +565,10 @@ class HostSource:
         self._errors[what] = n + 1
         if n == 0:
             log.info("loadprof: host sampler: %s", what)
+
+
+def _create_time(proc: psutil.Process) -> float:
+    try:
+        return proc.create_time()
+    except (psutil.Error, OSError):
+        return 0.0

@@ -295,6 +295,33 @@ def test_host_worker_readings_agree_with_psutil() -> None:
         parent.wait()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc as on Linux")
+def test_multiprocessings_resource_tracker_is_no_loader_worker() -> None:
+    # a spawned worker or shared memory starts it; it lives as long as the process
+    script = ("from multiprocessing import resource_tracker\nresource_tracker.ensure_running()\n"
+              + PARENT_OF_SLEEPERS)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    try:
+        assert parent.stdout is not None and parent.stdout.readline() == b"ready\n"
+        kids = psutil.Process(parent.pid).children()
+        tracker = [k.pid for k in kids if "resource_tracker" in " ".join(k.cmdline())]
+        assert len(kids) == 3 and len(tracker) == 1
+        host = HostSource(pid=parent.pid)
+        host.start()
+        s = host.sample(0.1)
+        host.close()
+        assert s.n_children == 2 and tracker[0] not in s.worker_pids
+        assert host.pids() == {parent.pid, *(k.pid for k in kids)} - set(tracker)
+    finally:
+        try:
+            for k in psutil.Process(parent.pid).children():  # processes this test started
+                k.kill()
+        except psutil.NoSuchProcess:
+            pass
+        parent.kill()
+        parent.wait()
+
+
 def test_host_sample_fields_are_plausible() -> None:
     host = HostSource()
     host.start()
