@@ -666,6 +666,9 @@ class Profile:
                 self.run.whatif_skipped = why
                 if not alone:
                     return
+                if not end:  # at the run's end: a loader working ahead (Ray's, tf.data's) would share the cores
+                    done = False
+                    return
                 not_read = why
                 # the loader not read again: the model's own changes, alone on its held batch
                 changes, self._held_wait = alone, diagnosis.metrics.wait_per_step

@@ -27,7 +27,7 @@ several processes (its step runs collectives), a model whose copy does not fit i
 third of the memory left. Where the loader cannot be read again (batches not from a
 DataLoader; an IterableDataset, a stream that may not be read twice, unless the run read
 it again already), the model's own changes (``model_only``) are replayed on its held
-batch alone, the run's measured wait for a batch added to each replay's step.
+batch alone at the run's end, the run's measured wait for a batch added to each replay's step.
 """
 
 from __future__ import annotations
