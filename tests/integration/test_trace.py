@@ -123,7 +123,9 @@ def test_every_sampled_signal_is_a_counter_track(real_run: dict[str, Any]) -> No
                  "host CPU busy %", "RSS training process MiB", "system memory used %", "disk reads MiB/s"):
         assert len(counters[name]) == len(run.host_samples) > 0, name
     # the tree's count as recorded (a child left by another test in this process counts too)
-    assert max(counters["loader workers"]) == max(h.n_children for h in run.host_samples) >= 2
+    # the count as the run read it (an epoch's two workers live ~0.1 s: on a loaded host a reading
+    # may see one of them at a time; seeing each worker is the workers run's test below)
+    assert max(counters["loader workers"]) == max(h.n_children for h in run.host_samples) >= 1
     assert max(counters["CPU loader workers % of a core (sum)"]) > 0
 
 
