@@ -14,8 +14,9 @@ metrics, logging) is measured as the run's step less the replayed one, and stood
 by keeping the main thread busy as long, in every replay alike.
 
 When: between two steps once ``replay_step`` steps ran (the script's data and objects
-still exist: a script that reads from a temporary folder removes it when it ends), or at
-the run's end where it was shorter. The session takes that pause out of the run's times
+still exist: a script that reads from a temporary folder removes it when it ends), at the
+end of the first epoch of a loader shorter than that (``replay_at``), or at the run's end
+where it was shorter still. The session takes that pause out of the run's times
 (``Profile._close_pause``), so the verdict and evidence are the run's own.
 
 Nothing of the run changes: the replayed model runs on copies of the parameters and
@@ -81,11 +82,26 @@ MEMORY_SHARE = 1 / 3
 REPLAY_STEP = 30
 
 
+#: ...and never before this many (the step is held from the sixth on)
+MIN_REPLAY_STEP = 8
+
+
 def replay_step(max_steps: int | None) -> int:
     """...or two before a ``--max-steps`` end, so the run's last steps follow them."""
     if max_steps is None:
         return REPLAY_STEP
-    return max(8, min(REPLAY_STEP, max_steps - 2))
+    return max(MIN_REPLAY_STEP, min(REPLAY_STEP, max_steps - 2))
+
+
+def replay_at(step: int, loader: Any) -> int:
+    """The step after which the replays run: ``step``, or the end of the first epoch of a
+    loader shorter than that. A short job may end before ``step``, and by its end the
+    loader's files may be gone (a script's temporary folder is removed as it returns)."""
+    try:
+        n = len(loader) if loader is not None else 0
+    except Exception:  # a loader whose length is unknown (an IterableDataset's)
+        n = 0
+    return max(MIN_REPLAY_STEP, n) if 0 < n < step else step
 
 
 class Interrupted(Exception):

@@ -209,14 +209,16 @@ class Files(Dataset):
         return torch.from_numpy(np.fromfile(self.paths[i], dtype=np.float32)), i % 4
 
 with tempfile.TemporaryDirectory() as folder:  # gone when the script ends
-    for i in range(512):
+    for i in range(96):
         np.full(32, i, dtype=np.float32).tofile(os.path.join(folder, f"{i:04d}.bin"))
     net = torch.nn.Linear(32, 4)
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
-    for x, y in DataLoader(Files(folder), batch_size=8, shuffle=True):
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(net(x), y).backward()
-        opt.step()
+    loader = DataLoader(Files(folder), batch_size=8, shuffle=True)
+    for epoch in range(2):  # 24 steps: the job ends before the replays' usual step
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
 """
 
 

@@ -43,6 +43,7 @@ from ...patch import Patches
 from ...records import AllocatorPeak, LoaderInfo, Run
 from ...samplers.procfs import own_peak_rss, own_rss
 from ...timeline import CPU_READ_ALL, CPU_READ_EVERY, Timeline
+from ...whatif import replay_at
 from .itemcheck import items_repeat
 from .loaderfacts import LoaderFacts
 from .stagepipe import StageCollector
@@ -113,6 +114,7 @@ class TorchHooks:
         #: (the what-if replays of session.py); None: never
         self.replay: Callable[[], None] | None = None
         self.replay_step = 0
+        self._replay_at: int | None = None  # replay_step, or a short loader's first epoch's end
         self.installed = False
 
     # -- install / remove -----------------------------------------------------
@@ -308,10 +310,12 @@ class TorchHooks:
                 capture.on_optimizer_step(optimizer)
                 t = clock()
             optimizer_step(t)  # may raise StopRun (--max-steps)
-            if hooks.replay is not None and capture is not None and capture.ready \
-                    and hooks.timeline.count >= hooks.replay_step:
-                replay, hooks.replay = hooks.replay, None
-                replay()  # NOTE [ What-if replays ] in whatif.py
+            if hooks.replay is not None and capture is not None and capture.ready:
+                if hooks._replay_at is None:
+                    hooks._replay_at = replay_at(hooks.replay_step, capture.loader)
+                if hooks.timeline.count >= hooks._replay_at:
+                    replay, hooks.replay = hooks.replay, None
+                    replay()  # NOTE [ What-if replays ] in whatif.py
 
         return on_optimizer_post
 
