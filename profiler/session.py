@@ -48,7 +48,7 @@ import psutil
 from . import __version__
 from .cpufeatures import cpu_features
 from .formats import formats
-from .instrument import FrameworkWatch, Hooks
+from .instrument import FrameworkWatch, Hooks, ProcessHooks
 from .oom import classify as classify_oom
 from .oom import record_line
 from .outputs import Output
@@ -480,7 +480,7 @@ class Profile:
         assert self._timeline is not None
         self._fault("hooks")
         hooks: Hooks = factory(self._timeline, self.run)
-        if hasattr(hooks, "settings"):  # hooks that profile processes of their own (Ray Train's workers)
+        if isinstance(hooks, ProcessHooks):
             hooks.settings = self.settings
         return hooks
 
@@ -650,6 +650,9 @@ class Profile:
 
             diagnosis = diagnose(run)
             changes = plan(recommend(run, diagnosis))
+            if self._job is not None:  # the ranks replay together, once (NOTE [ What-if replays ])
+                self._replay_together(capture, run, diagnosis, changes, end)
+                return
             if not changes:
                 done = False
                 return
@@ -696,6 +699,48 @@ class Profile:
             if done:
                 self._measured = True
                 capture.drop()
+
+    def _replay_together(self, capture: Any, run: Run, diagnosis: Any, changes: list[Any], end: bool) -> None:
+        """A job's replays (NOTE [ What-if replays ] in whatif.py): every rank at the same step,
+        the union of their plans, the job's all-reduce stood in for; at the run's end, none
+        (the ranks no longer step together)."""
+        from .jobs.replays import Plan, agree, join
+        from .whatif import Interrupted, loader_unsafe, measure, step_unsafe
+
+        job = self._job
+        if end:
+            if changes and not self.run.whatif_skipped:
+                self.run.whatif_skipped = ("a job's ranks replay their step together between two steps; "
+                                           "the run ended before")
+            return
+        trained = diagnosis.metrics.loader
+        why = step_unsafe(capture, job.ctx.world_size, together=True) or loader_unsafe(
+            capture, reread=trained is not None and trained.iterations >= 2)
+        mine = job.collective_per_step(run, diagnosis.metrics.warmup_steps)
+        t0 = time.perf_counter()
+        agreed = agree(job.exchange, Plan(changes, why, mine))
+        if agreed.why or not agreed.changes:
+            self.run.whatif_skipped = agreed.why
+            self.run.whatif_seconds = time.perf_counter() - t0
+            return
+        budget = self.settings.what_if  # no top-up at the end: the whole budget now
+        if self.settings.print_report and job.ctx.rank == 0:
+            _note(f"measuring {len(agreed.changes)} advised change(s) on every rank's own step together, at most "
+                  f"{budget:.0f} s (--what-if 0 skips it)")
+        # this rank's wait for the others is not the job's: the all-reduce alone stands in
+        own = diagnosis.metrics.compute_per_step - (mine or 0.0) + agreed.collective
+        try:
+            self.run.whatif, self.run.whatif_skipped = measure(capture, agreed.changes, own, budget,
+                                                               lambda: False, side_by_side=True)
+        except Interrupted:
+            self.run.whatif_skipped = "stopped by a signal before the changes were measured"
+        except Exception as err:  # the user's dataset or model failed outside the run
+            self.run.whatif_skipped = f"the replays failed ({type(err).__name__}: {_first_line(err)})"
+        late = join(job.exchange, max(5.0, budget / 2))
+        if late:
+            self.run.limitations.append(f"what-if: this rank went on while {late}: it waited in the next "
+                                        "collective instead")
+        self.run.whatif_seconds = time.perf_counter() - t0
 
     def _top_up(self, capture: Any, run: Run) -> None:
         """At the run's end, the advised changes the replays between two steps did not measure

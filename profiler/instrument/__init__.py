@@ -16,7 +16,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterable
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ..frameworks import hooks_by_module
 
@@ -44,6 +44,27 @@ class Hooks(Protocol):
     def install(self) -> None: ...
 
     def remove(self) -> None: ...
+
+
+@runtime_checkable
+class ProcessHooks(Protocol):
+    """Hooks that profile processes of their own (Ray Train's workers): they are given the
+    run's settings to profile them with."""
+
+    settings: Any
+
+
+class Limits:
+    """A hooks' limitations: each line said once in the run, after its library's name."""
+
+    def __init__(self, run: Any, framework: str) -> None:
+        self._run, self._framework = run, framework
+        self._said: set[str] = set()
+
+    def __call__(self, line: str) -> None:
+        if line not in self._said:
+            self._said.add(line)
+            self._run.limitations.append(f"{self._framework}: {line}")
 
 
 class ImportWatch(importlib.abc.MetaPathFinder):

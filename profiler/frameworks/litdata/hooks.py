@@ -37,7 +37,7 @@ from litdata.streaming import serializers as _serializers
 from litdata.streaming.dataset import StreamingDataset
 
 from ...callables import callable_name
-from ...instrument import ThisProcess
+from ...instrument import Limits, ThisProcess
 from ...patch import Patches
 from ...records import LoaderInfo, Run
 from ...timeline import Timeline
@@ -74,7 +74,7 @@ class LitDataHooks:
         self._patches = Patches("litdata hooks")
         self._classes: set[int] = set()  # StreamingDataset subclasses whose __getitem__ is timed
         self._transforms: list[tuple[Any, Any]] = []  # (dataset, its transform before the wrap)
-        self._limits: set[str] = set()
+        self.limit = Limits(run, self.framework)
         self._claimed: list[LoaderInfo] = []
 
     def install(self) -> None:
@@ -113,11 +113,6 @@ class LitDataHooks:
             self.limit(line)
         for info in self._claimed:
             facts.name_own_rows(info)
-
-    def limit(self, line: str) -> None:
-        if line not in self._limits:
-            self._limits.add(line)
-            self.run.limitations.append(f"litdata: {line}")
 
     def _maker(self, kind: str, name: str, static: bool = False) -> Callable[[Any], Any]:
         """What ``Patches.wrap`` calls with the attribute it wraps; ``static``: for a classmethod

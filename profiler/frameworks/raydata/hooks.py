@@ -41,7 +41,7 @@ import ray
 from ray.data import Dataset
 from ray.data.iterator import DataIterator
 
-from ...instrument import ThisProcess
+from ...instrument import Limits, ThisProcess
 from ...patch import Patches
 from ...records import LoaderInfo, Run, StageTime
 from ...timeline import Timeline
@@ -125,7 +125,7 @@ class RayDataHooks:
         #: operator name -> the knobs of the latest call that made it
         self._calls: dict[str, _Call] = {}
         self._open: weakref.WeakSet[_Iterator] = weakref.WeakSet()
-        self._limits: set[str] = set()
+        self.limit = Limits(run, self.framework)
         self._cpus: float | None = None
 
     # -- install / remove -----------------------------------------------------
@@ -152,11 +152,6 @@ class RayDataHooks:
         self.installed = False
         for line in self._patches.restore():
             self.limit(line)
-
-    def limit(self, line: str) -> None:
-        if line not in self._limits:
-            self._limits.add(line)
-            self.run.limitations.append(f"ray.data: {line}")
 
     # -- wrappers -------------------------------------------------------------
     def _wrap_map(self, op: str) -> Callable[[Any], Any]:

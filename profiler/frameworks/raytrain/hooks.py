@@ -22,7 +22,7 @@ from typing import Any
 
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-from ...instrument import ThisProcess
+from ...instrument import Limits, ThisProcess
 from ...patch import Patches
 from ...records import Run
 from ...settings import Settings
@@ -46,7 +46,7 @@ class RayTrainHooks:
         self.settings: Settings | None = None
         self._patches = Patches("ray.train hooks")
         self._reports: list[Any] = []
-        self._limits: set[str] = set()
+        self.limit = Limits(run, self.framework)
 
     def install(self) -> None:
         if self.installed:
@@ -64,11 +64,6 @@ class RayTrainHooks:
         self.installed = False
         for line in self._patches.restore():
             self.limit(line)
-
-    def limit(self, line: str) -> None:
-        if line not in self._limits:
-            self._limits.add(line)
-            self.run.limitations.append(f"ray.train: {line}")
 
     def job_report(self) -> Any:
         """The report of the workers of the last ``fit()`` that gave one (a ``JobReport``; a

@@ -59,7 +59,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from ...instrument import ImportWatch, ThisProcess
+from ...instrument import ImportWatch, Limits, ThisProcess
 from ...patch import Patches
 from ...records import LoaderInfo, Run
 from ...timeline import Timeline
@@ -108,7 +108,7 @@ class TensorFlowHooks:
         #: every transformation of one pipeline, from TensorFlow's profiler (NOTE [ The profiler window ])
         self.inside = Window(run, clock, timeline.t0)
         self._graph_next_in_step = False
-        self._limits: set[str] = set()
+        self.limit = Limits(run, self.framework)
 
     # -- install / remove -----------------------------------------------------
     def install(self) -> None:
@@ -155,11 +155,6 @@ class TensorFlowHooks:
     def patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
         if self._patches.wrap(owner, name, make) is None:
             self.limit(f"{owner.__name__}.{name} not found: not hooked")
-
-    def limit(self, line: str) -> None:
-        if line not in self._limits:
-            self._limits.add(line)
-            self.run.limitations.append(f"tensorflow: {line}")
 
     @staticmethod
     def _function_class() -> Any:

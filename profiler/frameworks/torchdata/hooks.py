@@ -48,7 +48,7 @@ from torchdata.nodes import base_node as _base
 from torchdata.nodes import loader as _loader
 from torchdata.nodes import map as _map
 
-from ...instrument import ThisProcess
+from ...instrument import Limits, ThisProcess
 from ...patch import Patches
 from ...records import LoaderInfo, Run, StageTime
 from ...timeline import Timeline
@@ -89,7 +89,7 @@ class NodesHooks:
         self._nodes: dict[int, tuple[Callable[[], Any], StageTime | None]] = {}
         #: id(map function) -> (its weak reference or None, its stage)
         self._maps: dict[int, tuple[Callable[[], Any] | None, StageTime]] = {}
-        self._limits: set[str] = set()
+        self.limit = Limits(run, self.framework)
         #: id(map stage) -> the sum of its calls' squared times, for their spread
         self._squares: dict[int, float] = {}
         self._children = ChildTimes(self._squares)  # NOTE [ Map time in worker processes ]
@@ -119,11 +119,6 @@ class NodesHooks:
             self.limit(line)
         for _, watched in list(self._loaders.values()):
             self._finish(watched)
-
-    def limit(self, line: str) -> None:
-        if line not in self._limits:
-            self._limits.add(line)
-            self.run.limitations.append(f"torchdata: {line}")
 
     # -- the loader -----------------------------------------------------------
     def _watched(self, loader: Any) -> _Watched | None:
