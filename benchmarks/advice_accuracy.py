@@ -119,6 +119,9 @@ EXAMPLES: dict[str, Example] = {
     # a datasets stream: a per-example Python map, batched with array operations
     "hf_stream": Example("benchmarks/advice_scripts/hf_stream.py", ["--epochs", "50"], {"HF_DATASETS_OFFLINE": "1"},
                          flags={"hf_batched_map": ["--batched"], "hf_shuffle_buffer": ["--shuffle-buffer", "32"]}),
+    # torchdata.nodes: a ParallelMapper of one thread whose map waits on storage
+    "torchdata_reads": Example("benchmarks/advice_scripts/torchdata_reads.py", ["--epochs", "50"],
+                               flags={"map_workers": ["--map-workers", "{num_workers}"]}),
     # Ray Data, last of the scripts (its daemons outlive a stopped run: _settle): a slow Python map_batches on a one-CPU Ray cluster; a wide model fed by a cheap map
     "raydata_starved": Example("benchmarks/advice_scripts/raydata_starved.py", ["--epochs", "50"],
                                flags={"ray_cluster_cpus": ["--all-cpus"]}, steps=300),
@@ -196,7 +199,12 @@ def _change(rec: Recommendation, flags: dict[str, list[str]]) -> str:
     changes = changes_for(rec)
     if changes is None and rec.id == "contention":
         return FREED
-    return changes.describe() if changes is not None else "the script's " + " ".join(flags[rec.id])
+    return changes.describe() if changes is not None else "the script's " + " ".join(_flags(rec, flags))
+
+
+def _flags(rec: Recommendation, flags: dict[str, list[str]]) -> list[str]:
+    """The script's flags for ``rec``, its values filled in (``"{num_workers}"``)."""
+    return [a.format(**(rec.values or {})) for a in flags[rec.id]]
 
 
 def _median_step(t: TrialResult, warmup: int) -> float | None:
@@ -285,8 +293,8 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
                 trials.setdefault(rid, []).append((base, t))
                 continue
             if changes is None and rid in flags:
-                t = _trial(f"{rid} ({' '.join(flags[rid])}) #{r + 1}", script, [*args, *flags[rid]], env,
-                           Changes(), o)
+                t = _trial(f"{rid} ({' '.join(_flags(rec, flags))}) #{r + 1}", script,
+                           [*args, *_flags(rec, flags)], env, Changes(), o)
                 trials.setdefault(rid, []).append((base, t))
                 continue
             if changes is None:
