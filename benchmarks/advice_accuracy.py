@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -337,9 +338,13 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
             rows[rid]["others_cpu_cores"] = held
             rows[rid]["change"] += " (the others held " + ", ".join(
                 f"{before:.2f} -> {after:.2f} cores" for before, after in held) + ")"
+    # what each figure rests on, for a look at the ones that missed: the basis and the replays
+    replays = [[dataclasses.asdict(w) for w in b.run.whatif] for b in bases if b.run is not None]
     for rid in recs:
         rows.setdefault(rid, {"example": example, "id": rid, "status": "not run"})
         rows[rid]["bound"] = recs[rid].bound
+        rows[rid]["basis"] = recs[rid].basis
+        rows[rid]["replays"] = replays
     if not rows:
         rows["-"] = {"example": example, "id": "-", "status": "nothing recommended"}
     for row in rows.values():
