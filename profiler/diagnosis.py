@@ -192,6 +192,8 @@ class Metrics:
     tree_cpu_cores: float | None = None  # process + children, in cores
     children_cpu_cores: float | None = None
     workers_seen: int = 0  # max child processes seen
+    #: CPU seconds of children the training process reaped that no listing saw (short-lived workers)
+    workers_reaped_cpu: float = 0.0
     host_readings: int = 0  # host readings inside the judged steps
     others_cpu_cores: float | None = None  # cores busy outside the job's process tree
     memory_available_min: int | None = None  # bytes of host memory available at the lowest
@@ -336,12 +338,15 @@ def compute_metrics(run: Run) -> Metrics:
                                        for h in cpu_host])
         m.children_cpu_cores = _time_mean([((h.children_cpu + h.reaped_cpu) / 100.0, h.window) for h in cpu_host])
         m.workers_seen = max(h.n_children for h in cpu_host)
+        m.workers_reaped_cpu = sum(h.reaped_cpu / 100.0 * h.window for h in cpu_host)
         # Busy cores minus the tree's own CPU: what other processes took of the usable
-        # cores (never negative: the tree may run on cores outside the affinity list).
-        others = [(max(0.0, (sum(h.cpu_per_core) - h.process_cpu - h.children_cpu - h.reaped_cpu - h.profiler_cpu)
-                       / 100.0), h.window)
+        # cores. Never negative (the tree may run on cores outside the affinity list), but
+        # over the whole window, not reading by reading: workers the listings missed land
+        # in the reading that reaped them, after readings that saw their CPU as no one's.
+        others = [((sum(h.cpu_per_core) - h.process_cpu - h.children_cpu - h.reaped_cpu - h.profiler_cpu)
+                   / 100.0, h.window)
                   for h in cpu_host if h.cpu_per_core]
-        m.others_cpu_cores = _time_mean(others) if others else None
+        m.others_cpu_cores = max(0.0, _time_mean(others) or 0.0) if others else None
         delays = [(h.process_run_delay, h.window) for h in cpu_host if h.process_run_delay is not None]
         m.run_delay = _time_mean(delays) if delays else None
         worker_delays = [(h.children_run_delay / h.n_children, h.window) for h in cpu_host
@@ -637,9 +642,10 @@ def _data_cause(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
         if m.usable_cores >= 2 and m.loader is not None:
             return "too-few-workers"
         return "cpu-bound-preprocessing"
-    if not m.workers_seen:
+    if not m.workers_seen and m.workers_reaped_cpu <= 0:
         # The tree is relisted once a second: workers that lived through fewer readings
-        # than that read as no CPU at all, which is no evidence of idle loaders.
+        # than that read as no CPU at all, which is no evidence of idle loaders (unless
+        # the training process reaped them: their CPU is known then, their wait for a core not).
         ev.append(Evidence(
             "workers_unseen", "Loader workers seen by the host sampler during the judged steps", 0.0,
             f"0 of {workers} in {m.host_readings} reading(s) over {_secs(m.judged_seconds)}",

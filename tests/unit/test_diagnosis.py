@@ -34,6 +34,33 @@ def test_loader_workers_never_seen_by_the_host_sampler_leave_the_cause_unknown()
     assert diagnose(seen).cause == "io-latency"  # the same run with its worker seen, idle
 
 
+def test_workers_the_listings_missed_are_no_other_process_once_reaped():
+    # Fresh workers each short epoch, never listed: their CPU reads as no one's in the
+    # readings while they ran, and comes back in the reading that reaped them. Over the
+    # window the busy cores are all the job's: no other process to blame.
+    run = make_run(n=40, step=0.1, wait=0.06, workers=4, cores=2)
+    hosts = []
+    for i in range(40):
+        reaping = i % 4 == 3
+        hosts.append(HostSample(t=i * 0.1, cpu_per_core=[100.0, 100.0], process_cpu=50.0, n_children=0,
+                                reaped_cpu=600.0 if reaping else 0.0, window=0.1,
+                                memory_available=32 * GiB, process_run_delay=0.01))
+    run.host_samples = hosts
+    m = diagnose(run).metrics
+    assert m.others_cpu_cores == pytest.approx(0.0, abs=1e-9)
+    assert m.tree_cpu_cores == pytest.approx(0.5 + 6.0 / 4)
+    d = diagnose(run)
+    assert "host-contended" not in [w for w, _ in d.warnings]
+    # never listed, but their CPU is known once reaped: 1.5 cores of 2 for four workers
+    assert d.cause != "workers-unmeasured"
+    assert any(e.key == "worker_cpu" and e.value == pytest.approx(1.5 / 4) for e in d.evidence)
+    # other processes that do hold cores still read as such
+    for h in run.host_samples:
+        h.cpu_per_core = [100.0, 100.0]
+        h.reaped_cpu = 0.0
+    assert diagnose(run).metrics.others_cpu_cores == pytest.approx(1.5)
+
+
 def test_no_steps_says_none_were_seen():
     d = diagnose(Run())
     assert d.verdict == "inconclusive" and "no training steps" in d.summary
