@@ -279,7 +279,7 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
                 estimates.setdefault(rec.id, []).append(whole if whole is not None else rec.estimated_speedup)
             recs.setdefault(rec.id, rec)
         for w in base.run.whatif:  # measured to gain nothing, so not advised: was that right?
-            if speedup(w) < NO_GAIN and w.change != CEILING:
+            if speedup(w) < NO_GAIN and w.change != CEILING and not w.alone:
                 rid = f"{w.change} (not advised)"
                 estimates.setdefault(rid, []).append(round(speedup(w), 2))
                 dropped[rid] = _changes_of(w.change)

@@ -309,6 +309,7 @@ class WhatIf:
     #: where the loader could not be read again: the model alone on its held batch, and the
     #: run's measured wait for a batch (seconds a step) added to both step times
     held_wait_seconds: float = 0.0
+    alone: bool = False
 
 
 @dataclass

@@ -247,11 +247,11 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     wait = held_wait or 0.0
     out = [WhatIf(configs[i].describe(), r.seconds + wait, base.seconds + wait, min(r.steps, base.steps),
                   extra_seconds=extra, start_seconds=r.start, baseline_start_seconds=base.start,
-                  held_wait_seconds=wait)
+                  held_wait_seconds=wait, alone=held)
            for i, r in sorted(best.items()) if i]
     if held and out:  # the replay as the run had it is the model alone: the ceiling, measured
         out.append(WhatIf(CEILING, base.seconds, base.seconds + wait, base.steps, extra_seconds=extra,
-                          held_wait_seconds=wait))
+                          held_wait_seconds=wait, alone=True))
     return out, "" if out else "no change could be replayed in the time given"
 
 
@@ -528,7 +528,8 @@ def summary(run: Any) -> str:
 
         parts = [f"with no loading at all (the model alone) {speedup(w):.2f}x" if w.change == CEILING else
                  f"{'an HDF5 copy of the items' if w.change == STORED_COPY else w.change} {speedup(w):.2f}x"
-                 + (" (no gain: not advised)" if speedup(w) < NO_GAIN else "")
+                 + ((" (no gain alone: advised unestimated)" if w.alone else " (no gain: not advised)")
+                    if speedup(w) < NO_GAIN else "")
                  for w in run.whatif]
         held = next((w.held_wait_seconds for w in run.whatif if w.held_wait_seconds), 0.0)
         alone = (f" (the model alone on a held batch, the loop's {held * 1e3:.1f} ms wait a step as measured: "

@@ -174,6 +174,15 @@ def measured(run: Run, recs: list[Recommendation]) -> list[Recommendation]:
             out.append(rec)
             continue
         gain = w.baseline_seconds_per_step / w.seconds_per_step
+        if gain < NO_GAIN and w.alone:
+            # the model alone shows what the change does to the model, not to the job beside a
+            # loader working ahead on the same cores: kept, unestimated
+            rec.estimated_speedup, rec.bound = None, False
+            rec.basis = (f"no estimate: the model alone on a held batch ran {gain:.2f}x with "
+                         f"{replay_name(w.change)}, and the loader, which could not be read again, was not "
+                         "replayed beside it; " + MEASURE.split(": ", 1)[1])
+            out.append(rec)
+            continue
         if gain < NO_GAIN:
             continue
         rec.estimated_speedup = round(gain, 2)
