@@ -211,13 +211,17 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
         return [], (f"copying the model state ({nbytes / 2**30:.1f} GiB) would take more than "
                     f"{STATE_COPY_SHARE:.0%} of the available memory")
     saved = [np.array(v.numpy(), copy=True) for v in variables]
-    configs: list[tuple[Changes, Any, _Target]] = [(Changes(), target.dataset, target), *variants]
+    # each pipeline repeated once, one object for all its rounds: a fresh dataset object
+    # rewrites its graph at its first iterator (tens of ms for a costly map), which a job
+    # iterating the same dataset every epoch pays once
+    configs: list[tuple[Changes, Any, _Target]] = [(c, ds.repeat(), t)
+                                                   for c, ds, t in [(Changes(), target.dataset, target), *variants]]
     results: dict[int, tuple[float, int]] = {}  # seconds, calls
     firsts: dict[int, list[float]] = {}  # each round's first call: an epoch's start
     deadline = time.perf_counter() + budget
     slice_s = budget / (MAX_ROUNDS * len(configs))
     try:
-        for round_ in range(MAX_ROUNDS):
+        for _ in range(MAX_ROUNDS):
             for i, (change, ds, replayed) in enumerate(configs):
                 if time.perf_counter() >= deadline:
                     break
@@ -226,8 +230,7 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
                 seconds, calls, first = _replay(replayed, ds, slice_s, interrupted, warmup)
                 s0, n0 = results.get(i, (0.0, 0))
                 results[i] = (s0 + seconds, n0 + calls)
-                if round_ or not change.cache:  # a cache's first round starts filling it: no epoch's start
-                    firsts.setdefault(i, []).append(first)
+                firsts.setdefault(i, []).append(first)
     finally:
         for v, value in zip(variables, saved, strict=True):
             v.assign(value)
@@ -239,16 +242,20 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
     extra = target.own if target.own is not None else max(0.0, run_step - base) if run_step else 0.0
 
     def start(i: int) -> float:
-        """A fresh iterator's first call beyond a steady one: the pipeline starting (an epoch's start)."""
+        """A fresh iterator's first call beyond a steady one: the pipeline starting (an epoch's
+        start). The first round's only where no other ran: its first iterator rewrites the
+        pipeline's graph, once a job, and a cache's starts filling it, no epoch's start at all."""
         s, n = results[i]
-        return max(0.0, statistics.mean(firsts[i]) - s / n) if firsts.get(i) else 0.0
+        got = firsts.get(i, [])
+        got = got[1:] or ([] if configs[i][0].cache else got)
+        return max(0.0, statistics.mean(got) - s / n) if got else 0.0
 
     out = []
     for i, (s, n) in sorted(results.items()):
         if not i:
             continue
         change, step, was = configs[i][0], s / n / target.batches, base
-        if change.cache and per_epoch and firsts.get(i):
+        if change.cache and per_epoch and firsts.get(i, [])[1:]:
             # its figure is for every epoch after the first: each starts again, from the filled cache
             step, was = step + start(i) / per_epoch, base + start(0) / per_epoch
         out.append(WhatIf(change.describe(), step + extra, was + extra, min(n, base_n) * target.batches,
@@ -257,11 +264,12 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
 
 
 def _replay(target: _Target, ds: Any, slice_s: float, interrupted: Callable[[], bool],
-            warmup: int = WARMUP_CALLS) -> tuple[float, int, float]:
-    """Seconds of the step's calls timed on a fresh iterator over ``ds``, their count, and
-    the seconds of the first call (the iterator's start with it)."""
+            warmup: int = WARMUP_CALLS, spin: float = 0.0) -> tuple[float, int, float]:
+    """Seconds of the step's calls timed on a fresh iterator over ``ds`` (repeated), their count, and
+    the seconds of the first call (the iterator's start with it); ``spin``: seconds the main
+    thread is kept busy after each call (fit's own time)."""
     t0 = time.perf_counter()
-    it = target.iterate(ds.repeat())
+    it = target.iterate(ds)
     out: Any = None
     first = 0.0
     for n in range(warmup):
