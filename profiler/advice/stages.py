@@ -125,19 +125,19 @@ def stage_estimate(run: Run, model: Pipeline, m: Metrics, rows: list[StageRow],
     speedup = estimate(model, changed, m.step_time_mean)
     if speedup is None:
         return None, "no estimate: the stage model does not reproduce the measured step; " + MEASURE.split(": ", 1)[1]
-    cpu_model = not run.environment.cuda_in_use
-    if cpu_model and not model.workers and changed.batch * changed.sample_s < model.compute_s:
+    if not run.environment.cuda_in_use and not model.workers:
         # A model on the CPU, timed between in-process loads, runs slower than it does once
-        # they are gone (docs/dev/advice-accuracy.md): where compute would then set the
-        # step, the figure would not come true, unless the model was measured alone.
+        # they are gone (docs/dev/advice-accuracy.md): its step measured alone stands in for
+        # it; without that, a figure only where loading would still set the step.
         alone = next((w for w in run.whatif if w.change == CEILING), None)
-        if alone is None:
+        if alone is not None:
+            compute = alone.seconds_per_step * model.step_s() / alone.baseline_seconds_per_step
+            speedup = model.step_s() / max(1e-9, dataclasses.replace(changed, compute_s=compute).step_s())
+            return round(speedup, 2), ("estimate: the stage model (stagemodel.py) without these stages, the "
+                                       "model's step as measured alone")
+        if changed.batch * changed.sample_s < model.compute_s:
             return None, ("no estimate: compute would set the step, and it was timed between in-process loads, "
                           "which slow it; " + MEASURE.split(": ", 1)[1])
-        compute = alone.seconds_per_step * model.step_s() / alone.baseline_seconds_per_step
-        speedup = model.step_s() / max(1e-9, dataclasses.replace(changed, compute_s=compute).step_s())
-        return round(speedup, 2), ("estimate: the stage model (stagemodel.py) without these stages, the model's "
-                                   "step as measured alone after the run")
     return round(speedup, 2), "estimate: the stage model (stagemodel.py) without these stages"
 
 

@@ -5,8 +5,9 @@ reproduces the measured step, and none where it does not."""
 from __future__ import annotations
 
 from loadprof.advice import recommend
+from loadprof.advice.base import CEILING
 from loadprof.diagnosis import diagnose
-from loadprof.records import HostSample, LoaderInfo, Run, StageTime, Step
+from loadprof.records import HostSample, LoaderInfo, Run, StageTime, Step, WhatIf
 
 BATCH = 8
 BATCHES = 40
@@ -50,6 +51,21 @@ def test_a_dominant_deterministic_prefix_is_cached_with_an_estimate():
     # would set the step, so no figure
     cpu = _advice(_run(stages, wait=0.072))["cache"]
     assert cpu.estimated_speedup is None and "timed between in-process loads" in cpu.basis
+
+
+def test_a_cpu_model_measured_alone_stands_in_for_its_step_timed_between_loads():
+    # in-process loading whose rest (collate, the flip: 7 ms) outweighs the step's compute
+    # (3 ms timed between loads)
+    stages = [_st("decode", "PIL PNG decode", 80), _st("transform", "Resize(64)", 10, False, 0, nbytes=300_000),
+              _st("transform", "RandomFlip()", 5, True, 1, nbytes=12_288), _st("collate", "default_collate", 2)]
+    run = _run(stages, wait=0.097)
+    assert _advice(run)["cache"].basis == "estimate: the stage model (stagemodel.py) without these stages"
+    # the model alone: 2 ms a step against 100 ms replayed as the run had it
+    run.whatif = [WhatIf(CEILING, 0.002, 0.100, 24)]
+    cache = _advice(run)["cache"]
+    assert "the model's step as measured alone" in cache.basis
+    # the cached step: 2 ms of compute and the 7 ms of loading left (flip, collate)
+    assert abs(cache.estimated_speedup - 0.1 / (0.002 + 0.007)) < 0.1
 
 
 def test_no_estimate_where_the_model_misses_the_measured_step():
