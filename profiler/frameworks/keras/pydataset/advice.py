@@ -7,9 +7,11 @@ the model's measured compute per batch. Python that is CPU work makes batches no
 the cores it gets: on threads one core at most (the GIL), in processes one each, the model's
 own CPU sharing the same free cores. Python that mostly waits (storage, the network, code that
 lets the GIL go) is made ``N`` times as fast by ``N`` threads, with no core each. A step takes
-the longest of the model's compute, making its batches, and all the CPU it needs over the free
-cores. Not counted: a batch's trip from a worker process (pickled), and Keras starting the
-pool again each epoch: with processes the figure is the most the change buys (``bound``).
+the longest of the model's compute and making its batches (the CPU all of it needs over the free cores
+sets how many workers, not the figure: the process's CPU counts threads spinning between
+ops). Not counted: the model's CPU on the workers' cores, a batch's trip from a worker
+process (pickled), and Keras starting the pool again each epoch: with processes the figure
+is the most the change buys (``bound``).
 """
 
 from __future__ import annotations
@@ -77,14 +79,17 @@ def _workers(d: Diagnosis, loader: LoaderInfo, stage: StageTime, th: Thresholds)
         if processes_now and target <= now:
             return None
         processes = True
-        new = max(compute, wall / target, floor)
+        # the figure is a bound: the floor, from CPU the process used (threads spinning
+        # between ops count there), is left out of it, so it can only understate the change
+        new = max(compute, wall / target)
         why = (f"{name} takes {cpu * 1000:.1f} ms of CPU per batch ({busy:.0%} of its {wall * 1000:.1f} ms on a "
                f"core) against {compute * 1000:.1f} ms of the model's compute"
                + ("" if processes_now else ": Python holds the GIL, so threads make one batch at a time; "
                   "worker processes make them side by side")
                + f", on {cores:.1f} free core{'s' if cores >= 1.05 else ''}")
-        basis = (f"the measured CPU per batch over {target} processes, the model's CPU sharing the free cores; "
-                 "a batch's trip from a process (pickled) and the pool's start each epoch not counted")
+        basis = (f"the measured time per batch over {target} processes, beside the model's compute; the model's "
+                 "CPU sharing the free cores, a batch's trip from a process (pickled) and the pool's start each "
+                 "epoch not counted")
     else:
         # it waits: threads overlap the waits, with no core each
         target = min(max(now + 1, math.ceil(wall / compute - 1e-9) + 1), THREADS_PER_CORE * m.usable_cores)
