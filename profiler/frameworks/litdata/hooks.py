@@ -67,6 +67,7 @@ class LitDataHooks:
     framework = "litdata"
 
     def __init__(self, timeline: Timeline, run: Run) -> None:
+        self.limit = Limits(run, self.framework)  # first: what __init__ builds may report through it
         self.timeline = timeline
         self.run = run
         self.pid = os.getpid()
@@ -74,7 +75,6 @@ class LitDataHooks:
         self._patches = Patches("litdata hooks")
         self._classes: set[int] = set()  # StreamingDataset subclasses whose __getitem__ is timed
         self._transforms: list[tuple[Any, Any]] = []  # (dataset, its transform before the wrap)
-        self.limit = Limits(run, self.framework)
         self._claimed: list[LoaderInfo] = []
 
     def install(self) -> None:

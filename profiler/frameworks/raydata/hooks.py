@@ -112,6 +112,7 @@ class RayDataHooks:
     framework = "ray.data"
 
     def __init__(self, timeline: Timeline, run: Run, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.limit = Limits(run, self.framework)  # first: what __init__ builds may report through it
         self.timeline = timeline
         self.run = run
         self.clock = clock
@@ -125,7 +126,6 @@ class RayDataHooks:
         #: operator name -> the knobs of the latest call that made it
         self._calls: dict[str, _Call] = {}
         self._open: weakref.WeakSet[_Iterator] = weakref.WeakSet()
-        self.limit = Limits(run, self.framework)
         self._cpus: float | None = None
 
     # -- install / remove -----------------------------------------------------

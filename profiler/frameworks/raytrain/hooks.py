@@ -39,6 +39,7 @@ class RayTrainHooks:
     framework = "ray.train"
 
     def __init__(self, timeline: Timeline, run: Run) -> None:
+        self.limit = Limits(run, self.framework)  # first: what __init__ builds may report through it
         self.run = run
         self.pid = ThisProcess.pid
         self.installed = False
@@ -46,7 +47,6 @@ class RayTrainHooks:
         self.settings: Settings | None = None
         self._patches = Patches("ray.train hooks")
         self._reports: list[Any] = []
-        self.limit = Limits(run, self.framework)
 
     def install(self) -> None:
         if self.installed:

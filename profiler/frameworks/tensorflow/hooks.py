@@ -81,6 +81,7 @@ class TensorFlowHooks:
     framework = "tensorflow"
 
     def __init__(self, timeline: Timeline, run: Run, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.limit = Limits(run, self.framework)  # first: what __init__ builds may report through it
         self.timeline = timeline
         self.run = run
         self.clock = clock
@@ -108,7 +109,6 @@ class TensorFlowHooks:
         #: every transformation of one pipeline, from TensorFlow's profiler (NOTE [ The profiler window ])
         self.inside = Window(run, clock, timeline.t0)
         self._graph_next_in_step = False
-        self.limit = Limits(run, self.framework)
 
     # -- install / remove -----------------------------------------------------
     def install(self) -> None:

@@ -76,6 +76,7 @@ class NodesHooks:
     framework = "torchdata"
 
     def __init__(self, timeline: Timeline, run: Run, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.limit = Limits(run, self.framework)  # first: what __init__ builds may report through it
         self.timeline = timeline
         self.run = run
         self.clock = clock
@@ -89,7 +90,6 @@ class NodesHooks:
         self._nodes: dict[int, tuple[Callable[[], Any], StageTime | None]] = {}
         #: id(map function) -> (its weak reference or None, its stage)
         self._maps: dict[int, tuple[Callable[[], Any] | None, StageTime]] = {}
-        self.limit = Limits(run, self.framework)
         #: id(map stage) -> the sum of its calls' squared times, for their spread
         self._squares: dict[int, float] = {}
         self._children = ChildTimes(self._squares)  # NOTE [ Map time in worker processes ]
