@@ -358,6 +358,8 @@ class FitProbe:
     model_batches_per_s: float | None = None
     model_calls_timed: int | None = None
     fit_batch_s_median: float | None = None  # the profiled calls', seconds per batch
+    #: fit's own time between its train_function calls (callbacks, progress bar), median seconds a batch
+    fit_own_batch_s: float | None = None
     #: steps whose difference was more than the pipeline alone needed, cut down to that
     steps_wait_capped_by_pipeline: int | None = None
 

@@ -39,3 +39,14 @@ def test_an_epochs_start_is_waiting_and_the_median_holds_against_a_rare_long_ste
 def test_no_figure_before_enough_steps() -> None:
     assert LoopTime().per_step() is None
     assert _loop([(0.1, 0.01, 0.1)] * SKIP_STEPS).per_step() is None
+
+
+def test_a_call_of_several_batches_counts_its_own_time_per_batch() -> None:
+    # Keras fit with steps_per_execution=4: one callback round a call of 4 batches
+    lt, t = LoopTime(), 0.0
+    for _ in range(SKIP_STEPS + 3):
+        t += 0.02
+        lt.call_starts(t, batches=4)
+        t += 0.1
+        lt.call_ends(t)
+    assert lt.per_step() == pytest.approx(0.005)

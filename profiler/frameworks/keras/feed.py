@@ -24,7 +24,7 @@ before it at the rate it computed the last (the time after the last came).
 
 The user's code is timed where it runs: a PyDataset's ``__getitem__`` (wrapped on its class,
 timed for the instances given to ``fit``, on tf.data's thread, the enqueuer's thread
-pool, or in the enqueuer's forked worker processes, whose figures come back through a pipe:
+pool, or in the enqueuer's worker processes (forked or spawned), whose figures come back through a pipe:
 NOTE [ A PyDataset's batches timed in its worker processes ] in poolstages.py), a
 generator's ``next()`` (Keras's peek at its first batches included).
 """
@@ -189,6 +189,9 @@ class Feed:
         if self.pool.unread:
             self.limit(f"{self.pool.unread} pipe(s) from a PyDataset's worker processes sent what is not ours: "
                        "their __getitem__ figures after it are left out")
+        if self.pool.opened and not calls:
+            self.limit("a PyDataset's worker processes sent no __getitem__ figures (none found its copy of the "
+                       "dataset, or none made a batch): the stage is the training process's calls")
         if not stage.calls:
             info.stages.clear()
             return

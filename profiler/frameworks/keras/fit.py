@@ -8,7 +8,9 @@ loop's; ``Model.__call__`` outside Keras's loops is a custom loop's forward pass
 
 Each timed call becomes timeline events (where the step begins, its samples, its
 end) and one entry of ``FitCalls``: what the differential probe (tfprobe.py)
-needs after the run to tell each step's input wait, in 4 bytes a call. A
+needs after the run to tell each step's input wait, in 4 bytes a call. The time between
+one call's end and the next's within an epoch is fit's own (callbacks, the progress bar),
+read as a custom loop's is (tensorflow/looptime.py) for the what-if replays. A
 ``keras.utils.PyDataset`` or a generator cannot be read again for that probe: its
 batches are timed as they are made and taken instead (feed.py: NOTE [ Waits of fit
 on a PyDataset or a generator ]).
@@ -32,6 +34,7 @@ import tensorflow as tf
 from ...patch import Patches, subclass
 from ...records import LoaderInfo, StageTime
 from ..tensorflow.facts import check_amp
+from ..tensorflow.looptime import LoopTime
 from ..tensorflow.tfdata import optional_module
 from .feed import Feed, Feeds, generator_name, getitem_name
 from .pydataset import facts as pyfacts
@@ -98,6 +101,7 @@ class FitRecord:
     first_in_epoch: bool = False
     epoch_start: float | None = None
     calls: FitCalls = field(default_factory=FitCalls)
+    own: LoopTime = field(default_factory=LoopTime)  # fit's own time a batch, between its calls
     feed: Feed | None = None  # a PyDataset's or a generator's batches, timed (feed.py)
 
 
@@ -346,6 +350,9 @@ class KerasFit:
             batches = max(1, min(k, record.steps_per_epoch - record.begin_step))
         tl = self.h.timeline
         start, record.epoch_start = record.epoch_start, None
+        if start is None:  # not an epoch's first call: the epoch's end and validation before that are no step's
+            record.own.call_starts(t0, batches)
+        record.own.call_ends(t1)
         feed = record.feed
         waited = feed.taken(t0, cpu0, t1, batches) if feed is not None else None
         size = record.batch_size or (feed.info.batch_size if feed is not None else None)

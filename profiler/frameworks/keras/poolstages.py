@@ -14,7 +14,12 @@ pool's processes. Their figures come back through one pipe per pool (profiler/wo
   its processes in its constructor; the training process closes its write end right after,
   so a process the pool starts later in place of a dead one finds it closed and goes untimed.
 - A forked process inherits the class's wrapped ``__getitem__`` and the dataset at the same
-  address. There (``ThisProcess.pid`` is not the hooks'), a call on that dataset is timed by
+  address. A spawned or forkserver one (a script's ``set_start_method("spawn")``; Linux's
+  default from Python 3.14) gets ``PoolInit`` pickled, the write end sent along by
+  multiprocessing (``reduction.DupFd``), and its own copy of the dataset, unpickled by Keras's
+  initializer into ``_SHARED_SEQUENCES``: ``PoolInit`` finds that copy by the enqueuer's
+  ``uid`` after Keras's initializer ran and puts the timing ``__getitem__`` on its class, in
+  that process only. There (``ThisProcess.pid`` is not the hooks'), a call on that dataset is timed by
   the process's ``_Worker``: its first ``TIME_FIRST`` calls and one in ``TIME_EVERY`` after, as
   torch's workers do (NOTE [ Timing a sample of the batches ] in torch/stages.py). Each timed
   call sends the process's cumulative figures (seconds, CPU, calls, squares) at once: Keras
@@ -24,8 +29,9 @@ pool's processes. Their figures come back through one pipe per pool (profiler/wo
   ``train_function`` call and at the end, keeps each process's latest figures, and adds their
   sums to the ``__getitem__`` row it builds itself (Keras's peek at the first batches is made
   there): ``where`` is "workers". A pipe is let go once its processes are gone.
-- Under spawn or forkserver the initializer would be pickled and the new process would hold
-  the class unwrapped: the pool is left as it is, untimed, and the report says so.
+- A process started after the training process closed its write end (in place of a dead
+  one) gets no pipe: under fork it finds the end closed, under spawn ``PoolInit`` is pickled
+  without it, so the pool's own restart never fails on ours.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import functools
 import itertools
 import multiprocessing
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -103,24 +110,61 @@ def worker_for(ds: Any) -> _Worker | None:
 
 class PoolInit:
     """A pool's initializer while its processes are timed: starts the process's ``_Worker``,
-    then calls the pool's own initializer."""
+    then calls the pool's own initializer; in a spawned process, then finds its copy of the
+    dataset and times its class's ``__getitem__``."""
 
-    def __init__(self, conn: connection.Connection, key: int) -> None:
-        self.conn = conn
+    def __init__(self, conn: connection.Connection, key: int, uid: Any = None) -> None:
+        self.conn: connection.Connection | None = conn
         self.key = key
+        self.uid = uid  # the enqueuer's key to its dataset in Keras's globals; None: forked
         self.parent = os.getpid()
         self.initializer: Callable[..., Any] | None = None
         self.used = False  # handed to a pool
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        if self.conn is not None and self.conn.closed:
+            state["conn"] = None  # pickling a closed end would fail the pool's restart of a process
+        return state
+
     def __call__(self, *initargs: Any) -> None:
         global _worker
-        if os.getpid() != self.parent:  # a pool of threads runs it in the training process
+        child = os.getpid() != self.parent  # a pool of threads runs it in the training process
+        if child:
             try:
-                _worker = _Worker(workerpipe.Writer(self.conn), self.key)
+                _worker = _Worker(workerpipe.Writer(self.conn), self.key) if self.conn is not None else None
             except (OSError, ValueError):  # the write end closed: a process started later
                 _worker = None
         if self.initializer is not None:
             self.initializer(*initargs)
+        if child and self.uid is not None and _worker is not None:
+            _worker = _adopt(_worker, self.initializer, self.uid)
+
+
+def _adopt(worker: _Worker, initializer: Callable[..., Any] | None, uid: Any) -> _Worker | None:
+    """In a spawned process: ``worker`` keyed to this process's copy of the dataset, which
+    Keras's initializer put in its module's ``_SHARED_SEQUENCES``, and the copy's class given
+    the timing ``__getitem__``; None (untimed) where either is not there."""
+    module = sys.modules.get(getattr(initializer, "__module__", "") or "")
+    shared = getattr(module, "_SHARED_SEQUENCES", None)
+    ds = shared.get(uid) if isinstance(shared, dict) else None
+    if ds is None:
+        return None
+    cls = type(ds)
+    original = next((vars(base)["__getitem__"] for base in cls.__mro__ if "__getitem__" in vars(base)), None)
+    if original is None:
+        return None
+
+    def __getitem__(ds: Any, index: Any) -> Any:
+        w = worker_for(ds)
+        return original(ds, index) if w is None else w.call(original, ds, index)
+
+    try:
+        cls.__getitem__ = __getitem__  # type: ignore[method-assign]
+    except (TypeError, AttributeError):  # a class that takes no attribute
+        return None
+    worker.key = id(ds)
+    return worker
 
 
 def _pool(cls: Callable[..., Any], init: PoolInit, *args: Any, **kwargs: Any) -> Any:
@@ -144,10 +188,12 @@ class PoolTimes:
         self._lock = threading.Lock()
         self._next = 0.0
         self.unread = 0  # pipes dropped for a message not ours
+        self.opened = 0  # pipes ever added: a pool of ours was made
 
     def add(self, read: connection.Connection) -> None:
         with self._lock:
             self._pipes.append((next(self._serial), read))
+            self.opened += 1
 
     def maybe_drain(self, now: float) -> None:
         if self._pipes and now >= self._next:
@@ -230,16 +276,20 @@ class Pools:
         times = self.times_of(ds)
         if times is None:
             return pool_fn(*args, **kwargs)
-        if not forks(multiprocessing):
-            self.limit("a PyDataset's worker processes are not forked: their __getitem__ is not timed "
-                       "(the stage is the training process's calls)")
-            return pool_fn(*args, **kwargs)
+        uid = None
+        if not forks(multiprocessing):  # spawned: each finds its copy of the dataset by the enqueuer's uid
+            uid = getattr(enqueuer, "uid", None)
+            if uid is None:
+                self.limit("keras's enqueuer has no uid: a PyDataset's spawned worker processes cannot find "
+                           "their copy of it, their __getitem__ is not timed (the stage is the training "
+                           "process's calls)")
+                return pool_fn(*args, **kwargs)
         try:
             read, write = workerpipe.open_pipe()
         except OSError as exc:
             self.limit(f"a PyDataset's worker processes: no pipe ({exc}): their __getitem__ is not timed")
             return pool_fn(*args, **kwargs)
-        init = self._local.init = PoolInit(write, id(ds))
+        init = self._local.init = PoolInit(write, id(ds), uid)
         try:
             pool = pool_fn(*args, **kwargs)
         except BaseException:

@@ -427,6 +427,7 @@ class TensorFlowHooks:
                 fed = record.feed is not None
                 found = (measure_feed_input if fed else measure_fit_input)(record, i + 1, self.clock)
                 if found.probe is not None:
+                    found.probe.fit_own_batch_s = record.own.per_step()  # read in the run (keras/fit.py)
                     self.run.fit_probes.append(found.probe)
                 for line in found.limitations:
                     self.limit(line)

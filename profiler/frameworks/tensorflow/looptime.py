@@ -5,6 +5,10 @@ which calls the step on the next batch and nothing else, must add to each replay
 (NOTE [ What-if replays under Keras fit ] in whatif.py): the loop's logging, its metrics,
 the profiler's own hooks. Read directly, not as the run's step less the replayed one,
 whose difference is as large as the load or the pipeline's epoch starts moved it.
+
+Keras ``fit``'s own time is read alike (keras/fit.py): from one ``train_function`` call's end
+to the next one's start within an epoch (callbacks, the progress bar, metrics' logs), a call
+of ``steps_per_execution`` batches counted per batch; its waits are inside its calls.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ class LoopTime:
     def waited(self, seconds: float) -> None:
         self._waited += seconds
 
-    def call_starts(self, t: float) -> None:
+    def call_starts(self, t: float, batches: int = 1) -> None:
+        """A call of ``batches`` steps starts at ``t``: the time since the last one ended is theirs."""
         if self._ended is not None:
-            self.outside.append(max(0.0, t - self._ended - self._waited))
+            self.outside.append(max(0.0, t - self._ended - self._waited) / max(1, batches))
         self._waited = 0.0
 
     def call_ends(self, t: float) -> None:

@@ -11,10 +11,15 @@ the advice per transformation names, a prefetch after the batch,
 a filled cache after the deterministic maps, the files read several at a time), in rounds while
 the budget lasts, each round's calls after two of warm-up (the iterator's start, a shuffle
 buffer filling), the rounds of each averaged. A change whose pipeline is the same is not
-replayed. What a step took beyond the replayed call is added to every replay alike: for a
-custom loop, its time between step calls beyond its waits for batches, read while it ran
-(looptime.py); for a fit (callbacks), what the run's steady step took beyond the replayed
-one. The variables the step uses (the model's, its
+replayed. What a step took beyond the replayed call, read while the run ran (looptime.py),
+goes into every replay alike: a custom loop's time between step calls beyond its waits for
+batches is added to each replayed step; a fit's time between ``train_function`` calls within
+an epoch (callbacks, the progress bar, mostly Python: keras/fit.py) is spent again after each
+replayed call, the main thread kept busy as long (as the torch replays do, NOTE [ What-if
+replays ]), so that the pipeline's threads make the next batch meanwhile as they did in the
+run, where adding it after would count it twice against a prefetched pipeline. A fit of too
+few calls for that figure gets what the run's steady step took beyond the replayed one, as
+large as the load moved it. The variables the step uses (the model's, its
 optimizer's and metrics'; a loop step's: those its traced functions capture) are copied to
 host memory first and assigned back after, as the model-alone probe does, so the model
 leaves as training left it. A pipeline that cannot be read again (its files gone with the
@@ -75,8 +80,11 @@ class _Target:
     batches: int
     #: the same step under a mixed-precision policy (a clone of the model), where one was built
     mixed: _Target | None = None
-    #: a custom loop's own time a step, read in the run (looptime.py); None: a fit's
+    #: the loop's own time a step, read in the run (looptime.py: a custom loop's, or fit's
+    #: between its calls); None: too few steps to read it
     own: float | None = None
+    #: ``own`` is spent after each replayed call (a fit's), not added to the step after
+    spin: bool = False
 
 
 def replay(hooks: TensorFlowHooks, run: Run, recommendations: list[Recommendation], budget: float,
@@ -110,7 +118,8 @@ def _fit_target(record: FitRecord) -> _Target:
     model = record.model
     fn = record.original_fn or model.train_function
     return _Target(record.dataset, lambda ds: iter(model.distribute_strategy.experimental_distribute_dataset(ds)),
-                   fn, _state_variables(model), max(1, record.steps_per_execution))
+                   fn, _state_variables(model), max(1, record.steps_per_execution), own=record.own.per_step(),
+                   spin=True)
 
 
 def _mixed_target(record: FitRecord, change: Changes) -> _Target | None:
@@ -220,6 +229,7 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
     firsts: dict[int, list[float]] = {}  # each round's first call: an epoch's start
     deadline = time.perf_counter() + budget
     slice_s = budget / (MAX_ROUNDS * len(configs))
+    spin = target.own * target.batches if target.spin and target.own else 0.0
     try:
         for _ in range(MAX_ROUNDS):
             for i, (change, ds, replayed) in enumerate(configs):
@@ -227,7 +237,7 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
                     break
                 # a cache's replay fills it first: the batches it holds, untimed
                 warmup = WARMUP_CALLS + (CACHE_BATCHES if change.cache else 0)
-                seconds, calls, first = _replay(replayed, ds, slice_s, interrupted, warmup)
+                seconds, calls, first = _replay(replayed, ds, slice_s, interrupted, warmup, spin)
                 s0, n0 = results.get(i, (0.0, 0))
                 results[i] = (s0 + seconds, n0 + calls)
                 firsts.setdefault(i, []).append(first)
@@ -238,8 +248,9 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
         return [], "the step could not be replayed in the time given"
     base_s, base_n = results[0]
     base = base_s / base_n / target.batches
-    # a loop's own time was read in the run; a fit's is what its steady step took beyond the replay
+    # the loop's own time, read in the run; without it, what the run's steady step took beyond the replay
     extra = target.own if target.own is not None else max(0.0, run_step - base) if run_step else 0.0
+    added = 0.0 if spin else extra  # spent in each replayed call already
 
     def start(i: int) -> float:
         """A fresh iterator's first call beyond a steady one: the pipeline starting (an epoch's
@@ -258,7 +269,7 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
         if change.cache and per_epoch and firsts.get(i, [])[1:]:
             # its figure is for every epoch after the first: each starts again, from the filled cache
             step, was = step + start(i) / per_epoch, base + start(0) / per_epoch
-        out.append(WhatIf(change.describe(), step + extra, was + extra, min(n, base_n) * target.batches,
+        out.append(WhatIf(change.describe(), step + added, was + added, min(n, base_n) * target.batches,
                           extra_seconds=extra, start_seconds=start(i), baseline_start_seconds=start(0)))
     return out, "" if out else "no change could be replayed in the time given"
 
@@ -276,6 +287,7 @@ def _replay(target: _Target, ds: Any, slice_s: float, interrupted: Callable[[], 
         if interrupted():
             raise Interrupted
         out = target.call(it)
+        _busy(spin)  # the first call's own time too: an epoch's start is what it took beyond a steady one
         if not n:
             tf.nest.map_structure(np.asarray, out)
             first = time.perf_counter() - t0
@@ -286,8 +298,16 @@ def _replay(target: _Target, ds: Any, slice_s: float, interrupted: Callable[[], 
         if interrupted():
             raise Interrupted
         out = target.call(it)
+        _busy(spin)
         calls += 1
         if time.perf_counter() - start > 4 * slice_s + 1.0:
             break
     tf.nest.map_structure(np.asarray, out)  # the device finished what was timed
     return time.perf_counter() - start, calls, first
+
+
+def _busy(seconds: float) -> None:
+    """The main thread kept busy (in Python, as Keras's callbacks keep it) for ``seconds``."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
