@@ -44,6 +44,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -128,11 +129,12 @@ EXAMPLES: dict[str, Example] = {
                                flags={"ray_cluster_cpus": ["--all-cpus"]}, steps=300),
     "raydata_compute": Example("benchmarks/advice_scripts/raydata_compute.py", ["--epochs", "50"]),
 }
-#: Multi-rank jobs: name -> (script, arguments, ranks). A trial is a whole torchrun job
-#: (one process per rank on this machine), the fix applied through the script's own
-#: ``--workers`` flag; speed-ups are the job's median step, as its report gives it.
-JOBS: dict[str, tuple[str, list[str], int]] = {
-    "ddp_starved": ("examples/ddp_starved.py", ["--steps", "60"], 2),
+#: Multi-rank jobs: name -> (script, arguments, ranks, flags as ``Example.flags``). A trial is
+#: a whole torchrun job (one process per rank on this machine), the fix applied on every
+#: rank through the script's own ``--workers`` or flag, or as a trial applies it (the
+#: cache); speed-ups are the job's median step, as its report gives it.
+JOBS: dict[str, tuple[str, list[str], int, dict[str, list[str]]]] = {
+    "ddp_starved": ("examples/ddp_starved.py", ["--steps", "60"], 2, {"convert_format": ["--packed"]}),
 }
 DEFAULT = ",".join([*EXAMPLES, *JOBS])
 #: advice whose one-time costs fall inside a trial's measured steps (an epoch's start)
@@ -352,64 +354,103 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
     return list(rows.values())
 
 
-def _job(name: str, script: str, args: list[str], ranks: int) -> dict[str, Any] | None:
-    """One torchrun job under ``loadprof diagnose``: its job report (None: it failed)."""
+#: a trial's child (experiments/trial.py's), started by torchrun on every rank
+_TRIAL_CHILD = "import sys; from loadprof.experiments.trial import child_main; sys.exit(child_main(sys.argv[1]))"
+
+
+def _job(name: str, script: str, args: list[str], ranks: int, changes: Changes | None = None,
+         what_if: float = 0.0) -> dict[str, Any] | None:
+    """One torchrun job, its job report (None: it failed): under ``loadprof diagnose``, or
+    with ``changes`` applied on every rank as a trial applies them (each rank runs a trial's
+    child on one spec; rank 0 writes the job's report beside it)."""
     bin_dir = Path(sys.executable).parent
+    launch = [str(bin_dir / "torchrun"), "--standalone", f"--nproc-per-node={ranks}", "--no-python"]
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "job.json"
-        cmd = [str(bin_dir / "torchrun"), "--standalone", f"--nproc-per-node={ranks}", "--no-python",
-               str(bin_dir / "loadprof"), "diagnose", "-q", "--json", str(out), script, *args]
+        out = Path(tmp) / "report.json"
+        if changes is None or changes.empty:
+            cmd = [*launch, str(bin_dir / "loadprof"), "diagnose", "-q", "--what-if", str(what_if), "--json", str(out),
+                   script, *args]
+        else:
+            spec = TrialSpec(script=script, args=args, changes=changes.to_dict(), record_losses=False, what_if=what_if)
+            fields = {k: v for k, v in asdict(spec).items() if k != "env"}
+            write_json(Path(tmp) / "spec.json", fields, indent=None)
+            cmd = [*launch, sys.executable, "-c", _TRIAL_CHILD, str(Path(tmp) / "spec.json")]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=TRIAL_LIMIT_S)
         if done.returncode != 0 or not out.exists():
             print(f"  {name}: failed (exit {done.returncode}): {done.stderr[-500:]}", file=sys.stderr)
             return None
         report: dict[str, Any] = json.loads(out.read_text())
-    print(f"  {name}: median step {report['steps']['median_s'] * 1000:.1f} ms", file=sys.stderr, flush=True)
+        result = Path(tmp) / "result.json"
+        if result.exists():  # the fixes' own account (the last rank's to write it)
+            child = json.loads(result.read_text())
+            report["applied"], report["not_applied"] = child.get("applied", []), child.get("not_applied", [])
+    applied = f"; applied {', '.join(report['applied'])}" if report.get("applied") else ""
+    print(f"  {name}: median step {report['steps']['median_s'] * 1000:.1f} ms{applied}", file=sys.stderr, flush=True)
     return report
 
 
+def _job_change(rec: dict[str, Any], flags: dict[str, list[str]]) -> tuple[str, list[str], Changes | None] | None:
+    """How a job's trial applies a recommendation: (what it says, the script's extra
+    arguments, the fixes); None: it cannot be applied from outside."""
+    if rec["id"] == "num_workers" and isinstance(rec["values"].get("num_workers"), int):
+        workers = rec["values"]["num_workers"]
+        return f"num_workers={workers} on every rank", ["--workers", str(workers)], None
+    if rec["id"] in flags:
+        return f"the script's {' '.join(flags[rec['id']])} on every rank", flags[rec["id"]], None
+    known = {f.name for f in dataclasses.fields(Recommendation)}
+    changes = changes_for(Recommendation(**{k: v for k, v in rec.items() if k in known}))
+    if changes is None or changes.empty:
+        return None
+    return f"{changes.describe()} on every rank (a trial's fix)", [], changes
+
+
 def measure_job(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
-    """A multi-rank job's worker advice: estimated on the baseline job, measured by running
-    the job again with that many workers on every rank."""
-    rel, args, ranks = JOBS[example]
+    """A multi-rank job's advice: estimated on the baseline job (the figure its ranks'
+    replays measured together), measured by running the job again with the change on
+    every rank, through the script's flag or a trial's fix."""
+    rel, args, ranks, flags = JOBS[example]
     script = str(ROOT / rel)
     print(f"{example}: torchrun --nproc-per-node={ranks} {rel} {' '.join(args)}", file=sys.stderr, flush=True)
     verdicts: list[str] = []
-    estimates: list[float] = []
-    ratios: list[float] = []
-    others: dict[str, dict[str, Any]] = {}
-    workers: int | None = None
+    estimates: dict[str, list[float]] = {}
+    ratios: dict[str, list[float]] = {}
+    how: dict[str, str] = {}
+    rows: dict[str, dict[str, Any]] = {}
     for r in range(o.repeats):
-        base = _job(f"baseline #{r + 1}", script, args, ranks)
+        base = _job(f"baseline #{r + 1}", script, args, ranks, what_if=o.what_if)
         if base is None:
             return [{"example": example, "id": "-", "status": "baseline failed", "diagnosed": verdicts}]
         warned = "".join(f", warning {w['id']}" for w in base["warnings"])
         verdicts.append(f"{base['verdict']} ({base['cause']}){warned}")
+        whatif = base.get("whatif", {})
+        said = ", ".join(f"{w['change']} {w['speedup']:.2f}x (rank {w['bound_by']})" for w in whatif.get("changes", []))
+        print(f"  the job's replays: {said or whatif.get('skipped') or '-'}", file=sys.stderr, flush=True)
         for rec in base["recommendations"]:
-            if rec["id"] == "num_workers" and isinstance(rec["values"].get("num_workers"), int):
-                workers = workers or rec["values"]["num_workers"]
-                if rec.get("estimated_speedup"):
-                    estimates.append(rec["estimated_speedup"])
-            else:
-                others.setdefault(rec["id"], {"example": example, "id": rec["id"],
-                                              "status": "not measured for a job (ranks " +
-                                              ",".join(map(str, rec["ranks"])) + ")"})
-        if workers:
-            trial = _job(f"num_workers={workers} #{r + 1}", script, [*args, "--workers", str(workers)], ranks)
+            rid = rec["id"]
+            if rec.get("estimated_speedup"):
+                estimates.setdefault(rid, []).append(rec["estimated_speedup"])
+            change = _job_change(rec, flags)
+            if change is None:
+                rows.setdefault(rid, {"example": example, "id": rid, "status": "not measured for a job (ranks "
+                                      + ",".join(map(str, rec["ranks"])) + ")"})
+                continue
+            how[rid], extra, changes = change
+            trial = _job(f"{rid} #{r + 1}", script, [*args, *extra], ranks, changes)
             if trial is not None:
-                ratios.append(base["steps"]["median_s"] / trial["steps"]["median_s"])
-    rows = list(others.values())
-    if workers and ratios:
-        est = statistics.median(estimates) if estimates else None
-        measured = statistics.median(ratios)
-        rows.insert(0, {"example": example, "id": "num_workers", "status": "measured",
-                        "change": f"num_workers={workers} on every rank", "estimated": est,
-                        "estimates": estimates, "measured": measured, "measured_runs": ratios,
-                        "error": est / measured - 1 if est else None, "measured_median_step": measured,
-                        "error_median_step": est / measured - 1 if est else None})
-    for row in rows:
+                ratios.setdefault(rid, []).append(base["steps"]["median_s"] / trial["steps"]["median_s"])
+    for rid, got in ratios.items():
+        est = statistics.median(estimates[rid]) if rid in estimates else None
+        measured = statistics.median(got)
+        rows[rid] = {"example": example, "id": rid, "status": "measured", "change": how[rid], "estimated": est,
+                     "estimates": estimates.get(rid, []), "measured": measured, "measured_runs": got,
+                     "error": est / measured - 1 if est else None, "measured_median_step": measured,
+                     "error_median_step": est / measured - 1 if est else None}
+    for rid, row in rows.items():
+        if row["status"] != "measured" and rid in estimates:
+            row["estimated"] = statistics.median(estimates[rid])
         row["diagnosed"] = verdicts
-    return rows or [{"example": example, "id": "-", "status": "nothing recommended", "diagnosed": verdicts}]
+    return list(rows.values()) or [{"example": example, "id": "-", "status": "nothing recommended",
+                                    "diagnosed": verdicts}]
 
 
 def run(argv: list[str] | None = None) -> int:

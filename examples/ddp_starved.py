@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import time
 
 import torch
@@ -38,12 +39,31 @@ class Shard(Dataset):
         return torch.randn(64, generator=g), torch.randint(0, 10, (), generator=g)
 
 
+#: the samples ``--packed`` converts (``loadprof convert`` reads "__main__:SAMPLES")
+SAMPLES: Dataset | None = None
+
+
+def packed(n: int, folder: str) -> Dataset:
+    """The samples packed into one HDF5 file (``loadprof convert``), as the convert_format
+    advice says: one file read instead of a storage read a sample. Packed once, outside
+    the training time, as a job converts its data before it trains."""
+    from loadprof.converters.conversion import ConvertOptions, convert
+    from loadprof.converters.torch import HDF5Dataset
+
+    global SAMPLES
+    SAMPLES = Shard(n, 0.0)
+    path = os.path.join(folder, "packed.h5")
+    convert("__main__:SAMPLES", path, ConvertOptions(to="hdf5", progress=False))
+    return HDF5Dataset(path, transform=lambda s: (torch.from_numpy(s["input"]), int(s["label"])))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--slow-rank", type=int, default=None, help="default: the last rank")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank")
+    parser.add_argument("--packed", action="store_true", help="read the samples from one packed HDF5 file")
     args = parser.parse_args()
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -54,7 +74,10 @@ def main() -> None:
     torch.set_num_threads(1)
 
     latency = 0.008 if rank == slow else 0.002  # seconds per sample
-    data = Shard(args.steps * args.batch_size * world, latency)
+    data: Dataset = Shard(args.steps * args.batch_size * world, latency)
+    folder = tempfile.TemporaryDirectory() if args.packed else None
+    if folder is not None:
+        data = packed(len(data), folder.name)
     loader = DataLoader(data, batch_size=args.batch_size, sampler=DistributedSampler(data, shuffle=False),
                         num_workers=args.workers)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).to(device)
@@ -69,6 +92,8 @@ def main() -> None:
         loss.backward()
         opt.step()
     dist.destroy_process_group()
+    if folder is not None:
+        folder.cleanup()
 
 
 if __name__ == "__main__":

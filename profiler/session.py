@@ -716,9 +716,10 @@ class Profile:
         trained = diagnosis.metrics.loader
         why = step_unsafe(capture, job.ctx.world_size, together=True) or loader_unsafe(
             capture, reread=trained is not None and trained.iterations >= 2)
-        mine = job.collective_per_step(run, diagnosis.metrics.warmup_steps)
+        waited = job.collective_per_step(run, diagnosis.metrics.warmup_steps)  # (mean, median)
         t0 = time.perf_counter()
-        agreed = agree(job.exchange, Plan(changes, why, mine))
+        agreed = agree(job.exchange, Plan(changes, why, waited[1] if waited else None,
+                                          diagnosis.metrics.step_time_mean))
         if agreed.why or not agreed.changes:
             self.run.whatif_skipped = agreed.why
             self.run.whatif_seconds = time.perf_counter() - t0
@@ -728,10 +729,10 @@ class Profile:
             _note(f"measuring {len(agreed.changes)} advised change(s) on every rank's own step together, at most "
                   f"{budget:.0f} s (--what-if 0 skips it)")
         # this rank's wait for the others is not the job's: the all-reduce alone stands in
-        own = diagnosis.metrics.compute_per_step - (mine or 0.0) + agreed.collective
+        own = diagnosis.metrics.compute_per_step - (waited[0] if waited else 0.0) + agreed.collective
         try:
-            self.run.whatif, self.run.whatif_skipped = measure(capture, agreed.changes, own, budget,
-                                                               lambda: False, side_by_side=True)
+            self.run.whatif, self.run.whatif_skipped = measure(capture, agreed.changes, own, budget, lambda: False,
+                                                               slice_s=agreed.slice_s, collective=agreed.collective)
         except Interrupted:
             self.run.whatif_skipped = "stopped by a signal before the changes were measured"
         except Exception as err:  # the user's dataset or model failed outside the run
@@ -829,6 +830,8 @@ class Profile:
             if ev.start >= b:
                 ev.start -= d
                 ev.end -= d
+        if self._job is not None:  # the collectives' waits are timed on the same clock
+            self._job.take_out(a, b)
         run.host_samples = [h for h in run.host_samples if not a <= h.t <= b_read]
         run.gpu_samples = [g for g in run.gpu_samples if not a <= g.t <= b_read]
         for h in run.host_samples:

@@ -23,12 +23,27 @@ Nothing of the run changes: the replayed model runs on copies of the parameters 
 buffers (``torch.func.functional_call``); the optimizer is a new one over the copies;
 the random generators, thread count and the module's train/eval mode are put back;
 loadprof's hooks are inert meanwhile (``TorchHooks.suspended``); a zero loss keeps the
-copies as the run left them. Not replayed, with the reason in the report: a job of
-several processes (its step runs collectives), a model whose copy does not fit in a
-third of the memory left. Where the loader cannot be read again (batches not from a
-DataLoader; an IterableDataset, a stream that may not be read twice, unless the run read
-it again already), the model's own changes (``model_only``) are replayed on its held
-batch alone at the run's end, the run's measured wait for a batch added to each replay's step.
+copies as the run left them. Not replayed, with the reason in the report: a model
+wrapped for collectives other than DDP's (FSDP's, DataParallel's), a job whose ranks
+cannot agree on a replay, a model whose copy does not fit in a third of the memory left.
+
+A job of several ranks (torchrun) replays between two steps only, every rank at the
+same step and with the same changes: each posts its plan to the job's store and waits
+(``jobs/replays.py``, bounded) for the others'; where every rank came and none refused,
+all replay the union of the plans side by side (each replay the same time long on every
+rank, so the ranks share the host as the job does), each on its DDP model's own module,
+so no replay runs a collective. The job's all-reduce, the least time any rank waited in
+collectives in its median step (the slowest rank waits for nobody), is stood in for in
+every replay alike, by a sleep (gloo's wait gives the core up), in place of the rank's
+own wait. A rank that finishes first waits for the others in the store, inside the
+pause; one that never comes costs the others a bounded wait and no replay. The job's
+figure for a change (``jobs/estimates.py``) is its slowest rank's replay as run over
+its slowest rank's replay with the change.
+
+Where the loader cannot be read again (batches not from a DataLoader; an IterableDataset,
+a stream that may not be read twice, unless the run read it again already), the model's
+own changes (``model_only``) are replayed on its held batch alone at the run's end, the
+run's measured wait for a batch added to each replay's step.
 """
 
 from __future__ import annotations
@@ -164,15 +179,17 @@ def model_only(changes: list[Changes], wait_fraction: float) -> list[Changes]:
     return out
 
 
-def step_unsafe(capture: StepCapture, ranks: int) -> str:
-    """Why the captured step may not be replayed at all ("" where it may)."""
+def step_unsafe(capture: StepCapture, ranks: int, together: bool = False) -> str:
+    """Why the captured step may not be replayed at all ("" where it may). ``together``:
+    the job's ranks replay side by side (a DDP model's own module, no collective)."""
     import torch
 
-    if ranks > 1:
+    if ranks > 1 and not together:
         return "a job of several processes: its step runs collectives"
     model = capture.model
     wrapped = type(model).__name__
-    if wrapped in ("DistributedDataParallel", "FullyShardedDataParallel", "DataParallel"):
+    if wrapped in ("FullyShardedDataParallel", "DataParallel") or (wrapped == "DistributedDataParallel"
+                                                                     and not together):
         return f"the model is wrapped in {wrapped}: its step runs collectives"
     need = _model_bytes(model, capture.optimizer) * 3  # parameters, gradients, optimizer state
     device = _device_of(capture.args, capture.kwargs, model)
@@ -189,16 +206,21 @@ def step_unsafe(capture: StepCapture, ranks: int) -> str:
 
 
 def measure(capture: StepCapture, changes: list[Changes], run_compute: float, budget: float,
-            interrupted: Callable[[], bool], held_wait: float | None = None) -> tuple[list[WhatIf], str]:
+            interrupted: Callable[[], bool], held_wait: float | None = None,
+            slice_s: float = 0.0, collective: float = 0.0) -> tuple[list[WhatIf], str]:
     """Replays of the captured step as the run had it, then with each change, in rounds
     while the budget lasts, interleaved so that another process's work falls on all alike;
     each one's rounds are averaged (``_Result.joined``). The step times measured, or the reason none could be (NOTE [ What-if
     replays ]). ``held_wait``: the loader is not read; the model runs alone on its held
     batch, and this measured wait for a batch (seconds a step) is added to every replay's
-    step (``model_only``'s changes)."""
+    step (``model_only``'s changes). ``slice_s``: a job's ranks replay the same changes at
+    once, each replay this long (no step cap), so that they stay side by side;
+    ``collective``: seconds of ``run_compute`` the job's all-reduce takes, stood in for by a
+    sleep (gloo's wait gives the core up, to the loader's workers too), the rest by a spin."""
     import torch
 
     saved = _RandomState.save()
+    cap = sys.maxsize if slice_s else MAX_STEPS
     threads = torch.get_num_threads()
     training = capture.model.training
     deadline = time.perf_counter() + budget
@@ -213,12 +235,14 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     try:
         capture.model.train(capture.training)
         step = _Step(capture)
-        first = _replay(capture, step, Changes(), threads, 0.0, budget / (len(configs) + 2), interrupted, items,
-                        held)
+        each = min(slice_s or budget, budget / (len(configs) + 2))
+        first = _replay(capture, step, Changes(), threads, 0.0, each, interrupted, items,
+                        held, cap)
         if first is None:
             return [], "the run's own settings could not be replayed in the time given"
         extra = max(0.0, run_compute - first.compute)
-        if extra <= EXTRA_SHARE * first.seconds:  # within the replays' noise: nothing to stand in for
+        # within the replays' noise: nothing to stand in for; a job's all-reduce always is
+        if extra <= EXTRA_SHARE * first.seconds and not slice_s:
             extra, best[0] = 0.0, first
         rounds = 0
         while rounds < MAX_ROUNDS:
@@ -228,8 +252,8 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
                 left = deadline - time.perf_counter()
                 if left <= 0 or (rounds and left < _slice(best, i, 1.0)):
                     break
-                got = _replay(capture, step, change, threads, extra, min(left, budget / (len(configs) + 2)),
-                              interrupted, items, held)
+                got = _replay(capture, step, change, threads, extra, min(left, each),
+                              interrupted, items, held, cap, min(extra, collective))
                 if got is not None:
                     best[i] = best[i].joined(got) if i in best else got
             rounds += 1
@@ -277,7 +301,8 @@ class _Result:
 
 
 def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, extra: float, slice_s: float,
-            interrupted: Callable[[], bool], items: Items, held: bool = False) -> _Result | None:
+            interrupted: Callable[[], bool], items: Items, held: bool = False,
+            max_steps: int = MAX_STEPS, idle: float = 0.0) -> _Result | None:
     """One replay: seconds a step and seconds of it outside the batch's wait, or None.
     ``threads``: the run's intra-op threads, set again for each replay that does not change
     them (a replay of fewer threads must not run the replays after it on as few).
@@ -317,7 +342,9 @@ def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, ex
             with amp():
                 step.run()
             if extra:
-                _busy(extra)
+                _busy(extra - idle)
+                if idle:
+                    time.sleep(idle)
             n += 1
             if n == WARMUP_STEPS:
                 step.sync()
@@ -326,7 +353,7 @@ def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, ex
                 waited += t1 - t0
                 measured = n - WARMUP_STEPS
                 now = time.perf_counter()
-                if measured >= MAX_STEPS or (now > stop_at and measured >= MIN_STEPS):
+                if measured >= max_steps or (now > stop_at and measured >= MIN_STEPS):
                     step.sync()
                     seconds = (time.perf_counter() - t_start) / measured
                     return _Result(seconds, seconds - waited / measured, measured, time.perf_counter() - began,
@@ -346,7 +373,7 @@ class _Step:
     def __init__(self, capture: StepCapture) -> None:
         import torch
 
-        model, optimizer = capture.model, capture.optimizer
+        model, optimizer = replayed_model(capture.model), capture.optimizer
         self.device = _device_of(capture.args, capture.kwargs, model)
         self.torch = torch
         copies: dict[int, Any] = {}
@@ -387,6 +414,12 @@ class _Step:
     def sync(self) -> None:
         if self.device.type == "cuda":
             self.torch.cuda.synchronize(self.device)
+
+
+def replayed_model(model: Any) -> Any:
+    """The module a replay calls: DDP's own module, so that no replay runs a collective
+    (its gradient all-reduce is stood in for: NOTE [ What-if replays ])."""
+    return model.module if type(model).__name__ == "DistributedDataParallel" else model
 
 
 def _scalar(out: Any, torch: Any, depth: int = 0) -> Any:

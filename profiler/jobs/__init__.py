@@ -14,6 +14,7 @@ import itertools
 import os
 import signal
 import socket
+import statistics
 import sys
 import threading
 from collections.abc import Callable
@@ -111,6 +112,21 @@ class Job:
 
     def stop_hooks(self) -> list[str]:
         return self.timer.remove() if self.timer is not None else []
+
+    def take_out(self, a: float, b: float) -> None:
+        """The profiler's pause from ``a`` to ``b`` (seconds since t0) out of the collectives' times."""
+        if self.timer is not None:
+            self.timer.take_out(a, b)
+
+    def collective_per_step(self, run: Run, skip: int) -> tuple[float, float] | None:
+        """Seconds a step blocked in collectives over the steps after ``skip`` (a diagnosis's
+        judged steps, as the job's table counts them): their mean and median; None: not measured."""
+        waits = self.timer.per_step(run.steps) if self.timer is not None else None
+        steps = run.steps[skip:]
+        n = sum(s.merged for s in steps)
+        if not waits or not n:
+            return None
+        return sum(waits[skip:]) / n, statistics.median(w / s.merged for w, s in zip(waits[skip:], steps, strict=True))
 
     def facts(self, run: Run) -> RankRun:
         collective = self.timer.per_step(run.steps) if self.timer is not None else None

@@ -152,6 +152,12 @@ class CollectiveTimer:
         if len(self.waits) > MAX_WAITS:
             self._halve()
 
+    def take_out(self, a: float, b: float) -> None:
+        """A pause of the profiler's own (the what-if replays) from ``a`` to ``b`` seconds since
+        t0 taken out, as the session takes it out of the steps: later waits moved back by its
+        length, so that each still falls in its step."""
+        self.waits = [(t - (b - a), s) if t >= b else (t, s) for t, s in self.waits if not a <= t < b]
+
     def _halve(self) -> None:
         w = self.waits
         self.waits = [(w[i + 1][0], w[i][1] + w[i + 1][1]) for i in range(0, len(w) - 1, 2)] + (

@@ -26,6 +26,7 @@ from typing import Any
 from ..advice import Recommendation, recommend
 from ..diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Thresholds, diagnose, main_loader
 from ..records import GpuSample, RecordError, Run
+from .estimates import JobWhatIf, job_whatifs
 from .records import JobRun, RankRun, check_record
 
 #: Straggler causes, as the JSON names them.
@@ -114,6 +115,10 @@ class JobDiagnosis:
     thresholds: dict[int, Thresholds] = field(default_factory=dict)
     #: the ranks whose own verdict (made on the rank) stands for their diagnosis
     own: dict[int, OwnVerdict] = field(default_factory=dict)
+    #: the advised changes measured on every rank, as the job's figures (jobs/estimates.py),
+    #: or why there are none
+    whatif: list[JobWhatIf] = field(default_factory=list)
+    whatif_skipped: str = ""
 
 
 def rank_cores(rank: RankRun) -> float | None:
@@ -346,6 +351,7 @@ def diagnose_job(job: JobRun, th: JobThresholds = DEFAULT_JOB_THRESHOLDS,
     out = JobDiagnosis("inconclusive", None, "", "low", job.world_size, rows, missing=missing,
                        step_time=_median(step_times) if step_times else None, per_rank=per_rank,
                        thresholds=thresholds, own=accepted)
+    out.whatif, out.whatif_skipped = job_whatifs(job.ranks)
     if missing:
         out.warnings.append(("missing-ranks", f"{len(missing)} of {job.world_size} ranks sent no report: "
                              + ", ".join(str(r) for r in missing[:16]) + (" ..." if len(missing) > 16 else "")))

@@ -247,6 +247,13 @@ class Exchange:
         if self._thread is not None:
             self._thread.join(timeout=self.timeouts.connect)
 
+    def store(self) -> BoundedStore:
+        """The store while the job runs (the what-if replays' plans: jobs/replays.py); a
+        failure to connect now is not held against the exit, which tries again."""
+        if self._store is None:
+            self._store = self._connect()
+        return self._store
+
     def _ensure_store(self) -> Any:
         if self._store is None:
             if self._unreachable is not None:

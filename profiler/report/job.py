@@ -21,6 +21,7 @@ from ..advice import Recommendation, recommend
 from ..cost import Cost, RankCost, cost_line, cost_of, job_cost, rank_gpus
 from ..diagnosis import DEFAULT_THRESHOLDS, Evidence
 from ..jobs.diagnosis import JobDiagnosis, OwnVerdict, RankFigures, diagnose_job, passing_run, where
+from ..jobs.estimates import job_estimate
 from ..jobs.records import JobRun
 from ..jsonio import dumps
 from ..records import SCHEMA_VERSION
@@ -160,6 +161,8 @@ class JobReport(Report):
             "pace_ranks": list(d.pace_ranks),
             "missing_ranks": list(d.missing),
             "steps": {"median_s": d.step_time, "end_spread_s": d.step_end_spread},
+            "whatif": {"changes": [{**asdict(w), "speedup": w.speedup} for w in d.whatif],
+                       "skipped": d.whatif_skipped},
             "data_wait_fraction": self.data_wait_fraction,
             "cost": self.cost.to_dict(),
             "limitations": list(self.job.limitations),
@@ -210,7 +213,10 @@ def build_job_report(job: JobRun, own: dict[int, OwnVerdict] | None = None,
             if run is None or diagnosis is None:
                 continue
             recs = recommend(run, diagnosis, d.thresholds.get(rank, DEFAULT_THRESHOLDS))
-        for rec in recs:
+        for own_rec in recs:
+            rec = job_estimate(own_rec, d.whatif)
+            if rec is None:  # measured on every rank to gain the job nothing
+                continue
             entry = grouped.setdefault(rec.id, JobRecommendation(rec))
             entry.ranks.append(rank)
             if hosts.get(rank) and hosts[rank] not in entry.hosts:
