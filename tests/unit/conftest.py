@@ -149,3 +149,15 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, p
         report.longrepr = (f"importing {collector.nodeid} {'; '.join(dict.fromkeys(seen))}: a unit test module "
                            "imports no framework and starts no process; move it to tests/integration")
     return report
+
+
+@pytest.fixture
+def pipe() -> Iterator[tuple[Any, Any]]:
+    """A worker pipe's two ends (profiler/workerpipe.py), closed after the test."""
+    from loadprof import workerpipe
+
+    read, write = workerpipe.open_pipe()
+    yield read, write
+    for conn in (read, write):
+        if not conn.closed:
+            conn.close()

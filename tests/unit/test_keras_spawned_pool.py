@@ -19,15 +19,6 @@ KERAS = "fake_keras_py_dataset_adapter"
 
 
 @pytest.fixture
-def pipe():
-    read, write = workerpipe.open_pipe()
-    yield read, write
-    for conn in (read, write):
-        if not conn.closed:
-            conn.close()
-
-
-@pytest.fixture
 def keras_module(monkeypatch):
     """Keras's adapter module as a spawned pool process holds it: its initializer sets the
     datasets the pool's tasks read."""

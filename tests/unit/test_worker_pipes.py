@@ -10,15 +10,6 @@ from loadprof import workerpipe
 from loadprof.frameworks.keras import poolstages
 
 
-@pytest.fixture
-def pipe():
-    read, write = workerpipe.open_pipe()
-    yield read, write
-    for conn in (read, write):
-        if not conn.closed:
-            conn.close()
-
-
 def _read_all(read) -> list:
     got: list = []
     assert workerpipe.receive(read, got.append)
