@@ -49,10 +49,11 @@ from . import __version__
 from .cpufeatures import cpu_features
 from .formats import formats
 from .instrument import FrameworkWatch, Hooks, ProcessHooks
+from .lines import first_line, note
 from .oom import classify as classify_oom
 from .oom import record_line
 from .outputs import Output
-from .records import Environment, Run, Step, WhatIf
+from .records import Environment, Run, Step
 from .samplers import HostProcess, Neighbours, NvmlSource, Sampler, usable_cores
 from .samplers.node import local_world_size, shm_space
 from .settings import Settings, what_if_budget
@@ -60,6 +61,7 @@ from .settings import gpu_hour_price as check_price
 from .signals import HeldSignals, SafePoint, Terminated
 from .timeline import StopRun, Timeline
 from .trackers import Trackers, parse_log_to
+from .whatifrun import ReplayPlace, WhatIfRun, intra_op_threads
 
 if TYPE_CHECKING:
     from .report import Report
@@ -233,12 +235,7 @@ class Profile:
         self._safepoint: SafePoint | None = None
         self._report: Any = None
         self._held: HeldSignals | None = None  # from stop() to the report's end
-        self._measured = False  # the what-if replays ran (or were found impossible)
-        self._topped = False  # they ran between two steps, the capture held for the end
-        #: the replays run the model alone on its held batch, this measured wait a step added
-        #: (its loader cannot be read again: whatif.model_only); None: beside its loader
-        self._held_wait: float | None = None
-        self._pause: tuple[float, float] | None = None  # when they ran mid-run: seconds since the start
+        self._whatif: WhatIfRun | None = None  # the what-if replays' place in the run (whatifrun.py)
         #: the report was made and written to the end (a second Ctrl-C stops it half way)
         self.reported = False
         self._live: Any = None  # report/liveview.py's LiveView while --live draws
@@ -288,6 +285,10 @@ class Profile:
                     undo=self._close_sampler)
         self._neighbours = self._guard("the processes outside the job are not named",
                                        lambda: Neighbours(self._pid))
+        self._whatif = WhatIfRun(ReplayPlace(
+            self.settings, self.run, self._t0, self._timeline, self._job,
+            lambda: self._watch.hooks if self._watch is not None else {}, self._run_so_far,
+            lambda: self._held is not None and self._held.pending is not None))
         self._watch = FrameworkWatch(self._make_hooks, on_error=self.run.limitations.append)
         self._guard("framework hooks could not be installed: no steps seen", self._watch.start)
         self._trackers = self._guard("TensorBoard writers are not watched", Trackers(
@@ -324,7 +325,7 @@ class Profile:
                 warn=_warn,
             ).start()
         except Exception as err:  # NOTE [ Never break the run ]
-            _warn(f"no live view ({type(err).__name__}: {_first_line(err)})")
+            _warn(f"no live view ({type(err).__name__}: {first_line(err)})")
 
     def _start_inside(self, outer: Profile) -> None:
         """Start as a view of ``outer``'s measurements.
@@ -342,7 +343,7 @@ class Profile:
         self._t0 = time.perf_counter()
         self.run.started_at = time.time()
         self._trackers = Trackers(parse_log_to(self.settings.log_to), self.run.started_at)  # writers: the outer's watch
-        _note("a Profile is already running in this process (loadprof diagnose, tune or compare start one): "
+        note("a Profile is already running in this process (loadprof diagnose, tune or compare start one): "
               "this block's report is cut from its measurements")
 
     def _stop_inside(self, exc: BaseException | None) -> None:
@@ -451,7 +452,7 @@ class Profile:
         try:
             return fn()
         except Exception as err:
-            self.run.limitations.append(f"{what} ({type(err).__name__}: {_first_line(err)})")
+            self.run.limitations.append(f"{what} ({type(err).__name__}: {first_line(err)})")
             if undo is not None:
                 try:
                     undo()
@@ -472,7 +473,8 @@ class Profile:
             else:
                 from .whatif import replay_step
 
-                hooks.replay = lambda: self._replay_mid_run(hooks)  # type: ignore[attr-defined]
+                whatif = self._whatif
+                hooks.replay = lambda: whatif.mid_run(hooks) if whatif is not None else None  # type: ignore[attr-defined]
                 hooks.replay_step = replay_step(self.settings.max_steps)  # type: ignore[attr-defined]
         return hooks
 
@@ -517,7 +519,7 @@ class Profile:
                 try:
                     self._live.stop()
                 except Exception as err:  # NOTE [ Never break the run ]
-                    _warn(f"the live view could not stop ({type(err).__name__}: {_first_line(err)})")
+                    _warn(f"the live view could not stop ({type(err).__name__}: {first_line(err)})")
             if self._timeline is not None and self._timeline.on_gc in gc.callbacks:
                 gc.callbacks.remove(self._timeline.on_gc)
             if self._safepoint is not None:
@@ -567,7 +569,7 @@ class Profile:
                 self.run.probes.gc_seconds = self._timeline.gc_seconds
                 self.run.probes.gc_in_wait_seconds = self._timeline.gc_in_waits
             self.run.duration = end - self._t0
-            self.run.environment.intra_op_threads = _intra_op_threads()  # as the script left them
+            self.run.environment.intra_op_threads = intra_op_threads()  # as the script left them
             self.run.exit_status = _exit_status(exc)
             if exc is not None and classify_oom(record_line(exc)) is not None:
                 self.run.oom_errors.append(record_line(exc))
@@ -576,269 +578,14 @@ class Profile:
                     "no training steps were seen: no optimizer step ran inside the block "
                     "(call prof.step() at the end of each step for custom loops)"
                 )
-            self._guard("the what-if pause could not be taken out of the run's times", self._close_pause)
-            self._guard("the advised changes could not be measured", lambda: self._measure_changes(self.run, end=True))
-            self._measured = True
-            capture = self._capture()
-            if capture is not None:
-                capture.drop()  # the script's model and loader, let go
+            whatif = self._whatif
+            if whatif is not None:
+                self._guard("the what-if pause could not be taken out of the run's times", whatif.close_pause)
+                self._guard("the advised changes could not be measured", whatif.at_end)
         finally:
             with _active_lock:
                 _active = None
         self._finish()
-
-    def _replay_mid_run(self, hooks: Any) -> None:
-        """The what-if replays between two steps, once the step is held (NOTE [ What-if
-        replays ] in whatif.py): the hooks inert meanwhile, and the pause taken out of the
-        run's times at the end (``_close_pause``)."""
-        t0, cpu0 = time.perf_counter(), time.thread_time()
-        try:
-            with hooks.suspended():
-                hooks.check_items()  # the plan's cache and offline copies need it
-                run = self._run_so_far()
-                run.environment = dataclasses.replace(run.environment, intra_op_threads=_intra_op_threads())
-                self._measure_changes(run)
-        except Exception as err:  # NOTE [ Never break the run ]
-            self.run.whatif_skipped = f"the replays failed ({type(err).__name__}: {_first_line(err)})"
-        finally:
-            t1 = time.perf_counter()
-            self._pause = (t0 - self._t0, t1 - self._t0)
-            if self._timeline is not None:  # a loop timed between steps: the pause is no wait of its
-                self._timeline.profiler_pause(t0, t1, time.thread_time() - cpu0)
-
-    def _capture(self) -> Any:
-        """The torch hooks' held step (frameworks/torch/stepcapture.py), or None."""
-        hooks = self._watch.hooks.get("torch") if self._watch is not None else None
-        return getattr(hooks, "capture", None)
-
-    def _measure_changes(self, run: Run, end: bool = False) -> None:
-        """NOTE [ What-if replays ] in whatif.py: ``run`` is the run so far, to plan from;
-        at the ``end``, the frameworks that replay after the run (``_measure_after``) too."""
-        capture = self._capture()
-        if self._measured:
-            return
-        if end and self._topped:
-            self._top_up(capture, run)
-            return
-        if end and (capture is None or not capture.ready) and (self._measure_after(run) or capture is None):
-            self._measured = True
-            if capture is not None:
-                capture.drop()
-            return
-        if capture is None:
-            return
-        done = True  # False: nothing to measure yet; the run's end plans again
-        try:
-            if not capture.ready:
-                from .frameworks.torch.stepcapture import CAPTURE_STEP
-
-                self.run.whatif_skipped = capture.problem or (
-                    "no step was held to replay (the model is looked for after the first "
-                    f"{CAPTURE_STEP} optimizer steps)")
-                return
-            from .advice import recommend
-            from .diagnosis import diagnose
-            from .whatif import (
-                TOP_UP_SHARE,
-                Interrupted,
-                measure,
-                model_only,
-                plan,
-                step_unsafe,
-                unsafe,
-            )
-
-            diagnosis = diagnose(run)
-            changes = plan(recommend(run, diagnosis))
-            if self._job is not None:  # the ranks replay together, once (NOTE [ What-if replays ])
-                self._replay_together(capture, run, diagnosis, changes, end)
-                return
-            if not changes:
-                done = False
-                return
-            ranks = self._job.ctx.world_size if self._job is not None else _world_size()
-            trained = diagnosis.metrics.loader
-            not_read = ""  # why the loader is not read again where the model alone is replayed
-            why = unsafe(capture, ranks, reread=trained is not None and trained.iterations >= 2)
-            if why:
-                if not end and not unsafe(capture, ranks, reread=True):
-                    done = False  # a stream read once so far: by the run's end it may have been read again
-                    self.run.whatif_skipped = why
-                    return
-                alone = [] if step_unsafe(capture, ranks) else model_only(changes, diagnosis.metrics.wait_fraction)
-                self.run.whatif_skipped = why
-                if not alone:
-                    return
-                if not end:  # at the run's end: a loader working ahead (Ray's, tf.data's) would share the cores
-                    done = False
-                    return
-                not_read = why
-                # the loader not read again: the model's own changes, alone on its held batch
-                changes, self._held_wait = alone, diagnosis.metrics.wait_per_step
-            budget = self.settings.what_if
-            if self.settings.print_report:
-                _note(f"measuring {len(changes)} advised change(s) on the job's own step, at most "
-                      f"{budget:.0f} s (--what-if 0 skips it)")
-            if not end:  # a part kept for the changes the advice at the end may add
-                budget *= 1 - TOP_UP_SHARE
-            held = self._held
-            t0 = time.perf_counter()
-            try:
-                self.run.whatif, skipped = measure(
-                    capture, changes, diagnosis.metrics.compute_per_step, budget,
-                    lambda: held is not None and held.pending is not None, self._held_wait)
-                self.run.whatif_skipped = skipped or not_read
-            except Interrupted:
-                self.run.whatif_skipped = "stopped by a signal before the changes were measured"
-            except Exception as err:  # the user's dataset or model failed outside the run
-                self.run.whatif_skipped = f"the replays failed ({type(err).__name__}: {_first_line(err)})"
-            self.run.whatif_seconds = time.perf_counter() - t0
-            if not end and self.run.whatif:
-                done, self._topped = False, True  # held: the advice at the end may name more
-        finally:
-            if done:
-                self._measured = True
-                capture.drop()
-
-    def _replay_together(self, capture: Any, run: Run, diagnosis: Any, changes: list[Any], end: bool) -> None:
-        """A job's replays (NOTE [ What-if replays ] in whatif.py): every rank at the same step,
-        the union of their plans, the job's all-reduce stood in for; at the run's end, none
-        (the ranks no longer step together)."""
-        from .jobs.replays import Plan, agree, join
-        from .whatif import Interrupted, loader_unsafe, measure, step_unsafe
-
-        job = self._job
-        if end:
-            if changes and not self.run.whatif_skipped:
-                self.run.whatif_skipped = ("a job's ranks replay their step together between two steps; "
-                                           "the run ended before")
-            return
-        trained = diagnosis.metrics.loader
-        why = step_unsafe(capture, job.ctx.world_size, together=True) or loader_unsafe(
-            capture, reread=trained is not None and trained.iterations >= 2)
-        waited = job.collective_per_step(run, diagnosis.metrics.warmup_steps)  # (mean, median)
-        t0 = time.perf_counter()
-        agreed = agree(job.exchange, Plan(changes, why, waited[1] if waited else None,
-                                          diagnosis.metrics.step_time_mean))
-        if agreed.why or not agreed.changes:
-            self.run.whatif_skipped = agreed.why
-            self.run.whatif_seconds = time.perf_counter() - t0
-            return
-        budget = self.settings.what_if  # no top-up at the end: the whole budget now
-        if self.settings.print_report and job.ctx.rank == 0:
-            _note(f"measuring {len(agreed.changes)} advised change(s) on every rank's own step together, at most "
-                  f"{budget:.0f} s (--what-if 0 skips it)")
-        # this rank's wait for the others is not the job's: the all-reduce alone stands in
-        own = diagnosis.metrics.compute_per_step - (waited[0] if waited else 0.0) + agreed.collective
-        try:
-            self.run.whatif, self.run.whatif_skipped = measure(capture, agreed.changes, own, budget, lambda: False,
-                                                               slice_s=agreed.slice_s, collective=agreed.collective)
-        except Interrupted:
-            self.run.whatif_skipped = "stopped by a signal before the changes were measured"
-        except Exception as err:  # the user's dataset or model failed outside the run
-            self.run.whatif_skipped = f"the replays failed ({type(err).__name__}: {_first_line(err)})"
-        late = join(job.exchange, max(5.0, budget / 2))
-        if late:
-            self.run.limitations.append(f"what-if: this rank went on while {late}: it waited in the next "
-                                        "collective instead")
-        self.run.whatif_seconds = time.perf_counter() - t0
-
-    def _top_up(self, capture: Any, run: Run) -> None:
-        """At the run's end, the advised changes the replays between two steps did not measure
-        (the verdict moved since: a compute-bound end advises mixed precision, say), in the
-        budget they left; the capture let go after."""
-        from .advice import recommend
-        from .diagnosis import diagnose
-        from .whatif import MIN_TOP_UP_S, measure, model_only, plan
-
-        self._measured = True
-        try:
-            left = self.settings.what_if - self.run.whatif_seconds
-            done = {w.change for w in self.run.whatif}
-            diagnosis = diagnose(run)
-            changes = [c for c in plan(recommend(run, diagnosis)) if c.describe() not in done]
-            if self._held_wait is not None:  # as the replays between two steps: the model alone
-                changes = model_only(changes, diagnosis.metrics.wait_fraction)
-            if not changes or left < MIN_TOP_UP_S:
-                return
-            held = self._held
-            t0 = time.perf_counter()
-            try:
-                found, _ = measure(capture, changes, diagnosis.metrics.compute_per_step, left,
-                                   lambda: held is not None and held.pending is not None, self._held_wait)
-                # each against its own replay of the run's settings; the model alone measured once
-                self.run.whatif.extend(w for w in found if w.change not in done)
-            except Exception:  # the script's data gone with its end: the earlier figures stand
-                pass
-            self.run.whatif_seconds += time.perf_counter() - t0
-        finally:
-            capture.drop()
-
-    def _measure_after(self, run: Run) -> bool:
-        """The replays of the frameworks whose adapters measure their changes after the run
-        (NOTE [ What-if replays under Keras fit ] in frameworks/tensorflow/whatif.py);
-        False where none measured anything or said why not."""
-        from .frameworks import by_name
-
-        budget = self.settings.what_if
-        hooked = dict(self._watch.hooks) if self._watch is not None else {}
-        replays: list[tuple[Any, Callable[..., tuple[list[WhatIf], str]]]] = []
-        for name, hooks in hooked.items():
-            adapter = by_name(name)
-            if adapter is not None and adapter.whatif:
-                replays.append((hooks, adapter.part("whatif")))
-        if not budget or not replays or run.whatif:
-            return False
-        from .advice import recommend
-        from .diagnosis import diagnose
-        from .whatif import Interrupted
-
-        recs = recommend(run, diagnose(run))
-        held = self._held
-        t0 = time.perf_counter()
-        for hooks, replay in replays:
-            try:
-                found, why = replay(hooks, run, recs, budget, lambda: held is not None and held.pending is not None)
-            except Interrupted:
-                found, why = [], "stopped by a signal before the changes were measured"
-            except Exception as err:  # the user's pipeline or model failed outside the run
-                found, why = [], f"the replays failed ({type(err).__name__}: {_first_line(err)})"
-            self.run.whatif.extend(found)
-            if why and not self.run.whatif_skipped:
-                self.run.whatif_skipped = why
-            if found or why:
-                break
-        self.run.whatif_seconds = time.perf_counter() - t0
-        return bool(self.run.whatif or self.run.whatif_skipped)
-
-    def _close_pause(self) -> None:
-        """The replays' pause taken out of the run's times, as if the next step had begun
-        after it: later steps, samples and evaluations moved back by its length, samples
-        inside it dropped (they read the replays, not the run)."""
-        if self._pause is None:
-            return
-        a, b = self._pause
-        d = b - a
-        b_read = b + 2 * self.settings.interval  # a reading just after still covers part of the pause
-        run = self.run
-        for step in run.steps:
-            if step.end >= b:
-                step.end -= d
-                if step.start >= b:
-                    step.start -= d
-        for ev in run.evaluations:
-            if ev.start >= b:
-                ev.start -= d
-                ev.end -= d
-        if self._job is not None:  # the collectives' waits are timed on the same clock
-            self._job.take_out(a, b)
-        run.host_samples = [h for h in run.host_samples if not a <= h.t <= b_read]
-        run.gpu_samples = [g for g in run.gpu_samples if not a <= g.t <= b_read]
-        for h in run.host_samples:
-            h.t -= d if h.t > b else 0.0
-        for g in run.gpu_samples:
-            g.t -= d if g.t > b else 0.0
-        run.duration -= d
 
     def _stop_sampler(self) -> None:
         assert self._sampler is not None
@@ -858,7 +605,7 @@ class Profile:
             self._fault("report")
             self._report = build_report(self.run, self.settings.gpu_hour_price)
         except Exception as err:  # NOTE [ Never break the run ]
-            self._report = failed_report(self.run, f"{type(err).__name__}: {_first_line(err)}")
+            self._report = failed_report(self.run, f"{type(err).__name__}: {first_line(err)}")
         if self._job is None:
             self._report = self._guard("the workers' report could not be read", self._workers_report) or self._report
         paths, print_report, outputs = dict(self.settings.outputs), self.settings.print_report, True
@@ -872,7 +619,7 @@ class Profile:
                                                                          build_job_report)
             except Exception as err:  # NOTE [ Never break the run ]: this rank reports alone
                 self._report = rank_report
-                _warn(f"the job's report could not be merged ({type(err).__name__}: {_first_line(err)})")
+                _warn(f"the job's report could not be merged ({type(err).__name__}: {first_line(err)})")
             # the trace and the HTML page show the job's ranks; from rank 0 only (one file)
             outputs = self._job.ctx.rank == 0
         # NOTE [ A failed output ] in outputs.py; the trace and page of a job from rank 0 only
@@ -880,7 +627,7 @@ class Profile:
             self._report, json=json_path, **(paths if outputs else {}))])
         for line in failed:
             self.run.limitations.append(f"not written: {line}")
-            _note(f"{self.failed_output_level}: {line}")
+            note(f"{self.failed_output_level}: {line}")
         self.failed_outputs = failed
         if print_report:
             try:
@@ -888,7 +635,7 @@ class Profile:
                 if self.output is not None or not show_inline(self._report):  # a notebook shows HTML
                     render_console(self._report, file=self.output or sys.stderr)
             except Exception as err:
-                _warn(f"the terminal report could not be printed ({type(err).__name__}: {_first_line(err)})")
+                _warn(f"the terminal report could not be printed ({type(err).__name__}: {first_line(err)})")
         self._log_trackers()
         if self._job is not None:
             self._job.release_sigterm()  # held since stop(): jobs/__init__.py
@@ -912,7 +659,7 @@ class Profile:
         except ValueError:
             rank = 0
         if self._trackers is not None:
-            self._trackers.log(self._report, rank=rank, note=_note, warn=_warn, own=self._rank_report)
+            self._trackers.log(self._report, rank=rank, note=note, warn=_warn, own=self._rank_report)
 
     def _seamed(self, out: Output) -> Output:
         """An output whose rendering passes the test seam named after it ("html", ...)."""
@@ -937,28 +684,11 @@ class Profile:
         return list(self._timeline.steps) if self._timeline else []
 
 
-def _world_size() -> int:
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1") or 1)
-    except ValueError:
-        return 1
 
-
-def _first_line(err: BaseException) -> str:
-    text = str(err)
-    return text.splitlines()[0][:300] if text else ""
-
-
-def _note(line: str) -> None:
-    """One line on stderr, which may itself be gone (a closed pipe): never raises."""
-    try:
-        print(f"loadprof: {line}", file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
 
 
 def _warn(line: str) -> None:
-    _note(f"warning: {line}")
+    note(f"warning: {line}")
 
 
 def _exit_status(exc: BaseException | None) -> str:
@@ -996,12 +726,3 @@ def _environment() -> Environment:
         shm_free=shm[0] if shm else None,
         shm_total=shm[1] if shm else None,
     )
-
-
-def _intra_op_threads() -> int | None:
-    torch = sys.modules.get("torch")
-    get = getattr(torch, "get_num_threads", None)
-    try:
-        return int(get()) if get is not None else None
-    except (RuntimeError, TypeError, ValueError):
-        return None

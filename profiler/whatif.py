@@ -17,7 +17,7 @@ When: between two steps once ``replay_step`` steps ran (the script's data and ob
 still exist: a script that reads from a temporary folder removes it when it ends), at the
 end of the first epoch of a loader shorter than that (``replay_at``), or at the run's end
 where it was shorter still. The session takes that pause out of the run's times
-(``Profile._close_pause``), so the verdict and evidence are the run's own.
+(``WhatIfRun.close_pause`` in whatifrun.py), so the verdict and evidence are the run's own.
 
 Nothing of the run changes: the replayed model runs on copies of the parameters and
 buffers (``torch.func.functional_call``); the optimizer is a new one over the copies;

@@ -80,6 +80,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from ..lines import first_line
 from .storecalls import BoundedStore, Deadlines, StoreStalled
 
 PINGS = 4
@@ -513,13 +514,8 @@ def _json_or_empty(store: Any, key: str) -> dict[str, Any]:
 def _store_failed(exc: BaseException) -> str:
     if isinstance(exc, StoreStalled):
         return str(exc)
-    return f"the job's store could not be used ({type(exc).__name__}: {_first_line(exc)})"
+    return f"the job's store could not be used ({type(exc).__name__}: {first_line(exc, 200)})"
 
 
 def _text(value: bytes) -> str:
     return value.decode("utf-8", "replace")[:300]
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err)
-    return text.splitlines()[0][:200] if text else ""

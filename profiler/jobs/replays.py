@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..fixes.spec import Changes
+from ..lines import first_line
 from ..whatif import MAX_CHANGES, MAX_STEPS, WARMUP_STEPS
 from .exchange import _errors
 
@@ -117,7 +118,7 @@ def agree(exchange: Any, mine: Plan, wait_s: float = AGREE_S) -> Agreed:
                 time.sleep(exchange.timeouts.poll)
     except _errors() as exc:
         return Agreed(why=f"the ranks could not agree on a replay (the job's store: {type(exc).__name__}: "
-                          f"{_first_line(exc)})")
+                          f"{first_line(exc, 200)})")
     return decide(plans)
 
 
@@ -137,14 +138,9 @@ def join(exchange: Any, wait_s: float) -> str:
             if pending:
                 time.sleep(exchange.timeouts.poll)
     except _errors() as exc:
-        return f"the job's store: {type(exc).__name__}: {_first_line(exc)}"
+        return f"the job's store: {type(exc).__name__}: {first_line(exc, 200)}"
     return "" if not pending else "rank " + ", ".join(str(r) for r in sorted(pending)[:8]) + " still replaying"
 
 
 def _text(value: bytes) -> str:
     return value.decode("utf-8", "replace")[:300]
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err)
-    return text.splitlines()[0][:200] if text else ""

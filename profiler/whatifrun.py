@@ -1,0 +1,326 @@
+"""When a run's what-if replays run, and their place in it (NOTE [ What-if replays ] in
+whatif.py): between two steps once the step is held, every rank of a job together, the
+changes the advice at the end adds topped up then, the frameworks that replay after the
+run (tf.data's) at its end; and the pause they made taken out of the run's times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .lines import first_line, note
+from .records import Run, WhatIf
+from .settings import Settings
+from .timeline import Timeline
+
+
+@dataclass
+class ReplayPlace:
+    """What the replays need of the profiled run, given once it started."""
+
+    settings: Settings
+    run: Run
+    t0: float  # the run's start (perf_counter)
+    timeline: Timeline | None
+    job: Any  # a torchrun job's part (jobs/__init__.py), or None
+    hooks: Callable[[], dict[str, Any]]  # the framework hooks installed so far, by name
+    run_so_far: Callable[[], Run]
+    interrupted: Callable[[], bool]  # a signal came (it is held until the report is written)
+
+
+class WhatIfRun:
+    """The replays of one run: run once, between two steps or at the end."""
+
+    def __init__(self, place: ReplayPlace) -> None:
+        self.place = place
+        self.measured = False  # the what-if replays ran (or were found impossible)
+        self.topped = False  # they ran between two steps, the capture held for the end
+        #: the replays run the model alone on its held batch, this measured wait a step added
+        #: (its loader cannot be read again: whatif.model_only); None: beside its loader
+        self.held_wait: float | None = None
+        self.pause: tuple[float, float] | None = None  # when they ran mid-run: seconds since the start
+
+    def at_end(self) -> None:
+        """At the run's end: the replays not yet run, then the captured step let go."""
+        try:
+            self.measure(self.place.run, end=True)
+        finally:
+            self.measured = True
+            capture = self.capture()
+            if capture is not None:
+                capture.drop()  # the script's model and loader, let go
+
+    def mid_run(self, hooks: Any) -> None:
+        """The what-if replays between two steps, once the step is held (NOTE [ What-if
+        replays ] in whatif.py): the hooks inert meanwhile, and the pause taken out of the
+        run's times at the end (``close_pause``)."""
+        t0, cpu0 = time.perf_counter(), time.thread_time()
+        try:
+            with hooks.suspended():
+                hooks.check_items()  # the plan's cache and offline copies need it
+                run = self.place.run_so_far()
+                run.environment = dataclasses.replace(run.environment, intra_op_threads=intra_op_threads())
+                self.measure(run)
+        except Exception as err:  # NOTE [ Never break the run ]
+            self.place.run.whatif_skipped = f"the replays failed ({type(err).__name__}: {first_line(err)})"
+        finally:
+            t1 = time.perf_counter()
+            self.pause = (t0 - self.place.t0, t1 - self.place.t0)
+            if self.place.timeline is not None:  # a loop timed between steps: the pause is no wait of its
+                self.place.timeline.profiler_pause(t0, t1, time.thread_time() - cpu0)
+
+    def capture(self) -> Any:
+        """The torch hooks' held step (frameworks/torch/stepcapture.py), or None."""
+        hooks = self.place.hooks().get("torch")
+        return getattr(hooks, "capture", None)
+
+    def measure(self, run: Run, end: bool = False) -> None:
+        """NOTE [ What-if replays ] in whatif.py: ``run`` is the run so far, to plan from;
+        at the ``end``, the frameworks that replay after the run (``_measure_after``) too."""
+        capture = self.capture()
+        if self.measured:
+            return
+        if end and self.topped:
+            self._top_up(capture, run)
+            return
+        if end and (capture is None or not capture.ready) and (self._measure_after(run) or capture is None):
+            self.measured = True
+            if capture is not None:
+                capture.drop()
+            return
+        if capture is None:
+            return
+        done = True  # False: nothing to measure yet; the run's end plans again
+        try:
+            if not capture.ready:
+                from .frameworks.torch.stepcapture import CAPTURE_STEP
+
+                self.place.run.whatif_skipped = capture.problem or (
+                    "no step was held to replay (the model is looked for after the first "
+                    f"{CAPTURE_STEP} optimizer steps)")
+                return
+            from .advice import recommend
+            from .diagnosis import diagnose
+            from .whatif import (
+                TOP_UP_SHARE,
+                Interrupted,
+                measure,
+                model_only,
+                plan,
+                step_unsafe,
+                unsafe,
+            )
+
+            diagnosis = diagnose(run)
+            changes = plan(recommend(run, diagnosis))
+            if self.place.job is not None:  # the ranks replay together, once (NOTE [ What-if replays ])
+                self._replay_together(capture, run, diagnosis, changes, end)
+                return
+            if not changes:
+                done = False
+                return
+            ranks = self.place.job.ctx.world_size if self.place.job is not None else world_size()
+            trained = diagnosis.metrics.loader
+            not_read = ""  # why the loader is not read again where the model alone is replayed
+            why = unsafe(capture, ranks, reread=trained is not None and trained.iterations >= 2)
+            if why:
+                if not end and not unsafe(capture, ranks, reread=True):
+                    done = False  # a stream read once so far: by the run's end it may have been read again
+                    self.place.run.whatif_skipped = why
+                    return
+                alone = [] if step_unsafe(capture, ranks) else model_only(changes, diagnosis.metrics.wait_fraction)
+                self.place.run.whatif_skipped = why
+                if not alone:
+                    return
+                if not end:  # at the run's end: a loader working ahead (Ray's, tf.data's) would share the cores
+                    done = False
+                    return
+                not_read = why
+                # the loader not read again: the model's own changes, alone on its held batch
+                changes, self.held_wait = alone, diagnosis.metrics.wait_per_step
+            budget = self.place.settings.what_if
+            if self.place.settings.print_report:
+                note(f"measuring {len(changes)} advised change(s) on the job's own step, at most "
+                      f"{budget:.0f} s (--what-if 0 skips it)")
+            if not end:  # a part kept for the changes the advice at the end may add
+                budget *= 1 - TOP_UP_SHARE
+            t0 = time.perf_counter()
+            try:
+                self.place.run.whatif, skipped = measure(
+                    capture, changes, diagnosis.metrics.compute_per_step, budget,
+                    self.place.interrupted, self.held_wait)
+                self.place.run.whatif_skipped = skipped or not_read
+            except Interrupted:
+                self.place.run.whatif_skipped = "stopped by a signal before the changes were measured"
+            except Exception as err:  # the user's dataset or model failed outside the run
+                self.place.run.whatif_skipped = f"the replays failed ({type(err).__name__}: {first_line(err)})"
+            self.place.run.whatif_seconds = time.perf_counter() - t0
+            if not end and self.place.run.whatif:
+                done, self.topped = False, True  # held: the advice at the end may name more
+        finally:
+            if done:
+                self.measured = True
+                capture.drop()
+
+    def _replay_together(self, capture: Any, run: Run, diagnosis: Any, changes: list[Any], end: bool) -> None:
+        """A job's replays (NOTE [ What-if replays ] in whatif.py): every rank at the same step,
+        the union of their plans, the job's all-reduce stood in for; at the run's end, none
+        (the ranks no longer step together)."""
+        from .jobs.replays import Plan, agree, join
+        from .whatif import Interrupted, loader_unsafe, measure, step_unsafe
+
+        job = self.place.job
+        if end:
+            if changes and not self.place.run.whatif_skipped:
+                self.place.run.whatif_skipped = ("a job's ranks replay their step together between two steps; "
+                                           "the run ended before")
+            return
+        trained = diagnosis.metrics.loader
+        why = step_unsafe(capture, job.ctx.world_size, together=True) or loader_unsafe(
+            capture, reread=trained is not None and trained.iterations >= 2)
+        waited = job.collective_per_step(run, diagnosis.metrics.warmup_steps)  # (mean, median)
+        t0 = time.perf_counter()
+        agreed = agree(job.exchange, Plan(changes, why, waited[1] if waited else None,
+                                          diagnosis.metrics.step_time_mean))
+        if agreed.why or not agreed.changes:
+            self.place.run.whatif_skipped = agreed.why
+            self.place.run.whatif_seconds = time.perf_counter() - t0
+            return
+        budget = self.place.settings.what_if  # no top-up at the end: the whole budget now
+        if self.place.settings.print_report and job.ctx.rank == 0:
+            note(f"measuring {len(agreed.changes)} advised change(s) on every rank's own step together, at most "
+                  f"{budget:.0f} s (--what-if 0 skips it)")
+        # this rank's wait for the others is not the job's: the all-reduce alone stands in
+        own = diagnosis.metrics.compute_per_step - (waited[0] if waited else 0.0) + agreed.collective
+        try:
+            self.place.run.whatif, self.place.run.whatif_skipped = measure(capture, agreed.changes, own, budget, lambda: False,
+                                                               slice_s=agreed.slice_s, collective=agreed.collective)
+        except Interrupted:
+            self.place.run.whatif_skipped = "stopped by a signal before the changes were measured"
+        except Exception as err:  # the user's dataset or model failed outside the run
+            self.place.run.whatif_skipped = f"the replays failed ({type(err).__name__}: {first_line(err)})"
+        late = join(job.exchange, max(5.0, budget / 2))
+        if late:
+            self.place.run.limitations.append(f"what-if: this rank went on while {late}: it waited in the next "
+                                        "collective instead")
+        self.place.run.whatif_seconds = time.perf_counter() - t0
+
+    def _top_up(self, capture: Any, run: Run) -> None:
+        """At the run's end, the advised changes the replays between two steps did not measure
+        (the verdict moved since: a compute-bound end advises mixed precision, say), in the
+        budget they left; the capture let go after."""
+        from .advice import recommend
+        from .diagnosis import diagnose
+        from .whatif import MIN_TOP_UP_S, measure, model_only, plan
+
+        self.measured = True
+        try:
+            left = self.place.settings.what_if - self.place.run.whatif_seconds
+            done = {w.change for w in self.place.run.whatif}
+            diagnosis = diagnose(run)
+            changes = [c for c in plan(recommend(run, diagnosis)) if c.describe() not in done]
+            if self.held_wait is not None:  # as the replays between two steps: the model alone
+                changes = model_only(changes, diagnosis.metrics.wait_fraction)
+            if not changes or left < MIN_TOP_UP_S:
+                return
+            t0 = time.perf_counter()
+            try:
+                found, _ = measure(capture, changes, diagnosis.metrics.compute_per_step, left,
+                                   self.place.interrupted, self.held_wait)
+                # each against its own replay of the run's settings; the model alone measured once
+                self.place.run.whatif.extend(w for w in found if w.change not in done)
+            except Exception:  # the script's data gone with its end: the earlier figures stand
+                pass
+            self.place.run.whatif_seconds += time.perf_counter() - t0
+        finally:
+            capture.drop()
+
+    def _measure_after(self, run: Run) -> bool:
+        """The replays of the frameworks whose adapters measure their changes after the run
+        (NOTE [ What-if replays under Keras fit ] in frameworks/tensorflow/whatif.py);
+        False where none measured anything or said why not."""
+        from .frameworks import by_name
+
+        budget = self.place.settings.what_if
+        hooked = dict(self.place.hooks())
+        replays: list[tuple[Any, Callable[..., tuple[list[WhatIf], str]]]] = []
+        for name, hooks in hooked.items():
+            adapter = by_name(name)
+            if adapter is not None and adapter.whatif:
+                replays.append((hooks, adapter.part("whatif")))
+        if not budget or not replays or run.whatif:
+            return False
+        from .advice import recommend
+        from .diagnosis import diagnose
+        from .whatif import Interrupted
+
+        recs = recommend(run, diagnose(run))
+        t0 = time.perf_counter()
+        for hooks, replay in replays:
+            try:
+                found, why = replay(hooks, run, recs, budget, self.place.interrupted)
+            except Interrupted:
+                found, why = [], "stopped by a signal before the changes were measured"
+            except Exception as err:  # the user's pipeline or model failed outside the run
+                found, why = [], f"the replays failed ({type(err).__name__}: {first_line(err)})"
+            self.place.run.whatif.extend(found)
+            if why and not self.place.run.whatif_skipped:
+                self.place.run.whatif_skipped = why
+            if found or why:
+                break
+        self.place.run.whatif_seconds = time.perf_counter() - t0
+        return bool(self.place.run.whatif or self.place.run.whatif_skipped)
+
+    def close_pause(self) -> None:
+        """The replays' pause taken out of the run's times, as if the next step had begun
+        after it: later steps, samples and evaluations moved back by its length, samples
+        inside it dropped (they read the replays, not the run)."""
+        if self.pause is None:
+            return
+        a, b = self.pause
+        d = b - a
+        b_read = b + 2 * self.place.settings.interval  # a reading just after still covers part of the pause
+        run = self.place.run
+        for step in run.steps:
+            if step.end >= b:
+                step.end -= d
+                if step.start >= b:
+                    step.start -= d
+        for ev in run.evaluations:
+            if ev.start >= b:
+                ev.start -= d
+                ev.end -= d
+        if self.place.job is not None:  # the collectives' waits are timed on the same clock
+            self.place.job.take_out(a, b)
+        run.host_samples = [h for h in run.host_samples if not a <= h.t <= b_read]
+        run.gpu_samples = [g for g in run.gpu_samples if not a <= g.t <= b_read]
+        for h in run.host_samples:
+            h.t -= d if h.t > b else 0.0
+        for g in run.gpu_samples:
+            g.t -= d if g.t > b else 0.0
+        run.duration -= d
+
+
+
+def world_size() -> int:
+    """The job's ranks by torchrun's environment (1 outside one)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1") or 1)
+    except ValueError:
+        return 1
+
+
+def intra_op_threads() -> int | None:
+    """PyTorch's intra-op threads now, where the script imported it."""
+    torch = sys.modules.get("torch")
+    get = getattr(torch, "get_num_threads", None)
+    try:
+        return int(get()) if get is not None else None
+    except (RuntimeError, TypeError, ValueError):
+        return None
