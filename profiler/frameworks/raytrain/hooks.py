@@ -27,6 +27,7 @@ from ...patch import Patches
 from ...records import Run
 from ...settings import Settings
 from ...timeline import Timeline
+from .handover import new_key, take_files
 from .worker import REPORT, ProfiledLoop
 
 #: the trainer's attribute its ``fit()`` reads the loop from (Ray Train v2)
@@ -82,27 +83,27 @@ class RayTrainHooks:
 
         @functools.wraps(original)
         def fit(trainer: Any, *args: Any, **kwargs: Any) -> Any:
-            folder = hooks._handover(trainer)
+            key = hooks._handover(trainer)
             loop: Any = getattr(trainer, LOOP, None)
-            if folder is not None:
+            if key is not None:
                 try:
-                    setattr(trainer, LOOP, ProfiledLoop(loop, hooks._worker_settings(), folder, hooks.run.command))
+                    setattr(trainer, LOOP, ProfiledLoop(loop, hooks._worker_settings(), key, hooks.run.command))
                 except Exception as exc:  # NOTE [ Never break the run ] in session.py: fit() goes on unprofiled
                     hooks.limit(f"the workers are not profiled ({type(exc).__name__}: {exc})")
-                    shutil.rmtree(folder, ignore_errors=True)
-                    folder = None
-            if folder is None:
+                    key = None
+            if key is None:
                 return original(trainer, *args, **kwargs)
             try:
                 return original(trainer, *args, **kwargs)
             finally:
                 setattr(trainer, LOOP, loop)
-                hooks._read(folder)
+                hooks._read(key)
 
         return fit
 
     def _handover(self, trainer: Any) -> str | None:
-        """The folder this ``fit()``'s rank 0 writes to, or None where its loop is left alone."""
+        """This ``fit()``'s key in Ray's store for its workers' report (handover.py), or None
+        where its loop is left alone."""
         if ThisProcess.pid != self.pid or not self.installed or self.settings is None:
             return None
         loop = getattr(trainer, LOOP, None)
@@ -114,11 +115,7 @@ class RayTrainHooks:
             self.limit(f"{type(trainer).__name__}'s workers are not profiled: only a torch process group's are "
                        f"(its backend: {type(backend).__name__})")
             return None
-        try:
-            return tempfile.mkdtemp(prefix="loadprof-raytrain-")
-        except OSError as exc:
-            self.limit(f"the workers are not profiled: no folder for their report ({exc})")
-            return None
+        return new_key()
 
     def _worker_settings(self) -> Settings:
         """The session's settings, less what only the driver does (print, files, live view, trackers)."""
@@ -126,15 +123,20 @@ class RayTrainHooks:
         return dataclasses.replace(self.settings, outputs={}, print_report=False, live=False, log_to=(),
                                    apply=False)
 
-    def _read(self, folder: str) -> None:
-        """The workers' report, read back and the folder removed; what fails is a limitation."""
+    def _read(self, key: str) -> None:
+        """The workers' report, taken from Ray's store into a folder of ours, read back and the
+        folder removed; what fails is a limitation."""
+        report = None
+        folder = None
         try:
-            report = self._load(Path(folder))
+            folder = Path(tempfile.mkdtemp(prefix="loadprof-raytrain-"))
+            take_files(key, folder)
+            report = self._load(folder)
         except Exception as exc:  # a file half written by a worker killed meanwhile, say
             self.limit(f"the workers' report could not be read ({type(exc).__name__}: {exc})")
-            report = None
         finally:
-            shutil.rmtree(folder, ignore_errors=True)
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
         if report is not None:
             self._reports.append(report)
 
@@ -147,9 +149,8 @@ class RayTrainHooks:
             return load_report(whole, price)
         ranks = sorted(folder.glob(f"{Path(REPORT).stem}.rank*.json"))
         if not ranks:
-            self.limit("the workers wrote no report (a rank 0 on another node than the driver writes it "
-                       "there; a worker that could not be profiled says why on stderr): this report is "
-                       "the driver's own")
+            self.limit("the workers handed over no report (a worker that could not be profiled or hand it "
+                       "over says why on stderr): this report is the driver's own")
             return None
         from ...jobs.merge import merge_ranks, read_rank_file
         from ...report.job import build_job_report

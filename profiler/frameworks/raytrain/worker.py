@@ -12,12 +12,12 @@ group's ``env://`` rendezvous, ray/train/torch/config.py), so each worker's Prof
 of a job as under torchrun: the reports meet on rank 0 through the store that rank 0's
 process hosts for the process group (NOTE [ Merging a job's reports ] in jobs/exchange.py,
 without an agent store), while the loop, inside the Profile, still holds it. Rank 0 writes
-the job's report to the file the driver named (``REPORT`` in a folder made for this
-``fit()``); a rank the exchange missed writes its own beside it (``report.rankR.json``). When
-``fit()`` returns, the driver reads them (merging rank files itself where rank 0 wrote
-none), and ``loadprof diagnose`` writes and prints the job's report instead of the driver's.
-The folder is on the driver's host: a rank 0 on another node writes where the driver
-cannot read (docs/limits.md).
+the job's report (``REPORT``) in a folder of its own host; a rank the exchange missed writes
+its own beside it (``report.rankR.json``). Each worker then hands its files to the driver
+through Ray's key-value store, under this ``fit()``'s key (handover.py), so a rank 0 on
+another node than the driver's is read alike. When ``fit()`` returns, the driver takes them
+(merging rank files itself where rank 0 wrote none), and ``loadprof diagnose`` writes and
+prints the job's report instead of the driver's.
 
 The loop's return value and exceptions are its own; a Profile that cannot be made is one
 warning on the worker's stderr (Ray forwards it to the driver's) and the loop runs
@@ -28,36 +28,57 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ...settings import Settings
+from .handover import put_files
 
-#: the file rank 0 writes in the driver's folder (rank R's own: ``report.rankR.json``)
+#: the file rank 0 writes (rank R's own: ``report.rankR.json``)
 REPORT = "report.json"
 
 
 class ProfiledLoop:
     """``train_loop_per_worker`` profiled in the worker that runs it."""
 
-    def __init__(self, loop: Callable[..., Any], settings: Settings, folder: str, command: list[str]) -> None:
+    def __init__(self, loop: Callable[..., Any], settings: Settings, key: str, command: list[str]) -> None:
         # Ray counts the loop's parameters (0 or the config) through ``__wrapped__``
         functools.update_wrapper(self, loop)
         self.loop = loop
         self.settings = settings
-        self.folder = folder
+        self.key = key  # this fit()'s key in Ray's store (handover.py)
         self.command = list(command)
 
     def __call__(self, *args: Any) -> Any:
-        prof = self._profile()
-        if prof is None:
+        try:
+            folder = tempfile.mkdtemp(prefix="loadprof-raytrain-")
+        except OSError as exc:
+            _warn(f"this Ray Train worker is not profiled: no folder for its report ({exc})")
             return self.loop(*args)
-        with prof:
-            return self.loop(*args)
-        return None  # max_steps reached: the Profile swallowed its StopRun
+        try:
+            prof = self._profile(folder)
+            if prof is None:
+                return self.loop(*args)
+            with prof:
+                return self.loop(*args)
+            return None  # max_steps reached: the Profile swallowed its StopRun
+        finally:
+            self._hand_over(Path(folder))
 
-    def _profile(self) -> Any:
+    def _hand_over(self, folder: Path) -> None:
+        """The report files this worker wrote, put in Ray's store for the driver; the folder removed."""
+        try:
+            put_files(self.key, folder)
+        except Exception as exc:  # NOTE [ Never break the run ] in session.py
+            _warn(f"this Ray Train worker's report could not be handed to the driver ({type(exc).__name__}: {exc})")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _profile(self, folder: str) -> Any:
         try:
             from ...jobs.exchange import JobContext
             from ...session import Profile
@@ -66,7 +87,7 @@ class ProfiledLoop:
             alone = JobContext.from_env() is None and _world_size() > 1
             # without MASTER_ADDR (TorchConfig(init_method="tcp")) the ranks cannot meet:
             # rank 0 reports alone, the others write nothing over its file
-            json = None if alone and os.environ.get("RANK", "0") != "0" else os.path.join(self.folder, REPORT)
+            json = None if alone and os.environ.get("RANK", "0") != "0" else os.path.join(folder, REPORT)
             prof = Profile(interval=s.interval, json=json, max_steps=s.max_steps, print_report=False, gpu=s.gpu,
                            host_helper=s.host_helper, gpu_hour_price=s.gpu_hour_price, what_if=s.what_if)
             prof.run.command = list(self.command)  # the driver's, not Ray's worker's
