@@ -277,9 +277,10 @@ class _Named(torch.utils.data.Dataset):
         return {"x": torch.full((4,), float(i)), "name": f"item {i}"}
 
 
-def test_items_hdf5_cannot_hold_get_no_stored_copy_and_leave_nothing_behind() -> None:
+def test_items_hdf5_cannot_hold_get_no_stored_copy_and_leave_nothing_behind(tmp_path, monkeypatch) -> None:
     from loadprof.replayitems import Items
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its own: other tests' replays write theirs
     items = Items(DataLoader(_Named(), batch_size=8))
     try:
         assert items.stored() is None
@@ -287,7 +288,7 @@ def test_items_hdf5_cannot_hold_get_no_stored_copy_and_leave_nothing_behind() ->
         assert len(items.held()) == 64  # the cache's replay still reads them
     finally:
         items.close()
-    assert not [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("loadprof-stored-")]
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("loadprof-stored-")]
 
 
 class _SlowStart(torch.utils.data.Dataset):
