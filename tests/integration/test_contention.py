@@ -126,6 +126,10 @@ def test_a_real_loop_beside_processes_that_hold_every_core_is_reported_contended
     # a share of a core: the more runnable processes beside it, the smaller (8 on 2 cores: 0.19)
     assert "while True: pass" in hog.command and 0.1 <= hog.cores <= 1.05
     warned = dict((w["id"], w["detail"]) for w in data["warnings"])["host-contended"]
-    assert f"pid {hog.pid} " in warned
+    # the warning names the three that held the most (a loaded host's own jobs may outdo the hogs)
+    top = report.run.other_processes[:3]
+    assert all(f"pid {p.pid} " in warned for p in top)
+    assert [p.cores for p in report.run.other_processes] == sorted((p.cores for p in report.run.other_processes),
+                                                                   reverse=True)
     contention = next(r for r in report.recommendations if r.id == "contention")
-    assert f"renice -n 10 -p {hog.pid}" in contention.code
+    assert f"renice -n 10 -p {top[0].pid}" in contention.code
