@@ -202,6 +202,10 @@ class Metrics:
     oom_kills: int | None = None  # the kernel's OOM kills during the run, None where unreadable
     run_delay: float | None = None  # share of time the training thread waited for a CPU
     workers_run_delay: float | None = None  # the same, mean per loader worker
+    #: cores' worth of the training process's other threads queued for a CPU (a loader on its
+    #: own threads: tf.data, a thread mapper), and on one; None where not read
+    threads_run_delay: float | None = None
+    threads_cpu: float | None = None
     judged_seconds: float = 0.0  # from the first judged step's start to the last one's end
     swap_growth: int = 0
     memory_available_min_fraction: float | None = None
@@ -352,6 +356,12 @@ def compute_metrics(run: Run) -> Metrics:
         worker_delays = [(h.children_run_delay / h.n_children, h.window) for h in cpu_host
                          if h.n_children and h.process_run_delay is not None]
         m.workers_run_delay = _time_mean(worker_delays) if worker_delays else None
+        # read once a second: each reading's figures cover the time since the one before that had them
+        threads = [(h.threads_cpu, h.threads_run_delay) for h in cpu_host
+                   if h.threads_cpu is not None and h.threads_run_delay is not None]
+        if threads:
+            m.threads_cpu = sum(c for c, _ in threads) / len(threads)
+            m.threads_run_delay = sum(d for _, d in threads) / len(threads)
     _memory_metrics(run, m)
     if run.host_samples:
         m.swap_growth = max(0, run.host_samples[-1].swap_used - run.host_samples[0].swap_used)
@@ -731,7 +741,17 @@ def _threads_data_cause(m: Metrics, th: Thresholds, ev: list[Evidence], label: s
         if _contended(m, th) and cores + (m.others_cpu_cores or 0.0) >= th.cpu_saturated * m.usable_cores:
             return "host-contended"  # the cores it could grow into while the loop waits are others'
         return "too-few-workers"
-    return _idle_or_contended(m, th, ev, m.run_delay, m.wait_fraction * (1.0 - min(1.0, cores)))
+    # the loader's threads wait for a core, not the main thread (it sleeps in the wait for a batch)
+    delay = m.run_delay
+    if m.threads_run_delay is not None:
+        delay = min(1.0, m.threads_run_delay)
+        ev.append(Evidence(
+            "threads_run_delay", f"The process's other threads ({label}'s) waiting for a CPU", delay,
+            f"{m.threads_run_delay:.2f} cores' worth (on a CPU: {m.threads_cpu or 0.0:.2f})",
+            f">= {_pct(th.contended_run_delay)} of a core and >= a third of the loader's idle time = waiting "
+            "for CPU", "Linux schedstat",
+        ))
+    return _idle_or_contended(m, th, ev, delay, m.wait_fraction * (1.0 - min(1.0, cores)))
 
 
 def diagnose(run: Run, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Diagnosis:

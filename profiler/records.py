@@ -102,6 +102,11 @@ class HostSample:
     process_run_delay: float | None = None
     #: the same summed over loader workers' main threads (in threads: 2.0 = two waiting throughout)
     children_run_delay: float = 0.0
+    #: the training process's other threads (a loader's on its own threads, the model's intra-op
+    #: ones): cores' worth on a CPU and queued for one since the last reading that read them (once
+    #: a second); None in the readings between
+    threads_cpu: float | None = None
+    threads_run_delay: float | None = None
     #: proportional set size (bytes): shared pages split among the processes that map
     #: them, read once a second at most (less often where the read is costly: PSS_BUDGET in
     #: samplers/host.py); None where /proc/PID/smaps_rollup cannot be read

@@ -63,8 +63,7 @@ def freed_step(m: Metrics) -> Freed | str:
     workers = 0 if on_threads or loader is None else loader.num_workers or 0
     waits = m.wait_fraction >= DEFAULT_THRESHOLDS.input_moderate
     if on_threads and waits:
-        return ("no estimate: the loop waits for its loader's threads, and schedstat is read for "
-                "the training thread alone")
+        return _freed_threads(m, step)
     if workers and waits and m.workers_run_delay is None:
         return ("no estimate: the loop waits for its loader workers, and their wait for a core "
                 "was not measured (the sampler saw none of them)")
@@ -82,3 +81,23 @@ def freed_step(m: Metrics) -> Freed | str:
     loop = step - m.wait_per_step - own
     batch_every = step * (1.0 - scale * worker_delay)
     return Freed(step, max(loop, batch_every), capped)
+
+
+def _freed_threads(m: Metrics, step: float) -> Freed | str:
+    """A loop that waits for its loader's threads (the process's own: tf.data, a thread
+    mapper): those threads, runnable ``threads_run_delay`` cores' worth beside
+    ``threads_cpu`` on a CPU, make batches faster by the queued share of their runnable time
+    once it is given back, at most the cores the other processes held."""
+    if m.threads_run_delay is None or m.threads_cpu is None:
+        return ("no estimate: the loop waits for its loader's threads, and their wait for a core was not "
+                "read (Linux schedstat per thread)")
+    queued = m.threads_run_delay
+    free = m.others_cpu_cores or 0.0
+    if m.tree_cpu_cores is not None:
+        free = min(free, max(0.0, m.usable_cores - m.tree_cpu_cores))
+    given = min(queued, free)
+    capped = free if given < queued else None
+    runnable = m.threads_cpu + queued
+    share = given / runnable if runnable > 0 else 0.0
+    loop = step - m.wait_per_step - (m.run_delay or 0.0) * step
+    return Freed(step, max(loop, step * (1.0 - share)), capped)

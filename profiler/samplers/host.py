@@ -54,6 +54,7 @@ from .procfs import (
     statm_rss,
     vmstat_oom_kills,
 )
+from .threads import ThreadQueues
 
 log = logging.getLogger("loadprof.samplers")
 
@@ -143,6 +144,7 @@ class HostSource:
         self._children: list[psutil.Process] = []
         self._child_files: dict[int, tuple[ProcFile, ProcFile, ProcFile]] = {}  # pid -> its stat, statm, schedstat
         self._schedstat_file = ProcFile(self.proc_root / str(self.pid) / "schedstat")
+        self._threads = ThreadQueues(self.proc_root, self.pid)  # its other threads' schedstat
         self._last_delay: dict[tuple[int, float], float] = {}  # (pid, create time) -> run-queue wait, s
         self._last_own_delay: float | None = None
         self._boot_time = 0.0  # seconds since the epoch: a /proc/PID/stat start time is counted from it
@@ -183,6 +185,7 @@ class HostSource:
         self._last_wall = self._last_slow_wall = time.monotonic()
         self._last_all, self._last_percpu = self._cpu_times()
         self._read_tree(self._last_wall, 0.0, relist=True)
+        self._threads.read(self._last_wall)
         self._last_disk_read = self._disk_read()
 
     def close(self) -> None:
@@ -193,6 +196,7 @@ class HostSource:
             file.close()
         for pid in list(self._child_files):
             self._close_child(pid)
+        self._threads.close()
 
     # -- readings ------------------------------------------------------------
     def sample(self, t: float, final: bool = False) -> HostSample:
@@ -217,9 +221,14 @@ class HostSource:
         self._last_all = (busy, total, iowait)
 
         self._n += 1
+        relist = self._n % TREE_EVERY == 0 or self._n == 1
         (s.process_cpu, s.process_rss, s.children_cpu, s.n_children, s.children_rss,
          s.process_run_delay, s.children_run_delay, s.worker_pids, s.worker_cpu) = self._read_tree(
-            now, dt, relist=self._n % TREE_EVERY == 0 or self._n == 1)
+            now, dt, relist=relist)
+        if relist or final:
+            threads = self._threads.read(now)
+            if threads is not None:
+                s.threads_cpu, s.threads_run_delay = round(threads[0], 4), round(threads[1], 4)
 
         if self._n % SLOW_EVERY == SLOW_EVERY // 2 or self._n == 1 or final:
             mem_percent, available, swap, disk_bps = self._slow

@@ -924,3 +924,27 @@ def test_pss_is_read_again_only_within_its_cpu_budget(monkeypatch, budget, rerea
     assert after.process_rss - before.process_rss > 200 * 2**20
     assert (after.process_pss - before.process_pss > 200 * 2**20) is rereads
     del block
+
+
+def test_the_processs_other_threads_are_read_on_a_cpu_and_queued() -> None:
+    """A loader working on the process's own threads (tf.data's) is read from each thread's
+    schedstat, the main thread left out: here one thread spinning while the main one sleeps."""
+    host = HostSource(pid=os.getpid())
+    host.start()
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    spinner = threading.Thread(target=spin, daemon=True)
+    spinner.start()
+    time.sleep(0.6)
+    s = host.sample(1.0, final=True)
+    stop.set()
+    spinner.join()
+    assert s.threads_cpu is not None and s.threads_run_delay is not None, s
+    assert s.threads_cpu > 0.3  # one busy thread reads ~1 core alone; counted, not zero, on a shared box
+    assert s.threads_run_delay >= 0.0
+    between = host.sample(1.1)  # a reading between two of the threads' reads carries none
+    assert between.threads_cpu is None and between.threads_run_delay is None

@@ -74,6 +74,25 @@ def test_tf_sub_cause_comes_from_the_process_cpu_while_the_loop_waited():
     assert any(e.key == "input_cpu_cores" and "3.60 of 4" in e.display for e in saturated.evidence)
 
 
+def test_a_pipeline_whose_threads_queue_for_the_cores_others_hold_is_contended_not_io():
+    # the loop waits; the pipeline's threads got 0.3 of a core: idle-looking, but queued 0.5 cores'
+    # worth while other processes held 3 of the 4 cores (the main thread sleeps in its wait)
+    run = tf_run(wait=0.06, cpu_cores=0.3)
+    for h in run.host_samples:
+        h.cpu_per_core = [100.0] * 4
+        h.process_run_delay = 0.01
+    assert diagnose(run).cause == "io-latency"  # the threads' queueing not read
+    for h in run.host_samples[::10]:
+        h.threads_cpu, h.threads_run_delay = 0.3, 0.5
+    d = diagnose(run)
+    assert d.cause == "host-contended"
+    assert any(e.key == "threads_run_delay" and "0.50 cores" in e.display for e in d.evidence)
+    # the same threads barely queued: a pipeline waiting on storage, whatever the neighbours do
+    for h in run.host_samples[::10]:
+        h.threads_run_delay = 0.01
+    assert diagnose(run).cause == "io-latency"
+
+
 def test_a_tf_run_whose_input_was_not_measured_is_inconclusive():
     d = diagnose(tf_run(wait=0.0, method=""))
     assert d.verdict == "inconclusive" and "could not be measured" in d.summary

@@ -86,9 +86,18 @@ def test_no_figure_when_the_loop_waits_for_workers_whose_queueing_was_not_read()
     assert isinstance(got, str) and "loader workers" in got
 
 
-def test_a_loader_on_the_processs_threads_has_no_figure_while_the_loop_waits_for_it() -> None:
+def test_a_loader_on_the_processs_threads_makes_batches_faster_by_its_threads_queued_share() -> None:
     got = freed_step(metrics(wait=0.06, workers=None, framework="tf.data"))
-    assert isinstance(got, str) and "training thread alone" in got
+    assert isinstance(got, str) and "their wait for a core was not read" in got
+    # the pipeline's threads: 0.6 cores on a CPU, 0.4 queued; the others held 1.0 core
+    m = metrics(wait=0.06, workers=None, framework="tf.data", tree=0.8)
+    m.threads_cpu, m.threads_run_delay = 0.6, 0.4
+    got = freed(m)
+    assert got.new_step == pytest.approx(STEP * 0.6) and got.capped_at is None
+    # no more given back than the cores the others held (the job itself used 1.8 of 2)
+    m.tree_cpu_cores = 1.8
+    got = freed(m)
+    assert got.capped_at == pytest.approx(0.2) and got.new_step == pytest.approx(STEP * (1 - 0.2 / 1.0))
     # the loop does not wait: the training thread's queued time is the whole gain
     assert freed(metrics(wait=0.001, workers=None, framework="tf.data")).new_step == pytest.approx(0.07)
 
