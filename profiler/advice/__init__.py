@@ -197,10 +197,14 @@ def measured(run: Run, recs: list[Recommendation]) -> list[Recommendation]:
             rec.values["whole_job_speedup"] = round(whole[0], 2)
             rec.basis += f"; {whole[1]}"
         out.append(rec)
-    # a job that ended by itself is ranked by what a change buys it whole (a cache's fill counted);
-    # an upper bound after the estimates: what it buys may be far less
-    ended = run.exit_status == "ok"
-    ranked = sorted((r for r in out if r.estimated_speedup is not None),
+    return by_gain(out, ended=run.exit_status == "ok")
+
+
+def by_gain(recs: list[Recommendation], ended: bool = False) -> list[Recommendation]:
+    """``recs`` ordered by what they buy: the estimates first, then the upper bounds (what they
+    buy may be far less), the unestimated last in their order. A job that ended by itself
+    (``ended``) is ranked by what a change buys it whole (a cache's fill counted)."""
+    ranked = sorted((r for r in recs if r.estimated_speedup is not None),
                     key=lambda r: (r.bound, -((r.values.get("whole_job_speedup") if ended else None)
                                               or r.estimated_speedup or 0)))
-    return ranked + [r for r in out if r.estimated_speedup is None]
+    return ranked + [r for r in recs if r.estimated_speedup is None]

@@ -17,7 +17,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ..advice import Recommendation, recommend
+from ..advice import Recommendation, by_gain, recommend
 from ..cost import Cost, RankCost, cost_line, cost_of, job_cost, rank_gpus
 from ..diagnosis import DEFAULT_THRESHOLDS, Evidence
 from ..jobs.diagnosis import JobDiagnosis, OwnVerdict, RankFigures, diagnose_job, passing_run, where
@@ -221,7 +221,10 @@ def build_job_report(job: JobRun, own: dict[int, OwnVerdict] | None = None,
             entry.ranks.append(rank)
             if hosts.get(rank) and hosts[rank] not in entry.hosts:
                 entry.hosts.append(hosts[rank])
-    return JobReport(job, d, list(grouped.values()), gpu_hour_price)
+    # ordered by what each buys, the job's measured figures in place of the ranks' own
+    order = {id(rec): i for i, rec in enumerate(by_gain([e.recommendation for e in grouped.values()]))}
+    entries = sorted(grouped.values(), key=lambda e: order[id(e.recommendation)])
+    return JobReport(job, d, entries, gpu_hour_price)
 
 
 def load_job(data: Any, gpu_hour_price: float | None = None) -> JobReport:

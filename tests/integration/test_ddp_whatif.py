@@ -123,6 +123,12 @@ def test_the_job_report_carries_a_measured_cache_figure_bounded_by_its_slowest_r
     rec = next(r for r in report["recommendations"] if r["id"] == "cache")
     assert rec["estimated_speedup"] == round(figure["speedup"], 2)
     assert "every rank" in rec["basis"] and f"rank {figure['bound_by']}" in rec["basis"]
+    # the job's advice ordered by what each buys it: the estimates first, largest first
+    gains = [r["estimated_speedup"] for r in report["recommendations"] if r["estimated_speedup"] is not None
+             and not r["bound"]]
+    assert gains == sorted(gains, reverse=True)
+    firsts = [r["estimated_speedup"] is not None for r in report["recommendations"]]
+    assert firsts == sorted(firsts, reverse=True)
     # no collective ran in a replay: each rank's own all-reduce stood in for, the same on both
     assert per[0].extra_seconds > 0 and per[1].extra_seconds > 0
 
