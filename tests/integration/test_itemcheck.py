@@ -226,3 +226,58 @@ def test_a_script_whose_loader_is_gone_at_the_end_is_still_checked(tmp_path) -> 
     report = json.loads(out.read_text())
     assert report["loaders"][0]["items_repeat"] is False
     assert "cache" not in [r["id"] for r in report["recommendations"]]
+
+
+class Sharpen:
+    """A user's own deterministic transform: its name tells nothing."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 1.5 - x.mean()
+
+
+class Jitter:
+    """A user's own random transform."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.rand(x.shape)
+
+
+class Compose:
+    def __init__(self, transforms: list) -> None:
+        self.transforms = transforms
+
+    def __call__(self, x):
+        for t in self.transforms:
+            x = t(x)
+        return x
+
+
+class Transformed(Dataset):
+    def __init__(self) -> None:
+        self.transform = Compose([Sharpen(), Jitter()])
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        return self.transform(torch.arange(32.0) + i), i % 4
+
+
+def test_a_users_own_transforms_are_told_deterministic_or_random_and_the_run_left_as_it_was() -> None:
+    from loadprof.frameworks.torch.itemcheck import check
+
+    data = Transformed()
+    torch.manual_seed(0)
+    state = torch.get_rng_state().clone()
+    found = check(data)
+    assert found.items_repeat is False  # the jitter
+    assert found.random == {0: False, 1: True}  # by their place in the Compose
+    assert torch.equal(torch.get_rng_state(), state)  # drawn in the child only
+    assert [type(t) for t in data.transform.transforms] == [Sharpen, Jitter]
+
+
+def test_the_stage_table_says_which_of_a_users_transforms_are_random() -> None:
+    with Profile(output=None, what_if=0) as prof:
+        loops.train(DataLoader(Transformed(), batch_size=4), loops.small_model(), epochs=3)
+    rows = sorted((s.order, s.random) for s in prof.run.loaders[0].stages if s.kind == "transform")
+    assert rows == [(0, False), (1, True)], prof.run.loaders[0].stages

@@ -1,4 +1,5 @@
-"""Whether a map-style dataset gives the same item twice: a cache is safe only then.
+"""Whether a map-style dataset gives the same item twice (a cache is safe only then), and
+which of its Composes' transforms of unknown kind give the same output twice.
 
 NOTE [ Reading items in a forked child ]
 ``tune`` reads a few items twice in its own trial processes (fixes/cache.py); the
@@ -12,38 +13,63 @@ seconds, once per loader, after its hooks are removed. The child's output goes t
 /dev/null, and it sets torch to one thread first (as a DataLoader worker does:
 OpenMP's pool does not survive a fork). It never collects what it inherited.
 Where ``fork`` is missing, the answer is "not checked".
+
+NOTE [ Which transforms are random ]
+A transform's class says whether it is random where the name is known (stages.py's
+``random_by_name``: torchvision's, albumentations'); a user's own class says nothing. In the
+same child, each Compose's transforms record the input they get while the item is read once,
+and each transform of unknown kind is then called on a copy of its input ``CALLS`` times:
+outputs that differ make it random, equal ones deterministic (a random transform that draws
+the same thrice, a coin flip's 1 in 4, reads deterministic: a cache up to it would freeze its
+draw, which the trial's cache check, reading items twice, still refuses). The answers come
+back by each transform's place (``StageTime.order``), as the stage table numbers them.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import select
 import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...quietchild import quiet_child
 
 #: The longest the training process waits for the child's answer (the item's reads).
 TIMEOUT = 5.0
+#: Calls of a transform of unknown kind on one input: outputs that differ make it random
+CALLS = 3
 
-_SAME, _DIFFERENT = b"S", b"D"
+_SAME, _DIFFERENT, _UNKNOWN = b"S", b"D", b"?"
 
 
-def items_repeat(dataset: Any, index: int = 0, timeout: float = TIMEOUT) -> bool | None:
-    """True when every read of ``dataset[index]`` is identical (two, and more while they are
-    quick: ``fixes.cache.more_reads_differ``), False when they differ
-    (random augmentation), None when it could not be told (no fork, an error, too slow)."""
+@dataclass
+class Checked:
+    """What the child found: whether items repeat (None: not told), and each transform of
+    unknown kind by its place in the dataset's Composes: True where it is random."""
+
+    items_repeat: bool | None = None
+    random: dict[int, bool] = field(default_factory=dict)
+
+
+def check(dataset: Any, index: int = 0, timeout: float = TIMEOUT) -> Checked:
+    """Whether every read of ``dataset[index]`` is identical (two, and more while they are
+    quick: ``fixes.cache.more_reads_differ``), False when they differ (random augmentation),
+    None when it could not be told (no fork, an error, too slow); and which transforms of
+    unknown kind are random (NOTE [ Which transforms are random ])."""
     if not hasattr(os, "fork") or not sys.platform.startswith("linux"):
-        return None
+        return Checked()
     read, write = os.pipe()
     try:
         pid = os.fork()
     except OSError:
         os.close(read)
         os.close(write)
-        return None
+        return Checked()
     if pid == 0:  # the child: never returns
         quiet_child()
         os.close(read)
@@ -58,30 +84,89 @@ def items_repeat(dataset: Any, index: int = 0, timeout: float = TIMEOUT) -> bool
             same = same_item(first, dataset[index]) and more_reads_differ(dataset, {index: first}) is None
             answer = _SAME if same else _DIFFERENT
         except BaseException:  # anything the dataset raises: no answer
+            answer = _UNKNOWN
+        try:
+            answer += json.dumps(_random_transforms(dataset, index)).encode()
+        except BaseException:  # a transform that fails on a copy of its input: not told
             pass
         try:
-            if answer:
-                os.write(write, answer)
+            os.write(write, answer)
         finally:
             os._exit(0)
     os.close(write)
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            try:
-                ready, _, _ = select.select([read], [], [], left)
-            except InterruptedError:
-                continue
-            if not ready:
-                return None
-            data = os.read(read, 1)
-            return {_SAME: True, _DIFFERENT: False}.get(data)
+        return _answer(read, time.monotonic() + timeout)
     finally:
         os.close(read)
         _reap(pid)
+
+
+def _answer(read: int, deadline: float) -> Checked:
+    """The child's answer read to its end (it writes once and exits), or what came by ``deadline``."""
+    data = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            ready, _, _ = select.select([read], [], [], left)
+        except InterruptedError:
+            continue
+        if not ready:
+            break
+        chunk = os.read(read, 65536)
+        if not chunk:
+            break
+        data += chunk
+    out = Checked({_SAME: True, _DIFFERENT: False}.get(data[:1]))
+    try:
+        found = json.loads(data[1:]) if len(data) > 1 else {}
+        out.random = {int(k): bool(v) for k, v in found.items()}
+    except (ValueError, TypeError, AttributeError):  # cut short by the deadline
+        pass
+    return out
+
+
+def _random_transforms(dataset: Any, index: int) -> dict[int, bool]:
+    """In the child: each Compose transform of unknown kind, by its place, True where random."""
+    from ...fixes.cache import same_item
+    from .stages import TimedTransform, composes, random_by_name
+
+    inputs: dict[int, Any] = {}
+    unknown: list[tuple[int, Any]] = []
+    place = 0
+    for compose in composes(dataset):
+        ts = list(compose.transforms)
+        recorded = []
+        for i, t in enumerate(ts):
+            inner = t.inner if isinstance(t, TimedTransform) else t
+            if random_by_name(inner) is None:
+                unknown.append((place + i, inner))
+            recorded.append(_Recording(inner, place + i, inputs))
+        place += len(ts)
+        compose.transforms = recorded if isinstance(compose.transforms, list) else tuple(recorded)
+    if not unknown:
+        return {}
+    dataset[index]
+    out: dict[int, bool] = {}
+    for order, inner in unknown:
+        if order not in inputs:
+            continue
+        outs = [inner(copy.deepcopy(inputs[order])) for _ in range(CALLS)]
+        out[order] = not all(same_item(outs[0], o) for o in outs[1:])
+    return out
+
+
+class _Recording:
+    """A transform that keeps a copy of the first input it gets."""
+
+    def __init__(self, inner: Any, order: int, inputs: dict[int, Any]) -> None:
+        self.inner, self.order, self.inputs = inner, order, inputs
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and not kwargs and self.order not in self.inputs:  # one input: it can be called again
+            self.inputs[self.order] = copy.deepcopy(args[0])
+        return self.inner(*args, **kwargs)
 
 
 def _reap(pid: int) -> None:
@@ -91,3 +176,15 @@ def _reap(pid: int) -> None:
             os.waitpid(pid, 0)
     except (ChildProcessError, ProcessLookupError):
         pass
+
+
+def items_repeat(dataset: Any, index: int = 0, timeout: float = TIMEOUT) -> bool | None:
+    """``check``'s answer on the items alone."""
+    return check(dataset, index, timeout).items_repeat
+
+
+def apply_random(stages: list[Any], random: dict[int, bool]) -> None:
+    """The transforms of unknown kind told random or not (``Checked.random``), by their place."""
+    for s in stages:
+        if s.kind == "transform" and s.random is None and s.order in random:
+            s.random = random[s.order]

@@ -330,7 +330,7 @@ def compose_like(obj: Any) -> bool:
     return callable(obj) and isinstance(ts, (list, tuple)) and bool(ts) and all(callable(t) for t in ts)
 
 
-def _composes(dataset: Any) -> list[Any]:
+def composes(dataset: Any) -> list[Any]:
     """The Compose-like objects a dataset holds: its attributes, and those of the
     datasets it wraps (``Subset.dataset``, ``ConcatDataset.datasets``), two levels."""
     found: list[Any] = []
@@ -356,7 +356,7 @@ def wrap_transforms(dataset: Any) -> int:
     The Compose keeps its identity (a ``StandardTransform`` holding it sees the wraps)."""
     wrapped = 0
     order = 0
-    for compose in _composes(dataset):
+    for compose in composes(dataset):
         ts = compose.transforms
         if any(isinstance(t, TimedTransform) for t in ts):
             continue
