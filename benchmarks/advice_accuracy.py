@@ -101,7 +101,8 @@ EXAMPLES: dict[str, Example] = {
                             flags={"convert_format": ["--packed"]}),
     "tfdata_map": Example("benchmarks/advice_scripts/tfdata_map.py", ["--epochs", "50"]),
     "compute_bound": Example("benchmarks/advice_scripts/compute_bound.py", ["--epochs", "50"]),
-    "npy_patches": Example("benchmarks/advice_scripts/npy_patches.py", ["--epochs", "50"]),
+    "npy_patches": Example("benchmarks/advice_scripts/npy_patches.py", ["--epochs", "50"],
+                           flags={"offline_preprocessing": ["--offline"]}),
     # an IterableDataset with 4 workers on a 2-core machine
     "iterable_shards": Example("benchmarks/advice_scripts/iterable_shards.py", ["--epochs", "50"]),
     "keras_numpy_map": Example("benchmarks/advice_scripts/keras_numpy_map.py", ["--epochs", "50"]),
