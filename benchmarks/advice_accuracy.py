@@ -119,7 +119,7 @@ EXAMPLES: dict[str, Example] = {
                              flags={"interleave": ["--parallel-reads", "2"]}, steps=125),
     # LitData: a costly per-item transform in a StreamingDataset's __getitem__, moved into the chunks
     "litdata_stream": Example("benchmarks/advice_scripts/litdata_stream.py", ["--epochs", "50"],
-                              flags={"litdata_optimize": ["--optimized"]}),
+                              flags={"litdata_optimize": ["--optimized"], "litdata_workers": ["--workers", "{num_workers}"]}),
     # a datasets stream: a per-example Python map, batched with array operations
     "hf_stream": Example("benchmarks/advice_scripts/hf_stream.py", ["--epochs", "50"], {"HF_DATASETS_OFFLINE": "1"},
                          flags={"hf_batched_map": ["--batched"], "hf_shuffle_buffer": ["--shuffle-buffer", "32"]}),
