@@ -49,7 +49,7 @@ def loadprof(*args: str, cwd: Path | None = None, timeout: float = 120, **kw) ->
 
 
 @pytest.mark.slow
-def test_diagnose_runs_the_script_as_python_would_and_report_renders_its_json_again(tmp_path):
+def test_diagnose_runs_the_script_as_python_would_and_report_renders_its_json_again(tmp_path, capsys):
     path = script(tmp_path, after_step="if i == 40: break")
     out = tmp_path / "run.json"
     proc = loadprof("diagnose", "--json", str(out), str(path), "--lr", "3", cwd=tmp_path)
@@ -67,6 +67,17 @@ def test_diagnose_runs_the_script_as_python_would_and_report_renders_its_json_ag
     second = json.loads(again.read_text())
     assert second["verdict"] == data["verdict"]
     assert second["data_wait_fraction"] == pytest.approx(data["data_wait_fraction"])
+    # `report` of the same saved run to an unwritable path: one line (a run is a process: 3 CPU-s)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert main(["report", str(out), "--json", str(blocker / "again.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"loadprof: error: --json {blocker / 'again.json'}: {blocker} is not a folder"  # before reading
+    # a write that fails after the report was built: one line naming the option, the rest written
+    assert main(["report", str(out), "--json", "/dev/full", "--trace", str(tmp_path / "t.json")]) == 2
+    captured = capsys.readouterr()
+    assert "loadprof verdict" in captured.out and (tmp_path / "t.json").stat().st_size > 0
+    assert captured.err.strip() == "loadprof: error: --json /dev/full: cannot write (No space left on device)"
 
 
 @pytest.mark.slow
@@ -90,16 +101,6 @@ def test_script_exception_prints_its_traceback_and_still_reports(tmp_path):
     data = json.loads(out.read_text())
     assert data["exit_status"].startswith("exception: RuntimeError")
     assert data["steps"]["count"] == 13
-
-
-@pytest.mark.slow
-def test_max_steps_stops_the_script_with_exit_zero(tmp_path):
-    path = script(tmp_path)
-    out = tmp_path / "run.json"
-    proc = loadprof("diagnose", "--max-steps", "25", "--json", str(out), str(path))
-    assert proc.returncode == 0, proc.stderr
-    assert "done" not in proc.stdout
-    assert json.loads(out.read_text())["steps"]["count"] == 25
 
 
 @pytest.mark.parametrize("sig, code, status", [(signal.SIGTERM, 143, "terminated by SIGTERM"),
@@ -134,14 +135,18 @@ def test_dataloader_workers_never_print_or_report(tmp_path):
 
 
 @pytest.mark.slow
-def test_module_mode_runs_with_cwd_on_path(tmp_path):
+def test_module_mode_runs_with_cwd_on_path_and_max_steps_stops_it_with_exit_zero(tmp_path):
     pkg = tmp_path / "mypkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    script(pkg, after_step="if i == 20: break", name="train.py")
-    proc = loadprof("diagnose", "-m", "mypkg.train", "--epochs", "1", cwd=tmp_path)
+    script(pkg, name="train.py")
+    out = tmp_path / "run.json"
+    proc = loadprof("diagnose", "--max-steps", "25", "--json", str(out), "-m", "mypkg.train", "--epochs", "1",
+                    cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "argv ['--epochs', '1'] name __main__" in proc.stdout
+    assert "done" not in proc.stdout
+    assert json.loads(out.read_text())["steps"]["count"] == 25
 
 
 @pytest.mark.parametrize(
@@ -215,20 +220,3 @@ def test_script_runs_without_torch_installed_in_its_world(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False False"
     assert "INCONCLUSIVE" in proc.stderr
-
-
-@pytest.mark.slow
-def test_report_json_to_an_unwritable_path_is_one_line(tmp_path, capsys):
-    path = script(tmp_path, after_step="if i == 10: break")
-    out = tmp_path / "run.json"
-    assert loadprof("diagnose", "-q", "--json", str(out), str(path)).returncode == 0
-    blocker = tmp_path / "a_file"
-    blocker.write_text("")
-    assert main(["report", str(out), "--json", str(blocker / "again.json")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == f"loadprof: error: --json {blocker / 'again.json'}: {blocker} is not a folder"  # before reading
-    # a write that fails after the report was built: one line naming the option, the rest written
-    assert main(["report", str(out), "--json", "/dev/full", "--trace", str(tmp_path / "t.json")]) == 2
-    captured = capsys.readouterr()
-    assert "loadprof verdict" in captured.out and (tmp_path / "t.json").stat().st_size > 0
-    assert captured.err.strip() == "loadprof: error: --json /dev/full: cannot write (No space left on device)"

@@ -6,6 +6,7 @@ or a failure the whole group is killed, so nothing here can hang the suite.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from loadprof.report import load_report
 from tests.conftest import (
     JOB_VARIABLES,
     LOADPROF,
+    LOOP,
     PREAMBLE,
     TORCHRUN,
     WORKLOAD,
@@ -29,15 +31,39 @@ from tests.conftest import (
     start,
     torchrun,
 )
+from tests.integration.test_trackers import _events as tensorboard_events
+from tests.integration.test_trackers import _text as tensorboard_text
 
 pytest.importorskip("torch.distributed")
 
 pytestmark = pytest.mark.slow
 
 
-def test_balanced_job_one_report_on_rank_zero_and_no_straggler_and_check_reads_it(tmp_path, capsys):
-    code, out, report = torchrun(tmp_path)
+#: The balanced job, its rank 0 with the script's own TensorBoard writer (torch's writer imports
+#: TensorFlow where installed): one launch (~8 CPU-s) for the job's report, check and the
+#: tracker's summary.
+BALANCED = PREAMBLE + textwrap.dedent('''
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    writer = None
+    if rank == 0 and os.environ.get("TB_DIR"):
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(log_dir=os.environ["TB_DIR"])
+    dist.init_process_group("gloo")
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+''') + LOOP + "if writer is not None:\n    writer.close()\n"
+
+
+def test_balanced_job_one_report_on_rank_zero_and_no_straggler_and_check_reads_it_and_rank_0_logs_it_once(
+        tmp_path, capsys):
+    (tmp_path / "work.py").write_text(BALANCED)
+    board = importlib.util.find_spec("tensorboard") is not None
+    code, out = finish(start([TORCHRUN, "--standalone", "--nproc-per-node=2", "--no-python", LOADPROF, "diagnose",
+                              "--no-gpu", "--gpu-hour-price", "2.5", "--json", "r.json", "work.py"], tmp_path,
+                             **({"TB_DIR": str(tmp_path / "tb")} if board else {})))
     assert code == 0, out[-3000:]
+    report = json.loads((tmp_path / "r.json").read_text())
     assert report["world_size"] == 2 and [r["rank"] for r in report["ranks"]] == [0, 1]
     assert report["stragglers"] == [], report["summary"]
     assert out.count("loadprof job verdict") == 1  # rank 1 printed nothing
@@ -48,13 +74,20 @@ def test_balanced_job_one_report_on_rank_zero_and_no_straggler_and_check_reads_i
     again = load_report(tmp_path / "r.json").job.ranks  # the raw runs, read back from their columns
     assert [r.collective_wait for r in again] == [r["collective_wait"] for r in ranks]
     check_a_job(capsys, tmp_path / "r.json", tmp_path)
-
-
-def test_rank_with_slow_compute_is_named_with_cause_compute(tmp_path):
-    code, out, report = torchrun(tmp_path, SLOW_COMPUTE_RANK="1")
-    assert code == 0, out[-3000:]
-    assert [(s["rank"], s["cause"]) for s in report["stragglers"]] == [(1, "compute")], report["summary"]
-    assert report["stragglers"][0]["others_wait"] > 0
+    # the job's report, with its cost, logged once into rank 0's own TensorBoard writer
+    why = "no GPU readings: GPU unavailable (GPU sampling turned off), on every rank"
+    assert report["cost"]["measured"] is False
+    assert report["cost"]["why_not"] == why and report["cost"]["gpu_hour_price"] == 2.5
+    assert f"Cost: not measured ({why})" in " ".join(out.split())  # the job's terminal summary, wrapped at 80
+    if not board:
+        pytest.skip("tensorboard is not installed: the job's report in rank 0's writer is not checked")
+    assert out.count("summary logged to TensorBoard") == 1, out[-3000:]
+    acc = tensorboard_events(tmp_path / "tb")
+    assert acc.Scalars("loadprof/world_size")[-1].value == 2  # the job's report, not rank 0's own
+    assert acc.Scalars("loadprof/cost/measured")[-1].value == 0
+    assert tensorboard_text(acc, "loadprof/cost") == f"Cost: not measured ({why})"
+    assert tensorboard_text(acc, "loadprof/verdict") == report["verdict"]
+    assert json.loads((tmp_path / "tb" / "loadprof-report.json").read_text())["world_size"] == 2
 
 
 def test_killed_rank_is_listed_missing_and_the_report_is_still_written(tmp_path):
@@ -101,7 +134,8 @@ def test_two_nodes_give_one_merged_report_naming_the_rank_with_slow_input(tmp_pa
     assert sum(out.count("loadprof job verdict") for _, out in results) == 1
 
 
-def test_two_profile_blocks_in_one_job_give_two_reports_neither_read_from_the_other(tmp_path):
+def test_two_profile_blocks_in_one_job_give_two_reports_neither_read_from_the_other_and_name_slow_compute(tmp_path):
+    # rank 1 slow to compute: the slow-compute job and the two-block job are one launch (~8 CPU-s)
     (tmp_path / "work.py").write_text(PREAMBLE + textwrap.dedent('''
         from torch.nn.parallel import DistributedDataParallel as DDP
         from loadprof import Profile
@@ -109,11 +143,15 @@ def test_two_profile_blocks_in_one_job_give_two_reports_neither_read_from_the_ot
         dist.init_process_group("gloo")
         model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        for block, steps in enumerate((20, 12)):
+        for block, steps in enumerate((30, 12)):
             with Profile(json=f"block{block}.json", print_report=False):
                 for i, (x, y) in enumerate(DataLoader(Data(), batch_size=1)):
                     if i == steps:
                         break
+                    if rank == env("SLOW_COMPUTE_RANK"):
+                        end, a = time.perf_counter() + 0.06, torch.randn(128, 128)
+                        while time.perf_counter() < end:
+                            a = torch.tanh(a @ a)
                     loss = ((model(x) - y) ** 2).mean()
                     opt.zero_grad()
                     loss.backward()
@@ -123,10 +161,12 @@ def test_two_profile_blocks_in_one_job_give_two_reports_neither_read_from_the_ot
         dist.destroy_process_group()
     '''))
     code, out = finish(start([TORCHRUN, "--standalone", "--nproc-per-node=2", "work.py"], tmp_path,
-                             SLOW_INPUT_RANK="1"))
+                             SLOW_COMPUTE_RANK="1"))
     assert code == 0, out[-3000:]
     first, second = (json.loads((tmp_path / f"block{b}.json").read_text()) for b in (0, 1))
-    assert [r["steps"] for r in first["ranks"]] == [20, 20]
+    assert [(s["rank"], s["cause"]) for s in first["stragglers"]] == [(1, "compute")], first["summary"]
+    assert first["stragglers"][0]["others_wait"] > 0
+    assert [r["steps"] for r in first["ranks"]] == [30, 30]
     assert [r["steps"] for r in second["ranks"]] == [12, 12], second["summary"]
     assert second["missing_ranks"] == []
     assert not list(tmp_path.glob("block*.rank*.json"))

@@ -28,7 +28,9 @@ opt = torch.optim.SGD([*net.parameters(), *head.parameters()], lr=0.01)
 data = TensorDataset(torch.randn(2048, 64, 16), torch.randint(0, 2, (2048,)))
 with open("/proc/self/statm") as f:
     mapped = int(f.read().split()[0]) * resource.getpagesize()
-resource.setrlimit(resource.RLIMIT_AS, (mapped + 160 * 2**20, resource.RLIM_INFINITY))
+# a micro-batch of 512 maps ~400 MiB more, one of 256 ~200: the second split fits (each
+# trial is a process of its own: 3 CPU-s)
+resource.setrlimit(resource.RLIMIT_AS, (mapped + 300 * 2**20, resource.RLIM_INFINITY))
 for epoch in range(3):
     for x, y in DataLoader(data, batch_size=1024):
         h = net(x)

@@ -6,107 +6,128 @@ loadprof, that the report says what was lost, and that nothing of loadprof is
 left behind (thread, helper process, hooks, import watch, gc callback,
 unraisable hook, active session). Faults come from the outside world (a fake
 pynvml, a path under a file, a file-size limit, the helper killed, a framework
-function gone) or from the test seam ``session.TEST_FAULTS``, set in the script
+function gone) or from the test seam ``session.TEST_FAULTS``, set around the block
 or, for the ``loadprof`` command, by tests/faulted.py.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import io
 import json
 import os
+import resource
+import runpy
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
+import loadprof.session as session
 from loadprof import Profile
 from tests.fake_pynvml import FakeGpu, FakeNvml
 
 ROOT = Path(__file__).resolve().parents[2]
 
-TRAIN = """
-import contextlib, gc, json, os, sys, threading
-import psutil, torch
-from torch.utils.data import DataLoader, TensorDataset
-{prelude}
-import loadprof.session as session
-from loadprof import Profile
-session.TEST_FAULTS = frozenset({faults!r})
-ORIGINAL = (DataLoader.__iter__, list(sys.meta_path), list(gc.callbacks), sys.unraisablehook, sys.getprofile())
-torch.manual_seed(0)
-data = TensorDataset(torch.randn(512, 16), torch.randint(0, 2, (512,)))
-loader = DataLoader(data, batch_size=32)
-model = torch.nn.Linear(16, 2)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-losses = []
-profile = contextlib.nullcontext() if os.environ.get("NO_PROFILE") else Profile(json=sys.argv[1], interval=0.02)
-with profile as prof:
+@dataclass
+class Trained:
+    """What a test reads of one training run in this process: its losses, what loadprof
+    left behind after the block, and what was printed to stderr."""
+
+    losses: list[float]
+    threads: list[str]
+    children: list[str]
+    restored: list[bool]
+    inactive: bool
+    stderr: str
+
+
+def _state() -> tuple[Any, ...]:
+    return DataLoader.__iter__, list(sys.meta_path), list(gc.callbacks), sys.unraisablehook, sys.getprofile()
+
+
+def _steps(prof: Profile | None = None, during: Callable[[Profile, int, int], None] | None = None) -> tuple[
+        torch.nn.Module, list[float]]:
+    """The script's seeded loop: three epochs of 16 batches, ``during`` called before each step."""
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(512, 16), torch.randint(0, 2, (512,)))
+    loader = DataLoader(data, batch_size=32)
+    model = torch.nn.Linear(16, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
     for epoch in range(3):
         for i, (x, y) in enumerate(loader):
-            {during}
+            if during is not None and prof is not None:
+                during(prof, epoch, i)
             opt.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(x), y)
             loss.backward()
             opt.step()
             losses.append(loss.item())
-torch.save(model.state_dict(), sys.argv[2])  # the user's code after the block
-state = {{
-    "threads": sorted(t.name for t in threading.enumerate() if t.name.startswith("loadprof")),
-    "children": [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)],
-    "restored": [DataLoader.__iter__ is ORIGINAL[0], sys.meta_path == ORIGINAL[1], gc.callbacks == ORIGINAL[2],
-                 sys.unraisablehook is ORIGINAL[3], sys.getprofile() is ORIGINAL[4]],
-    "inactive": session._active is None,
-}}
-print("RESULT " + json.dumps({{"losses": losses, "state": state}}), flush=True)
-"""
-
-#: Kills loadprof's host helper (NOTE [ Host readings in a helper process ]) mid-run, once
-#: it serves, and goes on until the sampler has seen it gone (bounded waits: a loaded
-#: machine starts the helper slowly).
-KILL_HELPER = """if epoch == 1 and i == 0:
-                import psutil, time
-                deadline = time.monotonic() + 20
-                while not prof._host.serving and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                for child in psutil.Process().children():
-                    if "loadprof.samplers.hostproc" in " ".join(child.cmdline()):
-                        child.kill()
-                while prof._host.serving and time.monotonic() < deadline:
-                    time.sleep(0.01)"""
+    return model, losses
 
 
-def _train(tmp_path: Path, *, faults: str = "", json_path: str | None = None, prelude: str = "",
-           during: str = "pass", profile: bool = True) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    script = tmp_path / "train.py"
-    script.write_text(TRAIN.format(prelude=prelude, during=during, faults=[x for x in faults.split(",") if x]))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    if not profile:
-        env["NO_PROFILE"] = "1"
-    out = json_path or str(tmp_path / "run.json")
-    proc = subprocess.run([sys.executable, str(script), out, str(tmp_path / "model.pt")], capture_output=True,
-                          text=True, env=env, timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    return proc, json.loads(line[len("RESULT "):])
+def _train(tmp_path: Path, capfd: pytest.CaptureFixture[str], *, faults: str = "", json_path: str | None = None,
+           during: Callable[[Profile, int, int], None] | None = None) -> Trained:
+    """The loop under a ``Profile`` block in this process, as a script's own block runs it (in
+    a process of its own, each case cost 3 CPU-s of imports). This process has the other
+    frameworks loaded too: their hooks are failed and undone with torch's."""
+    capfd.readouterr()
+    before, kids = _state(), {p.pid for p in psutil.Process().children(recursive=True)}
+    session.TEST_FAULTS = frozenset(x for x in faults.split(",") if x)  # the seam a script sets
+    try:
+        with Profile(json=json_path or str(tmp_path / "run.json"), interval=0.02) as prof:
+            model, losses = _steps(prof, during)
+    finally:
+        session.TEST_FAULTS = frozenset()
+    torch.save(model.state_dict(), tmp_path / "model.pt")  # the user's code after the block
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in kids]
+    after = _state()
+    stderr = capfd.readouterr().err
+    assert "Traceback" not in stderr, stderr
+    return Trained(losses, sorted(t.name for t in threading.enumerate() if t.name.startswith("loadprof")),
+                   [" ".join(p.cmdline()) for p in left],
+                   [after[0] is before[0], after[1] == before[1], after[2] == before[2], after[3] is before[3],
+                    after[4] is before[4]],
+                   session._active is None, stderr)
+
+
+def _kill_helper(prof: Profile, epoch: int, i: int) -> None:
+    """Kills loadprof's host helper (NOTE [ Host readings in a helper process ]) mid-run, once
+    it serves, and goes on until the sampler has seen it gone (bounded waits: a loaded
+    machine starts the helper slowly)."""
+    if epoch != 1 or i != 0:
+        return
+    deadline = time.monotonic() + 20
+    while not prof._host.serving and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for child in psutil.Process().children():
+        if "loadprof.samplers.hostproc" in " ".join(child.cmdline()):
+            child.kill()
+    while prof._host.serving and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 @pytest.fixture(scope="module")
-def unprofiled_losses(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
-    _, result = _train(tmp_path_factory.mktemp("plain"), profile=False)
-    return result["losses"]
+def unprofiled_losses() -> list[float]:
+    return _steps()[1]
 
 
-def _check_clean(result: dict[str, Any], losses: list[float]) -> None:
-    assert result["losses"] == losses  # the training itself is unchanged
-    state = result["state"]
-    assert state["threads"] == [] and state["children"] == [], state
-    assert all(state["restored"]) and state["inactive"], state
+def _check_clean(result: Trained, losses: list[float]) -> None:
+    assert result.losses == losses  # the training itself is unchanged
+    assert result.threads == [] and result.children == [], result
+    assert all(result.restored) and result.inactive, result
 
 
 def _limitations(path: Path) -> list[str]:
@@ -120,74 +141,96 @@ def _limitations(path: Path) -> list[str]:
                       "sampler_start)"),
     ("report", "loadprof could not diagnose this run (RuntimeError: injected fault: report)"),
 ])
-def test_a_failing_seam_is_a_limitation(tmp_path: Path, unprofiled_losses: list[float], seam: str,
-                                        expected: str) -> None:
-    proc, result = _train(tmp_path, faults=seam)
+def test_a_failing_seam_is_a_limitation(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                        unprofiled_losses: list[float], seam: str, expected: str) -> None:
+    result = _train(tmp_path, capfd, faults=seam)
     _check_clean(result, unprofiled_losses)
-    assert any(line.startswith(expected) for line in _limitations(tmp_path / "run.json")), proc.stderr
-    assert "loadprof verdict" in proc.stderr
+    assert any(line.startswith(expected) for line in _limitations(tmp_path / "run.json")), result.stderr
+    assert "loadprof verdict" in result.stderr
     if seam == "sampler_start":  # a failing sampler leaves the steps measured
         data = json.loads((tmp_path / "run.json").read_text())
         assert data["steps"]["count"] == 48 and data["samples"]["host"]["count"] == 0
 
 
 @pytest.mark.slow
-def test_a_failing_terminal_report_is_a_warning(tmp_path: Path, unprofiled_losses: list[float]) -> None:
-    proc, result = _train(tmp_path, faults="render")
+def test_a_failing_terminal_report_is_a_warning(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                                unprofiled_losses: list[float]) -> None:
+    result = _train(tmp_path, capfd, faults="render")
     _check_clean(result, unprofiled_losses)
     assert "loadprof: warning: the terminal report could not be printed (RuntimeError: injected fault: render)" \
-        in proc.stderr
+        in result.stderr
     assert json.loads((tmp_path / "run.json").read_text())["steps"]["count"] == 48
 
 
 @pytest.mark.slow
 def test_an_unwritable_json_path_is_a_warning_and_the_code_after_runs(tmp_path: Path,
+                                                                      capfd: pytest.CaptureFixture[str],
                                                                       unprofiled_losses: list[float]) -> None:
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
     target = blocker / "run.json"  # fails for root too: ENOTDIR
-    proc, result = _train(tmp_path, json_path=str(target))
+    result = _train(tmp_path, capfd, json_path=str(target))
     _check_clean(result, unprofiled_losses)
-    warnings = [x for x in proc.stderr.splitlines() if x.startswith("loadprof: warning:")]
+    warnings = [x for x in result.stderr.splitlines() if x.startswith("loadprof: warning:")]
     assert warnings == [f"loadprof: warning: --json {target}: cannot write (Not a directory)"]
-    assert "loadprof verdict" in proc.stderr and (tmp_path / "model.pt").stat().st_size > 0
-    report = "".join(proc.stderr.split("loadprof verdict")[1].split())  # rich wraps long lines
+    assert "loadprof verdict" in result.stderr and (tmp_path / "model.pt").stat().st_size > 0
+    report = "".join(result.stderr.split("loadprof verdict")[1].split())  # rich wraps long lines
     assert f"notwritten:--json{target}" in report  # listed in the report too
 
 
-#: A full disk: writes past 8 KiB fail with EFBIG (SIGXFSZ ignored), after training.
-FULL_DISK = """import resource, signal
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))"""
-
-
 @pytest.mark.slow
-def test_a_full_disk_leaves_no_partial_report(tmp_path: Path, unprofiled_losses: list[float]) -> None:
+def test_a_full_disk_leaves_no_partial_report(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                              unprofiled_losses: list[float]) -> None:
+    # writes past 8 KiB fail with EFBIG (SIGXFSZ ignored), after training; the limit is the
+    # soft one, put back after
     out = tmp_path / "reports"
     out.mkdir()
-    proc, result = _train(tmp_path, json_path=str(out / "run.json"), prelude=FULL_DISK)
+    limit, handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (8192, limit[1]))
+    try:
+        result = _train(tmp_path, capfd, json_path=str(out / "run.json"))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+        signal.signal(signal.SIGXFSZ, handler)
     _check_clean(result, unprofiled_losses)
-    assert "loadprof: warning: --json " in proc.stderr and "File too large" in proc.stderr
+    assert "loadprof: warning: --json " in result.stderr and "File too large" in result.stderr
     assert list(out.iterdir()) == []  # no half file, no temporary
 
 
 @pytest.mark.slow
-def test_the_host_helper_killed_mid_run(tmp_path: Path, unprofiled_losses: list[float]) -> None:
-    proc, result = _train(tmp_path, during=KILL_HELPER)
+def test_the_host_helper_killed_mid_run(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                        unprofiled_losses: list[float]) -> None:
+    result = _train(tmp_path, capfd, during=_kill_helper)
     _check_clean(result, unprofiled_losses)
     limits = _limitations(tmp_path / "run.json")
     assert any("host sampler process ended" in line for line in limits), limits
 
 
 @pytest.mark.slow
-def test_a_framework_function_gone_undoes_the_partial_install(tmp_path: Path,
+def test_a_framework_function_gone_undoes_the_partial_install(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch,
                                                               unprofiled_losses: list[float]) -> None:
     # As a torch release that moved a private API would: the hooks fail part way.
-    gone = "import torch.optim.optimizer as _o\ndel _o.register_optimizer_step_post_hook"
-    proc, result = _train(tmp_path, prelude=gone)
+    from torch.optim import optimizer
+
+    monkeypatch.delattr(optimizer, "register_optimizer_step_post_hook")
+    result = _train(tmp_path, capfd)
     _check_clean(result, unprofiled_losses)  # DataLoader.__iter__, patched first, is the original again
     limits = _limitations(tmp_path / "run.json")
     assert any(line.startswith("torch: hooks could not be installed (AttributeError") for line in limits), limits
+
+
+def _run_here(script: Path, *argv: str) -> str:
+    """What ``script`` prints run without loadprof, in this process: the same seeded steps as
+    in a process of its own (which cost 3 CPU-s of imports)."""
+    out, saved = io.StringIO(), sys.argv
+    sys.argv = [str(script), *argv]
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv = saved
+    return out.getvalue()
 
 
 IMPORTS_TORCH_INSIDE = """
@@ -211,12 +254,12 @@ def test_hooks_failing_inside_the_scripts_import_torch(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(IMPORTS_TORCH_INSIDE)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    plain = _run_here(script)
     out = tmp_path / "run.json"
     proc = subprocess.run([sys.executable, "-m", "tests.faulted", "hooks", "diagnose", "--json", str(out),
                            str(script)], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stdout == plain.stdout
+    assert proc.stdout == plain
     assert any(line.startswith("torch: hooks could not be installed") for line in _limitations(out))
 
 
@@ -254,14 +297,12 @@ def test_a_script_that_profiles_itself_runs_unchanged_under_diagnose(tmp_path: P
     script = tmp_path / "train.py"
     script.write_text(PROFILES_ITSELF)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    plain = subprocess.run([sys.executable, str(script), str(tmp_path / "alone.json")], capture_output=True,
-                           text=True, env=env, timeout=300)
-    assert plain.returncode == 0, plain.stderr
+    plain = _run_here(script, str(tmp_path / "alone.json"))
     proc = subprocess.run([sys.executable, "-m", "loadprof", "diagnose", "--json", str(tmp_path / "outer.json"),
                            str(script), str(tmp_path / "inner.json")], capture_output=True, text=True, timeout=300,
                           env=env)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stdout == plain.stdout and "its steps 16 True" in proc.stdout
+    assert proc.stdout == plain and "its steps 16 True" in proc.stdout
     assert json.loads((tmp_path / "outer.json").read_text())["steps"]["count"] == 32
     assert json.loads((tmp_path / "inner.json").read_text())["steps"]["count"] == 16
 

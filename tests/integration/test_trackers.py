@@ -17,7 +17,7 @@ import pytest
 
 from loadprof import Profile
 from loadprof.cli import main
-from tests.conftest import LOADPROF, LOOP, PREAMBLE, TORCHRUN, finish, installed_or_skip, start
+from tests.conftest import installed_or_skip
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -298,41 +298,7 @@ def test_diagnose_logs_into_the_scripts_own_tensorboard_writer_with_no_code(tmp_
     assert _text(acc, "loadprof/verdict") in ("data-starved", "compute-bound", "host-bound", "inconclusive")
 
 
-# -- a multi-process job: rank 0 logs the job's report, once -------------------------------
-JOB_SCRIPT = PREAMBLE + textwrap.dedent('''
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    writer = None
-    if rank == 0:  # the script's own writer, rank 0's (torch's writer imports TensorFlow where installed)
-        from torch.utils.tensorboard import SummaryWriter
-
-        writer = SummaryWriter(log_dir=os.environ["TB_DIR"])
-    dist.init_process_group("gloo")
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
-''') + LOOP + "if writer is not None:\n    writer.close()\n"
-
-
-@pytest.mark.slow
-def test_rank_0_of_a_torchrun_job_logs_the_jobs_report_with_its_cost_once(tmp_path):
-    pytest.importorskip("tensorboard")
-    (tmp_path / "work.py").write_text(JOB_SCRIPT)
-    proc = start([TORCHRUN, "--standalone", "--nproc-per-node=2", "--no-python", LOADPROF, "diagnose", "--no-gpu",
-                  "--gpu-hour-price", "2.5", "--json", "r.json", "work.py"], tmp_path,
-                 TB_DIR=str(tmp_path / "tb"), STEPS="20")
-    code, out = finish(proc)
-    assert code == 0, out[-3000:]
-    assert out.count("summary logged to TensorBoard") == 1, out[-3000:]
-    doc = json.loads((tmp_path / "r.json").read_text())
-    assert doc["world_size"] == 2 and doc["cost"]["measured"] is False
-    why = "no GPU readings: GPU unavailable (GPU sampling turned off), on every rank"
-    assert doc["cost"]["why_not"] == why and doc["cost"]["gpu_hour_price"] == 2.5
-    assert f"Cost: not measured ({why})" in " ".join(out.split())  # the job's terminal summary, wrapped at 80
-    acc = _events(tmp_path / "tb")
-    assert acc.Scalars("loadprof/world_size")[-1].value == 2  # the job's report, not rank 0's own
-    assert acc.Scalars("loadprof/cost/measured")[-1].value == 0
-    assert _text(acc, "loadprof/cost") == f"Cost: not measured ({why})"
-    assert _text(acc, "loadprof/verdict") == doc["verdict"]
-    assert json.loads((tmp_path / "tb" / "loadprof-report.json").read_text())["world_size"] == 2
+# -- a torchrun job's rank 0 logs the job's report once: test_distributed.py, on its balanced job
 
 
 # -- Lightning's loggers: the summary goes into the run the logger made -------------------
@@ -340,7 +306,8 @@ LIGHTNING_SCRIPT = """
 import sys
 import torch
 import lightning as L
-from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger
+import wandb
+from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogger
 
 
 class Model(L.LightningModule):
@@ -362,30 +329,37 @@ data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(51
                                    batch_size=16)
 mlf = MLFlowLogger(experiment_name="lit", tracking_uri={uri!r})
 tb = TensorBoardLogger({tb!r}, name="lit")
-trainer = L.Trainer(max_steps=24, logger=[mlf, tb], log_every_n_steps=4, accelerator="cpu", devices=1,
+wb = WandbLogger(project="lit", offline=True)
+trainer = L.Trainer(max_steps=24, logger=[mlf, tb, wb], log_every_n_steps=4, accelerator="cpu", devices=1,
                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
 trainer.fit(Model(), data)
-print("LOGGERS", mlf.run_id, tb.log_dir, file=sys.stderr)
+print("LOGGERS", mlf.run_id, tb.log_dir, wb.experiment.id, file=sys.stderr)
+wandb.finish()  # as W&B's examples end
 """
 
 
 @pytest.mark.slow
-def test_lightnings_mlflow_and_tensorboard_loggers_get_the_summary_in_their_own_runs(tmp_path, monkeypatch):
+def test_lightnings_mlflow_tensorboard_and_wandb_loggers_get_the_summary_in_their_own_runs(tmp_path, monkeypatch):
+    # the three loggers in one script (Lightning's imports are most of a run's 6-10 CPU-s);
+    # the script ends W&B's run itself, as W&B's examples do
     installed_or_skip("lightning")
     mlflow = pytest.importorskip("mlflow")
     pytest.importorskip("tensorboard")
+    pytest.importorskip("wandb")
     uri = (tmp_path / "store").as_uri()  # the logger's own store, not MLflow's default (./mlruns)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow-skinny has no SQL store
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     script = tmp_path / "train.py"
     script.write_text(LIGHTNING_SCRIPT.format(uri=uri, tb=str(tmp_path / "tb")))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path),
+           "WANDB_SILENT": "true", "WANDB_CONSOLE": "off"}
     proc = subprocess.run([sys.executable, "-m", "loadprof", "diagnose", "--no-gpu", "--json", "r.json",
                            str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run_id, logdir = next(line.split()[1:] for line in proc.stderr.splitlines() if line.startswith("LOGGERS "))
-    assert (f"loadprof: summary logged to MLflow run {run_id}, TensorBoard {logdir} "
-            "(loadprof/* fields, loadprof-report.json)") in proc.stderr
+    run_id, logdir, wandb_id = next(line.split()[1:] for line in proc.stderr.splitlines()
+                                    if line.startswith("LOGGERS "))
+    assert (f"loadprof: summary logged to W&B run {wandb_id} (as the script ended it), MLflow run {run_id}, "
+            f"TensorBoard {logdir} (loadprof/* fields, loadprof-report.json)") in proc.stderr
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["steps"]["count"] == 24
 
@@ -409,6 +383,12 @@ def test_lightnings_mlflow_and_tensorboard_loggers_get_the_summary_in_their_own_
     assert _text(acc, "loadprof/verdict") == report["verdict"]
     assert json.loads((Path(logdir) / "loadprof-report.json").read_text())["verdict"] == report["verdict"]
 
+    summary, artifacts, runs = _wandb_summary(tmp_path)
+    assert len(runs) == 1 and wandb_id in runs[0].name  # the logger's run, no second one of ours
+    assert "train_loss" in summary  # the script's own metrics, in the same run
+    assert summary["loadprof/verdict"] == report["verdict"] and summary["loadprof/steps"] == 24
+    assert artifacts == ["loadprof-report"]
+
 
 def test_a_wandb_run_the_script_finishes_while_profiled_gets_the_report_so_far(wandb, tmp_path, capsys):
     # W&B's quickstart: init, train, run.finish(), all inside the profiled script
@@ -424,36 +404,6 @@ def test_a_wandb_run_the_script_finishes_while_profiled_gets_the_report_so_far(w
     assert summary["loadprof/steps"] == prof.report.steps["count"]
     assert artifacts == ["loadprof-report"]
     assert f"summary logged to W&B run {run.id} (as the script ended it)" in capsys.readouterr().err
-
-
-LIGHTNING_WANDB = LIGHTNING_SCRIPT.replace(
-    "mlf = MLFlowLogger(experiment_name=\"lit\", tracking_uri={uri!r})\ntb = TensorBoardLogger({tb!r}, name=\"lit\")\n",
-    "import wandb\nfrom lightning.pytorch.loggers import WandbLogger\nwb = WandbLogger(project=\"lit\", offline=True)\n",
-).replace("logger=[mlf, tb]", "logger=wb").replace(
-    "print(\"LOGGERS\", mlf.run_id, tb.log_dir, file=sys.stderr)",
-    "print(\"LOGGERS\", wb.experiment.id, file=sys.stderr)\nwandb.finish()  # as W&B's examples end")
-
-
-@pytest.mark.slow
-def test_lightnings_wandb_logger_gets_the_summary_though_the_script_finishes_its_run(tmp_path):
-    installed_or_skip("lightning")
-    pytest.importorskip("wandb")
-    script = tmp_path / "train.py"
-    script.write_text(LIGHTNING_WANDB)
-    assert "WandbLogger" in LIGHTNING_WANDB and "MLFlowLogger(" not in LIGHTNING_WANDB
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path),
-           "WANDB_SILENT": "true", "WANDB_CONSOLE": "off"}
-    proc = subprocess.run([sys.executable, "-m", "loadprof", "diagnose", "--no-gpu", "--json", "r.json",
-                           str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    run_id = next(line.split()[1] for line in proc.stderr.splitlines() if line.startswith("LOGGERS "))
-    assert f"summary logged to W&B run {run_id} (as the script ended it)" in proc.stderr
-    summary, artifacts, runs = _wandb_summary(tmp_path)
-    report = json.loads((tmp_path / "r.json").read_text())
-    assert len(runs) == 1 and run_id in runs[0].name  # the logger's run, no second one of ours
-    assert "train_loss" in summary  # the script's own metrics, in the same run
-    assert summary["loadprof/verdict"] == report["verdict"] and summary["loadprof/steps"] == 24
-    assert artifacts == ["loadprof-report"]
 
 
 HF_SCRIPT = '''

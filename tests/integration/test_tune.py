@@ -95,10 +95,47 @@ def _tune(tmp_path: Path, script: Path, *options: str, args: tuple[str, ...] = (
 
 
 @pytest.mark.slow
-def test_starved_script_gets_more_workers_with_json_and_page(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_caching_a_random_augmentation_is_unsafe(tmp_path: Path) -> None:
+    script = _script(tmp_path, RANDOM_AUG)
+    data = _tune(tmp_path, script, "--budget", "90", "--fixes", "cache")
+    cache = [t for t in data["trials"] if t["changes"].get("cache") or t["name"].startswith("cache")]
+    assert cache, data["trials"]
+    # Either the probe saw items differ between reads (not tried) or the trial is marked unsafe.
+    for t in cache:
+        assert t["status"] == "skipped" or t["safe"] is False, t
+        assert "differ" in (t["detail"] or "") + (t["unsafe_reason"] or "")
+    assert data["best"] is None or not data["best"]["changes"].get("cache")
+
+
+def _failing_search(tmp_path: Path, mode: str, *options: str) -> dict:
+    # one failure per search, so that the other worker count is left to win (a 2-core host
+    # tries two counts); a bounded trial: the hanging one is stopped at 12 s, not at its estimate + 30 s
     script = _script(tmp_path, STARVED)
+    data = _tune(tmp_path, script, "--budget", "150", "--fixes", "workers", "--trial-timeout", "12", *options,
+                 args=(str(tmp_path / "marker"), mode))
+    assert (tmp_path / "marker").exists()
+    return data
+
+
+def _one_failed_and_a_later_count_won(data: dict) -> dict:
+    statuses = [t["status"] for t in data["trials"]]
+    failed = [t for t in data["trials"] if t["status"] not in ("ok", "skipped", "not applied")]
+    assert len(failed) == 1, statuses
+    # Later worker trials ran and one of them won.
+    assert any(t["status"] == "ok" for t in data["trials"]), statuses
+    assert data["best"] is not None and data["best"]["changes"]["num_workers"] >= 1
+    return failed[0]
+
+
+@pytest.mark.slow
+def test_a_crashing_trial_is_stopped_and_the_search_goes_on_and_the_starved_script_gets_more_workers_with_json_and_page(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a search is a process a trial (~3 CPU-s each): the starved script's page and code
+    # change are those of this search, whose later worker count wins
     page = tmp_path / "tune.html"
-    data = _tune(tmp_path, script, "--budget", "90", "--fixes", "workers", "--html", str(page), args=("", "none"))
+    data = _failing_search(tmp_path, "crash", "--html", str(page))
+    failed = _one_failed_and_a_later_count_won(data)
+    assert "worker crashed on purpose" in failed["detail"] + failed["stderr_tail"]
     assert data["baseline"]["steps_per_s"] > 0
     assert data["best"]["changes"]["num_workers"] >= 1
     assert data["best"]["steps_per_s"] > 0
@@ -113,38 +150,10 @@ def test_starved_script_gets_more_workers_with_json_and_page(tmp_path: Path, cap
 
 
 @pytest.mark.slow
-def test_caching_a_random_augmentation_is_unsafe(tmp_path: Path) -> None:
-    script = _script(tmp_path, RANDOM_AUG)
-    data = _tune(tmp_path, script, "--budget", "90", "--fixes", "cache")
-    cache = [t for t in data["trials"] if t["changes"].get("cache") or t["name"].startswith("cache")]
-    assert cache, data["trials"]
-    # Either the probe saw items differ between reads (not tried) or the trial is marked unsafe.
-    for t in cache:
-        assert t["status"] == "skipped" or t["safe"] is False, t
-        assert "differ" in (t["detail"] or "") + (t["unsafe_reason"] or "")
-    assert data["best"] is None or not data["best"]["changes"].get("cache")
-
-
-@pytest.mark.parametrize("mode", ["crash", pytest.param("hang", marks=pytest.mark.waits)])
-@pytest.mark.slow
-def test_a_failing_trial_is_stopped_and_the_search_goes_on(tmp_path: Path, mode: str) -> None:
-    script = _script(tmp_path, STARVED)
-    marker = tmp_path / "marker"
-    # one failure per search, so that the other worker count is left to win (a 2-core host
-    # tries two counts); a bounded trial: the hanging one is stopped at 12 s, not at its estimate + 30 s
-    data = _tune(tmp_path, script, "--budget", "150", "--fixes", "workers", "--trial-timeout", "12",
-                 args=(str(marker), mode))
-    assert marker.exists()
-    statuses = [t["status"] for t in data["trials"]]
-    failed = [t for t in data["trials"] if t["status"] not in ("ok", "skipped", "not applied")]
-    assert len(failed) == 1, statuses
-    if mode == "hang":
-        assert failed[0]["status"] == "timed out" and "stopped" in failed[0]["detail"]
-    else:
-        assert "worker crashed on purpose" in failed[0]["detail"] + failed[0]["stderr_tail"]
-    # Later worker trials ran and one of them won.
-    assert any(t["status"] == "ok" for t in data["trials"]), statuses
-    assert data["best"] is not None and data["best"]["changes"]["num_workers"] >= 1
+@pytest.mark.waits
+def test_a_hanging_trial_is_stopped_and_the_search_goes_on(tmp_path: Path) -> None:
+    failed = _one_failed_and_a_later_count_won(_failing_search(tmp_path, "hang"))
+    assert failed["status"] == "timed out" and "stopped" in failed["detail"]
 
 
 @pytest.mark.parametrize("argv, word", [
