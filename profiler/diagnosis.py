@@ -351,6 +351,11 @@ def compute_metrics(run: Run) -> Metrics:
                    / 100.0, h.window)
                   for h in cpu_host if h.cpu_per_core]
         m.others_cpu_cores = max(0.0, _time_mean(others) or 0.0) if others else None
+        if m.others_cpu_cores and not m.workers_seen and m.loader is not None and m.loader.num_workers:
+            # workers no listing saw, not yet reaped: the busy cores the tree did not account
+            # for may be theirs; other processes hold at most what they were seen to hold
+            named = sum(p.cores for p in run.other_processes)
+            m.others_cpu_cores = min(m.others_cpu_cores, named)
         delays = [(h.process_run_delay, h.window) for h in cpu_host if h.process_run_delay is not None]
         m.run_delay = _time_mean(delays) if delays else None
         worker_delays = [(h.children_run_delay / h.n_children, h.window) for h in cpu_host

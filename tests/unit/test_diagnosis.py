@@ -8,7 +8,7 @@ import pytest
 
 from loadprof.advice import recommend
 from loadprof.diagnosis import DEFAULT_THRESHOLDS, diagnose, warmup_count
-from loadprof.records import HostSample, Probes, Run
+from loadprof.records import HostSample, OtherProcess, Probes, Run
 from loadprof.report import build_report, load_report, write_json
 from tests.conftest import GiB, ids, make_run
 
@@ -58,7 +58,22 @@ def test_workers_the_listings_missed_are_no_other_process_once_reaped():
     for h in run.host_samples:
         h.cpu_per_core = [100.0, 100.0]
         h.reaped_cpu = 0.0
+    run.other_processes = [OtherProcess(99, "python spin.py", 1.6)]
     assert diagnose(run).metrics.others_cpu_cores == pytest.approx(1.5)
+
+
+def test_workers_never_seen_nor_reaped_leave_no_other_process_to_blame_but_those_named():
+    # a judged window of a fraction of a second: the workers' CPU is in the busy cores, no
+    # listing saw them and none was reaped yet; no process outside the job was seen holding CPU
+    run = make_run(n=48, step=0.005, wait=0.0025, workers=4, cores=2, tree_cpu=100.0)
+    for h in run.host_samples:
+        h.n_children, h.children_cpu = 0, 0.0
+        h.cpu_per_core = [100.0, 100.0]
+    d = diagnose(run)
+    assert d.cause == "workers-unmeasured" and d.metrics.others_cpu_cores == 0.0
+    assert "host-contended" not in [w for w, _ in d.warnings]
+    run.other_processes = [OtherProcess(99, "python spin.py", 0.9)]  # one that was: it counts
+    assert diagnose(run).metrics.others_cpu_cores == pytest.approx(0.9)
 
 
 def test_no_steps_says_none_were_seen():
