@@ -319,14 +319,19 @@ def test_advice_the_runs_end_adds_is_measured_in_the_budget_left() -> None:
     run = prof.run
     assert prof.report.verdict == "compute-bound", prof.report.headline()
     measured = {w.change: w for w in run.whatif}
-    assert "amp=auto" in measured and "cache" in measured, list(measured)  # the end's, and the step's
     assert len(measured) == len(run.whatif)  # none measured twice (the model alone included)
+    assert 0 < run.whatif_seconds <= 12 + 5
+    if "amp=auto" not in measured or "cache" not in measured:
+        # a loaded host: the replays between two steps spent the budget, none left for the end's
+        from loadprof.whatif import MIN_TOP_UP_S
+
+        assert 12 - run.whatif_seconds < MIN_TOP_UP_S, (list(measured), run.whatif_seconds)
+        return
     amp = next((r for r in prof.report.recommendations if r.id == "mixed_precision"), None)
     gain = measured["amp=auto"].baseline_seconds_per_step / measured["amp=auto"].seconds_per_step
     assert (amp is not None) == (gain >= 1.02), (gain, amp)
     if amp is not None:
         assert amp.basis.startswith("measured: the job's own step replayed with amp=auto"), amp.basis
-    assert 0 < run.whatif_seconds <= 12 + 5
 
 
 def _batches(n: int):
