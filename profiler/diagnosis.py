@@ -251,6 +251,11 @@ def warmup_count(n: int) -> int:
     return min(5, max(1, n // 10))
 
 
+#: Readings over less than this (seconds: the host sampler lists the job's processes once a
+#: second) cannot tell the job's new workers from other processes by the busy cores alone
+ATTRIBUTION_WINDOW_S = 1.0
+
+
 def _window(samples: list[Any], start: float, end: float) -> list[Any]:
     inside = [s for s in samples if start <= s.t <= end]
     return inside or samples
@@ -351,9 +356,12 @@ def compute_metrics(run: Run) -> Metrics:
                    / 100.0, h.window)
                   for h in cpu_host if h.cpu_per_core]
         m.others_cpu_cores = max(0.0, _time_mean(others) or 0.0) if others else None
-        if m.others_cpu_cores and not m.workers_seen and m.loader is not None and m.loader.num_workers:
-            # workers no listing saw, not yet reaped: the busy cores the tree did not account
-            # for may be theirs; other processes hold at most what they were seen to hold
+        workers = m.loader is not None and bool(m.loader.num_workers)
+        short = sum(h.window for h in cpu_host) < ATTRIBUTION_WINDOW_S
+        if m.others_cpu_cores and workers and (not m.workers_seen or short):
+            # workers no listing saw, or a window shorter than a listing's period: the busy
+            # cores the tree did not account for may be its workers'; other processes hold at
+            # most what they were seen to hold
             named = sum(p.cores for p in run.other_processes)
             m.others_cpu_cores = min(m.others_cpu_cores, named)
         delays = [(h.process_run_delay, h.window) for h in cpu_host if h.process_run_delay is not None]

@@ -74,6 +74,12 @@ def test_workers_never_seen_nor_reaped_leave_no_other_process_to_blame_but_those
     assert "host-contended" not in [w for w, _ in d.warnings]
     run.other_processes = [OtherProcess(99, "python spin.py", 0.9)]  # one that was: it counts
     assert diagnose(run).metrics.others_cpu_cores == pytest.approx(0.9)
+    # seen, but over less than a listing's period: their CPU not yet all the job's either
+    run.other_processes = []
+    for h in run.host_samples:
+        h.n_children, h.children_cpu, h.window = 4, 20.0, 0.1
+    m = diagnose(run).metrics
+    assert m.workers_seen == 4 and m.others_cpu_cores == 0.0
 
 
 def test_no_steps_says_none_were_seen():
