@@ -77,7 +77,9 @@ class Example(NamedTuple):
     #: deterministic steps, say)
     flags: dict[str, list[str]] = {}
     #: the least measured steps its runs take: tf.data's transformations are timed from its
-    #: 100th batch on, for 20 (NOTE [ The profiler window ]), and advised per transformation
+    #: 100th batch on, for 20 (NOTE [ The profiler window ]), and advised per transformation;
+    #: a loop of a few ms a step judged over 30 steps is judged over a fraction of a second,
+    #: less than the host sampler needs to see its workers
     steps: int = 0
 
 
@@ -104,7 +106,7 @@ EXAMPLES: dict[str, Example] = {
     "npy_patches": Example("benchmarks/advice_scripts/npy_patches.py", ["--epochs", "50"],
                            flags={"offline_preprocessing": ["--offline"]}),
     # an IterableDataset with 4 workers on a 2-core machine
-    "iterable_shards": Example("benchmarks/advice_scripts/iterable_shards.py", ["--epochs", "50"]),
+    "iterable_shards": Example("benchmarks/advice_scripts/iterable_shards.py", ["--epochs", "50"], steps=300),
     "keras_numpy_map": Example("benchmarks/advice_scripts/keras_numpy_map.py", ["--epochs", "50"]),
     # a PyDataset whose __getitem__ builds features in plain Python, on Keras's one default worker
     "keras_pydataset": Example("benchmarks/advice_scripts/keras_pydataset.py", ["--epochs", "50"],
@@ -119,10 +121,13 @@ EXAMPLES: dict[str, Example] = {
                              flags={"interleave": ["--parallel-reads", "2"]}, steps=125),
     # LitData: a costly per-item transform in a StreamingDataset's __getitem__, moved into the chunks
     "litdata_stream": Example("benchmarks/advice_scripts/litdata_stream.py", ["--epochs", "50"],
-                              flags={"litdata_optimize": ["--optimized"], "litdata_workers": ["--workers", "{num_workers}"]}),
+                              flags={"litdata_optimize": ["--optimized"], "litdata_workers": ["--workers", "{num_workers}"]},
+                              steps=300),
     # a datasets stream: a per-example Python map, batched with array operations
     "hf_stream": Example("benchmarks/advice_scripts/hf_stream.py", ["--epochs", "50"], {"HF_DATASETS_OFFLINE": "1"},
-                         flags={"hf_batched_map": ["--batched"], "hf_shuffle_buffer": ["--shuffle-buffer", "32"]}),
+                         flags={"hf_batched_map": ["--batched"], "hf_shuffle_buffer": ["--shuffle-buffer", "32"],
+                                "hf_workers": ["--workers", "{num_workers}"]},
+                         steps=300),
     # torchdata.nodes: a ParallelMapper of one thread whose map waits on storage
     "torchdata_reads": Example("benchmarks/advice_scripts/torchdata_reads.py", ["--epochs", "50"],
                                flags={"map_workers": ["--map-workers", "{num_workers}"]}),
