@@ -357,7 +357,8 @@ def compute_metrics(run: Run) -> Metrics:
                   for h in cpu_host if h.cpu_per_core]
         m.others_cpu_cores = max(0.0, _time_mean(others) or 0.0) if others else None
         workers = m.loader is not None and bool(m.loader.num_workers)
-        short = sum(h.window for h in cpu_host) < ATTRIBUTION_WINDOW_S
+        # (a window of 0: a run saved before windows were recorded, its length unknown)
+        short = all(h.window > 0 for h in cpu_host) and sum(h.window for h in cpu_host) < ATTRIBUTION_WINDOW_S
         if m.others_cpu_cores and workers and (not m.workers_seen or short):
             # workers no listing saw, or a window shorter than a listing's period: the busy
             # cores the tree did not account for may be its workers'; other processes hold at

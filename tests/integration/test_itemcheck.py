@@ -229,9 +229,11 @@ def test_a_script_whose_loader_is_gone_at_the_end_is_still_checked(tmp_path) -> 
 
 
 class Sharpen:
-    """A user's own deterministic transform: its name tells nothing."""
+    """A user's own deterministic transform: its name tells nothing. It waits a little (a read
+    of its own), so that loading leads the step and the in-process stage timing goes in."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.002)
         return x * 1.5 - x.mean()
 
 
@@ -278,6 +280,6 @@ def test_a_users_own_transforms_are_told_deterministic_or_random_and_the_run_lef
 
 def test_the_stage_table_says_which_of_a_users_transforms_are_random() -> None:
     with Profile(output=None, what_if=0) as prof:
-        loops.train(DataLoader(Transformed(), batch_size=4), loops.small_model(), epochs=3)
+        loops.train(DataLoader(Transformed(), batch_size=4), loops.small_model(), epochs=6)
     rows = sorted((s.order, s.random) for s in prof.run.loaders[0].stages if s.kind == "transform")
     assert rows == [(0, False), (1, True)], prof.run.loaders[0].stages
