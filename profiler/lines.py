@@ -17,3 +17,8 @@ def note(line: str) -> None:
         print(f"loadprof: {line}", file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
+
+
+def warn(line: str) -> None:
+    """A warning line on stderr, as ``note`` writes one."""
+    note(f"warning: {line}")

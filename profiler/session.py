@@ -49,7 +49,7 @@ from . import __version__
 from .cpufeatures import cpu_features
 from .formats import formats
 from .instrument import FrameworkWatch, Hooks, ProcessHooks
-from .lines import first_line, note
+from .lines import first_line, note, warn
 from .oom import classify as classify_oom
 from .oom import record_line
 from .outputs import Output
@@ -309,7 +309,7 @@ class Profile:
         if why is None and os.environ.get("RANK", "0") != "0":
             why = "only rank 0 of a job draws it"
         if why is not None:
-            _warn(f"no live view: {why}")
+            warn(f"no live view: {why}")
             return
         timeline, sampler, t0 = self._timeline, self._sampler, self._t0
         assert timeline is not None
@@ -322,10 +322,10 @@ class Profile:
                 file=sys.stderr,
                 title=" ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(self.run.command)),
                 gpu_status=self.run.environment.gpu_status,
-                warn=_warn,
+                warn=warn,
             ).start()
         except Exception as err:  # NOTE [ Never break the run ]
-            _warn(f"no live view ({type(err).__name__}: {first_line(err)})")
+            warn(f"no live view ({type(err).__name__}: {first_line(err)})")
 
     def _start_inside(self, outer: Profile) -> None:
         """Start as a view of ``outer``'s measurements.
@@ -519,7 +519,7 @@ class Profile:
                 try:
                     self._live.stop()
                 except Exception as err:  # NOTE [ Never break the run ]
-                    _warn(f"the live view could not stop ({type(err).__name__}: {first_line(err)})")
+                    warn(f"the live view could not stop ({type(err).__name__}: {first_line(err)})")
             if self._timeline is not None and self._timeline.on_gc in gc.callbacks:
                 gc.callbacks.remove(self._timeline.on_gc)
             if self._safepoint is not None:
@@ -619,7 +619,7 @@ class Profile:
                                                                          build_job_report)
             except Exception as err:  # NOTE [ Never break the run ]: this rank reports alone
                 self._report = rank_report
-                _warn(f"the job's report could not be merged ({type(err).__name__}: {first_line(err)})")
+                warn(f"the job's report could not be merged ({type(err).__name__}: {first_line(err)})")
             # the trace and the HTML page show the job's ranks; from rank 0 only (one file)
             outputs = self._job.ctx.rank == 0
         # NOTE [ A failed output ] in outputs.py; the trace and page of a job from rank 0 only
@@ -635,7 +635,7 @@ class Profile:
                 if self.output is not None or not show_inline(self._report):  # a notebook shows HTML
                     render_console(self._report, file=self.output or sys.stderr)
             except Exception as err:
-                _warn(f"the terminal report could not be printed ({type(err).__name__}: {first_line(err)})")
+                warn(f"the terminal report could not be printed ({type(err).__name__}: {first_line(err)})")
         self._log_trackers()
         if self._job is not None:
             self._job.release_sigterm()  # held since stop(): jobs/__init__.py
@@ -659,7 +659,7 @@ class Profile:
         except ValueError:
             rank = 0
         if self._trackers is not None:
-            self._trackers.log(self._report, rank=rank, note=note, warn=_warn, own=self._rank_report)
+            self._trackers.log(self._report, rank=rank, note=note, warn=warn, own=self._rank_report)
 
     def _seamed(self, out: Output) -> Output:
         """An output whose rendering passes the test seam named after it ("html", ...)."""
@@ -685,10 +685,6 @@ class Profile:
 
 
 
-
-
-def _warn(line: str) -> None:
-    note(f"warning: {line}")
 
 
 def _exit_status(exc: BaseException | None) -> str:

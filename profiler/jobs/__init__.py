@@ -15,12 +15,12 @@ import os
 import signal
 import socket
 import statistics
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from ..lines import warn
 from ..records import RecordError, Run
 from .diagnosis import OwnVerdict, own_verdict, rank_cores
 from .exchange import Exchange, JobContext, Timeouts
@@ -215,16 +215,16 @@ class Job:
         line = f"rank {self.ctx.rank}: report not merged: {why}"
         run.limitations.append(line)
         if not json_path:
-            _warn(f"{line} (run with --json to keep each rank's report)")
+            warn(f"{line} (run with --json to keep each rank's report)")
             return
         path = rank_path(json_path, self.ctx.rank)
         doc = {**report.to_dict(), **rank_document(facts, run)}
         try:
             write_json(path, doc)
         except JsonWriteError as exc:
-            _warn(f"{line}; and it could not be written: {exc}")
+            warn(f"{line}; and it could not be written: {exc}")
             return
-        _warn(f"{line}; written to {path} for loadprof merge")
+        warn(f"{line}; written to {path} for loadprof merge")
 
     def _merge(self, report: Any, facts: RankRun, run: Run, verdict: OwnVerdict, exchange: Exchange,
                terminated: bool, json_path: str | None,
@@ -285,11 +285,4 @@ def _import_errors() -> tuple[type[BaseException], ...]:
     except ImportError:
         return (ImportError, RuntimeError, OSError, ValueError, AttributeError)
     return (ImportError, dist.DistError, RuntimeError, OSError, ValueError, AttributeError)
-
-
-def _warn(line: str) -> None:
-    try:
-        print(f"loadprof: warning: {line}", file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
 

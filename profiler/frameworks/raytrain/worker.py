@@ -29,12 +29,12 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ...lines import warn
 from ...settings import Settings
 from .handover import put_files
 
@@ -57,7 +57,7 @@ class ProfiledLoop:
         try:
             folder = tempfile.mkdtemp(prefix="loadprof-raytrain-")
         except OSError as exc:
-            _warn(f"this Ray Train worker is not profiled: no folder for its report ({exc})")
+            warn(f"this Ray Train worker is not profiled: no folder for its report ({exc})")
             return self.loop(*args)
         try:
             prof = self._profile(folder)
@@ -74,7 +74,7 @@ class ProfiledLoop:
         try:
             put_files(self.key, folder)
         except Exception as exc:  # NOTE [ Never break the run ] in session.py
-            _warn(f"this Ray Train worker's report could not be handed to the driver ({type(exc).__name__}: {exc})")
+            warn(f"this Ray Train worker's report could not be handed to the driver ({type(exc).__name__}: {exc})")
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -97,7 +97,7 @@ class ProfiledLoop:
                     "to meet the others at (TorchConfig(init_method='tcp')); their reports are not merged")
             return prof
         except Exception as exc:  # NOTE [ Never break the run ] in session.py
-            _warn(f"this Ray Train worker is not profiled ({type(exc).__name__}: {exc})")
+            warn(f"this Ray Train worker is not profiled ({type(exc).__name__}: {exc})")
             return None
 
 
@@ -106,10 +106,3 @@ def _world_size() -> int:
         return int(os.environ.get("WORLD_SIZE", "1"))
     except ValueError:
         return 1
-
-
-def _warn(line: str) -> None:
-    try:
-        print(f"loadprof: warning: {line}", file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
