@@ -22,6 +22,7 @@ from loadprof.fixes.cache import check_cacheable
 from loadprof.frameworks.torch.itemcheck import items_repeat
 from tests import torch_loops as loops
 from tests.conftest import LOADPROF, make_run
+from tests.stage_loops import Compose
 
 
 class Fixed(Dataset):
@@ -242,16 +243,6 @@ class Jitter:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return x + torch.rand(x.shape)
-
-
-class Compose:
-    def __init__(self, transforms: list) -> None:
-        self.transforms = transforms
-
-    def __call__(self, x):
-        for t in self.transforms:
-            x = t(x)
-        return x
 
 
 class Transformed(Dataset):
