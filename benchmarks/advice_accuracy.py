@@ -2,7 +2,8 @@
 measured by applying it.
 
 For each shipped example and each realistic script of ``advice_scripts/``, a
-bounded baseline run (``warmup + steps`` training steps, in a child process:
+bounded baseline run (``warmup + steps`` training steps, more where a plain run's
+steps say they would take under ``--min-seconds``, in a child process:
 loadprof's trial machinery, as ``loadprof tune`` uses) is diagnosed; every
 recommendation that loadprof's fixes can apply from outside the script
 (DataLoader workers, prefetch, cache, tf.data prefetch/parallel map/cache, mixed
@@ -10,7 +11,8 @@ precision, accumulation), or that the script's own flag applies as the snippet
 says (``Example.flags``), is then run as a trial with that change alone. A
 multi-rank job (``JOBS``) runs whole under torchrun, baseline and fixed. Each round (``--repeats``) runs a baseline and
 then the trials; a trial's speed-up is its throughput (samples/s after warm-up)
-over its own round's baseline, so load that drifts between rounds cancels. The
+over its own round's baseline, so load that drifts between rounds cancels; a trial
+runs as many steps as take ``--min-seconds`` at the step its estimate expects. The
 measured speed-up is the median over rounds, the estimate the baselines' median
 estimate (the whole job's where the advice gives one and its one-time cost falls inside a
 trial's measured steps: an epoch's start of workers or a pipeline; a cache fills before). Error = estimated / measured - 1. Target: within 15% (``TARGET``).
@@ -36,6 +38,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import signal
 import statistics
@@ -152,6 +155,8 @@ TARGET, COVERAGE = 0.15, 0.80
 #: advice about memory, not speed: not counted in the coverage
 NOT_SPEED = ("loader_memory", "shared_memory", "gradient_checkpointing", "gradient_accumulation")
 
+#: the most measured steps a run takes (``--min-seconds``)
+MAX_STEPS = 1500
 #: A trial may take this long before it is stopped (a slow, loaded machine).
 TRIAL_LIMIT_S = 300.0
 
@@ -187,8 +192,8 @@ def changes_for(rec: Recommendation) -> Changes | None:
 
 
 def _trial(name: str, script: str, args: list[str], env: dict[str, str], changes: Changes,
-           o: argparse.Namespace, what_if: float = 0.0) -> TrialResult:
-    spec = TrialSpec(script=script, args=args, changes=changes.to_dict(), max_steps=o.warmup + o.steps,
+           o: argparse.Namespace, what_if: float = 0.0, steps: int | None = None) -> TrialResult:
+    spec = TrialSpec(script=script, args=args, changes=changes.to_dict(), max_steps=o.warmup + (steps or o.steps),
                      record_losses=False, gpu=o.gpu, env=env, what_if=what_if)
     t = run_trial(name, spec, TRIAL_LIMIT_S, o.warmup)
     state = f"{t.rate:.1f} samples/s" if t.ok and t.rate else f"{t.status}: {t.detail}"
@@ -215,6 +220,31 @@ def _change(rec: Recommendation, flags: dict[str, list[str]]) -> str:
 def _flags(rec: Recommendation, flags: dict[str, list[str]]) -> list[str]:
     """The script's flags for ``rec``, its values filled in (``"{num_workers}"``)."""
     return [a.format(**(rec.values or {})) for a in flags[rec.id]]
+
+
+def _steps_for(step_s: float | None, least: int, o: argparse.Namespace) -> int:
+    """Measured steps that take at least ``--min-seconds`` at ``step_s`` a step: 30 steps
+    of a few ms time a fraction of a second, and two identical trials of a cached loop
+    differed by 20% over 30 steps."""
+    if not step_s or o.min_seconds <= 0:
+        return least
+    return max(least, min(MAX_STEPS, math.ceil(o.min_seconds / step_s)))
+
+
+def _trial_steps(base_step: float | None, expected: float | None, o: argparse.Namespace) -> int:
+    """A trial's measured steps: ``--min-seconds`` at the step its advice expects."""
+    return _steps_for(base_step / expected if base_step and expected else base_step, o.steps, o)
+
+
+def _rate_over(t: TrialResult, warmup: int, n: int) -> float | None:
+    """Steps/s over the first ``n`` measured steps: a trial longer than its baseline, held
+    to the baseline's length where the advice's figure is the whole job's as it ran (an
+    epoch's start of workers counted over as many steps)."""
+    if t.run is None or len(t.run.steps) < warmup + 3:
+        return None
+    steps = t.run.steps[warmup:warmup + n]
+    span = steps[-1].end - steps[0].start
+    return len(steps) / span if span > 0 else None
 
 
 def _median_step(t: TrialResult, warmup: int) -> float | None:
@@ -258,6 +288,10 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
     script = str(ROOT / rel)
     envs = "".join(f"{k}={v} " for k, v in env.items())
     print(f"{example}: {envs}{rel} {' '.join(args)}", file=sys.stderr, flush=True)
+    if o.min_seconds > 0:  # the baselines' length, from a plain run's step
+        probe = _trial("probe", script, args, env, Changes(), o)
+        o.steps = _steps_for(_median_step(probe, o.warmup) if probe.ok else None, o.steps, o)
+        print(f"  {o.steps} measured steps a baseline", file=sys.stderr, flush=True)
     bases: list[TrialResult] = []
     verdicts: list[str] = []
     estimates: dict[str, list[float]] = {}
@@ -292,26 +326,28 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
                 rid = f"{w.change} (not advised)"
                 estimates.setdefault(rid, []).append(round(speedup(w), 2))
                 dropped[rid] = _changes_of(w.change)
+        base_step = _median_step(base, o.warmup)
         for rid, changes in dropped.items():
-            t = _trial(f"{rid} #{r + 1}", script, args, env, changes, o)
+            t = _trial(f"{rid} #{r + 1}", script, args, env, changes, o, steps=_trial_steps(base_step, estimates[rid][-1], o))
             trials.setdefault(rid, []).append((base, t))
         for rid, rec in recs.items():
             changes = changes_for(rec)
+            n = _trial_steps(base_step, estimates[rid][-1] if rid in estimates else None, o)
             if rid == "contention" and busy is not None:
                 with busy.paused():
-                    t = _trial(f"{rid} ({FREED}) #{r + 1}", script, args, env, Changes(), o)
+                    t = _trial(f"{rid} ({FREED}) #{r + 1}", script, args, env, Changes(), o, steps=n)
                 trials.setdefault(rid, []).append((base, t))
                 continue
             if changes is None and rid in flags:
                 t = _trial(f"{rid} ({' '.join(_flags(rec, flags))}) #{r + 1}", script,
-                           [*args, *_flags(rec, flags)], env, Changes(), o)
+                           [*args, *_flags(rec, flags)], env, Changes(), o, steps=n)
                 trials.setdefault(rid, []).append((base, t))
                 continue
             if changes is None:
                 rows[rid] = {"example": example, "id": rid, "status": "loadprof cannot apply it from outside",
                              "estimated": statistics.median(estimates[rid]) if rid in estimates else None}
                 continue
-            t = _trial(f"{rid} ({changes.describe()}) #{r + 1}", script, args, env, changes, o)
+            t = _trial(f"{rid} ({changes.describe()}) #{r + 1}", script, args, env, changes, o, steps=n)
             trials.setdefault(rid, []).append((base, t))
     for rid, runs in trials.items():
         est = statistics.median(estimates[rid]) if rid in estimates else None
@@ -321,7 +357,12 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
                          "status": f"the fix was not applied: {refused[-1].not_applied[0]}"}
             continue
         # each trial against the baseline of its own round: load that drifts between rounds cancels
-        good = [t.rate / b.rate for b, t in runs if t.ok and t.rate and b.rate]
+        if rid.split("=")[0] in WHOLE_JOB_IDS:  # over as many steps as the baseline's
+            good = [t_rate / b_rate for b, t in runs if t.ok
+                    for b_rate, t_rate in [(_rate_over(b, o.warmup, o.steps), _rate_over(t, o.warmup, o.steps))]
+                    if b_rate and t_rate]
+        else:
+            good = [t.rate / b.rate for b, t in runs if t.ok and t.rate and b.rate]
         if not good:
             rows[rid] = {"example": example, "id": rid, "status": f"trial failed: {runs[-1][1].status} {runs[-1][1].detail}",
                          "estimated": est}
@@ -466,6 +507,10 @@ def run(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30, help="measured steps per run (default 30)")
     parser.add_argument("--warmup", type=int, default=5, help="warm-up steps per run (default 5)")
     parser.add_argument("--repeats", type=int, default=2, help="baseline/trial rounds (default 2)")
+    parser.add_argument("--min-seconds", type=float, default=3.0, metavar="S",
+                        help="each run's measured steps take at least about this long: a baseline's as a "
+                             "plain run of it first timed them, a trial's at the step its estimate expects "
+                             "(default 3; 0: --steps only)")
     parser.add_argument("--what-if", type=float, default=20.0, metavar="SECONDS",
                         help="the baseline's what-if replays, as `loadprof diagnose --what-if` (default 20; 0: none)")
     parser.add_argument("--gpu", action="store_true", help="sample GPUs (the examples use one when there is one)")
@@ -488,7 +533,8 @@ def run(argv: list[str] | None = None) -> int:
     finally:  # Ctrl-C included: the spinning process never outlives the benchmark
         if busy is not None:
             busy.stop()
-    print(f"machine: {os.cpu_count()} logical cores; {o.warmup} warm-up + {o.steps} measured steps per run, "
+    print(f"machine: {os.cpu_count()} logical cores; {o.warmup} warm-up + at least {o.steps} measured steps per run"
+          + (f" (at least {o.min_seconds:g} s of them)" if o.min_seconds > 0 else "") + ", "
           f"{o.repeats} rounds" + ("; a process keeping one core busy beside every run" if o.busy else ""))
     for name in names:
         seen = next((row["diagnosed"] for row in rows if row["example"] == name), None)
