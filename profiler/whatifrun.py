@@ -7,7 +7,6 @@ run (tf.data's) at its end; and the pause they made taken out of the run's times
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from typing import Any
 
 from .lines import first_line, note
 from .records import Run, WhatIf
+from .samplers.node import world_size
 from .settings import Settings
 from .timeline import Timeline
 
@@ -306,14 +306,6 @@ class WhatIfRun:
             g.t -= d if g.t > b else 0.0
         run.duration -= d
 
-
-
-def world_size() -> int:
-    """The job's ranks by torchrun's environment (1 outside one)."""
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1") or 1)
-    except ValueError:
-        return 1
 
 
 def intra_op_threads() -> int | None:

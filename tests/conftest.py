@@ -191,7 +191,7 @@ TORCHRUN, LOADPROF = str(BIN / "torchrun"), str(BIN / "loadprof")
 
 #: The rank's set-up and data, shared with the FSDP jobs: the slow rank is chosen by the
 #: environment. Steps are paced by sleeps and by a compute loop bounded in wall time
-#: (LOOP), so a loaded machine changes little.
+#: (``compute_slowly``), so a loaded machine changes little.
 PREAMBLE = textwrap.dedent('''
     import os, signal, time
     import torch
@@ -210,6 +210,11 @@ PREAMBLE = textwrap.dedent('''
         def __getitem__(self, i):
             time.sleep(0.09 if rank == env("SLOW_INPUT_RANK") else 0.03)
             return torch.randn(32), torch.randn(1)
+
+    def compute_slowly():
+        end, a = time.perf_counter() + 0.06, torch.randn(128, 128)
+        while time.perf_counter() < end:
+            a = torch.tanh(a @ a)
 ''')
 
 
@@ -220,9 +225,7 @@ LOOP = textwrap.dedent('''
         if i == STEPS:
             break
         if rank == env("SLOW_COMPUTE_RANK"):
-            end, a = time.perf_counter() + 0.06, torch.randn(128, 128)
-            while time.perf_counter() < end:
-                a = torch.tanh(a @ a)
+            compute_slowly()
         loss = ((model(x) - y) ** 2).mean()
         opt.zero_grad()
         loss.backward()

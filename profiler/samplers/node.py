@@ -1,4 +1,5 @@
-"""What the node gives the job besides its cores: /dev/shm, and the ranks sharing it.
+"""What the node gives the job besides its cores: /dev/shm, and the ranks sharing it
+(and the job's, all nodes together).
 
 Read once, at the start of a run (``session._environment``). DataLoader workers hand
 each batch to the training process through a file in ``/dev/shm`` (PyTorch's
@@ -30,3 +31,10 @@ def local_world_size(environ: Mapping[str, str] | None = None) -> int | None:
     ``LOCAL_WORLD_SIZE``; None outside such a launcher or for a value that is not a count."""
     text = (os.environ if environ is None else environ).get("LOCAL_WORLD_SIZE", "").strip()
     return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def world_size(environ: Mapping[str, str] | None = None) -> int:
+    """The job's ranks on all nodes, as a launcher (torchrun, Ray Train) sets ``WORLD_SIZE``;
+    1 outside one or for a value that is not a count."""
+    text = (os.environ if environ is None else environ).get("WORLD_SIZE", "").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else 1

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ...lines import warn
+from ...samplers.node import world_size
 from ...settings import Settings
 from .handover import put_files
 
@@ -84,7 +85,7 @@ class ProfiledLoop:
             from ...session import Profile
 
             s = self.settings
-            alone = JobContext.from_env() is None and _world_size() > 1
+            alone = JobContext.from_env() is None and world_size() > 1
             # without MASTER_ADDR (TorchConfig(init_method="tcp")) the ranks cannot meet:
             # rank 0 reports alone, the others write nothing over its file
             json = None if alone and os.environ.get("RANK", "0") != "0" else os.path.join(folder, REPORT)
@@ -93,16 +94,10 @@ class ProfiledLoop:
             prof.run.command = list(self.command)  # the driver's, not Ray's worker's
             if alone:
                 prof.run.limitations.append(
-                    f"Ray Train worker {os.environ.get('RANK', '?')} of {_world_size()} reports alone: no MASTER_ADDR "
+                    f"Ray Train worker {os.environ.get('RANK', '?')} of {world_size()} reports alone: no MASTER_ADDR "
                     "to meet the others at (TorchConfig(init_method='tcp')); their reports are not merged")
             return prof
         except Exception as exc:  # NOTE [ Never break the run ] in session.py
             warn(f"this Ray Train worker is not profiled ({type(exc).__name__}: {exc})")
             return None
 
-
-def _world_size() -> int:
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return 1
