@@ -28,7 +28,17 @@ from ..frameworks import by_name, for_loader
 from ..loaderhost import restart_cost
 from ..records import LoaderInfo, Run, WhatIf
 from ..stagemodel import loading
-from .base import IDS, MEASURE, NO_GAIN, STORED_IDS, Recommendation, replay_name, replayed_change
+from .base import (
+    CEILING,
+    IDS,
+    MEASURE,
+    NO_GAIN,
+    STORED_IDS,
+    Recommendation,
+    held_to_ceiling,
+    replay_name,
+    replayed_change,
+)
 from .compute import compute_advice, host_bound_advice, threads_advice
 from .loader import (
     compute_cpu_per_step,
@@ -166,11 +176,13 @@ def measured(run: Run, recs: list[Recommendation]) -> list[Recommendation]:
     if not run.whatif:
         return recs
     by_change = {w.change: w for w in run.whatif}
+    alone = by_change.get(CEILING)
+    ceiling = alone.baseline_seconds_per_step / alone.seconds_per_step if alone is not None else None
     out: list[Recommendation] = []
     for rec in recs:
         change = replayed_change(rec)
         w = by_change.get(change.describe()) if change is not None else None
-        if w is None:
+        if w is None or change is None:
             out.append(rec)
             continue
         gain = w.baseline_seconds_per_step / w.seconds_per_step
@@ -185,10 +197,11 @@ def measured(run: Run, recs: list[Recommendation]) -> list[Recommendation]:
             continue
         if gain < NO_GAIN:
             continue
+        gain, held = held_to_ceiling(gain, change, ceiling)
         rec.estimated_speedup = round(gain, 2)
         rec.basis = (f"measured: the job's own step replayed with {replay_name(w.change)}, "
                      f"{w.seconds_per_step * 1e3:.1f} ms against {w.baseline_seconds_per_step * 1e3:.1f} ms "
-                     f"as it ran, {w.steps} steps each")
+                     f"as it ran, {w.steps} steps each{held}")
         if w.held_wait_seconds:
             rec.basis += (f" (the model alone on a held batch, the {w.held_wait_seconds * 1e3:.1f} ms a step "
                           "the loop waited for batches added as measured)")

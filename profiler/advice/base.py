@@ -137,6 +137,19 @@ def change_of(rec: Recommendation) -> Changes | None:
 STORED_IDS = ("offline_preprocessing", "convert_format")
 
 
+def held_to_ceiling(gain: float, change: Changes, ceiling: float | None) -> tuple[float, str]:
+    """A replayed change's speed-up held to the model alone's (``CEILING``) where the change
+    is the loading's only: no loader makes a step faster than no loading at all, so a
+    replay that read faster read the noise between two replays. With the words that say so
+    ("" where nothing was held)."""
+    model = (change.amp, change.accumulation, change.threads, change.compile, change.pin_memory,
+             change.repeat_batch)
+    if ceiling is None or gain <= ceiling or any(model):
+        return gain, ""
+    return ceiling, (f"; held to the model alone's {ceiling:.2f}x (it read {gain:.2f}x: no change of the "
+                     "loading makes a step faster than no loading at all)")
+
+
 def replayed_change(rec: Recommendation) -> Changes | None:
     """The change a what-if replay measures for a recommendation: ``change_of`` less
     ``persistent_workers`` (a replay measures steady steps: no epoch starts); a stored

@@ -13,7 +13,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..advice.base import NO_GAIN, Recommendation, replay_name, replayed_change
+from ..advice.base import (
+    CEILING,
+    NO_GAIN,
+    Recommendation,
+    held_to_ceiling,
+    replay_name,
+    replayed_change,
+)
 from ..records import WhatIf
 from .records import RankRun
 
@@ -74,14 +81,16 @@ def job_estimate(rec: Recommendation, figures: list[JobWhatIf]) -> Recommendatio
     advised; unchanged where the job has no figure for it."""
     change = replayed_change(rec)
     figure = next((f for f in figures if change is not None and f.change == change.describe()), None)
-    if figure is None:
+    if figure is None or change is None:
         return rec
     gain = figure.speedup
     if gain < NO_GAIN:
         return None
+    alone = next((f for f in figures if f.change == CEILING), None)
+    gain, held = held_to_ceiling(gain, change, alone.speedup if alone is not None else None)
     values = {k: v for k, v in rec.values.items() if k != "whole_job_speedup"}  # a rank's, not the job's
     basis = (f"measured: every rank's own step replayed side by side with {replay_name(figure.change)}; "
              f"the job's step {figure.seconds_per_step * 1e3:.1f} ms with it (rank {figure.bound_by}, the slowest) "
              f"against {figure.baseline_seconds_per_step * 1e3:.1f} ms as it ran (rank {figure.baseline_rank}), "
-             f"{figure.steps} steps each at least")
+             f"{figure.steps} steps each at least{held}")
     return dataclasses.replace(rec, values=values, estimated_speedup=round(gain, 2), basis=basis, bound=False)

@@ -62,3 +62,10 @@ def test_the_ranks_replay_the_union_of_their_plans_or_none_where_one_refuses():
     assert unmeasured.changes == [] and "not measured on rank 1" in unmeasured.why
     assert Plan.from_json(a.to_json().encode()) == a
     assert Plan.from_json(b'{"changes": 3}').refused.startswith("its plan could not be read")
+
+
+def test_a_job_figure_faster_than_the_job_with_no_loading_is_held_to_it():
+    rec = Recommendation("cache", "Cache", "d", "c", {}, 2.0, "a rank's")
+    got = job_estimate(rec, [JobWhatIf("cache", 0.002, 0.070, 0, 1, 9), JobWhatIf("repeat_batch", 0.0025, 0.070, 0, 1, 9)])
+    assert got is not None and got.estimated_speedup == 28.0
+    assert "held to the model alone's 28.00x (it read 35.00x" in got.basis

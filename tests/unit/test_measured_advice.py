@@ -39,3 +39,27 @@ def test_the_model_alone_gaining_carries_the_measured_figure() -> None:
     run.whatif = [WhatIf("amp=auto", 0.080, 0.100, 24, held_wait_seconds=0.004, alone=True)]
     rec = _advice(run)["mixed_precision"]
     assert rec.estimated_speedup == 1.25 and "the model alone on a held batch" in rec.basis
+
+
+def test_a_cache_replayed_faster_than_the_model_alone_is_held_to_the_model_alone() -> None:
+    # no loader makes a step faster than no loading at all: the gap is two replays' noise
+    from tests.unit.test_report_snapshots import measured_changes_on_a_cpu_host
+
+    run = measured_changes_on_a_cpu_host()
+    run.whatif = [WhatIf("cache", 0.050, 0.25, 24), WhatIf("repeat_batch", 0.0625, 0.25, 24)]
+    rec = _advice(run)["cache"]
+    assert rec.estimated_speedup == 4.0
+    assert "held to the model alone's 4.00x (it read 5.00x" in rec.basis
+    run.whatif = [WhatIf("cache", 0.0700, 0.25, 24), WhatIf("repeat_batch", 0.0625, 0.25, 24)]
+    rec = _advice(run)["cache"]
+    assert rec.estimated_speedup == round(0.25 / 0.07, 2) and "held" not in rec.basis
+
+
+def test_a_model_change_is_not_held_to_the_model_alone() -> None:
+    from loadprof.advice.base import held_to_ceiling
+    from loadprof.fixes.spec import Changes
+
+    assert held_to_ceiling(1.6, Changes(amp="auto"), 1.2) == (1.6, "")
+    assert held_to_ceiling(1.6, Changes(threads=1), 1.2) == (1.6, "")
+    assert held_to_ceiling(1.6, Changes(num_workers=2), None) == (1.6, "")
+    assert held_to_ceiling(1.6, Changes(num_workers=2), 1.2)[0] == 1.2
