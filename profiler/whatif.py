@@ -33,7 +33,8 @@ same step and with the same changes: each posts its plan to the job's store and 
 all replay the union of the plans side by side (each replay the same time long on every
 rank, so the ranks share the host as the job does), each on its DDP model's own module,
 so no replay runs a collective. The job's all-reduce, the least time any rank waited in
-collectives in its median step (the slowest rank waits for nobody), is stood in for in
+collectives a step on the mean (the slowest rank waits for nobody but the transfer and
+the others' hiccups, which a job kept in step by a change meets at every step), is stood in for in
 every replay alike, by a sleep (gloo's wait gives the core up), in place of the rank's
 own wait. A rank that finishes first waits for the others in the store, inside the
 pause; one that never comes costs the others a bounded wait and no replay. The job's

@@ -184,9 +184,9 @@ class WhatIfRun:
         trained = diagnosis.metrics.loader
         why = step_unsafe(capture, job.ctx.world_size, together=True) or loader_unsafe(
             capture, reread=trained is not None and trained.iterations >= 2)
-        waited = job.collective_per_step(run, diagnosis.metrics.warmup_steps)  # (mean, median)
+        waited = job.collective_per_step(run, diagnosis.metrics.warmup_steps)
         t0 = time.perf_counter()
-        agreed = agree(job.exchange, Plan(changes, why, waited[1] if waited else None,
+        agreed = agree(job.exchange, Plan(changes, why, waited,
                                           diagnosis.metrics.step_time_mean))
         if agreed.why or not agreed.changes:
             self.place.run.whatif_skipped = agreed.why
@@ -197,7 +197,7 @@ class WhatIfRun:
             note(f"measuring {len(agreed.changes)} advised change(s) on every rank's own step together, at most "
                   f"{budget:.0f} s (--what-if 0 skips it)")
         # this rank's wait for the others is not the job's: the all-reduce alone stands in
-        own = diagnosis.metrics.compute_per_step - (waited[0] if waited else 0.0) + agreed.collective
+        own = diagnosis.metrics.compute_per_step - (waited or 0.0) + agreed.collective
         try:
             self.place.run.whatif, self.place.run.whatif_skipped = measure(capture, agreed.changes, own, budget, lambda: False,
                                                                slice_s=agreed.slice_s, collective=agreed.collective)

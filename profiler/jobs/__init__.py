@@ -14,7 +14,6 @@ import itertools
 import os
 import signal
 import socket
-import statistics
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -118,15 +117,14 @@ class Job:
         if self.timer is not None:
             self.timer.take_out(a, b)
 
-    def collective_per_step(self, run: Run, skip: int) -> tuple[float, float] | None:
-        """Seconds a step blocked in collectives over the steps after ``skip`` (a diagnosis's
-        judged steps, as the job's table counts them): their mean and median; None: not measured."""
+    def collective_per_step(self, run: Run, skip: int) -> float | None:
+        """Seconds a step blocked in collectives, the mean over the steps after ``skip`` (a
+        diagnosis's judged steps, as the job's table counts them); None: not measured."""
         waits = self.timer.per_step(run.steps) if self.timer is not None else None
-        steps = run.steps[skip:]
-        n = sum(s.merged for s in steps)
+        n = sum(s.merged for s in run.steps[skip:])
         if not waits or not n:
             return None
-        return sum(waits[skip:]) / n, statistics.median(w / s.merged for w, s in zip(waits[skip:], steps, strict=True))
+        return sum(waits[skip:]) / n
 
     def facts(self, run: Run) -> RankRun:
         collective = self.timer.per_step(run.steps) if self.timer is not None else None
