@@ -116,3 +116,24 @@ def test_the_contention_advice_carries_the_estimate_and_says_what_it_is() -> Non
         h.process_run_delay = None
     rec = next(r for r in recommend(run, diagnose(run)) if r.id == "contention")
     assert rec.estimated_speedup is None and "schedstat" in rec.basis
+
+
+def test_threads_that_outnumber_the_cores_left_make_the_threads_replay_the_contentions_floor() -> None:
+    # two threads beside a busy core wait at each parallel op for the peer it descheduled: the
+    # queued time alone gives 1.67x; one thread replayed beside it ran 3x faster
+    from loadprof.records import WhatIf
+
+    run = make_run(n=40, wait=0.06, wait_cpu=0.05, workers=0, cores=2, tree_cpu=100.0)
+    for h in run.host_samples:
+        h.cpu_per_core = [min(100.0, c + 60.0) for c in h.cpu_per_core]
+        h.process_run_delay = 0.4
+    run.environment.intra_op_threads = 2
+    run.whatif = [WhatIf("threads=1", 0.030, 0.090, 24)]
+    recs = {r.id: r for r in recommend(run, diagnose(run))}
+    rec = recs["contention"]
+    assert rec.estimated_speedup == 3.0 and not rec.bound
+    assert rec.basis.startswith("measured: at least what the job's own step replayed with threads=1")
+    # one thread fits the core left: the queued time's figure stands
+    run.environment.intra_op_threads = 1
+    rec = next(r for r in recommend(run, diagnose(run)) if r.id == "contention")
+    assert rec.estimated_speedup == pytest.approx(1 / 0.6, abs=0.01)
