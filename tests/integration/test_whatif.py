@@ -33,8 +33,9 @@ def _profiled(loader, model, what_if: float = 15.0, **kw):
     return prof, inside, out.getvalue()
 
 
-def test_a_storage_bound_loop_gets_measured_worker_and_cache_estimates_and_is_left_as_it_was() -> None:
+def test_a_storage_bound_loop_gets_measured_worker_and_cache_estimates_and_is_left_as_it_was(tmp_path, monkeypatch) -> None:
     # 8 ms a batch of sleeping, no CPU: workers and a cache both pay, whatever else runs
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its own: other tests' replays write theirs
     loader = DataLoader(Sleepy(n=384, delay=0.001), batch_size=8, shuffle=True)
     model = small_model()
     prof, (rng, weights, training), text = _profiled(loader, model)
@@ -61,7 +62,7 @@ def test_a_storage_bound_loop_gets_measured_worker_and_cache_estimates_and_is_le
     packed = stored[0]
     assert "an HDF5 copy" in packed.basis and packed.estimated_speedup is not None
     assert packed.estimated_speedup > 1.5 and packed.values["stored_items"] is True
-    assert not [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("loadprof-stored-")]
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("loadprof-stored-")]
     assert 0 < run.whatif_seconds <= 15.0 + 5.0
     # 48 steps: the replays ran between two steps, and that pause is out of the run's times
     assert len(run.steps) == 48
