@@ -218,8 +218,7 @@ def _contention_at_least_threads(run: Run, recs: list[Recommendation], by_change
     """Cores given back buy at least what fewer threads bought beside the other processes,
     where the model's threads outnumber the cores they left: its threads then wait at each
     parallel op for a peer the other work descheduled, which the queued time alone misses
-    (beside a busy core: 1.7-2.0x estimated from it, 4.7-19.5x measured by pausing it;
-    threads=1 replayed 3.9-12.3x)."""
+    (docs/dev/advice-accuracy.md, beside a busy core)."""
     rec = next((r for r in recs if r.id == "contention"), None)
     threads = run.environment.intra_op_threads
     others = rec.values.get("others_cpu_cores") if rec is not None else None
