@@ -198,6 +198,8 @@ def measured(run: Run, recs: list[Recommendation]) -> list[Recommendation]:
         if gain < NO_GAIN:
             continue
         gain, held = held_to_ceiling(gain, change, ceiling)
+        if gain < NO_GAIN:  # no loading at all gained nothing
+            continue
         rec.estimated_speedup = round(gain, 2)
         rec.basis = (f"measured: the job's own step replayed with {replay_name(w.change)}, "
                      f"{w.seconds_per_step * 1e3:.1f} ms against {w.baseline_seconds_per_step * 1e3:.1f} ms "

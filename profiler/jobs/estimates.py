@@ -88,6 +88,8 @@ def job_estimate(rec: Recommendation, figures: list[JobWhatIf]) -> Recommendatio
         return None
     alone = next((f for f in figures if f.change == CEILING), None)
     gain, held = held_to_ceiling(gain, change, alone.speedup if alone is not None else None)
+    if gain < NO_GAIN:  # no loading at all gained the job nothing
+        return None
     values = {k: v for k, v in rec.values.items() if k != "whole_job_speedup"}  # a rank's, not the job's
     basis = (f"measured: every rank's own step replayed side by side with {replay_name(figure.change)}; "
              f"the job's step {figure.seconds_per_step * 1e3:.1f} ms with it (rank {figure.bound_by}, the slowest) "

@@ -53,6 +53,9 @@ def test_a_cache_replayed_faster_than_the_model_alone_is_held_to_the_model_alone
     run.whatif = [WhatIf("cache", 0.0700, 0.25, 24), WhatIf("repeat_batch", 0.0625, 0.25, 24)]
     rec = _advice(run)["cache"]
     assert rec.estimated_speedup == round(0.25 / 0.07, 2) and "held" not in rec.basis
+    # no loading at all gained nothing: no loading change is advised
+    run.whatif = [WhatIf("cache", 0.050, 0.25, 24), WhatIf("repeat_batch", 0.249, 0.25, 24)]
+    assert "cache" not in _advice(run)
 
 
 def test_a_model_change_is_not_held_to_the_model_alone() -> None:
