@@ -185,7 +185,8 @@ def measured(run: Run, recs: list[Recommendation]) -> list[Recommendation]:
         if w is None or change is None:
             out.append(rec)
             continue
-        gain = w.baseline_seconds_per_step / w.seconds_per_step
+        # a loading change held to no loading at all (a model change, as the alone ones, is not)
+        gain, held = held_to_ceiling(w.baseline_seconds_per_step / w.seconds_per_step, change, ceiling)
         if gain < NO_GAIN and w.alone:
             # the model alone shows what the change does to the model, not to the job beside a
             # loader working ahead on the same cores: kept, unestimated
@@ -196,9 +197,6 @@ def measured(run: Run, recs: list[Recommendation]) -> list[Recommendation]:
             out.append(rec)
             continue
         if gain < NO_GAIN:
-            continue
-        gain, held = held_to_ceiling(gain, change, ceiling)
-        if gain < NO_GAIN:  # no loading at all gained nothing
             continue
         rec.estimated_speedup = round(gain, 2)
         rec.basis = (f"measured: the job's own step replayed with {replay_name(w.change)}, "

@@ -83,12 +83,9 @@ def job_estimate(rec: Recommendation, figures: list[JobWhatIf]) -> Recommendatio
     figure = next((f for f in figures if change is not None and f.change == change.describe()), None)
     if figure is None or change is None:
         return rec
-    gain = figure.speedup
-    if gain < NO_GAIN:
-        return None
     alone = next((f for f in figures if f.change == CEILING), None)
-    gain, held = held_to_ceiling(gain, change, alone.speedup if alone is not None else None)
-    if gain < NO_GAIN:  # no loading at all gained the job nothing
+    gain, held = held_to_ceiling(figure.speedup, change, alone.speedup if alone is not None else None)
+    if gain < NO_GAIN:  # measured (or no loading at all measured) to gain the job nothing
         return None
     values = {k: v for k, v in rec.values.items() if k != "whole_job_speedup"}  # a rank's, not the job's
     basis = (f"measured: every rank's own step replayed side by side with {replay_name(figure.change)}; "
