@@ -182,6 +182,16 @@ def starved_run(n: int = 20, counter: bool = True, power: bool = True, offset: f
     return Run(environment=env, steps=steps, gpu_samples=samples, loaders=[loader], data_wait_method="iterator-next")
 
 
+@pytest.fixture(autouse=True)
+def no_earlier_mlflow_run():
+    """MLflow's last ended run is kept per process: an earlier test's, in a store long gone,
+    would be looked up by the next Profile in the same test process, in the default store
+    (./mlflow.db). Only read from sys.modules: nothing is imported."""
+    fluent = sys.modules.get("mlflow.tracking.fluent")
+    if fluent is not None:
+        fluent._last_active_run_id.set(None)
+
+
 # -- torchrun jobs ------------------------------------------------------------------------
 BIN = Path(sys.executable).parent
 

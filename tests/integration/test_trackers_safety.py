@@ -9,7 +9,6 @@ import http.server
 import os
 import shutil
 import socket
-import sys
 import threading
 import time
 
@@ -19,15 +18,6 @@ from torch.utils.data import DataLoader
 from loadprof import Profile
 from tests.integration.test_trackers import _events, _text, _wandb_summary
 from tests.torch_loops import Sleepy, small_model, train
-
-
-@pytest.fixture(autouse=True)
-def no_earlier_mlflow_run():
-    """MLflow's last ended run is kept per process: an earlier test's, in a store long gone,
-    would be looked up in the default store (./mlflow.db)."""
-    fluent = sys.modules.get("mlflow.tracking.fluent")
-    if fluent is not None:
-        fluent._last_active_run_id.set(None)
 
 
 def quiet(**kw: object) -> Profile:
