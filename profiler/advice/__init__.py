@@ -198,8 +198,9 @@ def measured(run: Run, recs: list[Recommendation]) -> list[Recommendation]:
             continue
         if gain < NO_GAIN:
             continue
-        rec.estimated_speedup = round(gain, 2)
-        rec.basis = (f"measured: the job's own step replayed with {replay_name(w.change)}, "
+        # measured, not the most a model allows: an estimate
+        rec.estimated_speedup, rec.bound = round(gain, 2), False
+        rec.basis = (f"measured: the job's own step replayed with {replay_name(w.change, rec)}, "
                      f"{w.seconds_per_step * 1e3:.1f} ms against {w.baseline_seconds_per_step * 1e3:.1f} ms "
                      f"as it ran, {w.steps} steps each{held}")
         if w.held_wait_seconds:

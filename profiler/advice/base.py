@@ -65,9 +65,11 @@ CEILING = "repeat_batch"
 STORED_COPY = "stored"
 
 
-def replay_name(change: str) -> str:
-    """How the reports name a replayed change: its fix's words, or what a measurement-only
-    replay read."""
+def replay_name(change: str, rec: Recommendation | None = None) -> str:
+    """How the reports name a replayed change: its fix's words (a PyDataset's in its own
+    knobs), or what a measurement-only replay read."""
+    if rec is not None and rec.framework == "keras" and "use_multiprocessing" in rec.values:
+        return f"workers={rec.values.get('workers')}, use_multiprocessing={rec.values['use_multiprocessing']}"
     if change == STORED_COPY:
         return "its items read from an HDF5 copy (written for the replay, read from the page cache)"
     return change

@@ -8,7 +8,9 @@ run. The replays go one step further: the fit's ``train_function`` (or a custom 
 read: ``step(x, y)``) fed a fresh iterator over the pipeline as the script built it, and
 over the same pipeline built again with one advised change (rebuild.py: a parallel map, or the one map
 the advice per transformation names, a prefetch after the batch,
-a filled cache after the deterministic maps, the files read several at a time), in rounds while
+a filled cache after the deterministic maps, the files read several at a time; a PyDataset's
+batches as Keras's adapter makes them, and in the worker processes its advice names:
+keras/pydataset/replay.py), in rounds while
 the budget lasts, each round's calls after two of warm-up (the iterator's start, a shuffle
 buffer filling), the rounds of each averaged. A change whose pipeline is the same is not
 replayed. What a step took beyond the replayed call, read while the run ran (looptime.py),
@@ -42,6 +44,8 @@ from ...fixes.spec import Changes
 from ...records import Run, WhatIf
 from ...whatif import Interrupted, plan
 from ..keras.fit import FitRecord
+from ..keras.pydataset.facts import PYDATASET
+from ..keras.pydataset.replay import PyDatasetInput
 from .probe import STATE_COPY_SHARE, _state_variables
 from .rebuild import CACHE_BATCHES, Builds
 
@@ -50,6 +54,8 @@ if TYPE_CHECKING:
 
 #: the advice a replay measures: the changes a rebuild makes, and mixed precision under fit
 MEASURED_IDS = ("parallel_map", "prefetch", "cache", "interleave", "mixed_precision")
+#: ...and a PyDataset's worker processes (its advice's dialect is Keras's)
+KERAS_IDS = ("num_workers",)
 #: a custom loop's step is held at its call after this many (traced by then)
 HOLD_STEP = 4
 #: calls of each replay not timed: the iterator's start, a shuffle buffer filling
@@ -85,6 +91,9 @@ class _Target:
     own: float | None = None
     #: ``own`` is spent after each replayed call (a fit's), not added to the step after
     spin: bool = False
+    #: the input with a change no rebuild of a pipeline makes (a PyDataset's workers), and
+    #: what lets its iterators go between two replays; None: a tf.data pipeline's
+    feed: PyDatasetInput | None = None
 
 
 def replay(hooks: TensorFlowHooks, run: Run, recommendations: list[Recommendation], budget: float,
@@ -93,36 +102,50 @@ def replay(hooks: TensorFlowHooks, run: Run, recommendations: list[Recommendatio
     on the longest ``fit``'s step, or a custom loop's, or why they are not."""
     fits, hooks.replayable = hooks.replayable, []  # the script's models and data, let go after
     loop, hooks.loop_step = hooks.loop_step, None
-    changes = plan(recommendations, "tf", MEASURED_IDS)
+    changes = plan(recommendations, "tf", MEASURED_IDS) + plan(recommendations, "keras", KERAS_IDS)
     if not changes:
         return [], ""
     if fits:
         record = max(fits, key=lambda r: len(r.calls))
-        if record.dataset is None:
-            return [], ("the fit's input is not a tf.data pipeline (arrays or a generator): its changes "
-                        "are not replayed")
-        target = _fit_target(record)
+        feed = _pydataset_input(record)
+        if record.dataset is None and feed is None:
+            return [], ("the fit's input is not a tf.data pipeline or a PyDataset (arrays or a generator): its "
+                        "changes are not replayed")
+        target = _fit_target(record, feed.dataset() if feed is not None else record.dataset)
+        target.feed = feed
         mixed = next((c for c in changes if c.amp), None)
         if mixed is not None:
-            target.mixed = _mixed_target(record, mixed)
+            target.mixed = _mixed_target(record, mixed, target.dataset)
     elif loop is not None:
         target = _loop_target(loop)
         target.own = hooks.loop_time.per_step()
     else:
         return [], ("a custom tf.data loop whose step was not held (a tf.function called on the batch "
                     "as read, after its first steps): its changes are not replayed (`loadprof tune` measures them)")
-    return measure(target, hooks.builds, changes, _steady_step(run), budget, interrupted, _per_epoch(run))
+    try:
+        return measure(target, hooks.builds, changes, _steady_step(run), budget, interrupted, _per_epoch(run))
+    finally:
+        if target.feed is not None:
+            target.feed.reset()
 
 
-def _fit_target(record: FitRecord) -> _Target:
+def _pydataset_input(record: FitRecord) -> PyDatasetInput | None:
+    """A PyDataset's batches made as Keras makes them, where the fit read one (not a generator)."""
+    if record.dataset is not None or record.feed is None or record.info is None \
+            or record.info.framework != PYDATASET:
+        return None
+    return PyDatasetInput(record.x)
+
+
+def _fit_target(record: FitRecord, dataset: Any) -> _Target:
     model = record.model
     fn = record.original_fn or model.train_function
-    return _Target(record.dataset, lambda ds: iter(model.distribute_strategy.experimental_distribute_dataset(ds)),
+    return _Target(dataset, lambda ds: iter(model.distribute_strategy.experimental_distribute_dataset(ds)),
                    fn, _state_variables(model), max(1, record.steps_per_execution), own=record.own.per_step(),
                    spin=True)
 
 
-def _mixed_target(record: FitRecord, change: Changes) -> _Target | None:
+def _mixed_target(record: FitRecord, change: Changes, dataset: Any) -> _Target | None:
     """The fit's model built again, its layers under the mixed policy ``change`` means here
     (as the Keras fix sets it before the script builds its model), compiled alike; None
     where no policy fits or the model cannot be cloned."""
@@ -147,7 +170,7 @@ def _mixed_target(record: FitRecord, change: Changes) -> _Target | None:
         return None  # a subclassed model, a custom layer's config: not rebuilt
     finally:
         keras.mixed_precision.set_global_policy(before)
-    return _Target(record.dataset,
+    return _Target(dataset,
                    lambda ds: iter(clone.distribute_strategy.experimental_distribute_dataset(ds)),
                    clone.train_function, [], max(1, record.steps_per_execution))
 
@@ -208,7 +231,10 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
             continue
         rebuilt = rebuild_of(change)
         calls = change.parallel_reads if rebuilt == "parallel_reads" else change.map_calls
-        built = builds.rebuild(target.dataset, rebuilt, change.map_fn, calls) if rebuilt else None
+        if change.num_workers and target.feed is not None:
+            built = target.feed.dataset(change)
+        else:
+            built = builds.rebuild(target.dataset, rebuilt, change.map_fn, calls) if rebuilt else None
         if built is not None:
             variants.append((change, built, target))
     if not variants:
@@ -230,6 +256,10 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
     deadline = time.perf_counter() + budget
     slice_s = budget / (MAX_ROUNDS * len(configs))
     spin = target.own * target.batches if target.spin and target.own else 0.0
+    # a PyDataset's input starts again at each repetition (a new pool, as at an epoch): a slice
+    # stays inside one epoch, so its steady calls hold no start
+    most = (min(MAX_CALLS, max(3, per_epoch // target.batches - WARMUP_CALLS))
+            if target.feed is not None and per_epoch else MAX_CALLS)
     try:
         for _ in range(MAX_ROUNDS):
             for i, (change, ds, replayed) in enumerate(configs):
@@ -237,7 +267,11 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
                     break
                 # a cache's replay fills it first: the batches it holds, untimed
                 warmup = WARMUP_CALLS + (CACHE_BATCHES if change.cache else 0)
-                seconds, calls, first = _replay(replayed, ds, slice_s, interrupted, warmup, spin)
+                try:
+                    seconds, calls, first = _replay(replayed, ds, slice_s, interrupted, warmup, spin, most)
+                finally:
+                    if target.feed is not None:
+                        target.feed.reset()
                 s0, n0 = results.get(i, (0.0, 0))
                 results[i] = (s0 + seconds, n0 + calls)
                 firsts.setdefault(i, []).append(first)
@@ -275,7 +309,7 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
 
 
 def _replay(target: _Target, ds: Any, slice_s: float, interrupted: Callable[[], bool],
-            warmup: int = WARMUP_CALLS, spin: float = 0.0) -> tuple[float, int, float]:
+            warmup: int = WARMUP_CALLS, spin: float = 0.0, most: int = MAX_CALLS) -> tuple[float, int, float]:
     """Seconds of the step's calls timed on a fresh iterator over ``ds`` (repeated), their count, and
     the seconds of the first call (the iterator's start with it); ``spin``: seconds the main
     thread is kept busy after each call (fit's own time)."""
@@ -294,7 +328,7 @@ def _replay(target: _Target, ds: Any, slice_s: float, interrupted: Callable[[], 
     tf.nest.map_structure(np.asarray, out)  # the warm-up done on the device too
     calls = 0
     start = time.perf_counter()
-    while calls < MAX_CALLS and (calls < 3 or time.perf_counter() - start < slice_s):
+    while calls < most and (calls < 3 or time.perf_counter() - start < slice_s):
         if interrupted():
             raise Interrupted
         out = target.call(it)

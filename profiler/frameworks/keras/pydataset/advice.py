@@ -11,7 +11,8 @@ the longest of the model's compute and making its batches (the CPU all of it nee
 sets how many workers, not the figure: the process's CPU counts threads spinning between
 ops). Not counted: the model's CPU on the workers' cores, a batch's trip from a worker
 process (pickled), and Keras starting the pool again each epoch: with processes the figure
-is the most the change buys (``bound``).
+is the most the change buys (``bound``), until the what-if replays measure it on the fit's
+own step (keras/pydataset/replay.py, tensorflow/whatif.py; advice.measured).
 """
 
 from __future__ import annotations
