@@ -120,8 +120,8 @@ class HostSample:
     #: % of a core used by loadprof's own helper process: neither the job's nor another's
     profiler_cpu: float = 0.0
     #: % of a core used by children the training process reaped in the window, beyond what was
-    #: read of them (workers shorter than a listing: NOTE [ Short-lived loader workers ] in
-    #: samplers/host.py); the job's, in no worker's figure
+    #: read of them (workers shorter than a listing), and by children first seen in it, before
+    #: it (NOTE [ Short-lived loader workers ] in samplers/host.py); the job's, in no worker's figure
     reaped_cpu: float = 0.0
     #: each loader worker's pid and % of a core over the window, in the same order; they sum
     #: to ``children_cpu``. Empty in runs saved before they were recorded. Readings with the

@@ -10,7 +10,9 @@ With ``persistent_workers=False`` PyTorch forks fresh DataLoader workers every
 epoch, so a worker may live for only part of an interval. A child seen for the
 first time is charged the CPU time it used since it was created (or the share of
 it that falls in this interval, if it was created earlier and we missed it), not
-a zero "priming" reading. A process that is gone cannot be read, but once its parent
+a zero "priming" reading; the rest, what it used between its start and the window
+(workers fill their prefetch at once, before the next listing finds them), is the
+job's too, kept with the reaped CPU below. A process that is gone cannot be read, but once its parent
 has reaped it (a DataLoader joins its workers), the kernel adds its CPU time to the
 parent's cutime and cstime (proc(5)): what those grew by in an interval, less the CPU
 last read of the children that left in it, is the CPU they used after our last reading,
@@ -387,6 +389,7 @@ class HostSource:
         seen: dict[tuple[int, float], float] = {}
         delays: dict[tuple[int, float], float] = {}
         used = 0.0
+        missed = 0.0  # first-seen children's CPU before this window (NOTE [ Short-lived loader workers ])
         waited = 0.0
         children_rss = 0
         worker_pids: list[int] = []
@@ -412,6 +415,7 @@ class HostSource:
                 # NOTE [ Short-lived loader workers ]
                 lifetime = max(wall_now - key[1], 1e-9)
                 c_used = c_cpu if lifetime <= dt else c_cpu * dt / lifetime
+                missed += c_cpu - c_used
             used += c_used
             worker_pids.append(key[0])
             worker_cpu.append(round(c_used * scale, 2))  # 0.01% of a core: short JSON, sums within rounding
@@ -422,6 +426,8 @@ class HostSource:
             self._reaped_cpu = max(0.0, 100.0 * (reaped - last_reaped - read) / dt)
         else:
             self._reaped_cpu = 0.0
+        if dt:
+            self._reaped_cpu += 100.0 * missed / dt
         self._last_children = seen
         self._last_delay = delays
         self._pids = {proc.pid, *(pid for pid, _ in seen)}
