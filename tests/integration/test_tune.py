@@ -109,9 +109,10 @@ def test_caching_a_random_augmentation_is_unsafe(tmp_path: Path) -> None:
 
 def _failing_search(tmp_path: Path, mode: str, *options: str) -> dict:
     # one failure per search, so that the other worker count is left to win (a 2-core host
-    # tries two counts); a bounded trial: the hanging one is stopped at 12 s, not at its estimate + 30 s
+    # tries two counts); a bounded trial: the hanging one is stopped at 30 s, not at its estimate + 30 s
+    # (healthy trials of a slower CPU under the suite's load saw no step in 12 s)
     script = _script(tmp_path, STARVED)
-    data = _tune(tmp_path, script, "--budget", "150", "--fixes", "workers", "--trial-timeout", "12", *options,
+    data = _tune(tmp_path, script, "--budget", "150", "--fixes", "workers", "--trial-timeout", "30", *options,
                  args=(str(tmp_path / "marker"), mode))
     assert (tmp_path / "marker").exists()
     return data
@@ -183,7 +184,7 @@ class Slow(Dataset):
 
 def test_tune_loader_returns_an_equivalent_loader() -> None:
     loader = DataLoader(Slow(), batch_size=8, shuffle=False, drop_last=True)
-    tuned = loadprof.tune_loader(loader, batches=6, budget=15)
+    tuned = loadprof.tune_loader(loader, batches=6, budget=40)  # a bound: a slower CPU under load needed more than 15 s
     assert isinstance(tuned, DataLoader) and tuned is not loader
     assert tuned.dataset is loader.dataset and tuned.batch_size == 8 and tuned.drop_last
     assert tuned.num_workers >= 1  # 3 ms per item with no workers is the bottleneck here
