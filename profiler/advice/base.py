@@ -66,9 +66,9 @@ STORED_COPY = "stored"
 
 
 def replay_name(change: str, rec: Recommendation | None = None) -> str:
-    """How the reports name a replayed change: its fix's words (a PyDataset's in its own
-    knobs), or what a measurement-only replay read."""
-    if rec is not None and rec.framework == "keras" and "use_multiprocessing" in rec.values:
+    """How the reports name a replayed change: its fix's words (in the loader's own knobs
+    where the advice names them: a PyDataset's), or what a measurement-only replay read."""
+    if rec is not None and "use_multiprocessing" in rec.values:
         return f"workers={rec.values.get('workers')}, use_multiprocessing={rec.values['use_multiprocessing']}"
     if change == STORED_COPY:
         return "its items read from an HDF5 copy (written for the replay, read from the page cache)"
