@@ -16,13 +16,16 @@ from loadprof import Profile  # noqa: E402
 
 
 class Burn(torch.utils.data.Dataset):
-    """Each item burns ~2 ms of CPU and says how much CPU its worker has used so far."""
+    """Each of ``items`` items burns ``seconds`` of CPU and says how much CPU its worker has used so far."""
+
+    def __init__(self, items: int = 48, seconds: float = 0.002) -> None:
+        self.items, self.seconds = items, seconds
 
     def __len__(self) -> int:
-        return 48
+        return self.items
 
     def __getitem__(self, i: int):
-        end = time.process_time() + 0.002
+        end = time.process_time() + self.seconds
         while time.process_time() < end:
             pass
         return torch.zeros(4), time.process_time()
@@ -52,18 +55,6 @@ def test_workers_shorter_than_a_listing_are_counted_as_the_jobs() -> None:
     assert counted >= 0.75 * workers_cpu, (counted, workers_cpu, len(host))
 
 
-class Burst(torch.utils.data.Dataset):
-    """Each item burns ~15 ms of CPU and says how much CPU its worker has used so far."""
-
-    def __len__(self) -> int:
-        return 12
-
-    def __getitem__(self, i: int):
-        end = time.process_time() + 0.015
-        while time.process_time() < end:
-            pass
-        return torch.zeros(4), time.process_time()
-
 
 @pytest.mark.slow
 def test_workers_first_listed_after_their_prefetch_burst_are_counted_whole() -> None:
@@ -74,7 +65,7 @@ def test_workers_first_listed_after_their_prefetch_burst_are_counted_whole() -> 
     ctx = mp.get_context("fork")
     with Profile(output=None, what_if=0) as prof:
         for _ in range(5):  # epochs of ~0.6 s, 2 fresh workers each
-            loader = torch.utils.data.DataLoader(Burst(), batch_size=1, num_workers=2, prefetch_factor=6,
+            loader = torch.utils.data.DataLoader(Burn(12, 0.015), batch_size=1, num_workers=2, prefetch_factor=6,
                                                  multiprocessing_context=ctx)
             per_epoch: list[float] = []
             for x, cpu in loader:
