@@ -55,7 +55,6 @@ def test_workers_shorter_than_a_listing_are_counted_as_the_jobs() -> None:
     assert counted >= 0.75 * workers_cpu, (counted, workers_cpu, len(host))
 
 
-
 @pytest.mark.slow
 def test_workers_first_listed_after_their_prefetch_burst_are_counted_whole() -> None:
     # fresh workers fill their prefetch at once, then wait for a loop slower than they are:
