@@ -160,15 +160,16 @@ def test_each_workers_cpu_is_its_own_and_they_sum_to_the_workers_total(burner_tr
     host = HostSource(pid=os.getpid())
     host.start()
     assert wait_until(lambda: len(psutil.Process(burner_tree.pid).children()) >= 1)
-    time.sleep(0.5)
-    s = host.sample(1.0)
+    host.sample(0.5)  # the parent's own start-up (its imports) is not what this test weighs
+    time.sleep(1.0)
+    s = host.sample(1.5)
     assert sorted(s.worker_pids) == sorted(host.pids() - {os.getpid()}) and len(s.worker_pids) == s.n_children
     cpu = dict(zip(s.worker_pids, s.worker_cpu, strict=True))
     (burner,) = [c.pid for c in psutil.Process(burner_tree.pid).children()]
     # the grandchild burns, its parent waits (how much the burner gets depends on the host's load)
     assert cpu[burner] > 5.0 and cpu[burner_tree.pid] < cpu[burner] / 3
     assert abs(sum(s.worker_cpu) - s.children_cpu) <= 0.005 * len(s.worker_cpu) + 1e-9  # rounded to 0.01
-    again = host.sample(1.1)
+    again = host.sample(1.6)
     assert again.worker_pids is s.worker_pids  # the same workers: their readings share one list
 
 
