@@ -14,8 +14,10 @@ then the trials; a trial's speed-up is its throughput (samples/s after warm-up)
 over its own round's baseline, so load that drifts between rounds cancels; a trial
 runs as many steps as take ``--min-seconds`` at the step its estimate expects. The
 measured speed-up is the median over rounds, the estimate the baselines' median
-estimate (the whole job's where the advice gives one and its one-time cost falls inside a
-trial's measured steps: an epoch's start of workers or a pipeline; a cache fills before). Error = estimated / measured - 1. Target: within 15% (``TARGET``).
+estimate (the whole job's as it ran where the advice gives one for workers or a pipeline:
+then both runs are timed over the baseline's steps from its first, its epochs' starts
+inside them; a cache's fill is the fix's set-up, before the measured steps). Error =
+estimated / measured - 1. Target: within 15% (``TARGET``).
 
 The estimate divides the baseline's mean step (over the steps its diagnosis judges)
 by the predicted one; each row also gives the speed-up in median step time (the
@@ -237,10 +239,11 @@ def _trial_steps(base_step: float | None, expected: float | None, o: argparse.Na
 
 
 def _rate_over(t: TrialResult, warmup: int, n: int) -> float | None:
-    """Steps/s over the first ``n`` measured steps: a trial longer than its baseline, held
-    to the baseline's length where the advice's figure is the whole job's as it ran (an
-    epoch's start of workers counted over as many steps)."""
-    if t.run is None or len(t.run.steps) < warmup + 3:
+    """Steps/s over the ``n`` steps after ``warmup``: a trial longer than its baseline, held
+    to the baseline's steps where the advice's figure is the whole job's as it ran (its
+    epochs' starts of workers or a pipeline, the first one inside its first step; None: the
+    trial ran fewer steps)."""
+    if t.run is None or len(t.run.steps) < warmup + max(n, 3):
         return None
     steps = t.run.steps[warmup:warmup + n]
     span = steps[-1].end - steps[0].start
@@ -299,6 +302,7 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
     rows: dict[str, dict[str, Any]] = {}
     trials: dict[str, list[tuple[TrialResult, TrialResult]]] = {}  # (the round's baseline, the trial)
     dropped: dict[str, Changes] = {}
+    whole_job: set[str] = set()  # advice estimated over the whole job as it ran
     for r in range(o.repeats):
         base = _trial(f"baseline #{r + 1}", script, args, env, Changes(), o, what_if=o.what_if)
         if not base.ok or not base.rate or base.run is None:
@@ -320,6 +324,8 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
             whole = rec.values.get("whole_job_speedup") if rec.id in WHOLE_JOB_IDS else None
             if whole is not None or rec.estimated_speedup is not None:
                 estimates.setdefault(rec.id, []).append(whole if whole is not None else rec.estimated_speedup)
+            if whole is not None:
+                whole_job.add(rec.id)
             recs.setdefault(rec.id, rec)
         for w in base.run.whatif:  # measured to gain nothing, so not advised: was that right?
             if speedup(w) < NO_GAIN and w.change != CEILING and not w.alone:
@@ -333,6 +339,8 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
         for rid, rec in recs.items():
             changes = changes_for(rec)
             n = _trial_steps(base_step, estimates[rid][-1] if rid in estimates else None, o)
+            if rid in whole_job:  # timed over the baseline's steps
+                n = max(n, len(base.run.steps) - o.warmup)
             if rid == "contention" and busy is not None:
                 with busy.paused():
                     t = _trial(f"{rid} ({FREED}) #{r + 1}", script, args, env, Changes(), o, steps=n)
@@ -357,9 +365,9 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
                          "status": f"the fix was not applied: {refused[-1].not_applied[0]}"}
             continue
         # each trial against the baseline of its own round: load that drifts between rounds cancels
-        if rid.split("=")[0] in WHOLE_JOB_IDS:  # over as many steps as the baseline's
-            good = [t_rate / b_rate for b, t in runs if t.ok
-                    for b_rate, t_rate in [(_rate_over(b, o.warmup, o.steps), _rate_over(t, o.warmup, o.steps))]
+        if rid in whole_job:  # the whole job as the baseline ran it, from its first step
+            good = [t_rate / b_rate for b, t in runs if t.ok and b.run is not None
+                    for b_rate, t_rate in [(_rate_over(b, 0, len(b.run.steps)), _rate_over(t, 0, len(b.run.steps)))]
                     if b_rate and t_rate]
         else:
             good = [t.rate / b.rate for b, t in runs if t.ok and t.rate and b.rate]
@@ -375,7 +383,7 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
         rows[rid] = {
             "example": example, "id": rid, "status": "measured",
             "change": _change(recs[rid], flags) if rid in recs else dropped[rid].describe(),
-            "estimated": est, "estimates": estimates.get(rid, []), "measured": measured,
+            "estimated": est, "estimates": estimates.get(rid, []), "measured": measured, "whole_job": rid in whole_job,
             "measured_runs": good, "error": est / measured - 1 if est else None,
             "measured_median_step": by_step,
             "error_median_step": est / by_step - 1 if est and by_step else None,

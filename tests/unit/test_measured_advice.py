@@ -66,3 +66,29 @@ def test_a_model_change_is_not_held_to_the_model_alone() -> None:
     assert held_to_ceiling(1.6, Changes(threads=1), 1.2) == (1.6, "")
     assert held_to_ceiling(1.6, Changes(num_workers=2), None) == (1.6, "")
     assert held_to_ceiling(1.6, Changes(num_workers=2), 1.2)[0] == 1.2
+
+
+def test_the_whole_jobs_figure_keeps_the_first_steps_own_start_up_as_it_was() -> None:
+    # a graph traced or kernels chosen in the first step: a loading change does not shorten it
+    import dataclasses
+    import math
+
+    from tests.unit.test_report_snapshots import measured_changes_on_a_cpu_host
+
+    def whole(first_extra: float) -> tuple[float, str]:
+        run = measured_changes_on_a_cpu_host()
+        run.steps = [dataclasses.replace(s, start=s.start + (first_extra if s.index else 0.0),
+                                         end=s.end + first_extra) for s in run.steps]
+        run.whatif = [WhatIf("num_workers=1", 0.125, 0.25, 24, start_seconds=0.3, baseline_start_seconds=0.1875)]
+        rec = _advice(run)["num_workers"]
+        return rec.values["whole_job_speedup"], rec.basis
+
+    plain, basis = whole(0.0)
+    assert "first step" not in basis and plain > 1.0
+    slow, basis = whole(2.0)
+    durations = [0.25 + 2.0] + [0.25] * 39
+    total, first = sum(durations), 2.0 - 0.1875
+    starts = math.ceil(40 / 32)  # epochs of 32 batches, workers started at each
+    assert slow == round(total / ((total - first) / 2 + first + starts * (0.3 - 0.1875)), 2)
+    assert slow < plain and slow < round(total / (total / 2 + starts * (0.3 - 0.1875)), 2)  # not scaled by the gain
+    assert "the first step's other 1.81 s (start-up work) as it was" in basis
