@@ -1,6 +1,7 @@
 """The loaders' items the what-if replays read instead of the dataset (whatif.py): one
-batch again and again (the model alone), the items of a few batches held (a cache), and
-those items written to an HDF5 file and read back (an offline copy)."""
+batch again and again (the model alone), the items of a few batches held (a cache), their
+deterministic steps alone held (a cache of those), and the items written to an HDF5 file
+and read back (an offline copy)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,85 @@ class HeldItems:
         return cls(items, len(dataset))
 
 
+class HeldStages:
+    """A cache of the deterministic steps alone, for the replay: for the items of a few
+    batches, the output of the first ``n`` transforms of the dataset's Compose made once
+    and held. Each read runs the dataset's own ``__getitem__`` with those transforms
+    standing in by the held output: the random transforms and the user's own code run
+    as they do. The Compose is left as it was after every read."""
+
+    def __init__(self, dataset: Any, compose: Any, n: int, indices: list[int], held: dict[int, Any]) -> None:
+        self.dataset, self.compose, self.n, self.indices, self.held = dataset, compose, n, indices, held
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        i = self.indices[index % len(self.indices)]
+        return _with_transforms(self.compose, lambda ts: [_Held(self.held[i]), *ts[self.n:]],
+                                lambda: self.dataset[i])
+
+    @classmethod
+    def read(cls, loader: Any, n: int) -> HeldStages | str:
+        """The held outputs, or why none can be held."""
+        import torch
+
+        from .fixes.cache import internal
+        from .frameworks.torch.stages import composes
+
+        dataset = loader.dataset
+        if isinstance(dataset, torch.utils.data.IterableDataset):
+            return "a stream's items cannot be read by index"
+        found = composes(dataset)
+        if not found or len(found[0].transforms) <= n:
+            return "its Compose was not found as the stage table timed it"
+        compose = found[0]
+        size = loader.batch_size or 1
+        with internal():
+            indices = [i for _, i in zip(range(CACHE_BATCHES * size), iter(loader.sampler), strict=False)] or [0]
+        held: dict[int, Any] = {}
+        for i in indices:
+            got: list[Any] = []
+
+            def keep(x: Any, got: list[Any] = got) -> Any:
+                got.append(x)
+                return x
+
+            _with_transforms(compose, lambda ts: [*ts[:n], keep, *ts[n:]], lambda i=i: dataset[i])
+            if len(got) != 1:
+                return "its Compose did not run once per item"
+            held[i] = got[0]
+        return cls(dataset, compose, n, indices, held)
+
+
+class _Held:
+    """A transform that gives the held output whatever it is given."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __call__(self, _: Any) -> Any:
+        return self.value
+
+
+def _with_transforms(compose: Any, change: Any, call: Any) -> Any:
+    """``call()`` with the Compose's transforms set to ``change(transforms)``, then put back
+    (a list in place: whatever holds the Compose sees its own list)."""
+    saved = compose.transforms
+    before = list(saved)
+    if isinstance(saved, list):
+        saved[:] = change(before)
+    else:
+        compose.transforms = tuple(change(before))
+    try:
+        return call()
+    finally:
+        if isinstance(saved, list):
+            saved[:] = before
+        else:
+            compose.transforms = saved
+
+
 class StoredItems:
     """An offline copy as ``loadprof convert`` stores one, for the replay: the held items
     written to an HDF5 file and read back through ``HDF5Dataset``, each read checked
@@ -98,6 +178,7 @@ class Items:
         self.loader = loader
         self._held: HeldItems | None = None
         self._stored: StoredItems | None = None
+        self._stages: dict[int, HeldStages | str] = {}
         self._folder: Any = None
         self.problem = ""
 
@@ -105,6 +186,16 @@ class Items:
         if self._held is None:
             self._held = HeldItems.read(self.loader)
         return self._held
+
+    def stages(self, n: int) -> HeldStages | None:
+        """The items with their first ``n`` transforms held (None: they cannot be)."""
+        if n not in self._stages:
+            try:
+                self._stages[n] = HeldStages.read(self.loader, n)
+            except Exception as err:  # the user's dataset failed with its Compose changed: not measured
+                self._stages[n] = f"{type(err).__name__}: {err}"
+        got = self._stages[n]
+        return got if isinstance(got, HeldStages) else None
 
     def stored(self) -> StoredItems | None:
         if self._stored is None and not self.problem:

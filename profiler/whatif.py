@@ -58,7 +58,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .advice.base import CEILING, STORED_COPY, Recommendation, replayed_change
+from .advice.base import CEILING, HELD_STAGES, STORED_COPY, Recommendation, replayed_change
 from .fixes.spec import Changes
 from .records import WhatIf
 from .replayitems import Items, OneBatch
@@ -462,6 +462,9 @@ def _loader_for(loader: Any, change: Changes, items: Items) -> Any:
         return OneBatch(next(iter(_loader_like(loader, num_workers=0))))
     if change.cache:
         return _loader_like(loader, dataset=items.held(), **settings)
+    if change.held_stages:
+        held = items.stages(change.held_stages)
+        return None if held is None else _loader_like(loader, dataset=held, **settings)
     if change.stored:
         stored = items.stored()
         return None if stored is None else _loader_like(loader, dataset=stored, **settings)
@@ -555,13 +558,21 @@ def speedup(w: WhatIf) -> float:
     return w.baseline_seconds_per_step / w.seconds_per_step if w.seconds_per_step > 0 else math.nan
 
 
+def _short_name(change: str) -> str:
+    if change == STORED_COPY:
+        return "an HDF5 copy of the items"
+    if change.startswith(HELD_STAGES):
+        return f"the deterministic steps held (the Compose's first {change.removeprefix(HELD_STAGES)})"
+    return change
+
+
 def summary(run: Any) -> str:
     """One line on what the what-if replays measured, or why nothing was ("" where neither)."""
     if run.whatif:
         from .advice import NO_GAIN
 
         parts = [f"with no loading at all (the model alone) {speedup(w):.2f}x" if w.change == CEILING else
-                 f"{'an HDF5 copy of the items' if w.change == STORED_COPY else w.change} {speedup(w):.2f}x"
+                 f"{_short_name(w.change)} {speedup(w):.2f}x"
                  + ((" (no gain alone: advised unestimated)" if w.alone else " (no gain: not advised)")
                     if speedup(w) < NO_GAIN else "")
                  for w in run.whatif]

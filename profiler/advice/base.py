@@ -63,6 +63,8 @@ def speedup_text(speedup: float | None, bound: bool = False) -> str:
 CEILING = "repeat_batch"
 #: the what-if replay of the offline copy (``Changes(stored=True).describe()``)
 STORED_COPY = "stored"
+#: the what-if replay of a cache of the deterministic steps alone (``Changes(held_stages=N)``)
+HELD_STAGES = "held_stages="
 
 
 def replay_name(change: str, rec: Recommendation | None = None) -> str:
@@ -72,6 +74,9 @@ def replay_name(change: str, rec: Recommendation | None = None) -> str:
         return f"workers={rec.values.get('workers')}, use_multiprocessing={rec.values['use_multiprocessing']}"
     if change == STORED_COPY:
         return "its items read from an HDF5 copy (written for the replay, read from the page cache)"
+    if change.startswith(HELD_STAGES):
+        n = change.removeprefix(HELD_STAGES)
+        return f"the deterministic steps done once per item and held (the Compose's first {n})"
     return change
 
 #: a change measured this much slower or less is not advised: the replays' noise
@@ -158,6 +163,9 @@ def replayed_change(rec: Recommendation) -> Changes | None:
     copy of whole items read instead of the dataset."""
     if rec.id in STORED_IDS and rec.values.get("stored_items"):
         return Changes(stored=True)
+    if "prefix_share" in rec.values:  # the deterministic steps alone, where a replay can hold them
+        stages = rec.values.get("prefix_stages")
+        return Changes(held_stages=stages) if isinstance(stages, int) and stages >= 1 else None
     change = change_of(rec)
     if change is not None:
         change.persistent_workers = None

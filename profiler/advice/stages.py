@@ -4,6 +4,7 @@ of the same id, with an estimate from the stage model."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from ..diagnosis import Diagnosis, Metrics
 from ..frameworks import for_loader
@@ -55,11 +56,22 @@ def stage_advice(run: Run, diagnosis: Diagnosis, out: list[Recommendation]) -> l
         out.append(rec)
     for rec in out:
         if rec.id == "offline_preprocessing" and rec.estimated_speedup is None:
-            _estimate_offline(run, m, load, model, rec)
+            _estimate_offline(run, m, loader, load, model, rec)
     return out
 
 
-def _estimate_offline(run: Run, m: Metrics, load: Loading, model: Pipeline, rec: Recommendation) -> None:
+def _held_stages(loader: LoaderInfo, rows: list[StageRow]) -> dict[str, Any]:
+    """``prefix_stages``: how many of the Compose's first transforms the deterministic steps
+    are, where they are those alone (no read or decode before them) and a replay can hold
+    them (whatif.py); else nothing."""
+    if loader.iterable or not rows or any(r.kind != "transform" for r in rows) \
+            or sorted(r.order for r in rows) != list(range(len(rows))):
+        return {}
+    return {"prefix_stages": len(rows)}
+
+
+def _estimate_offline(run: Run, m: Metrics, loader: LoaderInfo, load: Loading, model: Pipeline,
+                      rec: Recommendation) -> None:
     """The general advice to preprocess offline, estimated as the stage model without the
     deterministic steps the stored copy would hold (their measured share of loading)."""
     rows = deterministic_prefix(load)
@@ -67,12 +79,12 @@ def _estimate_offline(run: Run, m: Metrics, load: Loading, model: Pipeline, rec:
         rec.basis = ("no estimate: none of the timed stages is known to be deterministic (a random or "
                      "unnamed transform comes first); " + MEASURE.split(": ", 1)[1])
         return
+    rec.values.update({"prefix_share": round(sum(r.share for r in rows), 3), **_held_stages(loader, rows)})
     speedup, basis = stage_estimate(run, model, m, rows, load)
     if speedup is None:
         return
     names = ", ".join(r.name for r in sorted(rows, key=lambda r: -r.share)[:4])
     rec.estimated_speedup = speedup
-    rec.values["prefix_share"] = round(sum(r.share for r in rows), 3)
     rec.basis = (f"{basis.replace('these stages', names)}, the stored copy read as fast as memory "
                  "(from a disk it costs its read)")
 
@@ -157,6 +169,7 @@ def _stage_prefix_advice(run: Run, m: Metrics, loader: LoaderInfo, load: Loading
     names = ", ".join(r.name for r in sorted(rows, key=lambda r: -r.share)[:4])
     why = (f"The steps before the first random transform ({names}) take {share:.0%} of loading and give the "
            "same result every epoch. ")
+    values: dict[str, Any] = {"prefix_share": round(share, 3), **_held_stages(loader, rows)}
     if fits and size is not None:
         return Recommendation(
             "cache", "Cache the deterministic steps in memory; keep the random ones online",
@@ -175,12 +188,12 @@ def _stage_prefix_advice(run: Run, m: Metrics, loader: LoaderInfo, load: Loading
              "    if i not in self.cache:\n"
              "        self.cache[i] = deterministic(read_and_decode(i))\n"
              "    return random_transforms(self.cache[i])"),
-            {"dataset_bytes": size, "prefix_share": round(share, 3)}, speedup, basis)
+            {"dataset_bytes": size, **values}, speedup, basis)
     return Recommendation(
         "offline_preprocessing", "Store the output of the deterministic steps; keep the random ones online",
         why + ("Their output would not fit in memory: store it once with `loadprof convert`."
                if size is not None else "Store it once with `loadprof convert`."),
-        offline_snippet(loader), {"prefix_share": round(share, 3)}, speedup, basis)
+        offline_snippet(loader), values, speedup, basis)
 
 
 def _stage_gpu_transforms_advice(run: Run, m: Metrics, loader: LoaderInfo, load: Loading,

@@ -61,10 +61,14 @@ class Changes:
     #: Measurement only (a what-if replay): a map-style dataset's items read from an
     #: HDF5 copy of them, as ``loadprof convert`` stores one (the offline advice).
     stored: bool = False
+    #: Measurement only (a what-if replay): the first N transforms of a map-style
+    #: dataset's Compose done once per item and held, the rest every time (the cache
+    #: of the deterministic steps).
+    held_stages: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_workers", "prefetch_factor", "accumulation", "threads", "map_calls",
-                     "parallel_reads"):
+                     "parallel_reads", "held_stages"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ValueError(f"{name}: expected a whole number >= 0, got {value!r}")

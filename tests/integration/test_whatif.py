@@ -20,6 +20,7 @@ from loadprof.advice import NO_GAIN
 from loadprof.advice.base import CEILING, STORED_IDS
 from loadprof.cpufeatures import cpu_features, has_bf16
 from loadprof.records import Run
+from tests.stage_loops import Compose
 from tests.torch_loops import Sleepy, heavy_model, small_model, train
 
 from ..conftest import LOADPROF
@@ -376,3 +377,44 @@ def test_a_loop_over_its_own_batches_gets_the_models_changes_measured_alone_and_
     assert len(run.steps) == 60
     assert max(st.data_wait for st in run.steps) < run.whatif_seconds / 4
     assert prof.report.verdict == "compute-bound"
+
+
+class Resize:
+    """Deterministic by its name; waits as a costly filter would compute, whatever else runs."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.002)
+        return x * 2
+
+
+class RandomFlip:
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flip(0) if torch.rand(()) < 0.5 else x
+
+
+class _Filtered(torch.utils.data.Dataset):
+    def __init__(self, n: int) -> None:
+        self.x = torch.randn(n, 32, generator=torch.Generator().manual_seed(0))
+        self.transform = Compose([Resize(), RandomFlip()])
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return self.transform(self.x[i]), i % 4
+
+
+def test_a_cache_of_the_deterministic_steps_alone_is_measured_and_the_compose_left_as_it_was() -> None:
+    data = _Filtered(384)
+    mine, (resize, flip) = data.transform.transforms, data.transform.transforms
+    prof, _, _ = _profiled(DataLoader(data, batch_size=8, shuffle=True), small_model())
+    measured = {w.change: w for w in prof.run.whatif}
+    assert "held_stages=1" in measured, (list(measured), prof.run.whatif_skipped)
+    recs = {r.id: r for r in prof.report.recommendations}
+    held = [r for r in recs.values() if r.values.get("prefix_stages") == 1]
+    assert held, list(recs)
+    for rec in held:  # the whole item is random (a flip): only its first step can be held
+        assert "the deterministic steps done once per item and held (the Compose's first 1)" in rec.basis
+        # 16 ms a batch of waiting in the filter against a model of about a millisecond
+        assert rec.estimated_speedup is not None and rec.estimated_speedup > 1.5 and not rec.bound
+    assert data.transform.transforms is mine and mine == [resize, flip]
