@@ -311,6 +311,10 @@ class WhatIf:
     #: change and as the run had it
     start_seconds: float = 0.0
     baseline_start_seconds: float = 0.0
+    #: from a loader's last batch taken to its workers stopped (an epoch's end, where
+    #: they are not kept), with the change and as the run had it
+    stop_seconds: float = 0.0
+    baseline_stop_seconds: float = 0.0
     #: where the loader could not be read again: the model alone on its held batch, and the
     #: run's measured wait for a batch (seconds a step) added to both step times
     held_wait_seconds: float = 0.0

@@ -272,7 +272,7 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     wait = held_wait or 0.0
     out = [WhatIf(configs[i].describe(), r.seconds + wait, base.seconds + wait, min(r.steps, base.steps),
                   extra_seconds=extra, start_seconds=r.start, baseline_start_seconds=base.start,
-                  held_wait_seconds=wait, alone=held)
+                  stop_seconds=r.stop, baseline_stop_seconds=base.stop, held_wait_seconds=wait, alone=held)
            for i, r in sorted(best.items()) if i]
     if held and out:  # the replay as the run had it is the model alone: the ceiling, measured
         out.append(WhatIf(CEILING, base.seconds, base.seconds + wait, base.steps, extra_seconds=extra,
@@ -289,6 +289,7 @@ def _slice(best: dict[int, _Result], i: int, default: float) -> float:
 class _Result:
     def __init__(self, seconds: float, compute: float, steps: int, elapsed: float, start: float) -> None:
         self.seconds, self.compute, self.steps, self.elapsed, self.start = seconds, compute, steps, elapsed, start
+        self.stop = 0.0  # the workers' stop, timed after the steps
 
     def joined(self, other: _Result) -> _Result:
         """Two rounds as one: their steps' mean. Not the faster round: workers that share the
@@ -296,9 +297,11 @@ class _Result:
         one worker beside a 2-thread model on 2 cores: 71.9 and 57.2 ms a step), and that is
         the change's own cost, not another process's."""
         n = self.steps + other.steps
-        return _Result((self.seconds * self.steps + other.seconds * other.steps) / n,
-                       (self.compute * self.steps + other.compute * other.steps) / n, n,
-                       other.elapsed, min(self.start, other.start))
+        out = _Result((self.seconds * self.steps + other.seconds * other.steps) / n,
+                      (self.compute * self.steps + other.compute * other.steps) / n, n,
+                      other.elapsed, min(self.start, other.start))
+        out.stop = min(self.stop, other.stop)
+        return out
 
 
 def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, extra: float, slice_s: float,
@@ -322,6 +325,7 @@ def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, ex
         t_iter = time.perf_counter()
         it = iter(loader)
     n, waited, t_start, start = 0, 0.0, 0.0, 0.0
+    result: _Result | None = None
     began = time.perf_counter()
     stop_at = began + max(slice_s, 0.5)
     try:
@@ -357,15 +361,19 @@ def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, ex
                 if measured >= max_steps or (now > stop_at and measured >= MIN_STEPS):
                     step.sync()
                     seconds = (time.perf_counter() - t_start) / measured
-                    return _Result(seconds, seconds - waited / measured, measured, time.perf_counter() - began,
-                                   start)
+                    result = _Result(seconds, seconds - waited / measured, measured, time.perf_counter() - began,
+                                     start)
+                    return result
             if time.perf_counter() > stop_at + slice_s:
                 return None  # too slow a step to measure in the time given
             del batch
     finally:
         shutdown = getattr(it, "_shutdown_workers", None)
         if shutdown is not None:
+            t_stop = time.perf_counter()
             shutdown()
+            if result is not None:
+                result.stop = time.perf_counter() - t_stop
 
 
 class _Step:

@@ -160,19 +160,27 @@ def _whole_job(run: Run, rec: Recommendation, w: WhatIf, gain: float) -> tuple[f
                        f"{span} about {whole:.2f}x, the copy made first: making it reads every item once, "
                        "an epoch at today's pace, once for every run that reads it")
     starts = 1 if "persistent_workers=True" in rec.code else math.ceil(epochs)
-    extra = starts * (w.start_seconds - w.baseline_start_seconds)
+    stops = starts - 1  # those between two epochs; the last one's end is after the job's steps
+    extra = (starts * (w.start_seconds - w.baseline_start_seconds)
+             + stops * (w.stop_seconds - w.baseline_stop_seconds))
     # the first step's own one-time work beyond a steady step and the loader's start (a
-    # graph traced, kernels chosen): no loading change shortens it
+    # graph traced, kernels chosen), and the time between steps (an evaluation, a
+    # checkpoint): no loading change shortens them
+    busy = n * step
     first = max(0.0, run.steps[0].duration - statistics.median(s.duration for s in run.steps)
                 - w.baseline_start_seconds)
-    whole = n * step / max(1e-9, (n * step - first) / gain + first + extra)
+    between = max(0.0, run.steps[-1].end - run.steps[0].start - busy)
+    whole = (busy + between) / max(1e-9, (busy - first) / gain + first + between + extra)
     if abs(whole / gain - 1) < 0.02:
         return None  # the starts are lost in the steps
     what = "the workers take" if rec.id == "num_workers" else "the pipeline takes"
+    stop = (f" and {w.stop_seconds:.2f} s to stop (as it was: {w.baseline_stop_seconds:.2f} s) at an epoch's end"
+            if stops and w.stop_seconds - w.baseline_stop_seconds >= 0.005 else "")
     once = (f"; the first step's other {first:.2f} s (start-up work) as it was"
-            if first >= 0.02 * n * step else "")
+            if first >= 0.02 * busy else "")
     return whole, (f"{span} about {whole:.2f}x: {what} {w.start_seconds:.2f} s to start "
-                   f"(as it was: {w.baseline_start_seconds:.2f} s), {starts} time{'s' if starts > 1 else ''}{once}")
+                   f"(as it was: {w.baseline_start_seconds:.2f} s), {starts} time{'s' if starts > 1 else ''}"
+                   f"{stop}{once}")
 
 
 def measured(run: Run, recs: list[Recommendation]) -> list[Recommendation]:

@@ -92,3 +92,19 @@ def test_the_whole_jobs_figure_keeps_the_first_steps_own_start_up_as_it_was() ->
     assert slow == round(total / ((total - first) / 2 + first + starts * (0.3 - 0.1875)), 2)
     assert slow < plain and slow < round(total / (total / 2 + starts * (0.3 - 0.1875)), 2)  # not scaled by the gain
     assert "the first step's other 1.81 s (start-up work) as it was" in basis
+
+
+def test_the_whole_jobs_figure_counts_the_workers_stop_between_epochs_and_keeps_the_time_between_steps() -> None:
+    import dataclasses
+
+    from tests.unit.test_report_snapshots import measured_changes_on_a_cpu_host
+
+    run = measured_changes_on_a_cpu_host()  # 40 steps of 0.25 s, epochs of 32: 2 starts, 1 stop between
+    run.steps = [dataclasses.replace(s, start=s.start + (1.0 if s.index >= 32 else 0.0),
+                                     end=s.end + (1.0 if s.index >= 32 else 0.0)) for s in run.steps]  # an evaluation
+    run.whatif = [WhatIf("num_workers=1", 0.125, 0.25, 24, start_seconds=0.3, baseline_start_seconds=0.1875,
+                         stop_seconds=0.2, baseline_stop_seconds=0.0)]
+    rec = _advice(run)["num_workers"]
+    busy, between = 40 * 0.25, 1.0
+    assert rec.values["whole_job_speedup"] == round((busy + between) / (busy / 2 + between + 2 * 0.1125 + 0.2), 2)
+    assert "and 0.20 s to stop (as it was: 0.00 s) at an epoch's end" in rec.basis

@@ -253,6 +253,7 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
                                                    for c, ds, t in [(Changes(), target.dataset, target), *variants]]
     results: dict[int, tuple[float, int]] = {}  # seconds, calls
     firsts: dict[int, list[float]] = {}  # each round's first call: an epoch's start
+    stops: dict[int, list[float]] = {}  # a PyDataset's pool stopped: an epoch's end
     deadline = time.perf_counter() + budget
     slice_s = budget / (MAX_ROUNDS * len(configs))
     spin = target.own * target.batches if target.spin and target.own else 0.0
@@ -271,7 +272,9 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
                     seconds, calls, first = _replay(replayed, ds, slice_s, interrupted, warmup, spin, most)
                 finally:
                     if target.feed is not None:
+                        t_stop = time.perf_counter()
                         target.feed.reset()
+                        stops.setdefault(i, []).append(time.perf_counter() - t_stop)
                 s0, n0 = results.get(i, (0.0, 0))
                 results[i] = (s0 + seconds, n0 + calls)
                 firsts.setdefault(i, []).append(first)
@@ -304,7 +307,8 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
             # its figure is for every epoch after the first: each starts again, from the filled cache
             step, was = step + start(i) / per_epoch, base + start(0) / per_epoch
         out.append(WhatIf(change.describe(), step + added, was + added, min(n, base_n) * target.batches,
-                          extra_seconds=extra, start_seconds=start(i), baseline_start_seconds=start(0)))
+                          extra_seconds=extra, start_seconds=start(i), baseline_start_seconds=start(0),
+                          stop_seconds=min(stops.get(i, [0.0])), baseline_stop_seconds=min(stops.get(0, [0.0]))))
     return out, "" if out else "no change could be replayed in the time given"
 
 
