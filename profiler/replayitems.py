@@ -5,6 +5,7 @@ and read back (an offline copy)."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 #: batches of items a cache replay reads and holds (it cycles over them)
@@ -62,21 +63,35 @@ class HeldStages:
     batches, the output of the first ``n`` transforms of the dataset's Compose made once
     and held. Each read runs the dataset's own ``__getitem__`` with those transforms
     standing in by the held output: the random transforms and the user's own code run
-    as they do. The Compose is left as it was after every read."""
+    as they do. The Compose is left as it was after every read. With ``reads``, the
+    item's read and decode before the Compose are held too: ``__getitem__`` is not
+    called again; the held output runs through the rest of the Compose and takes the
+    place of the Compose's output in the item as it was made."""
 
-    def __init__(self, dataset: Any, compose: Any, n: int, indices: list[int], held: dict[int, Any]) -> None:
+    def __init__(self, dataset: Any, compose: Any, n: int, indices: list[int], held: dict[int, Any],
+                 reads: bool = False) -> None:
         self.dataset, self.compose, self.n, self.indices, self.held = dataset, compose, n, indices, held
+        self.reads = reads
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
         i = self.indices[index % len(self.indices)]
-        return _with_transforms(self.compose, lambda ts: [_Held(self.held[i]), *ts[self.n:]],
-                                lambda: self.dataset[i])
+        if not self.reads:
+            return _with_transforms(self.compose, lambda ts: [_Held(self.held[i]), *ts[self.n:]],
+                                    lambda: self.dataset[i])
+        x, item, place = self.held[i]
+        for t in list(self.compose.transforms)[self.n:]:
+            x = t(x)
+        if place is None:
+            return x
+        out = list(item)
+        out[place] = x
+        return tuple(out) if isinstance(item, tuple) else out
 
     @classmethod
-    def read(cls, loader: Any, n: int) -> HeldStages | str:
+    def read(cls, loader: Any, n: int, reads: bool = False) -> HeldStages | str:
         """The held outputs, or why none can be held."""
         import torch
 
@@ -87,7 +102,7 @@ class HeldStages:
         if isinstance(dataset, torch.utils.data.IterableDataset):
             return "a stream's items cannot be read by index"
         found = composes(dataset)
-        if not found or len(found[0].transforms) <= n:
+        if not found or len(found[0].transforms) < n or not reads and len(found[0].transforms) == n:
             return "its Compose was not found as the stage table timed it"
         compose = found[0]
         size = loader.batch_size or 1
@@ -96,16 +111,26 @@ class HeldStages:
         held: dict[int, Any] = {}
         for i in indices:
             got: list[Any] = []
+            out: list[Any] = []
 
-            def keep(x: Any, got: list[Any] = got) -> Any:
-                got.append(x)
+            def keep(x: Any, into: list[Any]) -> Any:
+                into.append(x)
                 return x
 
-            _with_transforms(compose, lambda ts: [*ts[:n], keep, *ts[n:]], lambda i=i: dataset[i])
-            if len(got) != 1:
+            keeps = [partial(keep, into=got), partial(keep, into=out)]
+            item = _with_transforms(compose, lambda ts, k=keeps: [*ts[:n], k[0], *ts[n:], k[1]],
+                                    lambda i=i: dataset[i])
+            if len(got) != 1 or len(out) != 1:
                 return "its Compose did not run once per item"
-            held[i] = got[0]
-        return cls(dataset, compose, n, indices, held)
+            if not reads:
+                held[i] = got[0]
+            elif item is out[0]:
+                held[i] = (got[0], item, None)
+            elif type(item) in (tuple, list) and any(v is out[0] for v in item):
+                held[i] = (got[0], item, next(j for j, v in enumerate(item) if v is out[0]))
+            else:
+                return "its items do not hold the Compose's output as the Compose gave it"
+        return cls(dataset, compose, n, indices, held, reads)
 
 
 class _Held:
@@ -178,7 +203,7 @@ class Items:
         self.loader = loader
         self._held: HeldItems | None = None
         self._stored: StoredItems | None = None
-        self._stages: dict[int, HeldStages | str] = {}
+        self._stages: dict[tuple[int, bool], HeldStages | str] = {}
         self._folder: Any = None
         self.problem = ""
 
@@ -187,14 +212,15 @@ class Items:
             self._held = HeldItems.read(self.loader)
         return self._held
 
-    def stages(self, n: int) -> HeldStages | None:
-        """The items with their first ``n`` transforms held (None: they cannot be)."""
-        if n not in self._stages:
+    def stages(self, n: int, reads: bool = False) -> HeldStages | None:
+        """The items with their first ``n`` transforms held, their reads too (None: they cannot be)."""
+        key = (n, reads)
+        if key not in self._stages:
             try:
-                self._stages[n] = HeldStages.read(self.loader, n)
+                self._stages[key] = HeldStages.read(self.loader, n, reads)
             except Exception as err:  # the user's dataset failed with its Compose changed: not measured
-                self._stages[n] = f"{type(err).__name__}: {err}"
-        got = self._stages[n]
+                self._stages[key] = f"{type(err).__name__}: {err}"
+        got = self._stages[key]
         return got if isinstance(got, HeldStages) else None
 
     def stored(self) -> StoredItems | None:

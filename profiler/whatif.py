@@ -58,7 +58,14 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .advice.base import CEILING, HELD_STAGES, STORED_COPY, Recommendation, replayed_change
+from .advice.base import (
+    CEILING,
+    HELD_STAGES,
+    STORED_COPY,
+    Recommendation,
+    held_what,
+    replayed_change,
+)
 from .fixes.spec import Changes
 from .records import WhatIf
 from .replayitems import Items, OneBatch
@@ -470,8 +477,8 @@ def _loader_for(loader: Any, change: Changes, items: Items) -> Any:
         return OneBatch(next(iter(_loader_like(loader, num_workers=0))))
     if change.cache:
         return _loader_like(loader, dataset=items.held(), **settings)
-    if change.held_stages:
-        held = items.stages(change.held_stages)
+    if change.held_stages is not None:
+        held = items.stages(change.held_stages, change.held_reads)
         return None if held is None else _loader_like(loader, dataset=held, **settings)
     if change.stored:
         stored = items.stored()
@@ -570,7 +577,7 @@ def _short_name(change: str) -> str:
     if change == STORED_COPY:
         return "an HDF5 copy of the items"
     if change.startswith(HELD_STAGES):
-        return f"the deterministic steps held (the Compose's first {change.removeprefix(HELD_STAGES)})"
+        return "the deterministic steps held" + held_what(change)
     return change
 
 

@@ -64,6 +64,7 @@ class WhatIfRun:
         try:
             with hooks.suspended():
                 hooks.check_items()  # the plan's cache and offline copies need it
+                hooks.fill_stages()  # and the stage table as far as it goes, not as last filled
                 run = self.place.run_so_far()
                 run.environment = dataclasses.replace(run.environment, intra_op_threads=intra_op_threads())
                 self.measure(run)

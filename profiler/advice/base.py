@@ -75,9 +75,14 @@ def replay_name(change: str, rec: Recommendation | None = None) -> str:
     if change == STORED_COPY:
         return "its items read from an HDF5 copy (written for the replay, read from the page cache)"
     if change.startswith(HELD_STAGES):
-        n = change.removeprefix(HELD_STAGES)
-        return f"the deterministic steps done once per item and held (the Compose's first {n})"
+        return "the deterministic steps done once per item and held" + held_what(change)
     return change
+
+
+def held_what(change: str) -> str:
+    """What a replay of held deterministic steps held: " (the Compose's first 2)"."""
+    n, _, reads = change.removeprefix(HELD_STAGES).partition(",")
+    return (" (the item's read and decode and the Compose's first " if reads else " (the Compose's first ") + n + ")"
 
 #: a change measured this much slower or less is not advised: the replays' noise
 NO_GAIN = 1.02
@@ -164,8 +169,9 @@ def replayed_change(rec: Recommendation) -> Changes | None:
     if rec.id in STORED_IDS and rec.values.get("stored_items"):
         return Changes(stored=True)
     if "prefix_share" in rec.values:  # the deterministic steps alone, where a replay can hold them
-        stages = rec.values.get("prefix_stages")
-        return Changes(held_stages=stages) if isinstance(stages, int) and stages >= 1 else None
+        stages, reads = rec.values.get("prefix_stages"), bool(rec.values.get("prefix_reads"))
+        ok = isinstance(stages, int) and (stages >= 1 or reads and stages == 0)
+        return Changes(held_stages=stages, held_reads=reads) if ok else None
     change = change_of(rec)
     if change is not None:
         change.persistent_workers = None

@@ -61,13 +61,14 @@ def stage_advice(run: Run, diagnosis: Diagnosis, out: list[Recommendation]) -> l
 
 
 def _held_stages(loader: LoaderInfo, rows: list[StageRow]) -> dict[str, Any]:
-    """``prefix_stages``: how many of the Compose's first transforms the deterministic steps
-    are, where they are those alone (no read or decode before them) and a replay can hold
-    them (whatif.py); else nothing."""
-    if loader.iterable or not rows or any(r.kind != "transform" for r in rows) \
-            or sorted(r.order for r in rows) != list(range(len(rows))):
+    """What a replay can hold of the deterministic steps (whatif.py): ``prefix_stages``, the
+    Compose's first transforms among them, and ``prefix_reads`` where the item's read or
+    decode before the Compose are among them too; else nothing."""
+    transforms = [r for r in rows if r.kind == "transform"]
+    if loader.iterable or not rows or any(r.kind not in ("read", "decode", "transform") for r in rows) \
+            or sorted(r.order for r in transforms) != list(range(len(transforms))):
         return {}
-    return {"prefix_stages": len(rows)}
+    return {"prefix_stages": len(transforms), **({"prefix_reads": True} if len(transforms) < len(rows) else {})}
 
 
 def _estimate_offline(run: Run, m: Metrics, loader: LoaderInfo, load: Loading, model: Pipeline,

@@ -65,6 +65,9 @@ class Changes:
     #: dataset's Compose done once per item and held, the rest every time (the cache
     #: of the deterministic steps).
     held_stages: int | None = None
+    #: Measurement only: with ``held_stages``, the item's read and decode before the
+    #: Compose held too (``__getitem__`` not called again).
+    held_reads: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_workers", "prefetch_factor", "accumulation", "threads", "map_calls",

@@ -418,3 +418,34 @@ def test_a_cache_of_the_deterministic_steps_alone_is_measured_and_the_compose_le
         # 16 ms a batch of waiting in the filter against a model of about a millisecond
         assert rec.estimated_speedup is not None and rec.estimated_speedup > 1.5 and not rec.bound
     assert data.transform.transforms is mine and mine == [resize, flip]
+
+
+class _FilteredFiles(_Filtered):
+    """Each item read from its own file first: the read is held with the filter."""
+
+    def __init__(self, folder, n: int) -> None:
+        super().__init__(n)
+        self.paths = []
+        for i in range(n):
+            path = folder / f"{i}.bin"
+            path.write_bytes(self.x[i].numpy().tobytes())
+            self.paths.append(path)
+
+    def __getitem__(self, i: int):
+        with open(self.paths[i], "rb") as f:
+            x = torch.frombuffer(bytearray(f.read()), dtype=torch.float32)
+        return self.transform(x), i % 4
+
+
+def test_a_cache_of_the_items_read_and_deterministic_steps_is_measured_without_reading_them_again(tmp_path) -> None:
+    data = _FilteredFiles(tmp_path, 384)
+    mine = list(data.transform.transforms)
+    prof, _, _ = _profiled(DataLoader(data, batch_size=8, shuffle=True), small_model())
+    measured = {w.change: w for w in prof.run.whatif}
+    assert "held_stages=1, held_reads" in measured, (list(measured), prof.run.whatif_skipped)
+    held = [r for r in prof.report.recommendations if r.values.get("prefix_reads")]
+    assert held, [r.id for r in prof.report.recommendations]
+    for rec in held:
+        assert "(the item's read and decode and the Compose's first 1)" in rec.basis
+        assert rec.estimated_speedup is not None and rec.estimated_speedup > 1.5
+    assert data.transform.transforms == mine

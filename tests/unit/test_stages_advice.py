@@ -193,16 +193,19 @@ def test_offline_preprocessing_is_estimated_from_the_deterministic_steps_it_woul
 
 
 def test_the_deterministic_steps_a_replay_can_hold_are_the_composes_first_transforms_alone():
-    # a read and a decode before them happen in __getitem__, out of the Compose's reach
+    # a read and a decode before them happen in __getitem__: held with them, it is not called again
     with_decode = [_st("read", "file reads", 5, cpu=False, files=BATCH * BATCHES), _st("decode", "PIL PNG decode", 50),
                    _st("transform", "Resize(64)", 10, False, 0), _st("transform", "RandomFlip()", 5, True, 1)]
-    assert "prefix_stages" not in _advice(_run(with_decode, wait=0.072, cuda=True))["cache"].values
+    cache = _advice(_run(with_decode, wait=0.072, cuda=True))["cache"]
+    assert cache.values["prefix_stages"] == 1 and cache.values["prefix_reads"] is True
+    from loadprof.advice.base import replay_name, replayed_change
+
+    assert replayed_change(cache).describe() == "held_stages=1, held_reads"
+    assert replay_name("held_stages=1, held_reads").endswith("(the item's read and decode and the Compose's first 1)")
     first_two = [_st("transform", "Resize(64)", 40, False, 0), _st("transform", "Normalize()", 20, False, 1),
                  _st("transform", "RandomFlip()", 5, True, 2), _st("collate", "default_collate", 2)]
     cache = _advice(_run(first_two, wait=0.072, cuda=True))["cache"]
-    assert cache.values["prefix_stages"] == 2
-    from loadprof.advice.base import replayed_change
-
+    assert cache.values["prefix_stages"] == 2 and "prefix_reads" not in cache.values
     assert replayed_change(cache).describe() == "held_stages=2"
     # the figure the replay measured replaces the stage model's
     run = _run(first_two, wait=0.072, cuda=True)

@@ -418,6 +418,10 @@ class TorchHooks:
             self._datasets[id(loader)] = dataset
         return info
 
+    def fill_stages(self) -> None:
+        """The loaders' stage tables as far as they go now (the what-if replays plan from them)."""
+        self._stages.fill()
+
     def check_items(self) -> None:
         """Whether the training loaders' items repeat, for the cache and offline advice
         (NOTE [ Reading items in a forked child ] in itemcheck.py): each loader once, when

@@ -294,6 +294,12 @@ class StageCollector:
             self.limitations.append(f"stage timing: a worker's message could not be read ({type(exc).__name__})")
             return False
 
+    def fill(self) -> None:
+        """Each loader's stages on its ``LoaderInfo`` as far as they go now."""
+        self.drain()
+        for entry in self._loaders.values():
+            _fill(entry)
+
     def finish(self, infos: list[LoaderInfo]) -> None:
         """Drain the pipes a last time and put each loader's stages on its ``LoaderInfo``;
         the pinning goes to the most iterated loader that pins."""
