@@ -82,6 +82,8 @@ def replay_name(change: str, rec: Recommendation | None = None) -> str:
 def held_what(change: str) -> str:
     """What a replay of held deterministic steps held: " (the Compose's first 2)"."""
     n, _, reads = change.removeprefix(HELD_STAGES).partition(",")
+    if reads and n == "0":
+        return " (the item's read and decode)"
     return (" (the item's read and decode and the Compose's first " if reads else " (the Compose's first ") + n + ")"
 
 #: a change measured this much slower or less is not advised: the replays' noise

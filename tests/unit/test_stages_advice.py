@@ -202,6 +202,7 @@ def test_the_deterministic_steps_a_replay_can_hold_are_the_composes_first_transf
 
     assert replayed_change(cache).describe() == "held_stages=1, held_reads"
     assert replay_name("held_stages=1, held_reads").endswith("(the item's read and decode and the Compose's first 1)")
+    assert replay_name("held_stages=0, held_reads").endswith("held (the item's read and decode)")
     first_two = [_st("transform", "Resize(64)", 40, False, 0), _st("transform", "Normalize()", 20, False, 1),
                  _st("transform", "RandomFlip()", 5, True, 2), _st("collate", "default_collate", 2)]
     cache = _advice(_run(first_two, wait=0.072, cuda=True))["cache"]
