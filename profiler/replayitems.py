@@ -146,19 +146,13 @@ class _Held:
 def _with_transforms(compose: Any, change: Any, call: Any) -> Any:
     """``call()`` with the Compose's transforms set to ``change(transforms)``, then put back
     (a list in place: whatever holds the Compose sees its own list)."""
-    saved = compose.transforms
-    before = list(saved)
-    if isinstance(saved, list):
-        saved[:] = change(before)
-    else:
-        compose.transforms = tuple(change(before))
+    from .frameworks.torch.stages import set_transforms
+
+    before = set_transforms(compose, change(list(compose.transforms)))
     try:
         return call()
     finally:
-        if isinstance(saved, list):
-            saved[:] = before
-        else:
-            compose.transforms = saved
+        set_transforms(compose, before)
 
 
 class StoredItems:

@@ -58,14 +58,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .advice.base import (
-    CEILING,
-    HELD_STAGES,
-    STORED_COPY,
-    Recommendation,
-    held_what,
-    replayed_change,
-)
+from .advice.base import CEILING, Recommendation, replay_name, replayed_change
 from .fixes.spec import Changes
 from .records import WhatIf
 from .replayitems import Items, OneBatch
@@ -573,21 +566,13 @@ def speedup(w: WhatIf) -> float:
     return w.baseline_seconds_per_step / w.seconds_per_step if w.seconds_per_step > 0 else math.nan
 
 
-def _short_name(change: str) -> str:
-    if change == STORED_COPY:
-        return "an HDF5 copy of the items"
-    if change.startswith(HELD_STAGES):
-        return "the deterministic steps held" + held_what(change)
-    return change
-
-
 def summary(run: Any) -> str:
     """One line on what the what-if replays measured, or why nothing was ("" where neither)."""
     if run.whatif:
         from .advice import NO_GAIN
 
         parts = [f"with no loading at all (the model alone) {speedup(w):.2f}x" if w.change == CEILING else
-                 f"{_short_name(w.change)} {speedup(w):.2f}x"
+                 f"{replay_name(w.change, short=True)} {speedup(w):.2f}x"
                  + ((" (no gain alone: advised unestimated)" if w.alone else " (no gain: not advised)")
                     if speedup(w) < NO_GAIN else "")
                  for w in run.whatif]

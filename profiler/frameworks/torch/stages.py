@@ -360,14 +360,10 @@ def wrap_transforms(dataset: Any) -> int:
         ts = compose.transforms
         if any(isinstance(t, TimedTransform) for t in ts):
             continue
-        before = ts if isinstance(ts, tuple) else list(ts)
         new = [TimedTransform(t, order + i) for i, t in enumerate(ts)]
         order += len(new)
         try:
-            if isinstance(ts, list):
-                ts[:] = new
-            else:
-                compose.transforms = tuple(new)
+            before = set_transforms(compose, new)
         except (AttributeError, TypeError) as exc:  # a read-only attribute: its time stays the user's
             _state.limitations.append(f"the transforms of {type(compose).__name__} could not be timed apart ({exc})")
             continue
@@ -380,13 +376,22 @@ def unwrap_transforms() -> None:
     """Put back the transforms this process wrapped (the training process's, at the end)."""
     for compose, before in reversed(_state.wrapped):
         try:
-            if isinstance(before, tuple):
-                compose.transforms = before
-            else:
-                compose.transforms[:] = before
+            set_transforms(compose, before)
         except (AttributeError, TypeError):
             pass
     _state.wrapped.clear()
+
+
+def set_transforms(compose: Any, new: list[Any] | tuple[Any, ...]) -> list[Any] | tuple[Any, ...]:
+    """Set a Compose's transforms to ``new``; what it had, to set back the same way. A list
+    is changed in place: whatever holds the Compose (a ``StandardTransform``) sees its own."""
+    ts = compose.transforms
+    before = ts if isinstance(ts, tuple) else list(ts)
+    if isinstance(ts, list):
+        ts[:] = new
+    else:
+        compose.transforms = tuple(new)
+    return before
 
 
 # -- the user's own code: a stack sampler ----------------------------------------------
