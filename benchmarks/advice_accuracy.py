@@ -405,9 +405,18 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
         rows[rid]["replays"] = replays
     if not rows:
         rows["-"] = {"example": example, "id": "-", "status": "nothing recommended"}
+    spread = _spread([b.rate for b in bases if b.rate])
     for row in rows.values():
         row.setdefault("diagnosed", verdicts)
+        row["baseline_spread"] = spread
     return list(rows.values())
+
+
+def _spread(rates: list[float]) -> float | None:
+    """How far one script's baselines, run alike in each round, differ: the fastest over the
+    slowest, less one (None: fewer than two). The host's own noise between two runs, which
+    no estimate can be held closer to than this."""
+    return max(rates) / min(rates) - 1 if len(rates) >= 2 else None
 
 
 #: a trial's child (experiments/trial.py's), started by torchrun on every rank
@@ -472,10 +481,12 @@ def measure_job(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
     ratios: dict[str, list[float]] = {}
     how: dict[str, str] = {}
     rows: dict[str, dict[str, Any]] = {}
+    base_steps: list[float] = []
     for r in range(o.repeats):
         base = _job(f"baseline #{r + 1}", script, args, ranks, what_if=o.what_if)
         if base is None:
             return [{"example": example, "id": "-", "status": "baseline failed", "diagnosed": verdicts}]
+        base_steps.append(base["steps"]["median_s"])
         warned = "".join(f", warning {w['id']}" for w in base["warnings"])
         verdicts.append(f"{base['verdict']} ({base['cause']}){warned}")
         whatif = base.get("whatif", {})
@@ -505,8 +516,25 @@ def measure_job(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
         if row["status"] != "measured" and rid in estimates:
             row["estimated"] = statistics.median(estimates[rid])
         row["diagnosed"] = verdicts
+        row["baseline_spread"] = _spread([1 / t for t in base_steps if t])
     return list(rows.values()) or [{"example": example, "id": "-", "status": "nothing recommended",
                                     "diagnosed": verdicts}]
+
+
+def _print_noise(names: list[str], rows: list[dict[str, Any]]) -> None:
+    """The host's noise floor: how far each script's baselines differed between rounds, and
+    how many of the estimates off by more than the target were off by less than that."""
+    spreads = {row["example"]: row["baseline_spread"] for row in rows if row.get("baseline_spread") is not None}
+    if not spreads:
+        return
+    values = sorted(spreads.values())
+    print(f"noise: one script's baselines differed by up to {values[-1]:.0%} between rounds "
+          f"(median {statistics.median(values):.0%} over {len(values)} of {len(names)} scripts)")
+    missed = [row for row in rows if row["status"] == "measured" and row.get("error") is not None
+              and not row.get("bound") and abs(row["error"]) > TARGET]
+    inside = sum(abs(row["error"]) <= spreads.get(row["example"], 0.0) for row in missed)
+    print(f"of the {len(missed)} estimate(s) off by more than {TARGET:.0%}, {inside} were off by less than "
+          f"their script's own baselines differed")
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -594,6 +622,7 @@ def run(argv: list[str] | None = None) -> int:
                   f"{sum(e <= TARGET for e in step_errors)} of {len(step_errors)} within {TARGET:.0%}")
     else:
         print("no estimate could be measured")
+    _print_noise(names, rows)
     if o.json:
         write_json(o.json, {"options": vars(o), "rows": rows})
     return 0
