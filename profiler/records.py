@@ -240,6 +240,9 @@ class LoaderInfo:
     # Start-up and sharding, measured by frameworks/torch/loaderfacts.py (NOTE [ Loader start-up and shards ]).
     #: seconds from iter(loader) to its first batch, per training iteration (epoch), the first 100
     first_batch_s: list[float] = field(default_factory=list)
+    #: seconds each iteration's iterator took to be freed once the loop let it go (tf.data
+    #: waits for its threads), the first 100
+    stop_s: list[float] = field(default_factory=list)
     #: seconds the loop waited, iter() included, for each iteration's first ``start_batches`` batches
     start_wait_s: list[float] = field(default_factory=list)
     start_batches: int = 0  # batches counted in each ``start_wait_s``: one per worker

@@ -71,7 +71,9 @@ Events are:
 - ``(_BEGIN, t, batch_size)``: the open step starts at ``t`` (None: where it did) and
   holds ``batch_size`` more samples (NOTE [ Waits measured after the run ]);
 - ``(_PAUSE, (start, end, thread_cpu))``: loadprof's own work between two steps (the
-  what-if replays), which a between-steps gap leaves out.
+  what-if replays), which a between-steps gap leaves out;
+- ``(_STOP, (start, end, thread_cpu))``: the loop blocked while a pipeline's iterator it let go of was
+  freed (tf.data waits for the iterator's threads): input time, no batch.
 
 NOTE [ Waits measured after the run ]
 Under Keras ``fit`` the batches are pulled inside the compiled function: no wait
@@ -123,7 +125,7 @@ MAX_EVENTS = 65_536
 #: they are still counted in ``eval_batches``, ``eval_seconds``.
 MAX_EVAL_PASSES = 10_000
 
-_END_CPU, _FORWARD, _H2D, _MANUAL, _EVAL, _GC, _BEGIN, _PAUSE = range(8)
+_END_CPU, _FORWARD, _H2D, _MANUAL, _EVAL, _GC, _BEGIN, _PAUSE, _STOP = range(9)
 
 
 class StopRun(BaseException):
@@ -194,6 +196,11 @@ class Timeline:
         """
         self._events.append((start, end, cpu, batch_size))
         self._waited = True
+
+    def pipeline_stop(self, start: float, end: float, cpu: float) -> None:
+        """The loop was blocked from ``start`` to ``end`` (``cpu`` seconds of its thread's CPU)
+        while an iterator it had let go of was freed: the input pipeline's time, no batch."""
+        self._events.append((_STOP, (start, end, cpu)))
 
     def eval_wait(self, start: float, end: float) -> None:
         """A batch was read with gradients off: NOTE [ Evaluation batches ]."""
@@ -301,6 +308,9 @@ class Timeline:
                         self._h2d += e[1]
                     elif kind == _EVAL:
                         self._fold_eval(e[1], e[2])
+                    elif kind == _STOP:
+                        start, end, cpu = e[1]
+                        self._fold_wait(start, end, cpu, None, batch=False)
                     elif kind == _GC:
                         if len(self._gc_recent) >= 64:  # no wait nor step end for a long time: keep it bounded
                             del self._gc_recent[:32]
@@ -344,7 +354,8 @@ class Timeline:
             self._eval_open = EvalPass(start - self.t0, end - self.t0, 1, wait)
             self.eval_passes.append(self._eval_open)
 
-    def _fold_wait(self, start: float, end: float, cpu: float | None, batch_size: int | None) -> None:
+    def _fold_wait(self, start: float, end: float, cpu: float | None, batch_size: int | None,
+                   batch: bool = True) -> None:
         if self._after_eval:
             # The first training batch after an evaluation pass: the step starts here.
             self._after_eval = False
@@ -365,7 +376,7 @@ class Timeline:
         self._wait += wall
         self._wait_cpu += self._cpu_of(wall, cpu)
         self._fold_waited = True
-        self.batches += 1
+        self.batches += batch
         if batch_size is not None:
             self._batch_size = (self._batch_size or 0) + batch_size
         self.methods.add("iterator-next")

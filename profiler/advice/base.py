@@ -12,8 +12,9 @@ IDS = (
     "num_workers", "pin_memory", "persistent_workers", "prefetch", "cache",
     "offline_preprocessing", "convert_format", "mixed_precision", "gradient_accumulation",
     "gradient_checkpointing", "larger_batch", "compile",
-    # tf.data only: map(num_parallel_calls=AUTOTUNE); parallel file reads (interleave).
-    "parallel_map", "interleave",
+    # tf.data only: map(num_parallel_calls=AUTOTUNE); parallel file reads (interleave); one
+    # iterator over the epochs where freeing each epoch's waited for its threads
+    "parallel_map", "interleave", "one_iterator",
     # the host: other processes hold the cores; memory: the loader side holds it
     "contention", "loader_memory",
     # the model's intra-op threads against the cores the loader and other processes use

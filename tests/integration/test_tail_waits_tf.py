@@ -14,32 +14,13 @@ keras = pytest.importorskip("keras")
 
 from loadprof import Profile  # noqa: E402
 from loadprof.diagnosis import DEFAULT_THRESHOLDS  # noqa: E402
+from tests.tf_loops import custom_loop  # noqa: E402
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 
 STALL = 0.2
-
-
-def custom_loop(ds, epochs: int = 1) -> None:
-    """A tf.GradientTape step in a tf.function over a small model, the dataset iterated in
-    Python, and 10 ms of the model's time a step: the stalls' floor is half a step, above a
-    busy host's jitter."""
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)])
-    opt = keras.optimizers.SGD(0.05)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return loss
-
-    for _ in range(epochs):
-        for x, y in ds:
-            float(train_step(x, y))
-            time.sleep(0.01)
+#: the model's time a step more: the stalls' floor is half a step, above a busy host's jitter
+PAUSE = 0.01
 
 
 def arrays(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -69,7 +50,7 @@ def test_a_slow_element_in_ten_of_a_tf_data_pipeline_is_located_and_its_sequenti
     opts.experimental_optimization.inject_prefetch = False
     ds = tf.data.Dataset.from_tensor_slices((np.arange(100), x, y)).map(_one_in_ten).batch(1).with_options(opts)
     with Profile(interval=0.05, print_report=False) as prof:
-        custom_loop(ds)
+        custom_loop(ds, pause=PAUSE)
     report = prof.report
     assert prof.run.data_wait_method == "iterator-next"
     waits = report.waits
@@ -100,7 +81,7 @@ def test_a_shuffle_buffer_refilled_each_epoch_is_located_at_the_epochs_starts_wi
     # full, a batch of 4 is made in a third of the loop's time a step, so only the fills wait
     ds = tf.data.Dataset.from_tensor_slices((x, y)).map(_slow_map).shuffle(320).batch(4).prefetch(2)
     with Profile(interval=0.05, print_report=False) as prof:
-        custom_loop(ds, epochs=3)
+        custom_loop(ds, epochs=3, pause=PAUSE)
     waits = prof.report.waits
     assert waits is not None and waits["steps"] == 475  # 3 x 160 steps, 5 warm-up
     starts = sorted(st["index"] for st in waits["stalls"] if st["at"] == "epoch-start")

@@ -254,3 +254,22 @@ def test_memory_bound_tf_run_gets_keras_gradient_accumulation():
 
 def test_tf_ids_are_documented_ids():
     assert {"parallel_map", "interleave"} <= set(IDS)
+
+
+def test_epoch_ends_that_waited_for_their_iterators_get_one_iterator_with_that_time_gone():
+    # 3 epochs; two of the epoch ends waited 0.5 s each, of the input time the steps hold
+    run = tf_run(tf_loader(parallel_map=True, has_prefetch=True, iterations=3, stop_s=[0.5, 0.5, 0.02]), wait=0.04)
+    report = recommend(run, diagnose(run))
+    rec = next(r for r in report if r.id == "one_iterator")
+    judged = diagnose(run).metrics.judged_seconds
+    assert rec.framework == "tf" and "repeat()" in rec.code
+    assert rec.values == {"stop_seconds": 1.0, "epoch_ends": 2}
+    assert rec.estimated_speedup == round(judged / (judged - 1.0), 2)
+    assert "the longest 0.5 s" in rec.detail
+
+
+def test_epoch_ends_freed_in_milliseconds_or_a_last_stop_after_training_get_no_one_iterator():
+    quick = tf_run(tf_loader(parallel_map=True, has_prefetch=True, iterations=3, stop_s=[0.05, 0.05]), wait=0.04)
+    last = tf_run(tf_loader(parallel_map=True, has_prefetch=True, iterations=2, stop_s=[0.001, 3.0]), wait=0.04)
+    for run in (quick, last):
+        assert "one_iterator" not in [r.id for r in recommend(run, diagnose(run))]

@@ -25,6 +25,19 @@ def test_batch_waits_belong_to_the_step_they_precede():
     assert tl.method() == "iterator-next"
 
 
+def test_an_iterators_stop_is_the_next_steps_input_time_and_no_batch():
+    tl = Timeline(t0=0.0)
+    tl.batch_wait(0.0, 0.1, cpu=0.1, batch_size=4)
+    tl.optimizer_step(1.0)
+    tl.pipeline_stop(1.0, 1.5, 0.0)  # the epoch's iterator freed: the loop blocked half a second
+    tl.batch_wait(1.5, 1.6, cpu=0.1, batch_size=4)
+    tl.optimizer_step(2.0)
+    a, b = tl.steps
+    assert (b.start, b.data_wait, b.data_wait_cpu) == pytest.approx((1.0, 0.6, 0.1))
+    assert b.batch_size == 4
+    assert tl.batches == 2
+
+
 def test_first_step_starts_at_the_first_event_not_at_profile_start():
     tl = Timeline(t0=0.0)
     tl.forward_start(5.0)  # 5 s of script set-up before the loop: not a step

@@ -1,5 +1,6 @@
 """The tf.data rules, from the pipeline's graph (``LoaderInfo``) and the measured costs:
-prefetch, parallel map, interleave, cache, offline preprocessing, packed files."""
+prefetch, parallel map, interleave, cache, offline preprocessing, packed files, one iterator
+over the epochs."""
 
 from __future__ import annotations
 
@@ -201,9 +202,44 @@ def input_advice(run: Run, d: Diagnosis, loader: LoaderInfo,
         rec.code = ("loadprof convert <your data folder> data.tfrecord --to tfrecord\n"
                     "ds = tf.data.TFRecordDataset(['data.tfrecord'], num_parallel_reads=tf.data.AUTOTUNE)")
         out.append(rec)
+    one = _one_iterator(m, loader)
+    if one is not None:
+        out.append(one)
     if late_prefetch is not None:
         out.append(late_prefetch)
     # every transformation timed (the profiler's window): its rows decide which map, where
     if loader.stage_source:
         out = transform_advice(run, d, loader, pipeline, out)
     return out
+
+
+#: epoch ends whose iterators took at least this share of the judged time to free get advice
+STOP_SHARE = 0.02
+#: ...and at least one of them this slow (a few milliseconds each are no wait worth a change)
+SLOW_STOP_S = 0.1
+
+
+def _one_iterator(m: Metrics, loader: LoaderInfo) -> Recommendation | None:
+    """Freeing each epoch's iterator waits for the pipeline's threads (NOTE [ An iterator's
+    stop ] in hooks.py), measured at every epoch end: one iterator over the epochs is freed
+    once, and the loop waited that long at the ends it had (the last one's is after training)."""
+    between = loader.stop_s[:max(0, loader.iterations - 1)]
+    stopped = sum(between)
+    slow = sum(s >= SLOW_STOP_S for s in between)
+    if not slow or m.judged_seconds <= stopped or stopped < STOP_SHARE * m.judged_seconds:
+        return None
+    return Recommendation(
+        "one_iterator", "Keep one iterator over all epochs",
+        f"Freeing each epoch's iterator took {stopped:.1f} s in all ({slow} of {len(between)} epoch ends over "
+        f"{SLOW_STOP_S:g} s, the longest {max(between):.1f} s): TensorFlow waits for the pipeline's threads to "
+        "wind down, and the loop waits with it. One iterator over all epochs is freed once.",
+        "ds = ds.repeat()  # the last transformation: the epochs run on\n"
+        "it = iter(ds)\n"
+        "for epoch in range(epochs):\n"
+        "    for _ in range(steps_per_epoch):  # batches an epoch, as before\n"
+        "        train_step(*next(it))",
+        {"stop_seconds": round(stopped, 2), "epoch_ends": len(between)},
+        round(m.judged_seconds / (m.judged_seconds - stopped), 2),
+        f"measured: the epoch ends' {stopped:.1f} s of the {m.judged_seconds:.1f} s judged, gone",
+        framework="tf",
+    )

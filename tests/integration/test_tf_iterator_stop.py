@@ -1,0 +1,74 @@
+"""Real custom TensorFlow loops whose epoch ends block while the epoch's iterator is freed:
+the time found, counted as the loop's input wait, and one iterator over the epochs advised.
+A parallel map whose calls past the epoch's last batch sleep stands for a pipeline whose
+threads take long to wind down (freeing the iterator waits for the calls begun ahead), so
+the stop's length does not depend on how busy the CPU is."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+from loadprof import Profile  # noqa: E402
+from tests.tf_loops import custom_loop  # noqa: E402
+
+pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
+
+STOP = 1.0
+STEPS = 8
+BATCH = 4
+
+
+def _wind_down(i):
+    if i >= STEPS * BATCH:
+        time.sleep(STOP)  # work begun ahead of the loop, which freeing the iterator waits for
+    return i
+
+
+def _element(i):
+    i = tf.numpy_function(_wind_down, [i], tf.int64)
+    i.set_shape(())
+    return tf.fill((8,), tf.cast(i % 7, tf.float32) / 7.0), tf.cast(i % 2, tf.int32)
+
+
+def _pipeline():
+    return tf.data.Dataset.range(10_000).map(_element, num_parallel_calls=2).batch(BATCH).prefetch(1).take(STEPS)
+
+
+def test_each_epoch_ends_wait_for_its_iterator_is_the_loops_input_time_and_one_iterator_is_advised():
+    epochs = 5
+    with Profile(interval=0.05, print_report=False, what_if=0) as prof:
+        custom_loop(_pipeline(), epochs=epochs, pause=0.01)
+    (loader,) = [info for info in prof.run.loaders if info.framework == "tf.data"]
+    assert loader.iterations == epochs
+    assert len(loader.stop_s) >= epochs - 1
+    between = loader.stop_s[:epochs - 1]
+    # the calls begun ahead are asleep when the loop lets go, where TensorFlow had begun them
+    # by then (it varies: 0.2-1.2 s at most epoch ends here, 1 ms at some)
+    assert any(s >= 0.1 for s in between), between
+    # the first step of the epoch after each such end holds its iterator's stop as input time
+    steps = prof.run.steps
+    for k, stop in enumerate(between):
+        if stop >= 0.1:
+            assert steps[STEPS * (k + 1)].data_wait >= 0.9 * stop, (k, stop, steps[STEPS * (k + 1)])
+    report = prof.report
+    rec = next(r for r in report.recommendations if r.id == "one_iterator")
+    assert rec.framework == "tf" and "repeat()" in rec.code
+    assert rec.values["epoch_ends"] == epochs - 1
+    judged = report.diagnosis.metrics.judged_seconds
+    stopped = rec.values["stop_seconds"]
+    assert rec.estimated_speedup == pytest.approx(judged / (judged - stopped), abs=0.01)
+
+
+def test_an_iterator_freed_at_once_is_no_stop_to_advise_on():
+    ds = tf.data.Dataset.from_tensor_slices((np.zeros((32, 8), np.float32), np.zeros(32, np.int32))).batch(4)
+    with Profile(interval=0.05, print_report=False, what_if=0) as prof:
+        custom_loop(ds, epochs=3, pause=0.01)
+    (loader,) = [info for info in prof.run.loaders if info.framework == "tf.data"]
+    assert len(loader.stop_s) >= 2 and max(loader.stop_s) < 0.1
+    assert "one_iterator" not in [r.id for r in prof.report.recommendations]
