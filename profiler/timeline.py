@@ -181,6 +181,8 @@ class Timeline:
         # NOTE [ Garbage collection in a wait ]
         self._pid = os.getpid()
         self._gc_start: float | None = None
+        #: seconds of garbage collection so far, as they end (not waiting for the fold)
+        self.gc_paused = 0.0
         self._gc_recent: list[tuple[float, float]] = []  # collections since the last wait or step end
         self.gc_collections = 0
         self.gc_seconds = 0.0
@@ -217,7 +219,9 @@ class Timeline:
         elif self._gc_start is not None:
             start, self._gc_start = self._gc_start, None
             if os.getpid() == self._pid:  # a forked loader worker inherits the callback: never recorded
-                self.gc_pause(start, self.clock())
+                end = self.clock()
+                self.gc_paused += end - start
+                self.gc_pause(start, end)
 
     def profiler_pause(self, start: float, end: float, cpu: float) -> None:
         """loadprof worked from ``start`` to ``end`` between two steps, ``cpu`` seconds of this

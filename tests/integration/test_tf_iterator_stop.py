@@ -66,7 +66,12 @@ def test_each_epoch_ends_wait_for_its_iterator_is_the_loops_input_time_and_one_i
 
 
 def test_an_iterator_freed_at_once_is_no_stop_to_advise_on():
+    # autotune off: freeing an iterator waits for autotune's model thread too, which took up
+    # to a second at the end of a short first epoch in a process that had run many tests
+    opts = tf.data.Options()
+    opts.autotune.enabled = False
     ds = tf.data.Dataset.from_tensor_slices((np.zeros((32, 8), np.float32), np.zeros(32, np.int32))).batch(4)
+    ds = ds.with_options(opts)
     with Profile(interval=0.05, print_report=False, what_if=0) as prof:
         custom_loop(ds, epochs=3, pause=0.01)
     (loader,) = [info for info in prof.run.loaders if info.framework == "tf.data"]
