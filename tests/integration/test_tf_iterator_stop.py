@@ -1,8 +1,8 @@
 """Real custom TensorFlow loops whose epoch ends block while the epoch's iterator is freed:
 the time found, counted as the loop's input wait, and one iterator over the epochs advised.
 A parallel map whose calls past the epoch's last batch sleep stands for a pipeline whose
-threads take long to wind down (freeing the iterator waits for the calls begun ahead), so
-the stop's length does not depend on how busy the CPU is."""
+threads take long to wind down (freeing the iterator waits for the calls begun ahead): a
+sleep, not CPU work, so a busy host does not make the stop."""
 
 from __future__ import annotations
 

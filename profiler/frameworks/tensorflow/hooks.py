@@ -475,15 +475,13 @@ MAX_STOPS = 100
 # NOTE [ An iterator's stop ]
 # A tf.data iterator the loop lets go of (a ``for`` over the pipeline ends, each epoch) is
 # freed there and then, and freeing it waits for the pipeline's threads, autotune's model
-# thread among them: with a parallel map of random ops, TensorFlow 2.21 on two cores waited
-# 6-8 s at about one epoch end in three in a plain script, and at none of eight with autotune
-# off. No batch wait sees it (the loop's ``next`` has returned), so it
-# would read as the model's time. The iterator's finalizer (``_Stop.begin``) runs first as
-# it is freed, then its attributes go in the order they were set; the ``_Stop``, set last,
-# goes after the iterator's resource, and its ``__del__`` closes the interval: the loop's
-# input wait on the timeline, and the pipeline's ``stop_s``. A garbage collection that runs
-# meanwhile (a freed object's code allocates) is the program's pause, not the pipeline's: a
-# second's worth of them fell in one stop in a process that had run a thousand tests before.
+# thread among them (seconds at some epoch ends: docs/tensorflow.md, ``stop_s``). No batch
+# wait sees it (the loop's ``next`` has returned), so it would read as the model's time.
+# The iterator's finalizer (``_Stop.begin``) runs first as it is freed, then its attributes
+# go in the order they were set; the ``_Stop``, set last, goes after the iterator's
+# resource, and its ``__del__`` closes the interval: the loop's input wait on the timeline,
+# and the pipeline's ``stop_s``. A garbage collection meanwhile (a freed object's code
+# allocates) is the program's pause, not the pipeline's, and is left out.
 class _Stop:
     """Times one iterator's freeing (NOTE [ An iterator's stop ])."""
 
