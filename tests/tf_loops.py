@@ -10,10 +10,12 @@ import keras
 import tensorflow as tf
 
 
-def custom_loop(ds: Any, model: Any = None, epochs: int = 1, pause: float = 0.0) -> list[float]:
+def custom_loop(ds: Any, model: Any = None, epochs: int = 1, pause: float = 0.0,
+                steps: int | None = None) -> list[float]:
     """A tf.GradientTape step in a tf.function, the dataset iterated in Python; the losses.
     ``model``: a small Dense one where None; ``pause``: seconds of the model's time a step
-    more (a sleep), so that a stall's floor stands above a busy host's jitter."""
+    more (a sleep), so that a stall's floor stands above a busy host's jitter; ``steps``: an
+    epoch's steps, the loop breaking out of the epoch's iterator there (None: to its end)."""
     if model is None:
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
                                   keras.layers.Dense(2)])
@@ -30,8 +32,10 @@ def custom_loop(ds: Any, model: Any = None, epochs: int = 1, pause: float = 0.0)
 
     losses = []
     for _ in range(epochs):
-        for x, y in ds:
+        for step, (x, y) in enumerate(ds):
             losses.append(float(train_step(x, y)))
             if pause:
                 time.sleep(pause)
+            if steps is not None and step + 1 == steps:
+                break
     return losses

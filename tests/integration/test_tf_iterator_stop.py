@@ -1,8 +1,9 @@
 """Real custom TensorFlow loops whose epoch ends block while the epoch's iterator is freed:
 the time found, counted as the loop's input wait, and one iterator over the epochs advised.
-A parallel map whose calls past the epoch's last batch sleep stands for a pipeline whose
-threads take long to wind down (freeing the iterator waits for the calls begun ahead): a
-sleep, not CPU work, so a busy host does not make the stop."""
+The loop breaks out of each epoch after a number of steps, as loops over a long dataset do;
+freeing the iterator then waits for the parallel map's calls begun ahead of it, which sleep:
+a sleep, not CPU work, so a busy host does not make the stop. (A ``take()`` would not do: it
+frees its input at its last batch, inside the loop.)"""
 
 from __future__ import annotations
 
@@ -37,32 +38,30 @@ def _element(i):
 
 
 def _pipeline():
-    return tf.data.Dataset.range(10_000).map(_element, num_parallel_calls=2).batch(BATCH).prefetch(1).take(STEPS)
+    return tf.data.Dataset.range(10_000).map(_element, num_parallel_calls=2).batch(BATCH).prefetch(1)
 
 
 def test_each_epoch_ends_wait_for_its_iterator_is_the_loops_input_time_and_one_iterator_is_advised():
     epochs = 5
     with Profile(interval=0.05, print_report=False, what_if=0) as prof:
-        custom_loop(_pipeline(), epochs=epochs, pause=0.01)
+        custom_loop(_pipeline(), epochs=epochs, pause=0.01, steps=STEPS)
     (loader,) = [info for info in prof.run.loaders if info.framework == "tf.data"]
     assert loader.iterations == epochs
     assert len(loader.stop_s) >= epochs - 1
     between = loader.stop_s[:epochs - 1]
-    # the calls begun ahead are asleep when the loop lets go, where TensorFlow had begun them
-    # by then (it varies: 0.2-1.2 s at most epoch ends here, 1 ms at some)
-    assert any(s >= 0.1 for s in between), between
+    # the calls begun ahead are asleep when the loop lets go
+    assert all(s >= 0.5 * STOP for s in between), between
     # the first step of the epoch after each such end holds its iterator's stop as input time
     steps = prof.run.steps
     for k, stop in enumerate(between):
-        if stop >= 0.1:
-            assert steps[STEPS * (k + 1)].data_wait >= 0.9 * stop, (k, stop, steps[STEPS * (k + 1)])
+        assert steps[STEPS * (k + 1)].data_wait >= 0.9 * stop, (k, stop, steps[STEPS * (k + 1)])
     report = prof.report
     rec = next(r for r in report.recommendations if r.id == "one_iterator")
     assert rec.framework == "tf" and "repeat()" in rec.code
     assert rec.values["epoch_ends"] == epochs - 1
     judged = report.diagnosis.metrics.judged_seconds
     stopped = rec.values["stop_seconds"]
-    assert rec.estimated_speedup == pytest.approx(judged / (judged - stopped), abs=0.01)
+    assert rec.estimated_speedup == pytest.approx(judged / (judged - stopped), rel=0.01)  # both rounded
 
 
 def test_an_iterator_freed_at_once_is_no_stop_to_advise_on():
