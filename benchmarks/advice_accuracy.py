@@ -106,7 +106,8 @@ EXAMPLES: dict[str, Example] = {
                            flags={"batched_getitems": ["--batched"]}),
     "remote_reads": Example("benchmarks/advice_scripts/remote_reads.py", ["--epochs", "50"],
                             flags={"convert_format": ["--packed"]}),
-    "tfdata_map": Example("benchmarks/advice_scripts/tfdata_map.py", ["--epochs", "50"]),
+    "tfdata_map": Example("benchmarks/advice_scripts/tfdata_map.py", ["--epochs", "50"],
+                          flags={"one_iterator": ["--one-iterator"]}),
     "compute_bound": Example("benchmarks/advice_scripts/compute_bound.py", ["--epochs", "50"]),
     "npy_patches": Example("benchmarks/advice_scripts/npy_patches.py", ["--epochs", "50"],
                            flags={"offline_preprocessing": ["--offline"]}),
@@ -119,11 +120,14 @@ EXAMPLES: dict[str, Example] = {
     # one epoch (64 batches) holds the bounded run: a cache never pays back
     "one_epoch": Example("benchmarks/advice_scripts/one_epoch.py", ["--epochs", "1"]),
     # 4 batches an epoch: the warm-up steps hold the epoch that fills a cache
-    "tfdata_tfops": Example("benchmarks/advice_scripts/tfdata_tfops.py", ["--epochs", "50", "--samples", "128"]),
+    "tfdata_tfops": Example("benchmarks/advice_scripts/tfdata_tfops.py", ["--epochs", "50", "--samples", "128"],
+                            flags={"one_iterator": ["--one-iterator"]}),
     # advice per transformation: a costly random map among cheap ones; shards read one after another
-    "tfdata_costly_map": Example("benchmarks/advice_scripts/tfdata_costly_map.py", ["--epochs", "50"], steps=125),
+    "tfdata_costly_map": Example("benchmarks/advice_scripts/tfdata_costly_map.py", ["--epochs", "50"],
+                                 flags={"one_iterator": ["--one-iterator"]}, steps=125),
     "tfdata_shards": Example("benchmarks/advice_scripts/tfdata_shards.py", ["--epochs", "50"],
-                             flags={"interleave": ["--parallel-reads", "2"]}, steps=125),
+                             flags={"interleave": ["--parallel-reads", "2"], "one_iterator": ["--one-iterator"]},
+                             steps=125),
     # LitData: a costly per-item transform in a StreamingDataset's __getitem__, moved into the chunks
     "litdata_stream": Example("benchmarks/advice_scripts/litdata_stream.py", ["--epochs", "50"],
                               flags={"litdata_optimize": ["--optimized"], "litdata_workers": ["--workers", "{num_workers}"]},
@@ -151,6 +155,8 @@ JOBS: dict[str, tuple[str, list[str], int, dict[str, list[str]]]] = {
 DEFAULT = ",".join([*EXAMPLES, *JOBS])
 #: advice whose one-time costs fall inside a trial's measured steps (an epoch's start)
 WHOLE_JOB_IDS = ("num_workers", "parallel_map", "prefetch")
+#: advice whose estimate is the steps as they ran, epoch ends inside them (an iterator's stop)
+EPOCH_END_IDS = ("one_iterator",)
 #: The error every printed estimate must stay within, and the share of speed
 #: recommendations that must carry one.
 TARGET, COVERAGE = 0.15, 0.80
@@ -322,6 +328,8 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
             # figure for the whole job as it ran counts it; a cache fills before them (the fix's
             # set-up), so its per-step figure is the one to compare
             whole = rec.values.get("whole_job_speedup") if rec.id in WHOLE_JOB_IDS else None
+            if rec.id in EPOCH_END_IDS:
+                whole = rec.estimated_speedup
             if whole is not None or rec.estimated_speedup is not None:
                 estimates.setdefault(rec.id, []).append(whole if whole is not None else rec.estimated_speedup)
             if whole is not None:

@@ -4,12 +4,16 @@ Keras model in a custom loop. The shards are written once to a folder under the 
 temporary one and kept there (the what-if replays read them again after the run).
 ``--parallel-reads N`` reads N files at a time, as the advice's snippet says.
 
+``--one-iterator`` keeps one iterator over all epochs (``repeat()``), as the
+``one_iterator`` advice's snippet says.
+
 One of the realistic scripts benchmarks/advice_accuracy.py measures the advice on.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -51,6 +55,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--one-iterator", action="store_true", help="one iterator over all epochs (repeat())")
     parser.add_argument("--parallel-reads", type=int, default=0, help="files read at a time (0: one after another)")
     args = parser.parse_args()
     folder = Path(tempfile.gettempdir()) / f"loadprof-tfdata-shards-{args.samples}-{args.shards}-{SIZE}"
@@ -71,9 +76,14 @@ def main() -> None:
                                 strict=True))
         return loss
 
-    for _ in range(args.epochs):
-        for x, y in data:
-            step(x, y)
+    if args.one_iterator:  # freed once, after the last epoch
+        batches = iter(data.repeat())
+        for _ in range(args.epochs * math.ceil(args.samples / 32)):
+            step(*next(batches))
+    else:
+        for _ in range(args.epochs):
+            for x, y in data:
+                step(x, y)
 
 
 if __name__ == "__main__":
