@@ -73,7 +73,8 @@ Events are:
 - ``(_PAUSE, (start, end, thread_cpu))``: loadprof's own work between two steps (the
   what-if replays), which a between-steps gap leaves out;
 - ``(_STOP, (start, end, thread_cpu))``: the loop blocked while a pipeline's iterator it let go of was
-  freed (tf.data waits for the iterator's threads): input time, no batch.
+  freed (tf.data waits for the iterator's threads): input time, no batch; a ``_BEGIN`` after it
+  (fit's next epoch) starts its step that much earlier, the stop its wait.
 
 NOTE [ Waits measured after the run ]
 Under Keras ``fit`` the batches are pulled inside the compiled function: no wait
@@ -166,6 +167,7 @@ class Timeline:
         self._wait = 0.0
         self._wait_cpu = 0.0
         self._h2d = 0.0
+        self._stopped = self._stopped_cpu = 0.0  # iterators freed since the last step end
         self._fold_waited = False
         self._fold_awaiting = False
         self._end_cpu: float | None = 0.0
@@ -368,6 +370,7 @@ class Timeline:
                 self._eval_open = None
             self._step_start = start
             self._wait = self._wait_cpu = self._h2d = 0.0
+            self._stopped = self._stopped_cpu = 0.0
             self._batch_size = None
         if self._step_start is None:
             self._step_start = start
@@ -378,18 +381,24 @@ class Timeline:
             if cpu is not None:
                 cpu = max(0.0, cpu - paused)  # a collection is CPU work
         self._wait += wall
-        self._wait_cpu += self._cpu_of(wall, cpu)
+        wall_cpu = self._cpu_of(wall, cpu)
+        self._wait_cpu += wall_cpu
+        if not batch:
+            self._stopped += wall
+            self._stopped_cpu += wall_cpu
         self._fold_waited = True
         self.batches += batch
         if batch_size is not None:
             self._batch_size = (self._batch_size or 0) + batch_size
-        self.methods.add("iterator-next")
+        if batch:  # an iterator's stop under fit leaves its waits measured as they are
+            self.methods.add("iterator-next")
 
     def _fold_begin(self, t: float | None, batch_size: int | None) -> None:
         if t is not None:
-            # What came since the last step end (a validation pass, epoch-end callbacks) is no step's.
-            self._step_start = t
-            self._wait = self._wait_cpu = self._h2d = 0.0
+            # What came since the last step end (a validation pass, epoch-end callbacks) is no step's,
+            # but an iterator freed meanwhile (fit's epoch end) is: the step waited for it, as if just before
+            self._step_start = t - self._stopped
+            self._wait, self._wait_cpu, self._h2d = self._stopped, self._stopped_cpu, 0.0
             self._batch_size = None
         if batch_size is not None:
             self._batch_size = (self._batch_size or 0) + batch_size
@@ -443,6 +452,7 @@ class Timeline:
         self._step_start = t
         self._last_end = t
         self._wait = self._wait_cpu = self._h2d = 0.0
+        self._stopped = self._stopped_cpu = 0.0
         self._end_cpu = cpu
         self._fold_waited = False
         self._batch_size = None

@@ -76,3 +76,34 @@ def test_an_iterator_freed_at_once_is_no_stop_to_advise_on():
     (loader,) = [info for info in prof.run.loaders if info.framework == "tf.data"]
     assert len(loader.stop_s) >= 2 and max(loader.stop_s) < 0.1
     assert "one_iterator" not in [r.id for r in prof.report.recommendations]
+
+
+def test_fit_frees_each_epochs_iterator_and_the_next_epochs_first_step_waits_for_it():
+    # Keras ends an epoch after the pipeline's cardinality in batches, the two elements past
+    # them (dropped as a partial batch) asleep in the map; it frees that epoch's iterator as
+    # the next epoch begins
+    epochs = 4
+    ds = tf.data.Dataset.range(STEPS * BATCH + 2).map(_element, num_parallel_calls=2) \
+        .batch(BATCH, drop_remainder=True).prefetch(1)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with Profile(interval=0.05, print_report=False, what_if=0) as prof:
+        model.fit(ds, epochs=epochs, verbose=0)
+    (loader,) = [info for info in prof.run.loaders if info.framework == "tf.data"]
+    assert loader.iterations == epochs
+    # at each epoch's start, the last epoch's iterator and the one made ahead of this epoch;
+    # those fit holds as it returns are none
+    assert len(loader.stop_s) == 2 * (epochs - 1), loader.stop_s
+    slow = [s for s in loader.stop_s if s >= 0.5 * STOP]
+    assert len(slow) == epochs - 1, loader.stop_s
+    steps = prof.run.steps
+    assert len(steps) == epochs * STEPS
+    for k, stop in enumerate(slow):
+        first = steps[STEPS * (k + 1)]
+        assert first.data_wait >= 0.9 * stop and first.end - first.start >= stop, (k, stop, first)
+        assert first.start >= steps[STEPS * (k + 1) - 1].end  # no step overlaps the one before
+    rec = next(r for r in prof.report.recommendations if r.id == "one_iterator")
+    assert "steps_per_epoch" in rec.code and "repeat()" in rec.code
+    assert rec.values["epoch_ends"] == epochs - 1
+    assert rec.values["stop_seconds"] == pytest.approx(sum(loader.stop_s), abs=0.01)

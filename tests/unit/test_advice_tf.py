@@ -268,6 +268,16 @@ def test_epoch_ends_that_waited_for_their_iterators_get_one_iterator_with_that_t
     assert "the longest 0.5 s" in rec.detail
 
 
+def test_fits_epoch_ends_get_one_iterator_through_steps_per_epoch():
+    # two iterators freed at each epoch end, the one made ahead and the last epoch's
+    loader = tf_loader(parallel_map=True, has_prefetch=True, iterations=3, stop_s=[0.01, 0.5, 0.02, 0.5])
+    loader.notes.append("keras_fit")
+    run = tf_run(loader, wait=0.04, method="differential", fit=FitProbe(1, pipeline_batch_s=0.03))
+    rec = next(r for r in recommend(run, diagnose(run)) if r.id == "one_iterator")
+    assert "model.fit(ds, epochs=epochs, steps_per_epoch=steps_per_epoch)" in rec.code
+    assert "iter(ds)" not in rec.code and rec.values == {"stop_seconds": 1.03, "epoch_ends": 2}
+
+
 def test_epoch_ends_freed_in_milliseconds_or_a_last_stop_after_training_get_no_one_iterator():
     quick = tf_run(tf_loader(parallel_map=True, has_prefetch=True, iterations=3, stop_s=[0.05, 0.05]), wait=0.04)
     last = tf_run(tf_loader(parallel_map=True, has_prefetch=True, iterations=2, stop_s=[0.001, 3.0]), wait=0.04)

@@ -38,6 +38,21 @@ def test_an_iterators_stop_is_the_next_steps_input_time_and_no_batch():
     assert tl.batches == 2
 
 
+def test_an_iterator_freed_between_fits_steps_begins_the_next_step_that_much_earlier():
+    tl = Timeline(t0=0.0)
+    tl.step_begins(0.0, 4)
+    tl.optimizer_step(1.0)  # an epoch's last step
+    tl.pipeline_stop(1.0, 1.5, 0.1)  # Keras frees the epoch's iterator
+    tl.step_begins(3.0, 4)  # the next epoch's first step, after validation and callbacks
+    tl.optimizer_step(3.2)
+    tl.step_begins(3.2, 4)
+    tl.optimizer_step(3.4)
+    a, b, c = tl.steps
+    assert (b.start, b.end, b.data_wait, b.data_wait_cpu) == pytest.approx((2.5, 3.2, 0.5, 0.1))
+    assert (c.start, c.data_wait) == pytest.approx((3.2, 0.0))
+    assert tl.batches == 0
+
+
 def test_first_step_starts_at_the_first_event_not_at_profile_start():
     tl = Timeline(t0=0.0)
     tl.forward_start(5.0)  # 5 s of script set-up before the loop: not a step

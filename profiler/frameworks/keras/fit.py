@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from ...patch import Patches, subclass
 from ...records import LoaderInfo, StageTime
+from ..tensorflow.advice import FIT_NOTE
 from ..tensorflow.facts import check_amp
 from ..tensorflow.looptime import LoopTime
 from ..tensorflow.tfdata import optional_module
@@ -103,6 +104,7 @@ class FitRecord:
     calls: FitCalls = field(default_factory=FitCalls)
     own: LoopTime = field(default_factory=LoopTime)  # fit's own time a batch, between its calls
     feed: Feed | None = None  # a PyDataset's or a generator's batches, timed (feed.py)
+    training: bool = False  # between on_train_begin and on_train_end
 
 
 class KerasFit:
@@ -111,6 +113,7 @@ class KerasFit:
     def __init__(self, hooks: TensorFlowHooks) -> None:
         self.h = hooks
         self.fits: list[FitRecord] = []
+        self.training: FitRecord | None = None  # the fit call running, if any
         self._callback_cls: Any = None
         self._patches = Patches("tensorflow hooks")  # per-fit train_function wraps
         self.feeds = Feeds(hooks.clock, hooks.limit)
@@ -220,9 +223,11 @@ class KerasFit:
             else:
                 h.limit(f"fit(callbacks={type(given).__name__}): cannot add a callback; fit steps not timed")
             h.enter_keras()
+            fit_hooks.training = record
             try:
                 return original(*bound.args, **bound.kwargs)
             finally:
+                fit_hooks.training = None
                 h.exit_keras()
                 fit_hooks.restore_train_function(record)
 
@@ -238,6 +243,8 @@ class KerasFit:
             record.info = h.dataset_info(x)
             if record.info is not None:
                 record.batch_size = record.info.batch_size
+                if FIT_NOTE not in record.info.notes:
+                    record.info.notes.append(FIT_NOTE)
         elif _is_arrays(x):
             record.arrays = True
             record.batch_size = batch_size or 32  # Keras's default
@@ -301,6 +308,7 @@ class KerasFit:
         if getattr(model, "train_function", None) is None:
             self.h.limit("model.train_function missing at on_train_begin: fit steps not timed")
             return
+        record.training = True
         record.steps_per_execution = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
         steps = params.get("steps") if params else None
         record.steps_per_epoch = int(steps) if steps else None
@@ -323,6 +331,10 @@ class KerasFit:
             return train_function
 
         self._patches.wrap(model, "train_function", make)
+
+    def train_end(self, record: FitRecord) -> None:
+        record.training = False
+        self.restore_train_function(record)
 
     def restore_train_function(self, record: FitRecord) -> None:
         self.h.run.limitations.extend(
@@ -412,5 +424,5 @@ def _callback_class(base: type) -> type:
             cb._record, dict(getattr(cb, "params", None) or {})),
         "on_epoch_begin": lambda cb, epoch, logs=None: cb._loadprof.epoch_begin(cb._record),
         "on_train_batch_begin": lambda cb, batch, logs=None: cb._loadprof.batch_begin(cb._record, batch),
-        "on_train_end": lambda cb, logs=None: cb._loadprof.restore_train_function(cb._record),
+        "on_train_end": lambda cb, logs=None: cb._loadprof.train_end(cb._record),
     })

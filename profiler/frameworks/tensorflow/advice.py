@@ -11,6 +11,9 @@ from ...records import LoaderInfo, Run
 from ...stagemodel import loading
 from .transformadvice import transform_advice
 
+#: the note on a tf.data pipeline Keras ``fit`` trained on: the snippets say ``fit(...)``
+FIT_NOTE = "keras_fit"
+
 
 def _tf_pipeline_seconds(run: Run, m: Metrics, loader: LoaderInfo) -> float | None:
     """Seconds the tf.data pipeline needs per step, from what was measured.
@@ -202,7 +205,7 @@ def input_advice(run: Run, d: Diagnosis, loader: LoaderInfo,
         rec.code = ("loadprof convert <your data folder> data.tfrecord --to tfrecord\n"
                     "ds = tf.data.TFRecordDataset(['data.tfrecord'], num_parallel_reads=tf.data.AUTOTUNE)")
         out.append(rec)
-    one = _one_iterator(m, loader)
+    one = _one_iterator(m, loader, fit=FIT_NOTE in notes)
     if one is not None:
         out.append(one)
     if late_prefetch is not None:
@@ -219,26 +222,31 @@ STOP_SHARE = 0.02
 SLOW_STOP_S = 0.1
 
 
-def _one_iterator(m: Metrics, loader: LoaderInfo) -> Recommendation | None:
+def _one_iterator(m: Metrics, loader: LoaderInfo, fit: bool = False) -> Recommendation | None:
     """Freeing each epoch's iterator waits for the pipeline's threads (NOTE [ An iterator's
     stop ] in hooks.py), measured at every epoch end: one iterator over the epochs is freed
-    once, and the loop waited that long at the ends it had (the last one's is after training)."""
-    between = loader.stop_s[:max(0, loader.iterations - 1)]
+    once, and the loop waited that long at the ends it had (the last one's is after training).
+    ``fit``: Keras ``fit`` ran the epochs (its stops all came between them, two an epoch end:
+    hooks.py); given ``steps_per_epoch`` it keeps one iterator."""
+    ends = max(0, loader.iterations - 1)
+    between = loader.stop_s if fit else loader.stop_s[:ends]
     stopped = sum(between)
     slow = sum(s >= SLOW_STOP_S for s in between)
     if not slow or m.judged_seconds <= stopped or stopped < STOP_SHARE * m.judged_seconds:
         return None
     return Recommendation(
         "one_iterator", "Keep one iterator over all epochs",
-        f"Freeing each epoch's iterator took {stopped:.1f} s in all ({slow} of {len(between)} epoch ends over "
-        f"{SLOW_STOP_S:g} s, the longest {max(between):.1f} s): TensorFlow waits for the pipeline's threads to "
-        "wind down, and the loop waits with it. One iterator over all epochs is freed once.",
+        f"Freeing the epochs' iterators took {stopped:.1f} s in all at {ends} epoch ends ({slow} of "
+        f"{len(between)} over {SLOW_STOP_S:g} s, the longest {max(between):.1f} s): TensorFlow waits for the "
+        "pipeline's threads to wind down, and the loop waits with it. One iterator over all epochs is freed once.",
         "ds = ds.repeat()  # the last transformation: the epochs run on\n"
-        "it = iter(ds)\n"
-        "for epoch in range(epochs):\n"
-        "    for _ in range(steps_per_epoch):  # batches an epoch, as before\n"
-        "        train_step(*next(it))",
-        {"stop_seconds": round(stopped, 2), "epoch_ends": len(between)},
+        + ("model.fit(ds, epochs=epochs, steps_per_epoch=steps_per_epoch)  # batches an epoch, as before"
+           if fit else
+           "it = iter(ds)\n"
+           "for epoch in range(epochs):\n"
+           "    for _ in range(steps_per_epoch):  # batches an epoch, as before\n"
+           "        train_step(*next(it))"),
+        {"stop_seconds": round(stopped, 2), "epoch_ends": ends},
         round(m.judged_seconds / (m.judged_seconds - stopped), 2),
         f"measured: the epoch ends' {stopped:.1f} s of the {m.judged_seconds:.1f} s judged, gone",
         framework="tf",

@@ -221,6 +221,14 @@ class TensorFlowHooks:
                     except (AttributeError, TypeError):  # a future iterator with __slots__: waits still timed
                         pass
                 hooks.loop_time.waited(hooks.clock() - t0)  # a pass's start: the pipeline's, not the loop's
+            elif hooks.ours() and tf.executing_eagerly() and getattr(hooks._local, "keras", 0) == 1:
+                record = hooks.keras.training  # fit's own epochs (its validation runs inside evaluate)
+                if record is not None and record.info is not None and record.feed is None \
+                        and (record.dataset is None or record.dataset is ds):
+                    try:
+                        hooks._time_stop(it, record.info, record)
+                    except (AttributeError, TypeError):
+                        pass
             return it
 
         return __iter__
@@ -268,9 +276,10 @@ class TensorFlowHooks:
 
         return __next__
 
-    def _time_stop(self, it: Any, info: LoaderInfo) -> None:
-        """Time the iterator's freeing once the loop lets it go (NOTE [ An iterator's stop ])."""
-        stop = _Stop(self, info)
+    def _time_stop(self, it: Any, info: LoaderInfo, fit: Any = None) -> None:
+        """Time the iterator's freeing once the loop lets it go (NOTE [ An iterator's stop ]);
+        ``fit``: the ``FitRecord`` whose epochs it serves, timed while it trains."""
+        stop = _Stop(self, info, fit)
         weakref.finalize(it, stop.begin).atexit = False
         it._loadprof_stop = stop  # its last attribute: freed after the iterator's resource
 
@@ -481,14 +490,18 @@ MAX_STOPS = 100
 # go in the order they were set; the ``_Stop``, set last, goes after the iterator's
 # resource, and its ``__del__`` closes the interval: the loop's input wait on the timeline,
 # and the pipeline's ``stop_s``. A garbage collection meanwhile (a freed object's code
-# allocates) is the program's pause, not the pipeline's, and is left out.
+# allocates) is the program's pause, not the pipeline's, and is left out. Keras ``fit``
+# frees two at each epoch's start, after its ``on_epoch_begin``: the one it made ahead at the
+# last epoch's end, and the last epoch's own, which its loop variable held till then. Their
+# stops are the epoch's first step's wait, that step begun that much earlier (timeline.py);
+# the iterators fit holds as it returns are no epoch's.
 class _Stop:
     """Times one iterator's freeing (NOTE [ An iterator's stop ])."""
 
-    __slots__ = ("hooks", "info", "t0", "c0", "gc0")
+    __slots__ = ("hooks", "info", "fit", "t0", "c0", "gc0")
 
-    def __init__(self, hooks: TensorFlowHooks, info: LoaderInfo) -> None:
-        self.hooks, self.info = hooks, info
+    def __init__(self, hooks: TensorFlowHooks, info: LoaderInfo, fit: Any = None) -> None:
+        self.hooks, self.info, self.fit = hooks, info, fit
         self.t0: float | None = None
         self.c0 = self.gc0 = 0.0
 
@@ -502,8 +515,8 @@ class _Stop:
         try:
             hooks = self.hooks
             t1 = hooks.clock()
-            if not hooks.ours():
-                return
+            if not hooks.ours() or (self.fit is not None and not self.fit.training):
+                return  # fit's last iterator goes as fit returns: no epoch waits for it
             if len(self.info.stop_s) < MAX_STOPS:
                 self.info.stop_s.append(max(0.0, t1 - t0 - (hooks.timeline.gc_paused - self.gc0)))
             if t1 - t0 >= STOP_MIN_S:  # the fold takes the collections out of the wait
