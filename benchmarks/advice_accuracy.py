@@ -309,6 +309,7 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
     trials: dict[str, list[tuple[TrialResult, TrialResult]]] = {}  # (the round's baseline, the trial)
     dropped: dict[str, Changes] = {}
     whole_job: set[str] = set()  # advice estimated over the whole job as it ran
+    bounded: set[str] = set()  # advice given an upper bound, not an estimate
     for r in range(o.repeats):
         base = _trial(f"baseline #{r + 1}", script, args, env, Changes(), o, what_if=o.what_if)
         if not base.ok or not base.rate or base.run is None:
@@ -334,6 +335,8 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
                 estimates.setdefault(rec.id, []).append(whole if whole is not None else rec.estimated_speedup)
             if whole is not None:
                 whole_job.add(rec.id)
+            if rec.bound and rec.estimated_speedup is not None:
+                bounded.add(rec.id)  # an upper bound in any round: the median figure is no estimate
             recs.setdefault(rec.id, rec)
         for w in base.run.whatif:  # measured to gain nothing, so not advised: was that right?
             if speedup(w) < NO_GAIN and w.change != CEILING and not w.alone:
@@ -408,7 +411,7 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
     replays = [[dataclasses.asdict(w) for w in b.run.whatif] for b in bases if b.run is not None]
     for rid in recs:
         rows.setdefault(rid, {"example": example, "id": rid, "status": "not run"})
-        rows[rid]["bound"] = recs[rid].bound
+        rows[rid]["bound"] = rid in bounded
         rows[rid]["basis"] = recs[rid].basis
         rows[rid]["replays"] = replays
     if not rows:
