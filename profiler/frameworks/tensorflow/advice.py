@@ -226,7 +226,7 @@ def _one_iterator(m: Metrics, loader: LoaderInfo, fit: bool = False) -> Recommen
     """Freeing each epoch's iterator waits for the pipeline's threads (NOTE [ An iterator's
     stop ] in hooks.py), measured at every epoch end: one iterator over the epochs is freed
     once, and the loop waited that long at the ends it had (the last one's is after training).
-    ``fit``: Keras ``fit`` ran the epochs (its stops all came between them, two an epoch end:
+    ``fit``: Keras ``fit`` ran the epochs (its stops all came between them, two at each epoch start:
     hooks.py); given ``steps_per_epoch`` it keeps one iterator."""
     ends = max(0, loader.iterations - 1)
     between = loader.stop_s if fit else loader.stop_s[:ends]
