@@ -200,6 +200,10 @@ class WorkerFetch:
     top: str = ""  # its slowest stage ("kind: name"), where its stages were timed
 
 
+#: the note (``LoaderInfo.notes``) on a tf.data pipeline Keras ``fit`` trained on
+FIT_NOTE = "keras_fit"
+
+
 @dataclass
 class LoaderInfo:
     """What the input pipeline is configured to do, as seen by the hooks."""

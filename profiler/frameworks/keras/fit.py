@@ -32,8 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from ...patch import Patches, subclass
-from ...records import LoaderInfo, StageTime
-from ..tensorflow.advice import FIT_NOTE
+from ...records import FIT_NOTE, LoaderInfo, StageTime
 from ..tensorflow.facts import check_amp
 from ..tensorflow.looptime import LoopTime
 from ..tensorflow.tfdata import optional_module

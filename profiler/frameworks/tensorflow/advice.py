@@ -7,12 +7,9 @@ from __future__ import annotations
 from ...advice.base import MEASURE, NO_GAIN, STORED, Recommendation
 from ...advice.loader import cache_advice, convert_advice
 from ...diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Metrics, Thresholds
-from ...records import LoaderInfo, Run
+from ...records import FIT_NOTE, LoaderInfo, Run
 from ...stagemodel import loading
 from .transformadvice import transform_advice
-
-#: the note on a tf.data pipeline Keras ``fit`` trained on: the snippets say ``fit(...)``
-FIT_NOTE = "keras_fit"
 
 
 def _tf_pipeline_seconds(run: Run, m: Metrics, loader: LoaderInfo) -> float | None:
