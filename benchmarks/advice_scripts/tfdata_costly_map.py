@@ -18,6 +18,7 @@ import math
 
 import numpy as np
 import tensorflow as tf
+from tfloop import train
 
 SIZE = 32
 BLUR = tf.constant(np.outer([1, 4, 6, 4, 1], [1, 4, 6, 4, 1]).astype(np.float32) / 256)[:, :, None, None]
@@ -71,14 +72,7 @@ def main() -> None:
         opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables, strict=True))
         return loss
 
-    if args.one_iterator:  # freed once, after the last epoch
-        batches = iter(data.repeat())
-        for _ in range(args.epochs * math.ceil(args.samples / 32)):
-            step(*next(batches))
-    else:
-        for _ in range(args.epochs):
-            for x, y in data:
-                step(x, y)
+    train(data, step, args.epochs, math.ceil(args.samples / 32), args.one_iterator)
 
 
 if __name__ == "__main__":

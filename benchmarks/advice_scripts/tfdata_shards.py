@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
+from tfloop import train
 
 SIZE = 96
 FEATURES = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
@@ -76,14 +77,7 @@ def main() -> None:
                                 strict=True))
         return loss
 
-    if args.one_iterator:  # freed once, after the last epoch
-        batches = iter(data.repeat())
-        for _ in range(args.epochs * math.ceil(args.samples / 32)):
-            step(*next(batches))
-    else:
-        for _ in range(args.epochs):
-            for x, y in data:
-                step(x, y)
+    train(data, step, args.epochs, math.ceil(args.samples / 32), args.one_iterator)
 
 
 if __name__ == "__main__":
