@@ -202,6 +202,8 @@ class WorkerFetch:
 
 #: the note (``LoaderInfo.notes``) on a tf.data pipeline Keras ``fit`` trained on
 FIT_NOTE = "keras_fit"
+#: the note on a tf.data pipeline whose options turn autotune off
+AUTOTUNE_OFF_NOTE = "autotune_off"
 
 
 @dataclass

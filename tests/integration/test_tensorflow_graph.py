@@ -60,6 +60,13 @@ def test_missing_prefetch_is_injected_by_tensorflow_unless_turned_off(base):
     assert not off.has_prefetch and not off.prefetch_injected
 
 
+def test_a_pipeline_says_whether_autotune_runs_beside_it(base):
+    assert tfdata.inspect_dataset(base.batch(10)).autotune
+    no_tuning = tf.data.Options()
+    no_tuning.autotune.enabled = False
+    assert not tfdata.inspect_dataset(base.batch(10).with_options(no_tuning)).autotune
+
+
 def test_parallel_map_explicit_or_by_tensorflow_for_stateless_functions(base):
     explicit = tfdata.inspect_dataset(base.map(lambda a, b: (a * 2, b), num_parallel_calls=tf.data.AUTOTUNE).batch(25))
     assert "parallel_map" in explicit.transformations and explicit.parallel_map is True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -182,12 +183,19 @@ class Slow(Dataset):
         return torch.full((4,), float(i)), i
 
 
-def test_tune_loader_returns_an_equivalent_loader() -> None:
+def test_tune_loader_returns_an_equivalent_loader(capsys: pytest.CaptureFixture[str]) -> None:
     loader = DataLoader(Slow(), batch_size=8, shuffle=False, drop_last=True)
-    tuned = loadprof.tune_loader(loader, batches=6, budget=40)  # a bound: a slower CPU under load needed more than 15 s
+    tuned = loadprof.tune_loader(loader, batches=6, budget=40, verbose=True)  # a bound: a slower CPU under load needed more than 15 s
     assert isinstance(tuned, DataLoader) and tuned is not loader
     assert tuned.dataset is loader.dataset and tuned.batch_size == 8 and tuned.drop_last
-    assert tuned.num_workers >= 1  # 3 ms per item with no workers is the bottleneck here
+    # The choice follows what it measured (a loaded host may measure workers slower):
+    # the fastest count that beat the loader as written by 10%, else the loader's own.
+    measured = re.findall(r"num_workers=(\d+): ([\d.]+) batches/s \(as written ([\d.]+)\)", capsys.readouterr().err)
+    assert measured, "tune_loader printed no trial"
+    base = float(measured[0][2])
+    rates = {int(w): float(r) for w, r, _ in measured}
+    winners = [w for w, r in rates.items() if r >= 1.10 * base]
+    assert tuned.num_workers == (max(winners, key=rates.__getitem__) if winners else 0)
     before = [(x.tolist(), y.tolist()) for x, y in loader]
     after = [(x.tolist(), y.tolist()) for x, y in tuned]
     assert before == after

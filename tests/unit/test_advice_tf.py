@@ -283,3 +283,16 @@ def test_epoch_ends_freed_in_milliseconds_or_a_last_stop_after_training_get_no_o
     last = tf_run(tf_loader(parallel_map=True, has_prefetch=True, iterations=2, stop_s=[0.001, 3.0]), wait=0.04)
     for run in (quick, last):
         assert "one_iterator" not in [r.id for r in recommend(run, diagnose(run))]
+
+
+def test_a_stop_of_seconds_with_autotune_on_names_tensorflows_tuning_thread():
+    def one(notes: list[str]) -> str:
+        loader = tf_loader(parallel_map=True, has_prefetch=True, iterations=3, stop_s=[2.0, 0.02])
+        loader.notes += notes
+        run = tf_run(loader, n=400, wait=0.04)
+        return next(r for r in recommend(run, diagnose(run)) if r.id == "one_iterator").detail
+
+    assert "tuning thread" in one([]) and "up to 60 s" in one([])
+    assert "tuning thread" not in one(["autotune_off"])
+    short = tf_run(tf_loader(parallel_map=True, has_prefetch=True, iterations=3, stop_s=[0.5, 0.5]), wait=0.04)
+    assert "tuning thread" not in next(r for r in recommend(short, diagnose(short)) if r.id == "one_iterator").detail

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ...advice.base import MEASURE, NO_GAIN, STORED, Recommendation
 from ...advice.loader import cache_advice, convert_advice
 from ...diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Metrics, Thresholds
-from ...records import FIT_NOTE, LoaderInfo, Run
+from ...records import AUTOTUNE_OFF_NOTE, FIT_NOTE, LoaderInfo, Run
 from ...stagemodel import loading
 from .transformadvice import transform_advice
 
@@ -217,6 +217,8 @@ def input_advice(run: Run, d: Diagnosis, loader: LoaderInfo,
 STOP_SHARE = 0.02
 #: ...and at least one of them this slow (a few milliseconds each are no wait worth a change)
 SLOW_STOP_S = 0.1
+#: a stop this long with autotune on may be TensorFlow's tuning thread sleeping out its period
+TUNER_STOP_S = 1.0
 
 
 def _one_iterator(m: Metrics, loader: LoaderInfo, fit: bool = False) -> Recommendation | None:
@@ -231,11 +233,17 @@ def _one_iterator(m: Metrics, loader: LoaderInfo, fit: bool = False) -> Recommen
     slow = sum(s >= SLOW_STOP_S for s in between)
     if not slow or m.judged_seconds <= stopped or stopped < STOP_SHARE * m.judged_seconds:
         return None
+    tuner = ""
+    if AUTOTUNE_OFF_NOTE not in loader.notes and max(between) >= TUNER_STOP_S:
+        # NOTE [ An iterator's stop ]: the tuning thread can miss the cancel and sleep on.
+        tuner = (" With autotune on, a wait of seconds can be TensorFlow's own race: its tuning thread, woken "
+                 "to stop, may miss it and sleep out its period (up to 60 s), with or without a profiler.")
     return Recommendation(
         "one_iterator", "Keep one iterator over all epochs",
         f"Freeing the epochs' iterators took {stopped:.1f} s in all at {ends} epoch ends ({slow} of "
         f"{len(between)} over {SLOW_STOP_S:g} s, the longest {max(between):.1f} s): TensorFlow waits for the "
-        "pipeline's threads to wind down, and the loop waits with it. One iterator over all epochs is freed once.",
+        "pipeline's threads to wind down, and the loop waits with it. One iterator over all epochs is freed once."
+        + tuner,
         "ds = ds.repeat()  # the last transformation: the epochs run on\n"
         + ("model.fit(ds, epochs=epochs, steps_per_epoch=steps_per_epoch)  # batches an epoch, as before"
            if fit else

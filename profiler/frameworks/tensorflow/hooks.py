@@ -61,7 +61,7 @@ import tensorflow as tf
 
 from ...instrument import ImportWatch, Limits, ThisProcess
 from ...patch import Patches
-from ...records import LoaderInfo, Run
+from ...records import AUTOTUNE_OFF_NOTE, LoaderInfo, Run
 from ...timeline import Timeline
 from ..keras.fit import FitRecord, KerasFit
 from . import tfdata
@@ -316,6 +316,8 @@ class TensorFlowHooks:
         )
         if facts.prefetch_injected:
             info.notes.append("prefetch_injected")
+        if not facts.autotune:
+            info.notes.append(AUTOTUNE_OFF_NOTE)
         if facts.file_based and facts.parallel_reads is False:
             info.notes.append("sequential_file_reads")
         if tfdata.many_small_files(facts):
@@ -484,7 +486,11 @@ MAX_STOPS = 100
 # NOTE [ An iterator's stop ]
 # A tf.data iterator the loop lets go of (a ``for`` over the pipeline ends, each epoch) is
 # freed there and then, and freeing it waits for the pipeline's threads, autotune's model
-# thread among them (seconds at some epoch ends: docs/tensorflow.md, ``stop_s``). No batch
+# thread among them (seconds at some epoch ends: docs/tensorflow.md, ``stop_s``). That
+# thread sleeps between tunings, its period doubling from 10 ms to 60 s; TensorFlow's
+# cancellation wakes it before it marks itself cancelled, so a thread scheduled at once
+# reads "not cancelled" and sleeps out its period, more often on a busy host (seen with
+# ``TF_CPP_VMODULE=model=2`` in runs without loadprof). No batch
 # wait sees it (the loop's ``next`` has returned), so it would read as the model's time.
 # The iterator's finalizer (``_Stop.begin``) runs first as it is freed, then its attributes
 # go in the order they were set; the ``_Stop``, set last, goes after the iterator's

@@ -100,6 +100,7 @@ class PipelineFacts:
     parallel_map: bool | None = None
     #: A map that runs every epoch calls Python (py_function / numpy_function).
     python_map: bool = False
+    autotune: bool = True  # tf.data's tuning thread runs beside each iterator
     file_based: bool = False
     per_file_reads: bool = False  # one file read per element (map(tf.io.read_file))
     parallel_reads: bool | None = None  # files read in parallel (interleave, num_parallel_reads)
@@ -191,6 +192,7 @@ def inspect_dataset(ds: Any) -> PipelineFacts:
         facts.problems.append(f"tf.data options unreadable ({type(exc).__name__})")
     # None means "TensorFlow's default", which is on for all three.
     autotune = _attr(options, "autotune.enabled") is not False
+    facts.autotune = autotune
     defaults_on = _attr(options, "experimental_optimization.apply_default_optimizations") is not False
     auto_parallel = defaults_on and autotune and _attr(options, "experimental_optimization.map_parallelization") is not False
     inject = defaults_on and autotune and _attr(options, "experimental_optimization.inject_prefetch") is not False
