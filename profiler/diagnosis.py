@@ -121,6 +121,9 @@ class Thresholds:
     #: a faster median would not help), and at least ``input_moderate`` of their time (the
     #: share from which input is worth fixing at all).
     stall_wait_share: float = 0.50
+    #: Ours: the epoch starts' stalls say how much of them was freeing the last epoch's
+    #: iterator (tf.data's ``stop_s``) from a tenth: less is the pipeline's start.
+    epoch_start_freeing_shown: float = 0.10
 
 
 DEFAULT_THRESHOLDS = Thresholds()

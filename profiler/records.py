@@ -263,6 +263,11 @@ class LoaderInfo:
     #: the most a worker copies of it (frameworks/torch/pyobjects.py); None where not walked
     dataset_object_bytes: int | None = None
 
+    def stops_between_epochs(self) -> list[float]:
+        """The ``stop_s`` that fell between epochs: under Keras ``fit`` all of them (two at each
+        epoch's start), in a loop all but the last pass's, freed after training."""
+        return list(self.stop_s) if FIT_NOTE in self.notes else self.stop_s[:max(0, self.iterations - 1)]
+
 
 @dataclass
 class Environment:

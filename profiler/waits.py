@@ -222,9 +222,16 @@ def stalls_warning(m: Metrics, th: Thresholds) -> str | None:
     workers = (li.num_workers or 0) if li is not None else 0
     if w.at_epoch_start and w.epoch_start_seconds is not None:
         per = f"each epoch's start waits {_secs(w.epoch_start_seconds)} ({w.at_epoch_start} of the stalls)"
+        # an iterator freed as the epoch begins is part of the wait its first step shows
+        freed = sum(li.stops_between_epochs()) if li is not None else 0.0
+        share = min(1.0, freed / max(w.epoch_start_seconds * w.at_epoch_start, 1e-9))
+        if share >= th.epoch_start_freeing_shown:
+            per += (f", {_pct(share)} of it freeing the last epoch's iterator (one iterator over all epochs "
+                    "is freed once)")
         adapter = for_loader(li)
         own = adapter.words.epoch_start_fix(li, workers) if adapter is not None and li is not None else None
-        fixes.append(f"{per}: " + (own or "work the loader does as an iteration begins (its sampler, the "
+        rest = "; the rest: " if share >= th.epoch_start_freeing_shown else ": "
+        fixes.append(per + rest + (own or "work the loader does as an iteration begins (its sampler, the "
                                           "dataset's own set-up)"))
     others = [st for st in w.stalls if st.at != "epoch-start"]
     if w.stall_steps > w.at_epoch_start and others:

@@ -113,6 +113,17 @@ def test_stalls_at_each_epochs_start_are_located_and_get_persistent_workers():
     assert "persistent_workers=True" not in (warning(run) or "")
 
 
+def test_epoch_start_stalls_say_how_much_was_freeing_the_last_epochs_iterator():
+    run = stalled(44, {11: 0.5, 22: 0.5, 33: 0.5}, workers=2, iterations=4)
+    run.loaders[0].dataset_length = 330
+    run.loaders[0].stop_s = [0.4, 0.4, 0.4, 3.0]  # the last pass's, freed after training, is none of them
+    detail = warning(run) or ""
+    assert ("each epoch's start waits 500.0 ms (3 of the stalls), 80.0% of it freeing the last epoch's "
+            "iterator (one iterator over all epochs is freed once); the rest: ") in detail
+    run.loaders[0].stop_s = [0.001, 0.001, 0.001]
+    assert "freeing" not in (warning(run) or "")
+
+
 def test_a_stall_after_an_evaluation_pass_is_at_an_epochs_start():
     run = stalled(40, {20: 0.5}, workers=None)  # no loader: nothing says the epoch's size
     pause = 1.0

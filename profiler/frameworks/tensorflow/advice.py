@@ -228,7 +228,7 @@ def _one_iterator(m: Metrics, loader: LoaderInfo, fit: bool = False) -> Recommen
     ``fit``: Keras ``fit`` ran the epochs (its stops all came between them, two at each epoch start:
     hooks.py); given ``steps_per_epoch`` it keeps one iterator."""
     ends = max(0, loader.iterations - 1)
-    between = loader.stop_s if fit else loader.stop_s[:ends]
+    between = loader.stops_between_epochs()
     stopped = sum(between)
     slow = sum(s >= SLOW_STOP_S for s in between)
     if not slow or m.judged_seconds <= stopped or stopped < STOP_SHARE * m.judged_seconds:
