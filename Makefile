@@ -75,9 +75,10 @@ system-packages:
 # verdicts of tests that judge CPU shares (docs/dev/test-suite.md). Bytecode is written: where
 # PYTHONDONTWRITEBYTECODE is set, each Python process a test starts would compile loadprof
 # and the modules `warm` left out again, and each test process would rewrite every test module.
+# The slowest tests are listed at the end: where the suite's time goes, run by run.
 TEST_JOBS ?= 3
 pytest: $(TEST_STAMP) system-packages
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -ra -n $(TEST_JOBS) --dist worksteal
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -ra -n $(TEST_JOBS) --dist worksteal --durations=20
 
 # for iteration: lint, types and the unit tier (CI runs the whole suite)
 test-fast: lint typecheck
