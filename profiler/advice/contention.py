@@ -17,6 +17,8 @@ class Freed:
     new_step: float
     #: the cores other processes held, where they capped the queued time given back
     capped_at: float | None = None
+    #: the most it can buy, not an estimate: a loader's threads' queued time given back whole
+    most: bool = False
 
     @property
     def saved(self) -> float:
@@ -35,6 +37,10 @@ def _ms(seconds: float) -> str:
 def contention_basis(freed: Freed) -> str:
     capped = (f" (capped at the {freed.capped_at:.1f} cores the other processes held)"
               if freed.capped_at is not None else "")
+    if freed.most:
+        return (f"at most: the {_ms(freed.saved)} ms a step the loader's threads waited for a core given "
+                f"back{capped}; threads that spin, or wait off the loop's path, gain nothing from it; holds "
+                "if the other processes stop")
     return (f"estimate: the {_ms(freed.saved)} ms a step the job's threads waited for a core given back"
             f"{capped}; holds if the other processes stop")
 
@@ -87,7 +93,9 @@ def _freed_threads(m: Metrics, step: float) -> Freed | str:
     """A loop that waits for its loader's threads (the process's own: tf.data, a thread
     mapper): those threads, runnable ``threads_run_delay`` cores' worth beside
     ``threads_cpu`` on a CPU, make batches faster by the queued share of their runnable time
-    once it is given back, at most the cores the other processes held."""
+    once it is given back, at most the cores the other processes held. An upper bound: a
+    pool's threads that spin while they wait for work queue too, and so do threads whose
+    batches the loop does not wait for (measured beside a busy core: docs/dev/advice-accuracy.md)."""
     if m.threads_run_delay is None or m.threads_cpu is None:
         return ("no estimate: the loop waits for its loader's threads, and their wait for a core was not "
                 "read (Linux schedstat per thread)")
@@ -100,4 +108,4 @@ def _freed_threads(m: Metrics, step: float) -> Freed | str:
     runnable = m.threads_cpu + queued
     share = given / runnable if runnable > 0 else 0.0
     loop = step - m.wait_per_step - (m.run_delay or 0.0) * step
-    return Freed(step, max(loop, step * (1.0 - share)), capped)
+    return Freed(step, max(loop, step * (1.0 - share)), capped, most=True)

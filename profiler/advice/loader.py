@@ -187,6 +187,7 @@ def contention_advice(run: Run, m: Metrics, cause: bool) -> Recommendation:
         values,
         round(freed.speedup, 2) if isinstance(freed, Freed) else None,
         contention_basis(freed) if isinstance(freed, Freed) else freed,
+        bound=isinstance(freed, Freed) and freed.most,
     )
 
 

@@ -94,6 +94,7 @@ def test_a_loader_on_the_processs_threads_makes_batches_faster_by_its_threads_qu
     m.threads_cpu, m.threads_run_delay = 0.6, 0.4
     got = freed(m)
     assert got.new_step == pytest.approx(STEP * 0.6) and got.capped_at is None
+    assert got.most  # spinning threads queue too: the most it can buy
     # no more given back than the cores the others held (the job itself used 1.8 of 2)
     m.tree_cpu_cores = 1.8
     got = freed(m)
@@ -137,3 +138,23 @@ def test_threads_that_outnumber_the_cores_left_make_the_threads_replay_the_conte
     run.environment.intra_op_threads = 1
     rec = next(r for r in recommend(run, diagnose(run)) if r.id == "contention")
     assert rec.estimated_speedup == pytest.approx(1 / 0.6, abs=0.01)
+
+
+def test_a_loader_on_threads_gets_the_contention_advice_as_an_upper_bound() -> None:
+    run = make_run(n=40, wait=0.06, wait_cpu=0.05, workers=0, cores=2, tree_cpu=100.0)
+    run.loaders[0].framework, run.loaders[0].kind, run.loaders[0].num_workers = "tf.data", "tf.data pipeline", None
+    for h in run.host_samples:
+        h.cpu_per_core = [min(100.0, c + 60.0) for c in h.cpu_per_core]
+        h.process_run_delay = 0.1
+        h.threads_cpu, h.threads_run_delay = 0.6, 0.4
+    rec = next(r for r in recommend(run, diagnose(run)) if r.id == "contention")
+    assert rec.bound and rec.estimated_speedup is not None and rec.estimated_speedup > 1
+    assert rec.basis.startswith("at most: the ") and "spin" in rec.basis
+    # a loop that does not wait for its threads: the training thread's queued time, an estimate
+    quiet = make_run(n=40, wait=0.001, wait_cpu=0.0, workers=0, cores=2, tree_cpu=100.0)
+    quiet.loaders[0].framework, quiet.loaders[0].num_workers = "tf.data", None
+    for h in quiet.host_samples:
+        h.cpu_per_core = [min(100.0, c + 60.0) for c in h.cpu_per_core]
+        h.process_run_delay = 0.4
+    rec = next(r for r in recommend(quiet, diagnose(quiet)) if r.id == "contention")
+    assert not rec.bound and rec.basis.startswith("estimate: ")
