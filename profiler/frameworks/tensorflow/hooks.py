@@ -489,8 +489,8 @@ MAX_STOPS = 100
 # thread among them (seconds at some epoch ends: docs/tensorflow.md, ``stop_s``). That
 # thread sleeps between tunings, its period doubling from 10 ms to 60 s; TensorFlow's
 # cancellation wakes it before it marks itself cancelled, so a thread scheduled at once
-# reads "not cancelled" and sleeps out its period, more often on a busy host (seen with
-# ``TF_CPP_VMODULE=model=2`` in runs without loadprof). No batch
+# reads "not cancelled" and sleeps out its period; how often depends on what else runs
+# at that instant (seen with ``TF_CPP_VMODULE=model=2`` in runs without loadprof). No batch
 # wait sees it (the loop's ``next`` has returned), so it would read as the model's time.
 # The iterator's finalizer (``_Stop.begin``) runs first as it is freed, then its attributes
 # go in the order they were set; the ``_Stop``, set last, goes after the iterator's
