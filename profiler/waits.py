@@ -225,13 +225,13 @@ def stalls_warning(m: Metrics, th: Thresholds) -> str | None:
         # an iterator freed as the epoch begins is part of the wait its first step shows
         freed = sum(li.stops_between_epochs()) if li is not None else 0.0
         share = min(1.0, freed / max(w.epoch_start_seconds * w.at_epoch_start, 1e-9))
-        if share >= th.epoch_start_freeing_shown:
+        shown = share >= th.epoch_start_freeing_shown
+        if shown:
             per += (f", {_pct(share)} of it freeing the last epoch's iterator (one iterator over all epochs "
                     "is freed once)")
         adapter = for_loader(li)
         own = adapter.words.epoch_start_fix(li, workers) if adapter is not None and li is not None else None
-        rest = "; the rest: " if share >= th.epoch_start_freeing_shown else ": "
-        fixes.append(per + rest + (own or "work the loader does as an iteration begins (its sampler, the "
+        fixes.append(per + ("; the rest: " if shown else ": ") + (own or "work the loader does as an iteration begins (its sampler, the "
                                           "dataset's own set-up)"))
     others = [st for st in w.stalls if st.at != "epoch-start"]
     if w.stall_steps > w.at_epoch_start and others:

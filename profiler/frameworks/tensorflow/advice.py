@@ -202,7 +202,7 @@ def input_advice(run: Run, d: Diagnosis, loader: LoaderInfo,
         rec.code = ("loadprof convert <your data folder> data.tfrecord --to tfrecord\n"
                     "ds = tf.data.TFRecordDataset(['data.tfrecord'], num_parallel_reads=tf.data.AUTOTUNE)")
         out.append(rec)
-    one = _one_iterator(m, loader, fit=FIT_NOTE in notes)
+    one = _one_iterator(m, loader)
     if one is not None:
         out.append(one)
     if late_prefetch is not None:
@@ -221,12 +221,13 @@ SLOW_STOP_S = 0.1
 TUNER_STOP_S = 1.0
 
 
-def _one_iterator(m: Metrics, loader: LoaderInfo, fit: bool = False) -> Recommendation | None:
+def _one_iterator(m: Metrics, loader: LoaderInfo) -> Recommendation | None:
     """Freeing each epoch's iterator waits for the pipeline's threads (NOTE [ An iterator's
     stop ] in hooks.py), measured at every epoch end: one iterator over the epochs is freed
     once, and the loop waited that long at the ends it had (the last one's is after training).
-    ``fit``: Keras ``fit`` ran the epochs (its stops all came between them, two at each epoch start:
-    hooks.py); given ``steps_per_epoch`` it keeps one iterator."""
+    Under Keras ``fit`` (its stops all came between the epochs, two at each epoch start:
+    hooks.py), given ``steps_per_epoch`` it keeps one iterator."""
+    fit = FIT_NOTE in loader.notes
     ends = max(0, loader.iterations - 1)
     between = loader.stops_between_epochs()
     stopped = sum(between)
