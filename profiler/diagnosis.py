@@ -124,6 +124,8 @@ class Thresholds:
     #: Ours: the epoch starts' stalls say how much of them was freeing the last epoch's
     #: iterator (tf.data's ``stop_s``) from a tenth: less is the pipeline's start.
     epoch_start_freeing_shown: float = 0.10
+    #: ... and of the whole input wait, at which the cause line says it
+    freeing_cause_share: float = 0.5
 
 
 DEFAULT_THRESHOLDS = Thresholds()
@@ -733,6 +735,21 @@ def _idle_or_contended(m: Metrics, th: Thresholds, ev: list[Evidence], delay: fl
     return "io-latency"
 
 
+def _freeing_line(m: Metrics, cause: str, th: Thresholds) -> str:
+    """Where a pipeline that barely used the CPU spent most of the loop's wait being freed at
+    epoch ends (its iterator's stop, timed by the hooks), the summary says so: that idle time
+    is the pipeline's own threads winding down, not storage."""
+    li = m.loader
+    if cause != "io-latency" or li is None:
+        return ""
+    waited = m.wait_per_step * m.steps_judged
+    freed = sum(li.stops_between_epochs())
+    if waited <= 0 or freed < th.freeing_cause_share * waited:
+        return ""
+    return (f"; {_pct(min(1.0, freed / waited))} of that wait was freeing each epoch's iterator, not "
+            "storage: one iterator over all epochs is freed once")
+
+
 def _threads_data_cause(m: Metrics, th: Thresholds, ev: list[Evidence], label: str) -> str:
     """Sub-cause for a loader that runs on the process's own threads (tf.data): there are
     no worker processes.
@@ -957,6 +974,7 @@ def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:
         else:
             words = CAUSES[cause]
         summary = f"{_pct(m.data_wait_fraction)} of step time waits for input; cause: {words}"
+        summary += _freeing_line(m, cause, th)
         summary += top_stage_line(loading(run, m.loader))
         return Diagnosis("data-starved", cause, summary, confidence, ev, m)
 

@@ -268,6 +268,19 @@ def test_epoch_ends_that_waited_for_their_iterators_get_one_iterator_with_that_t
     assert "the longest 0.5 s" in rec.detail
 
 
+def test_a_wait_that_was_mostly_freeing_iterators_says_so_in_the_cause_line():
+    # 40 steps of 0.04 s waits (1.6 s, 1.4 s judged); two epoch ends freed in 0.5 s each
+    run = tf_run(tf_loader(parallel_map=True, has_prefetch=True, iterations=3, stop_s=[0.5, 0.5, 3.0]), wait=0.04)
+    d = diagnose(run)
+    waited = d.metrics.wait_per_step * d.metrics.steps_judged
+    assert d.cause == "io-latency"
+    assert f"; {1.0 / waited:.1%} of that wait was freeing each epoch's iterator, not storage" in d.summary
+    quick = tf_run(tf_loader(parallel_map=True, has_prefetch=True, iterations=3, stop_s=[0.3, 0.3, 3.0]), wait=0.04)
+    assert "freeing" not in diagnose(quick).summary  # under half the wait: the last pass's stop is none of it
+    busy = tf_run(tf_loader(parallel_map=True, iterations=3, stop_s=[0.5, 0.5]), wait=0.04, cpu_cores=1.2)
+    assert diagnose(busy).cause == "too-few-workers" and "freeing" not in diagnose(busy).summary
+
+
 def test_fits_epoch_ends_get_one_iterator_through_steps_per_epoch():
     # two iterators freed at each epoch end, the one made ahead and the last epoch's
     loader = tf_loader(parallel_map=True, has_prefetch=True, iterations=3, stop_s=[0.01, 0.5, 0.02, 0.5])
