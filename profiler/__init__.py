@@ -21,19 +21,20 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from .advice import Recommendation, recommend
-    from .diagnosis import Diagnosis, Thresholds, diagnose
+    from .diagnosis import Diagnosis, diagnose
     from .frameworks.torch.loadertune import tune_loader
     from .records import Run
     from .report import Report, RunReport, build_report, load_report
     from .report.job import JobReport
     from .session import Profile
     from .settings import Settings
+    from .thresholds import Thresholds
     from .timeline import StopRun
 
 #: public name -> the submodule that defines it
 _WHERE = {
     "Recommendation": "advice", "recommend": "advice",
-    "Diagnosis": "diagnosis", "Thresholds": "diagnosis", "diagnose": "diagnosis",
+    "Diagnosis": "diagnosis", "Thresholds": "thresholds", "diagnose": "diagnosis",
     "Run": "records",
     "Report": "report", "RunReport": "report", "JobReport": "report.job", "build_report": "report",
     "load_report": "report",

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 from .records import GpuSample, Run, Step
 
 if TYPE_CHECKING:
-    from .diagnosis import Metrics
+    from .metrics import Metrics
 
 #: Below this share of the judged span covered by energy readings, no energy figure:
 #: a run shorter than two sampling intervals has nothing to difference.
@@ -204,7 +204,7 @@ def _examples(steps: list[Step], metrics: Metrics) -> float | None:
 
 def cost_of(run: Run, metrics: Metrics, gpu_hour_price: float | None = None,
             gpus: tuple[list[int], str] | None = None) -> Cost:
-    """The cost of ``run``'s judged steps (``metrics`` from diagnosis.compute_metrics);
+    """The cost of ``run``'s judged steps (``metrics`` from metrics.compute_metrics);
     ``gpus``: the devices it used and how that is known, where the caller knows better
     (a job's rank: ``rank_gpus``)."""
     cost = Cost(measured=False, gpu_hour_price=gpu_hour_price)

@@ -88,7 +88,7 @@ the timeline's records are its own.
 NOTE [ Sampled thread CPU ]
 When the training thread itself produces the batch (a DataLoader with
 ``num_workers=0``, a generator), its CPU time while the loop waits tells
-computation (decoding, augmenting) from waiting (storage, sleeps): diagnosis.py's
+computation (decoding, augmenting) from waiting (storage, sleeps): causes.py's
 ``wait_cpu_bound`` rule. Reading a thread's CPU clock is a system call with no
 fast path (~0.5 us in a tight loop, ~3 us inside a training loop on the CI VM),
 and two per step were a measurable part of the per-step cost

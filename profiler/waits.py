@@ -19,7 +19,8 @@ from .units import percent_text as _pct
 from .units import seconds_text as _secs
 
 if TYPE_CHECKING:
-    from .diagnosis import Metrics, Thresholds
+    from .metrics import Metrics
+    from .thresholds import Thresholds
 
 
 @dataclass

@@ -24,11 +24,12 @@ from __future__ import annotations
 import math
 import statistics
 
-from ..diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Thresholds, steady_wait
+from ..diagnosis import Diagnosis, steady_wait
 from ..frameworks import by_name, for_loader
 from ..loaderhost import restart_cost
 from ..records import LoaderInfo, Run, WhatIf
 from ..stagemodel import loading
+from ..thresholds import DEFAULT_THRESHOLDS, Thresholds
 from .base import (
     CEILING,
     IDS,

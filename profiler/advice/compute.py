@@ -6,7 +6,7 @@ declared: loader.py's ``dialect_of``); compile is written in torch only."""
 from __future__ import annotations
 
 from ..cpufeatures import has_bf16
-from ..diagnosis import Metrics
+from ..metrics import Metrics
 from ..records import GpuInfo, Run
 from .base import MEASURE, Recommendation
 from .loader import compute_cpu_per_step

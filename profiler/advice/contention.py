@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..diagnosis import DEFAULT_THRESHOLDS, Metrics
 from ..frameworks import for_loader
+from ..metrics import Metrics
+from ..thresholds import DEFAULT_THRESHOLDS
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,12 @@ import math
 import shlex
 from typing import Any
 
-from ..diagnosis import (
-    DEFAULT_THRESHOLDS,
-    Metrics,
-    holders,
-    steady_wait,
-)
+from ..diagnosis import holders, steady_wait
 from ..frameworks import for_loader
 from ..loaderhost import restart_cost, shm_fit, start_up
+from ..metrics import Metrics
 from ..records import LoaderInfo, Run
+from ..thresholds import DEFAULT_THRESHOLDS
 from .base import STORED, Recommendation, size_text
 from .contention import Freed, contention_basis, freed_step
 

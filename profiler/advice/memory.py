@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ..diagnosis import Metrics
+from ..metrics import Metrics
 from ..oom import OutOfMemory, classify
 from ..records import Run
 from .base import Recommendation, size_text
@@ -158,7 +158,7 @@ def _checkpointing_advice(m: Metrics, oom: OutOfMemory | None) -> Recommendation
     """Checkpointing where activations dominate: for a run that died, a failed allocation
     larger than the whole model state (the steps measured before it may have been
     smaller ones); else the step's peak less what stays held between steps
-    (NOTE [ Memory headroom ] in diagnosis.py). None when the model state is the larger
+    (NOTE [ Memory headroom ] in metrics.py). None when the model state is the larger
     part (checkpointing would not help); the general advice when nothing was measured."""
     h = m.headroom
     state = h.model_state if h else None

@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..diagnosis import Diagnosis, Metrics
+from ..diagnosis import Diagnosis
 from ..frameworks import for_loader
+from ..metrics import Metrics
 from ..records import LoaderInfo, Run
 from ..stagemodel import (
     Loading,

@@ -29,7 +29,7 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..diagnosis import main_loader
+from ..metrics import main_loader
 from ..report import Report, RunReport
 from ..report.job import JobReport
 

@@ -44,8 +44,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..diagnosis import main_loader
 from ..jsonio import write_json
+from ..metrics import main_loader
 from ..records import Run
 from ..settings import Settings
 from ..signals import Terminated

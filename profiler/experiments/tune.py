@@ -377,7 +377,7 @@ def _input_share_known(t: TrialResult) -> bool:
 def plan_input(base: TrialResult, o: TuneOptions) -> tuple[list[Candidate], list[tuple[str, str]]]:
     """Input-stage candidates from the baseline's measurements, and the fixes left out (why)."""
     from ..advice import workers_needed
-    from ..diagnosis import compute_metrics
+    from ..metrics import compute_metrics
 
     cands: list[Candidate] = []
     skipped: list[tuple[str, str]] = []

@@ -24,8 +24,10 @@ from operator import add
 from typing import Any
 
 from ..advice import Recommendation, recommend
-from ..diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Thresholds, diagnose, main_loader
+from ..diagnosis import Diagnosis, diagnose
+from ..metrics import main_loader
 from ..records import GpuSample, RecordError, Run
+from ..thresholds import DEFAULT_THRESHOLDS, Thresholds
 from .estimates import JobWhatIf, job_whatifs
 from .records import JobRun, RankRun, check_record
 

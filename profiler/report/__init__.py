@@ -13,12 +13,14 @@ from typing import IO, Any, ClassVar
 
 from ..advice import Recommendation, recommend
 from ..cost import Cost, cost_of
-from ..diagnosis import Diagnosis, Evidence, Headroom, diagnose, near_limit
+from ..diagnosis import Diagnosis, diagnose, near_limit
 from ..frameworks import for_loader
 from ..jsonio import JsonWriteError, read_json, write_text_atomic
+from ..metrics import Headroom
 from ..records import SCHEMA_VERSION, Environment, LoaderInfo, RecordError, Run
 from ..settings import gpu_hour_price as check_price
 from ..stagemodel import Loading, loading
+from ..thresholds import Evidence
 from ..waits import Waits
 from .base import RankRunOffset, Report, ReportWarning
 from .console import ConsoleRenderer
@@ -101,7 +103,7 @@ class RunReport(Report):
     @property
     def waits(self) -> dict[str, Any] | None:
         """The input wait per judged step as a distribution, and the steps that make its
-        tail (diagnosis.py's ``Waits``); None: no step was judged."""
+        tail (waits.py's ``Waits``); None: no step was judged."""
         return _waits(self.diagnosis.metrics.waits)
 
     @property
@@ -132,7 +134,7 @@ class RunReport(Report):
 
     @property
     def memory(self) -> dict[str, Any] | None:
-        """The memory headroom in bytes (NOTE [ Memory headroom ] in diagnosis.py); None: not read."""
+        """The memory headroom in bytes (NOTE [ Memory headroom ] in metrics.py); None: not read."""
         m = self.diagnosis.metrics
         return _memory(m.headroom, m.gpu_in_use)
 
@@ -224,7 +226,7 @@ class RunReport(Report):
 
 
 def _memory(h: Headroom | None, gpu_in_use: bool) -> dict[str, Any] | None:
-    """The memory headroom (NOTE [ Memory headroom ] in diagnosis.py) in bytes."""
+    """The memory headroom (NOTE [ Memory headroom ] in metrics.py) in bytes."""
     if h is None:
         return None
     return {

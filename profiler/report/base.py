@@ -13,8 +13,8 @@ from typing import IO, TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkab
 
 if TYPE_CHECKING:
     from ..cost import Cost
-    from ..diagnosis import Evidence
     from ..records import Run
+    from ..thresholds import Evidence
 
 
 class ReportWarning(NamedTuple):

@@ -756,7 +756,7 @@ def _nan(value: float | None) -> float:
 
 
 def _judged_window(run: Any, warmup: int) -> tuple[float, float] | None:
-    steps = run.steps[warmup:]  # warm-up records are never merged (diagnosis.compute_metrics)
+    steps = run.steps[warmup:]  # warm-up records are never merged (metrics.compute_metrics)
     return (steps[0].start, steps[-1].end) if steps else None
 
 

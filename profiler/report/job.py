@@ -19,12 +19,12 @@ from rich.text import Text
 
 from ..advice import Recommendation, by_gain, recommend
 from ..cost import Cost, RankCost, cost_line, cost_of, job_cost, rank_gpus
-from ..diagnosis import DEFAULT_THRESHOLDS, Evidence
 from ..jobs.diagnosis import JobDiagnosis, OwnVerdict, RankFigures, diagnose_job, passing_run, where
 from ..jobs.estimates import job_estimate
 from ..jobs.records import JobRun
 from ..jsonio import dumps
 from ..records import SCHEMA_VERSION
+from ..thresholds import DEFAULT_THRESHOLDS, Evidence
 from .base import RankRunOffset, Report
 from .console import print_recommendation
 

@@ -240,7 +240,8 @@ class LiveView:
         return s
 
     def _verdict(self, now: float) -> None:
-        from ..diagnosis import diagnose, main_loader
+        from ..diagnosis import diagnose
+        from ..metrics import main_loader
         from ..stagemodel import loading
 
         began = time.perf_counter()

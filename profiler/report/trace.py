@@ -58,9 +58,9 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..diagnosis import main_loader, warmup_count
 from ..frameworks import for_loader
 from ..jsonio import dumps, write_text_atomic
+from ..metrics import main_loader, warmup_count
 from ..records import GpuSample, HostSample, Run
 from ..stagemodel import loading
 from .stages import (

@@ -16,10 +16,10 @@ ld = pytest.importorskip("litdata")
 
 from loadprof import Profile  # noqa: E402
 from loadprof.advice.stages import STAGE_DOMINATES  # noqa: E402
-from loadprof.diagnosis import DEFAULT_THRESHOLDS  # noqa: E402
 from loadprof.frameworks import for_loader  # noqa: E402
 from loadprof.frameworks.litdata import facts  # noqa: E402
 from loadprof.report import build_report  # noqa: E402
+from loadprof.thresholds import DEFAULT_THRESHOLDS  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from loadprof.advice import recommend
-from loadprof.diagnosis import diagnose, headroom
+from loadprof.diagnosis import diagnose
+from loadprof.metrics import headroom
 from loadprof.oom import classify
 from loadprof.records import Probes
 from loadprof.report import build_report, load_report, render_console

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from loadprof.diagnosis import main_loader
+from loadprof.metrics import main_loader
 from loadprof.records import Environment, LoaderInfo, Run, StageTime, Step
 from loadprof.report.liveview import LiveView
 from loadprof.report.stages import TF_NOT_TIMED

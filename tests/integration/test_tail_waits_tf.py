@@ -13,7 +13,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 from loadprof import Profile  # noqa: E402
-from loadprof.diagnosis import DEFAULT_THRESHOLDS  # noqa: E402
+from loadprof.thresholds import DEFAULT_THRESHOLDS  # noqa: E402
 from tests.tf_loops import custom_loop  # noqa: E402
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]

@@ -17,9 +17,9 @@ torch = pytest.importorskip("torch")
 tn = pytest.importorskip("torchdata.nodes")
 
 from loadprof import Profile  # noqa: E402
-from loadprof.diagnosis import DEFAULT_THRESHOLDS  # noqa: E402
 from loadprof.frameworks.torchdata import facts  # noqa: E402
 from loadprof.report import build_report  # noqa: E402
+from loadprof.thresholds import DEFAULT_THRESHOLDS  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 import torchdata_loops as loops  # noqa: E402

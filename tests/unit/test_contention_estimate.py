@@ -7,7 +7,8 @@ import pytest
 
 from loadprof.advice import recommend
 from loadprof.advice.contention import Freed, freed_step
-from loadprof.diagnosis import Metrics, diagnose
+from loadprof.diagnosis import diagnose
+from loadprof.metrics import Metrics
 from loadprof.records import LoaderInfo
 from tests.conftest import make_run
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from loadprof.diagnosis import compute_metrics
+from loadprof.metrics import compute_metrics
 from loadprof.report import build_report, load_report, render_console, write_json
 from loadprof.samplers import NvmlSource
 from tests.conftest import BUSY_W, IDLE_W, STEP, WAIT, energy_j, starved_run

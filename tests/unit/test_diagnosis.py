@@ -7,9 +7,11 @@ import json
 import pytest
 
 from loadprof.advice import recommend
-from loadprof.diagnosis import DEFAULT_THRESHOLDS, diagnose, warmup_count
+from loadprof.diagnosis import diagnose
+from loadprof.metrics import warmup_count
 from loadprof.records import HostSample, OtherProcess, Probes, Run
 from loadprof.report import build_report, load_report, write_json
+from loadprof.thresholds import DEFAULT_THRESHOLDS
 from tests.conftest import GiB, ids, make_run
 
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from loadprof.cli import main
-from loadprof.diagnosis import headroom
+from loadprof.metrics import headroom
 from loadprof.records import (
     AllocatorPeak,
     Environment,

@@ -6,7 +6,8 @@ from __future__ import annotations
 import io
 import json
 
-from loadprof.diagnosis import diagnose, warmup_count
+from loadprof.diagnosis import diagnose
+from loadprof.metrics import warmup_count
 from loadprof.records import EvalPass, Probes, Run, Step
 from loadprof.report import build_report
 from loadprof.report.html import HtmlPageRenderer

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from loadprof.diagnosis import compute_metrics
+from loadprof.metrics import compute_metrics
 from loadprof.records import Run
 from loadprof.timeline import CPU_READ_ALL, CPU_READ_EVERY, StopRun, Timeline
 

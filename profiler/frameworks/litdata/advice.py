@@ -16,10 +16,11 @@ import math
 from ...advice.base import MEASURE, Recommendation, size_text
 from ...advice.loader import step_with_workers, workers_needed
 from ...advice.stages import STAGE_DOMINATES, stage_estimate
-from ...diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Thresholds
+from ...diagnosis import Diagnosis
 from ...loaderhost import cores_per_rank
 from ...records import LoaderInfo, Run
 from ...stagemodel import loading, pipeline
+from ...thresholds import DEFAULT_THRESHOLDS, Thresholds
 from . import facts
 
 FRAMEWORK = "litdata"

@@ -19,8 +19,10 @@ import math
 
 from ...advice.base import MEASURE, Recommendation
 from ...advice.loader import compute_cpu_per_step
-from ...diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Metrics, Thresholds
+from ...diagnosis import Diagnosis
+from ...metrics import Metrics
 from ...records import LoaderInfo, Run, StageTime
+from ...thresholds import DEFAULT_THRESHOLDS, Thresholds
 from . import facts
 
 FRAMEWORK = "ray"

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from ...advice.base import MEASURE, NO_GAIN, STORED, Recommendation
 from ...advice.loader import cache_advice, convert_advice
-from ...diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Metrics, Thresholds
+from ...diagnosis import Diagnosis
+from ...metrics import Metrics
 from ...records import AUTOTUNE_OFF_NOTE, FIT_NOTE, LoaderInfo, Run
 from ...stagemodel import loading
+from ...thresholds import DEFAULT_THRESHOLDS, Thresholds
 from .transformadvice import transform_advice
 
 

@@ -16,7 +16,8 @@ import math
 import re
 
 from ...advice.base import MEASURE, NO_GAIN, Recommendation, size_text
-from ...diagnosis import Diagnosis, Metrics
+from ...diagnosis import Diagnosis
+from ...metrics import Metrics
 from ...records import LoaderInfo, Run
 from ...stagemodel import StageRow, loading
 from .pipemodel import WINDOW, Model, Step, model_of

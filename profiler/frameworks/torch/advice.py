@@ -15,9 +15,10 @@ from ...advice.loader import (
     step_with_workers,
     workers_needed,
 )
-from ...diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Thresholds
+from ...diagnosis import Diagnosis
 from ...loaderhost import cores_per_rank
 from ...records import LoaderInfo, Run
+from ...thresholds import DEFAULT_THRESHOLDS, Thresholds
 
 
 def input_advice(run: Run, diagnosis: Diagnosis, loader: LoaderInfo,

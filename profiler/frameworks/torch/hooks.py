@@ -14,7 +14,7 @@ What is hooked (through ``patch.Patches``: NOTE [ One patcher ]), and how it is 
 - With CUDA available, ``Tensor.to``/``Tensor.cuda`` are wrapped to time
   host-to-device copies (a pageable synchronous copy blocks the loop).
 - ``autocast.__enter__`` is wrapped to notice mixed precision already in use.
-- Memory, read at the edges (NOTE [ Memory headroom ] in diagnosis.py): what stays
+- Memory, read at the edges (NOTE [ Memory headroom ] in metrics.py): what stays
   held between steps once, at the ``MEMORY_STEP``-th optimizer step; the peak at the end.
 
 NOTE [ Fork safety ]

@@ -59,7 +59,7 @@ DRAIN_EVERY = 0.2
 FILL_EVERY = 2.0
 #: In-process loading is timed stage by stage only once ``DECIDE_AFTER`` batches after
 #: the first (a cold start) showed the loop waiting ``INPUT_SHARE`` of its time or more:
-#: the report's data-starved cut-off (diagnosis.Thresholds.input_high). Below it the
+#: the report's data-starved cut-off (thresholds.Thresholds.input_high). Below it the
 #: hooks and the stack reader cost a short-step loop 1-3% (benchmarks/overhead.py).
 DECIDE_AFTER = 4
 INPUT_SHARE = 0.20

@@ -18,8 +18,10 @@ import math
 
 from ...advice.base import MEASURE, Recommendation
 from ...advice.loader import workers_needed
-from ...diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Metrics, Thresholds
+from ...diagnosis import Diagnosis
+from ...metrics import Metrics
 from ...records import LoaderInfo, Run, StageTime
+from ...thresholds import DEFAULT_THRESHOLDS, Thresholds
 from . import facts
 
 #: Ours: a map whose items vary this much (standard deviation over mean) stalls an ordered

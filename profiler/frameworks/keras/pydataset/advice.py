@@ -20,8 +20,10 @@ from __future__ import annotations
 import math
 
 from ....advice.base import MEASURE, Recommendation
-from ....diagnosis import DEFAULT_THRESHOLDS, Diagnosis, Metrics, Thresholds
+from ....diagnosis import Diagnosis
+from ....metrics import Metrics
 from ....records import LoaderInfo, Run, StageTime
+from ....thresholds import DEFAULT_THRESHOLDS, Thresholds
 from . import facts
 from .words import init_snippet
 
