@@ -18,3 +18,8 @@ def percent_text(x: float | None) -> str:
 
 def seconds_text(x: float) -> str:
     return f"{x * 1000:.1f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def plural(n: int, what: str) -> str:
+    """``n`` of ``what``, with thousands separated: "1 worker", "1,024 workers"."""
+    return f"{n:,} {what}{'' if n == 1 else 's'}"

@@ -8,8 +8,9 @@ import io
 import os
 from typing import TYPE_CHECKING, Any
 
+from .charts import _COMPUTE
 from .compare_text import CompareConsoleRenderer
-from .html import _COMPUTE, _chart, _e, _machine_table, _page, _script
+from .html import _chart, _e, _machine_table, _page, _script
 from .tune_text import TuneConsoleRenderer
 
 if TYPE_CHECKING:

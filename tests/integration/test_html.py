@@ -1,6 +1,6 @@
 """`--html`: one self-contained page from real runs, from a saved run, and as Chromium draws it.
 
-NOTE [ A page that opens anywhere ] and NOTE [ Honest downsampling ] in profiler/report/html.py.
+NOTE [ A page that opens anywhere ] in profiler/report/html.py and NOTE [ Honest downsampling ] in profiler/report/charts.py.
 """
 
 from __future__ import annotations
