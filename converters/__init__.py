@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from .conversion import DEFAULT_SHARD_SIZE, ConvertOptions, ConvertResult, convert
     from .errors import ConvertError, CorruptFileError
     from .example_proto import decode_example, encode_example
-    from .hdf5 import HDF5Reader, HDF5Writer
+    from .hdf5 import HDF5Writer
+    from .hdf5read import HDF5Reader
     from .inspection import Summary, inspect_path
     from .schema import Field, Schema
     from .sources import SourceOptions, open_source, read_idx
@@ -40,7 +41,7 @@ _HOME = {
     "CorruptFileError": "errors",
     "Schema": "schema",
     "Field": "schema",
-    "HDF5Reader": "hdf5",
+    "HDF5Reader": "hdf5read",
     "HDF5Writer": "hdf5",
     "TFRecordFileWriter": "tfrecord",
     "ShardedTFRecordWriter": "tfrecord",

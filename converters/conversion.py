@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from . import example_proto, hdf5, manifest, swap, tfrecord
+from . import example_proto, hdf5, hdf5check, hdf5read, manifest, swap, tfrecord
 from .errors import ConvertError
 from .schema import Field, Sample, SampleDigest, Schema
 from .sources import Source, SourceOptions, open_source
@@ -149,7 +149,7 @@ def _replaceable(out: Path, options: ConvertOptions, inputs: list[Path]) -> swap
     --overwrite replaces only a previous output of loadprof, recognised by what loadprof
     writes: an HDF5 file that starts with the HDF5 signature, carries the root attribute
     loadprof_format = "loadprof-hdf5" and passes every check a reader makes when it opens
-    it (``hdf5.check_output``: schema and attributes, each dataset against the schema,
+    it (``hdf5check.check_output``: schema and attributes, each dataset against the schema,
     record counts, offsets, chunk indexes, the per-record checksum table), parsed in a
     watched child. Those checks are what make a file one of ours rather than a file with
     our attribute: a file on which libhdf5 crashes or loops, or whose layout a reader
@@ -237,7 +237,7 @@ def _not_our_hdf5(path: Path) -> str | None:
         return "not an HDF5 file"
     try:
         why: str | None = watchdog.run_watched(
-            hdf5.check_output, (str(path),), path=path, memory=watchdog.memory_budget(size)
+            hdf5check.check_output, (str(path),), path=path, memory=watchdog.memory_budget(size)
         )
     except ConvertError as exc:
         return f"an HDF5 file libhdf5 cannot read ({str(exc).removeprefix(f'{path}: ')})"
@@ -441,7 +441,7 @@ class _Output:
 
 def _read_back(tmp: Path, options: ConvertOptions, schema: Schema) -> Iterator[Sample]:
     if options.to == "hdf5":
-        reader = hdf5.HDF5Reader(tmp)
+        reader = hdf5read.HDF5Reader(tmp)
         try:
             yield from reader.iter_samples()
         finally:

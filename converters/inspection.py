@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import example_proto, hdf5, tfrecord, watchdog
+from . import example_proto, hdf5read, tfrecord, watchdog
 from .errors import ConvertError
 from .example_proto import ExampleDecodeError, decode_example
 from .files import describe_mode, open_regular
@@ -106,7 +106,7 @@ def inspect_path(path: str | os.PathLike[str], *, stall: float | None = None) ->
 
 def _inspect_hdf5(p: Path, size: int, stall: float | None) -> Summary:
     info = watchdog.run_watched(
-        hdf5.check_file, (str(p),), path=p, stall=stall, memory=watchdog.memory_budget(size)
+        hdf5read.check_file, (str(p),), path=p, stall=stall, memory=watchdog.memory_budget(size)
     )
     summary = Summary(p, "HDF5" if info["format"] == "plain HDF5" else f"HDF5 ({info['format']})",
                       info["records"], size, 1, class_names=info["class_names"])

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from . import example_proto, tfrecord
 from .errors import ConvertError
-from .hdf5 import HDF5Reader
+from .hdf5read import HDF5Reader
 from .manifest import dataset_files
 from .schema import Schema
 

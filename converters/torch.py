@@ -21,7 +21,7 @@ from . import example_proto, tfrecord
 from .errors import ConvertError
 from .example_proto import ExampleDecodeError
 from .files import open_regular
-from .hdf5 import HDF5Reader
+from .hdf5read import HDF5Reader
 from .manifest import dataset_files
 from .schema import Schema
 
@@ -34,7 +34,7 @@ class HDF5Dataset(Dataset[Any]):
     """Map-style dataset over an HDF5 file: ``len()`` and ``[i]``.
 
     Picklable and safe with ``num_workers > 0`` under fork and spawn: see
-    NOTE [ HDF5 handles and worker processes ] in converters/hdf5.py. Each value is
+    NOTE [ HDF5 handles and worker processes ] in converters/hdf5read.py. Each value is
     checked against the CRC-32C stored for its record at conversion; a damaged record
     raises ConvertError naming the file and record (``verify=False`` skips the check:
     NOTE [ Per-record checksums ]).

@@ -22,7 +22,7 @@ target runs in this process, unwatched.
 
 The readers used in training (HDF5Reader and the datasets on it) do the same for
 their metadata parse when they open a file: see NOTE [ Reading HDF5 without
-trusting libhdf5 ] in hdf5.py. A ``run_watched`` inside a watched child runs its
+trusting libhdf5 ] in hdf5read.py. A ``run_watched`` inside a watched child runs its
 target in place: the outer child is already one that can be stopped.
 
 ``stall`` defaults to ``LOADPROF_HDF5_STALL`` seconds when set (tests use 1-2 s),
@@ -53,7 +53,7 @@ from .errors import ConvertError
 __all__ = ["run_watched", "DEFAULT_STALL", "default_stall", "memory_budget"]
 
 # Seconds without a progress report before the child is taken for hung. A report
-# comes after each block of at most 16 MiB read (hdf5._BLOCK_BYTES): 30 s is under
+# comes after each block of at most 16 MiB read (hdf5read._BLOCK_BYTES): 30 s is under
 # 1 MB/s, far below any disk, while a looping libhdf5 never reports again.
 DEFAULT_STALL = 30.0
 STALL_ENV = "LOADPROF_HDF5_STALL"

@@ -26,7 +26,7 @@ import numpy as np
 
 from loadprof.converters import ConvertError, ConvertOptions, convert, example_proto, tfrecord
 from loadprof.converters.example_proto import ExampleDecodeError, decode_example, encode_example
-from loadprof.converters.hdf5 import HDF5Reader
+from loadprof.converters.hdf5read import HDF5Reader
 from loadprof.converters.inspection import inspect_path
 from loadprof.converters.manifest import info_beside
 from loadprof.converters.watchdog import run_watched
