@@ -1,6 +1,6 @@
 """Hostile NumPy, IDX and image files: sizes checked before anything is read (no overflow,
 no allocation of a declared size), .npz members streamed, messages that name the file.
-NOTE [ Arrays read row by row ] in converters/sources.py."""
+NOTE [ Arrays read row by row ] in converters/sources/arrays.py."""
 
 from __future__ import annotations
 
