@@ -64,7 +64,10 @@ from .trackers import Trackers, parse_log_to
 from .whatifrun import ReplayPlace, WhatIfRun, intra_op_threads
 
 if TYPE_CHECKING:
+    from .fixes.applier import Applier
+    from .jobs import Job
     from .report import Report
+    from .report.liveview import LiveView
 
 T = TypeVar("T")
 
@@ -213,7 +216,7 @@ class Profile:
         )
         self.output = output
         # apply=True: measured safe loader fixes; a fixes.Applier: the fixes of a tune/compare trial.
-        self._applier: Any = None
+        self._applier: Applier | None = None
         if apply:
             from .fixes.applier import make_applier
 
@@ -233,14 +236,14 @@ class Profile:
         self._host: HostProcess | None = None
         self._neighbours: Neighbours | None = None
         self._safepoint: SafePoint | None = None
-        self._report: Any = None
+        self._report: Report | None = None
         self._held: HeldSignals | None = None  # from stop() to the report's end
         self._whatif: WhatIfRun | None = None  # the what-if replays' place in the run (whatifrun.py)
         #: the report was made and written to the end (a second Ctrl-C stops it half way)
         self.reported = False
-        self._live: Any = None  # report/liveview.py's LiveView while --live draws
-        self._job: Any = None  # a torchrun job's part: jobs/__init__.py (None: single process)
-        self._rank_report: Any = None  # in a job, this rank's own report (``_report`` is the job's on rank 0)
+        self._live: LiveView | None = None  # while --live draws
+        self._job: Job | None = None  # a torchrun job's part (None: a single process)
+        self._rank_report: Report | None = None  # in a job, this rank's own report (``_report`` is the job's on rank 0)
         self._outer: Profile | None = None  # the Profile already running when this one started
         self._trackers: Trackers | None = None  # trackers/: the summary into the script's own runs
         #: outputs (--json, --trace, --html) that could not be written, one line each

@@ -147,12 +147,12 @@ def stage_estimate(run: Run, model: Pipeline, m: Metrics, rows: list[StageRow],
         if alone is not None:
             compute = alone.seconds_per_step * model.step_s() / alone.baseline_seconds_per_step
             speedup = model.step_s() / max(1e-9, dataclasses.replace(changed, compute_s=compute).step_s())
-            return round(speedup, 2), ("estimate: the stage model (stagemodel.py) without these stages, the "
+            return round(speedup, 2), ("estimate: the stage model (docs/stages.md) without these stages, the "
                                        "model's step as measured alone")
         if changed.batch * changed.sample_s < model.compute_s:
             return None, ("no estimate: compute would set the step, and it was timed between in-process loads, "
                           "which slow it; " + MEASURE.split(": ", 1)[1])
-    return round(speedup, 2), "estimate: the stage model (stagemodel.py) without these stages"
+    return round(speedup, 2), "estimate: the stage model (docs/stages.md) without these stages"
 
 
 def _stage_prefix_advice(run: Run, m: Metrics, loader: LoaderInfo, load: Loading,

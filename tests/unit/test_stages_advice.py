@@ -59,7 +59,7 @@ def test_a_cpu_model_measured_alone_stands_in_for_its_step_timed_between_loads()
     stages = [_st("decode", "PIL PNG decode", 80), _st("transform", "Resize(64)", 10, False, 0, nbytes=300_000),
               _st("transform", "RandomFlip()", 5, True, 1, nbytes=12_288), _st("collate", "default_collate", 2)]
     run = _run(stages, wait=0.097)
-    assert _advice(run)["cache"].basis == "estimate: the stage model (stagemodel.py) without these stages"
+    assert _advice(run)["cache"].basis == "estimate: the stage model (docs/stages.md) without these stages"
     # the model alone: 2 ms a step against 100 ms replayed as the run had it
     run.whatif = [WhatIf(CEILING, 0.002, 0.100, 24)]
     cache = _advice(run)["cache"]

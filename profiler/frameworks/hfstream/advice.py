@@ -105,7 +105,7 @@ def _shards(run: Run, d: Diagnosis, loader: LoaderInfo) -> Recommendation | None
         found = estimate(busy, dataclasses.replace(busy, workers=workers), m.step_time_mean)
         if found is not None and not d.contended():
             speedup = round(found, 2)
-            basis = (f"estimate: the stage model (stagemodel.py) with all {workers} workers making batches "
+            basis = (f"estimate: the stage model (docs/stages.md) with all {workers} workers making batches "
                      f"instead of {shards}, on the free cores")
         else:
             basis = ("no estimate: " + ("other processes share the cores" if d.contended() else
