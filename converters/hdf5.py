@@ -11,7 +11,7 @@ Layout of a file we write (format "loadprof-hdf5", version 2):
   sample i is ``data[offsets[i]:offsets[i+1]]``. Not a variable-length type:
   random reads of vlen data measured about 9x slower, and
   compression filters do not apply to vlen data;
-* a ``uint32`` dataset of shape (N, fields), named ``crc32c`` (underscores added
+* a ``uint32`` dataset of shape (N, fields), named ``_crc32c`` (underscores added
   while a field has that name: ``checksum_name``): the CRC-32C of each record's value
   per field, in schema order; NOTE [ Per-record checksums ];
 * root attributes: ``loadprof_format``, ``loadprof_format_version``,
@@ -77,7 +77,7 @@ def _compression_args(compression: str | None) -> dict[str, Any]:
 # A flipped bit in a chunk's data reads back as a plausible wrong value (0.1257 became
 # 4.28e37): libhdf5 has no checksum on raw data, and the per-field checksums over the
 # whole file can only be checked by reading all of it (inspect, --verify). So the
-# writer stores the CRC-32C of every record's value per field (the crc32c table, 4
+# writer stores the CRC-32C of every record's value per field (the _crc32c table, 4
 # bytes per record and field, uncompressed), and the readers check each value they
 # return against it: a damaged record is a ConvertError naming the file and the record,
 # never data. Checksums are per record rather than per chunk so that a random read
@@ -89,11 +89,11 @@ def _compression_args(compression: str | None) -> dict[str, Any]:
 # Version-1 files have no table: read unverified, with one warning per reader. A
 # table that is there is used whatever the version attribute says, so that one
 # damaged byte there cannot turn the checks off; a version-2 file without it is refused.
-_CHECKSUMS = "crc32c"
+_CHECKSUMS = "_crc32c"
 
 
 def checksum_name(schema: Schema) -> str:
-    """The per-record checksum dataset's name: ``crc32c``, with ``_`` added while a field has it."""
+    """The per-record checksum dataset's name: ``_crc32c``, with ``_`` added while a field has it."""
     name = _CHECKSUMS
     while name in schema.names:
         name += "_"

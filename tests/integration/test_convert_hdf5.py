@@ -311,7 +311,7 @@ def test_non_regular_files_are_refused_before_libhdf5_sees_them(tmp_path):
 
 def test_iter_samples_reads_in_bounded_blocks(tmp_path, monkeypatch):
     """Blocks are cut by bytes, not only by record count, so --verify and inspect stream."""
-    from loadprof.converters import hdf5
+    from loadprof.converters import hdf5read
 
     blobs = [bytes([i]) * (3000 + 17 * i) for i in range(40)]
     offsets = np.concatenate(([0], np.cumsum([len(b) for b in blobs])))
@@ -319,7 +319,7 @@ def test_iter_samples_reads_in_bounded_blocks(tmp_path, monkeypatch):
         f.create_group("blob").create_dataset("data", data=np.frombuffer(b"".join(blobs), np.uint8))
         f["blob/offsets"] = offsets
         f["x"] = np.arange(40 * 100, dtype=np.float64).reshape(40, 100)
-    monkeypatch.setattr(hdf5, "_BLOCK_BYTES", 10_000)  # the limit, not the reader, is scaled down
+    monkeypatch.setattr(hdf5read, "_BLOCK_BYTES", 10_000)  # the limit, not the reader, is scaled down
     seen = []
     got = list(HDF5Reader(tmp_path / "b.h5").iter_samples(progress=seen.append))
     assert [s["blob"] for s in got] == blobs
