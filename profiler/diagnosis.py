@@ -8,8 +8,8 @@ Verdicts, checked in this order:
    run whose input time could not be measured (``Run.data_wait_method`` empty).
 2. ``memory-bound``: an out-of-memory error during the run.
 3. ``data-starved``: input time (batch wait + host-to-device copies) >= 20% of
-   step time, with a sub-cause (causes.py). For a loader on the process's threads (tf.data) the sub-cause comes from
-   the process's CPU while the loop waited.
+   step time, with a sub-cause (causes.py; for a loader on the process's threads,
+   tf.data, from the process's CPU while the loop waited).
 4. ``memory-bound``: GPU memory >= 90% of capacity, or host memory pressure
    (swap grew, or available memory fell under 5%); its cause ``workers-copy-on-read``
    where the loader workers' copies of the dataset's objects are what ran the host
