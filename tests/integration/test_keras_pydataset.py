@@ -172,6 +172,43 @@ def test_replaying_a_pydatasets_workers_leaves_it_and_the_model_as_they_were(sta
     assert not alive, [p.cmdline() for p in alive]
 
 
+def test_a_replay_pool_whose_worker_never_starts_is_ended_after_the_replays(monkeypatch) -> None:
+    """A worker forked while another thread held a lock it needs never starts: Keras's
+    closed pool leaves it alive. Here the first worker of the replay's pool waits forever in
+    Keras's initializer (as one deadlocked would); the other makes the batches."""
+    import multiprocessing
+    import threading
+
+    from keras.src.trainers.data_adapters import py_dataset_adapter
+
+    from loadprof.fixes.spec import Changes
+    from loadprof.frameworks.keras.pydataset.replay import PyDatasetInput
+
+    started = multiprocessing.Value("i", 0)
+    init = py_dataset_adapter.init_pool_generator
+
+    def first_never_starts(*args):
+        with started.get_lock():
+            first, started.value = started.value == 0, started.value + 1
+        if first:
+            threading.Event().wait()
+        init(*args)
+
+    monkeypatch.setattr(py_dataset_adapter, "init_pool_generator", first_never_starts)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    feed = PyDatasetInput(SlowBatches(8, 0))
+    batches = iter(feed.dataset(Changes(num_workers=2)))
+    x, y = next(batches)
+    assert tuple(x.shape) == (BATCH, 16)
+    feed.reset()  # an epoch's end, as Keras stops it: the pool closed, not ended
+    ours = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert started.value == 2 and len(ours) >= 1
+    feed.release()
+    _, alive = psutil.wait_procs(ours, timeout=10)
+    assert not alive, [p.cmdline() for p in alive]
+    del batches
+
+
 def test_a_pydataset_feeding_a_heavier_model_is_compute_bound(heavy) -> None:
     run, report = heavy.run, heavy.report
     assert run.data_wait_method == "handoff"

@@ -126,7 +126,7 @@ def replay(hooks: TensorFlowHooks, run: Run, recommendations: list[Recommendatio
         return measure(target, hooks.builds, changes, _steady_step(run), budget, interrupted, _per_epoch(run))
     finally:
         if target.feed is not None:
-            target.feed.reset()
+            target.feed.release()
 
 
 def _pydataset_input(record: FitRecord) -> PyDatasetInput | None:

@@ -7,17 +7,27 @@ Keras starts a new pool of worker processes at each epoch (``OrderedEnqueuer._ru
 replay's fresh iterator starts one too, as an epoch of the job does: its first call counts it.
 An iterator let go in mid-epoch leaves its enqueuer running; ``reset`` stops every enqueuer
 (its last batches drained and dropped), so that the next iterator starts a pool of its own.
+
+Keras only closes a pool when its enqueuer stops: its processes leave once they have run
+what was queued. A worker forked while another thread of the process held a lock it needs
+(TensorFlow's threads, the samplers') never starts and never leaves, and a pool left busy
+runs on beside the job. ``release``, after the last replay, ends every pool the replays
+started, so none outlives the profile: timed apart from ``reset``, whose time is an epoch's
+end as the job pays it.
 """
 
 from __future__ import annotations
 
 import queue
+import threading
 from typing import Any
 
 from ....fixes.spec import Changes
 from . import facts
 
 KNOBS = ("_workers", "_use_multiprocessing", "_max_queue_size")
+#: the longest ``release`` waits for the replays' pools to end: a pool that will not is left
+RELEASE_S = 10.0
 
 
 class PyDatasetInput:
@@ -26,6 +36,7 @@ class PyDatasetInput:
     def __init__(self, py_dataset: Any) -> None:
         self.py_dataset = py_dataset
         self.adapters: list[Any] = []
+        self.pools: list[Any] = []  # every pool the replays' enqueuers started
         self._signature: Any = None
 
     def dataset(self, change: Changes | None = None) -> Any:
@@ -49,7 +60,18 @@ class PyDatasetInput:
         ds = adapter.get_tf_dataset()
         self._signature = adapter._output_signature
         self.adapters.append(adapter)
+        enqueuer = adapter.enqueuer
+        if enqueuer is not None:
+            enqueuer.executor_fn = self._held(enqueuer.executor_fn)
         return ds
+
+    def _held(self, start: Any) -> Any:
+        """The enqueuer's pool factory, each pool it starts kept to be ended by ``release``."""
+        def started(*args: Any) -> Any:
+            pool = start(*args)
+            self.pools.append(pool)
+            return pool
+        return started
 
     def reset(self) -> None:
         """Every enqueuer stopped, its drained batches dropped: the next iterator starts afresh."""
@@ -59,3 +81,23 @@ class PyDatasetInput:
                 continue
             enqueuer.stop()
             enqueuer.ready_queue = queue.Queue()
+
+    def release(self) -> None:
+        """Every enqueuer stopped and every pool the replays started ended (its processes
+        terminated and joined), within ``RELEASE_S``: in a daemon thread, so that a pool
+        that will not end leaves the job to go on."""
+        self.reset()
+        pools, self.pools = self.pools, []
+        if not pools:
+            return
+        ending = threading.Thread(target=_end, args=(pools,), name="loadprof-pool-release", daemon=True)
+        ending.start()
+        ending.join(RELEASE_S)
+
+
+def _end(pools: list[Any]) -> None:
+    for pool in pools:
+        try:
+            pool.terminate()  # ends its processes and joins them: a closed pool's too
+        except Exception:  # one pool's failure to end leaves the others to end
+            pass
