@@ -89,17 +89,20 @@ def test_a_storage_bound_loop_gets_measured_worker_and_cache_estimates_and_is_le
 
 
 def test_the_training_comes_out_as_it_would_without_the_replays() -> None:
-    def trained(what_if: float) -> tuple[list[float], dict[str, torch.Tensor], int]:
+    def trained(what_if: float) -> tuple[list[float], dict[str, torch.Tensor], Profile]:
         torch.manual_seed(0)
         loader = DataLoader(Sleepy(n=320, delay=0.001), batch_size=8, shuffle=True)
         model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Dropout(0.2), torch.nn.Linear(64, 4))
         with Profile(gpu=False, print_report=False, what_if=what_if) as prof:
             losses = train(loader, model, epochs=2)  # dropout and shuffles draw from torch's generator
-        return losses, model.state_dict(), len(prof.run.whatif)
+        return losses, model.state_dict(), prof
 
-    losses, weights, measured = trained(10.0)
-    again, same, none = trained(0.0)
-    assert measured and not none  # the replays ran in the first only, between steps 30 and 31
+    losses, weights, replayed = trained(10.0)
+    again, same, plain = trained(0.0)
+    # the replays ran in the first only, between steps 30 and 31
+    run = replayed.run
+    assert run.whatif, (replayed.report.diagnosis.summary, run.whatif_skipped, run.whatif_seconds)
+    assert not plain.run.whatif
     assert losses == again
     for name, value in weights.items():
         assert torch.equal(value, same[name]), name
