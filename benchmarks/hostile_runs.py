@@ -75,7 +75,7 @@ def gpus_full(doc: dict[str, Any], n: int) -> None:
 
 def gpus_64(doc: dict[str, Any], n: int) -> None:
     """The most GPUs a saved run may name (records.GPU_INDEX_LIMIT), every field read."""
-    from loadprof.records import GPU_INDEX_LIMIT
+    from loadprof.runjson import GPU_INDEX_LIMIT
 
     gpus_full(doc, n)
     for g in doc["run"]["gpu_samples"]:
@@ -123,7 +123,8 @@ CASES: dict[str, Callable[[dict[str, Any], int], None]] = {
 #: (NOTE [ Reading a saved run ]): what a page costs whatever it is handed.
 UNCHECKED = """
 import json, sys
-from loadprof.records import Run, from_json
+from loadprof.records import Run
+from loadprof.runjson import from_json
 from loadprof.report import build_report, render_console
 from loadprof.report.html import HtmlPageRenderer
 from loadprof.report.trace import TraceRenderer

@@ -20,7 +20,8 @@ from dataclasses import replace
 from typing import Any
 
 from ..lines import warn
-from ..records import RecordError, Run
+from ..records import Run
+from ..typedjson import RecordError
 from .diagnosis import OwnVerdict, own_verdict, rank_cores
 from .exchange import Exchange, JobContext, Timeouts
 from .records import JobRun, RankRun, keep_columns, rank_from_bytes, rank_to_bytes, rank_to_dict
@@ -50,7 +51,7 @@ def judge_self(facts: RankRun, run: Run, siblings: dict[int, tuple[str, float]] 
 
 
 def rank_message(facts: RankRun, run: Run, siblings: dict[int, tuple[str, float]] | None = None) -> bytes:
-    """What a rank sends to rank 0: its run in columns (NOTE [ Columns of a rank ] in jobs/records.py)
+    """What a rank sends to rank 0: its run in columns (NOTE [ Columns of a rank ] in jobs/columns.py)
     and its own verdict (``judge_self``)."""
     verdict = judge_self(facts, run, siblings)
     return rank_to_bytes(replace(facts, run=run), {"verdict": verdict.to_dict()})

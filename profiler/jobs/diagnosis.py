@@ -26,8 +26,9 @@ from typing import Any
 from ..advice import Recommendation, recommend
 from ..diagnosis import Diagnosis, diagnose
 from ..metrics import main_loader
-from ..records import GpuSample, RecordError, Run
+from ..records import GpuSample, Run
 from ..thresholds import DEFAULT_THRESHOLDS, Thresholds
+from ..typedjson import RecordError
 from .estimates import JobWhatIf, job_whatifs
 from .records import JobRun, RankRun, check_record
 

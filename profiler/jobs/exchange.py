@@ -21,7 +21,7 @@ the job. Store keys are plain requests to the agent.
   used); rank R != 0 waits up to ``siblings`` for those of the other ranks on its node,
   judges itself with them (jobdiagnosis.own_verdict: the work done on every rank at once,
   not on rank 0 in turn), writes ``report/R`` (its verdict and its run in columns: NOTE
-  [ Columns of a rank ] in jobs/records.py) and waits for rank 0 to ping it, which means
+  [ Columns of a rank ] in jobs/columns.py) and waits for rank 0 to ping it, which means
   rank 0 has the report; it answers a few pings with its clock (the clock offset,
   below) and returns. Rank 0 pings a rank as soon as it sees its report and checks the
   report while the rank wakes up (it polls). It gives up, and its report goes

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from ..jsonio import read_json
-from ..records import RecordError
+from ..typedjson import RecordError
 from .records import JobRun, RankRun, rank_from_dict
 
 #: The same bound as one saved report (report/__init__.py MAX_SAVED_BYTES).

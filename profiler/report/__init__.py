@@ -17,10 +17,12 @@ from ..diagnosis import Diagnosis, diagnose, near_limit
 from ..frameworks import for_loader
 from ..jsonio import JsonWriteError, read_json, write_text_atomic
 from ..metrics import Headroom
-from ..records import SCHEMA_VERSION, Environment, LoaderInfo, RecordError, Run
+from ..records import SCHEMA_VERSION, Environment, LoaderInfo, Run
+from ..runjson import read_run
 from ..settings import gpu_hour_price as check_price
 from ..stagemodel import Loading, loading
 from ..thresholds import Evidence
+from ..typedjson import RecordError
 from ..waits import Waits
 from .base import RankRunOffset, Report, ReportWarning
 from .console import ConsoleRenderer
@@ -285,7 +287,7 @@ def load_report(path: str | os.PathLike[str], gpu_hour_price: float | None = Non
     """Read a saved report (or bare run) and diagnose it again with this loadprof.
 
     Every way the file can be wrong is one ReportError naming it (NOTE [ Reading a
-    saved run ] in records.py); a price that is not one is a ValueError, as in ``Profile``."""
+    saved run ] in runjson.py); a price that is not one is a ValueError, as in ``Profile``."""
     try:
         gpu_hour_price = check_price(gpu_hour_price)
     except ValueError as exc:
@@ -305,7 +307,7 @@ def load_report(path: str | os.PathLike[str], gpu_hour_price: float | None = Non
     if not isinstance(raw, dict) or "steps" not in raw or "environment" not in raw:
         raise ReportError(f"{p}: not a loadprof report (no 'run' with 'steps' and 'environment')")
     try:
-        run = Run.from_dict(raw)
+        run = read_run(raw)
     except RecordError as exc:
         raise ReportError(f"{p}: {exc}") from None
     return build_report(run, gpu_hour_price)

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from . import RunReport
 
 # Input wait, copy, compute: warm to cool, so "waiting" reads as the problem.
-_WAIT, _H2D, _COMPUTE = "#e4572e", "#f3a712", "#4c72b0"
+_WAIT, _H2D, COMPUTE = "#e4572e", "#f3a712", "#4c72b0"
 _JUDGED = "#fff4cc"
 
 
@@ -270,7 +270,7 @@ def run_figure(report: RunReport, buckets: int, note: Downsampled) -> Figure | N
             _line(ax, _bin(t, [sum(h.cpu_per_core) / 100 if h.cpu_per_core else math.nan for h in host],
                            span, buckets, weights), "cores busy (all processes)", "#333333")
             _line(ax, _bin(t, [h.process_cpu / 100 for h in host], span, buckets, weights),
-                  "training process", _COMPUTE)
+                  "training process", COMPUTE)
             if m.workers_seen:
                 _line(ax, _bin(t, [h.children_cpu / 100 for h in host], span, buckets, weights),
                       f"loader workers, all ({m.workers_seen})", _WAIT)
@@ -295,7 +295,7 @@ def run_figure(report: RunReport, buckets: int, note: Downsampled) -> Figure | N
             gib = 2**30
             t = [h.t for h in host]
             _line(ax, _bin(t, [(h.process_pss or h.process_rss) / gib for h in host], span, buckets),
-                  "training process", _COMPUTE)
+                  "training process", COMPUTE)
             if m.workers_seen:
                 _line(ax, _bin(t, [(h.children_pss if h.children_pss is not None else h.children_rss) / gib
                                    for h in host], span, buckets), "loader workers", _WAIT)
@@ -371,7 +371,7 @@ def _steps_panel(ax: Axes, steps: list[Any], span: float, buckets: int, note: Do
         ax.fill_between(x, lo, hi, color="#bbbbbb", alpha=0.5, label="step time, lowest to highest", **kw)
     ax.fill_between(x, 0, w_ms, color=_WAIT, label="input wait", **kw)
     ax.fill_between(x, w_ms, w_ms + c_ms, color=_H2D, label="host-to-device copy", **kw)
-    ax.fill_between(x, w_ms + c_ms, w_ms + c_ms + compute, color=_COMPUTE, label="compute", **kw)
+    ax.fill_between(x, w_ms + c_ms, w_ms + c_ms + compute, color=COMPUTE, label="compute", **kw)
     # A first step with compilation can be 100x the others: scale to the bulk, say what is cut.
     total = w_ms + c_ms + compute
     top = float(np.percentile(total, 98)) * 1.3 if len(total) else 1.0

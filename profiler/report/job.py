@@ -140,7 +140,7 @@ class JobReport(Report):
 
     def to_dict(self, columns: bool | None = False) -> dict[str, Any]:
         """The report's JSON form; ``job`` holds every rank's run as a saved run, or with
-        ``columns`` as the job's file keeps it (NOTE [ Columns of a rank ] in jobs/records.py);
+        ``columns`` as the job's file keeps it (NOTE [ Columns of a rank ] in jobs/columns.py);
         None: no ``job``."""
         d = self.diagnosis
         pace = d.per_rank.get(d.pace_ranks[0]) if d.pace_ranks else None
@@ -174,7 +174,7 @@ class JobReport(Report):
     def to_json(self) -> str:
         """Strict JSON: the summary indented, the ranks' raw runs (``job``) compact and in
         columns, so that a job of many ranks writes and reads in a fraction of a second
-        (NOTE [ Columns of a rank ])."""
+        (NOTE [ Columns of a rank ] in jobs/columns.py)."""
         data = self.to_dict(columns=None)
         raw = self.job.to_json()
         head = dumps(data, indent=2).rstrip().rstrip("}").rstrip()

@@ -8,7 +8,7 @@ import io
 import os
 from typing import TYPE_CHECKING, Any
 
-from .charts import _COMPUTE
+from .charts import COMPUTE
 from .compare_text import CompareConsoleRenderer
 from .html import _chart, _e, _machine_table, _page, _script
 from .tune_text import TuneConsoleRenderer
@@ -87,7 +87,7 @@ def tune_figure(result: TuneResult) -> Figure | None:
     fig = Figure(figsize=(1.8 + 0.9 * len(trials), 3.6), dpi=96)
     ax = fig.subplots()
     colours = ["#7f7f7f" if t is result.baseline else "#2e7d32" if t is result.best
-               else "#c62828" if t.safe is False else _COMPUTE for t in trials]
+               else "#c62828" if t.safe is False else COMPUTE for t in trials]
     bars = ax.bar(range(len(trials)), [t.steps_per_s or 0.0 for t in trials], color=colours)
     for bar, t in zip(bars, trials, strict=True):
         label = f"{t.steps_per_s:.1f}" + (f"\n{t.speedup:.2f}x" if t.speedup and t is not result.baseline else "")

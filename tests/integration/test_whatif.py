@@ -19,7 +19,7 @@ from loadprof import Profile
 from loadprof.advice import NO_GAIN
 from loadprof.advice.base import CEILING, STORED_IDS
 from loadprof.cpufeatures import cpu_features, has_bf16
-from loadprof.records import Run
+from loadprof.runjson import read_run
 from tests.stage_loops import Compose
 from tests.torch_loops import Sleepy, heavy_model, small_model, train
 
@@ -84,7 +84,7 @@ def test_a_storage_bound_loop_gets_measured_worker_and_cache_estimates_and_is_le
     for name, value in model.state_dict().items():
         assert torch.equal(value, weights[name]), name
     # a saved run keeps them, and its report says the same again
-    again = Run.from_dict(json.loads(json.dumps(run.to_dict())))
+    again = read_run(json.loads(json.dumps(run.to_dict())))
     assert [w.change for w in again.whatif] == [w.change for w in run.whatif]
 
 

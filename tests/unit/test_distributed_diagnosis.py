@@ -19,9 +19,10 @@ from loadprof.jobs.diagnosis import diagnose_job, rank_cores
 from loadprof.jobs.exchange import JobContext
 from loadprof.jobs.merge import MergeError, merge_ranks
 from loadprof.jobs.records import JobRun, RankRun
-from loadprof.records import Environment, HostSample, LoaderInfo, RecordError, Run, Step
+from loadprof.records import Environment, HostSample, LoaderInfo, Run, Step
 from loadprof.report import load_report, render_console, write_json
 from loadprof.report.job import build_job_report
+from loadprof.typedjson import RecordError
 
 
 def rank_run(rank: int, world: int = 2, n: int = 40, wait: float = 0.002, compute: float = 0.03,

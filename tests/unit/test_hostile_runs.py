@@ -16,7 +16,6 @@ import pytest
 from loadprof.cli import main
 from loadprof.jobs.records import JobRun, RankRun
 from loadprof.records import (
-    GPU_INDEX_LIMIT,
     Environment,
     GpuInfo,
     GpuSample,
@@ -31,6 +30,7 @@ from loadprof.report.html import HtmlPageRenderer
 from loadprof.report.job import build_job_report
 from loadprof.report.jsonfile import JsonRenderer
 from loadprof.report.trace import STAGE_COUNTER, TraceRenderer
+from loadprof.runjson import GPU_INDEX_LIMIT
 from tests.conftest import make_run, svg_count
 
 GiB = 2**30

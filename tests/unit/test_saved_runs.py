@@ -27,12 +27,13 @@ from loadprof.records import (
     HostSample,
     LoaderInfo,
     Probes,
-    RecordError,
     Run,
     Step,
 )
 from loadprof.report import ReportError, build_report, load_report, render_console
 from loadprof.report.jsonfile import JsonRenderer
+from loadprof.runjson import read_run
+from loadprof.typedjson import RecordError
 
 
 def _run() -> Run:
@@ -222,13 +223,8 @@ def test_per_worker_cpu_travels_in_a_ranks_columns_and_is_checked_there() -> Non
     import zlib
     from dataclasses import replace
 
-    from loadprof.jobs.records import (
-        RankRun,
-        decode_columns,
-        encode_columns,
-        rank_from_bytes,
-        rank_to_bytes,
-    )
+    from loadprof.jobs.columns import decode_columns, encode_columns
+    from loadprof.jobs.records import RankRun, rank_from_bytes, rank_to_bytes
 
     run = _run()
     run.host_samples[3] = replace(run.host_samples[3], worker_pids=[4103, 4101, 4102], worker_cpu=[1.0, 2.0, 3.5])
@@ -260,9 +256,9 @@ def test_per_worker_cpu_travels_in_a_ranks_columns_and_is_checked_there() -> Non
 
 def test_record_error_is_the_one_error_type() -> None:
     with pytest.raises(RecordError):
-        Run.from_dict({"schema": 1, "steps": "none"})
+        read_run({"schema": 1, "steps": "none"})
     with pytest.raises(RecordError):
-        Run.from_dict(["not", "a", "run"])
+        read_run(["not", "a", "run"])
 
 
 # -- property: any mutation of a saved run is a clean error or a valid report ----------

@@ -8,6 +8,7 @@ import pytest
 from loadprof.frameworks.torch.stages import random_by_name
 from loadprof.records import LoaderInfo, Run, StageTime, Step
 from loadprof.report import build_report
+from loadprof.runjson import read_run
 from loadprof.stagemodel import (
     Pipeline,
     deterministic_prefix,
@@ -123,7 +124,7 @@ def test_stage_records_survive_a_saved_run_and_reach_the_json_report():
     run = Run(steps=[Step(i, i, i + 1, data_wait=0.5) for i in range(20)], data_wait_method="iterator-next")
     run.environment.usable_cores = 2
     run.loaders.append(_loader(_stages()))
-    again = Run.from_dict(run.to_dict())
+    again = read_run(run.to_dict())
     assert again.loaders[0].stages == run.loaders[0].stages
     report = build_report(again)
     stages = report.to_dict()["loading"]["stages"]
