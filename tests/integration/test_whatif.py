@@ -91,7 +91,9 @@ def test_a_storage_bound_loop_gets_measured_worker_and_cache_estimates_and_is_le
 def test_the_training_comes_out_as_it_would_without_the_replays() -> None:
     def trained(what_if: float) -> tuple[list[float], dict[str, torch.Tensor], Profile]:
         torch.manual_seed(0)
-        loader = DataLoader(Sleepy(n=320, delay=0.001), batch_size=8, shuffle=True)
+        # 24 ms of sleep a batch: starved by far, so that a step slowed by a loaded host is
+        # not judged compute-bound (nothing to replay)
+        loader = DataLoader(Sleepy(n=320, delay=0.003), batch_size=8, shuffle=True)
         model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Dropout(0.2), torch.nn.Linear(64, 4))
         with Profile(gpu=False, print_report=False, what_if=what_if) as prof:
             losses = train(loader, model, epochs=2)  # dropout and shuffles draw from torch's generator
