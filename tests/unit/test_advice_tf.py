@@ -309,3 +309,23 @@ def test_a_stop_of_seconds_with_autotune_on_names_tensorflows_tuning_thread():
     assert "tuning thread" not in one(["autotune_off"])
     short = tf_run(tf_loader(parallel_map=True, has_prefetch=True, iterations=3, stop_s=[0.5, 0.5]), wait=0.04)
     assert "tuning thread" not in next(r for r in recommend(short, diagnose(short)) if r.id == "one_iterator").detail
+
+
+def test_parallel_work_in_a_loop_that_frees_an_iterator_each_epoch_says_what_its_end_may_cost():
+    def recs(notes: list[str], iterations: int, stop_s: list[float]) -> dict[str, object]:
+        loader = tf_loader(iterations=iterations, stop_s=stop_s)
+        loader.notes += notes
+        return advice(tf_run(loader, wait=0.06))
+
+    caveat = "tuning thread can hold it for seconds"
+    each_epoch = recs([], 3, [0.01, 0.01, 0.01])
+    assert {"prefetch", "parallel_map"} <= set(each_epoch) and "one_iterator" not in each_epoch
+    for rid in ("prefetch", "parallel_map"):
+        assert caveat in each_epoch[rid].detail and "`ds = ds.repeat()`" in each_epoch[rid].detail
+    assert caveat not in each_epoch["cache"].detail
+    # one epoch (its one stop after training), autotune off, or one_iterator advised already: said no more
+    for notes, iterations, stop_s in (([], 1, [0.01]), (["autotune_off"], 3, [0.01, 0.01, 0.01]),
+                                      ([], 3, [0.5, 0.5, 0.01])):
+        given = recs(notes, iterations, stop_s)
+        assert all(caveat not in r.detail for r in given.values()), (notes, iterations)
+        assert ("one_iterator" in given) == (stop_s[0] == 0.5)

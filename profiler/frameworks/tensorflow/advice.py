@@ -212,7 +212,27 @@ def input_advice(run: Run, d: Diagnosis, loader: LoaderInfo,
     # every transformation timed (the profiler's window): its rows decide which map, where
     if loader.stage_source:
         out = transform_advice(run, d, loader, pipeline, out)
-    return out
+    return _epoch_end_caveat(loader, out)
+
+
+#: the changes whose steps' gain a loop freeing an iterator each epoch may not keep whole
+PARALLEL_IDS = ("parallel_map", "prefetch")
+
+
+def _epoch_end_caveat(loader: LoaderInfo, recs: list[Recommendation]) -> list[Recommendation]:
+    """More parallel work, in a loop that frees an iterator at each epoch's end with autotune
+    on: TensorFlow's tuning thread can hold that end for seconds (NOTE [ An iterator's stop ]
+    in hooks.py). Trials of a parallel map stalled at every epoch end in one process of two
+    (docs/dev/advice-accuracy.md): the figure is the steps', and the way out is said with it."""
+    if AUTOTUNE_OFF_NOTE in loader.notes or not loader.stops_between_epochs() \
+            or any(r.id == "one_iterator" for r in recs):
+        return recs
+    for rec in recs:
+        if rec.id in PARALLEL_IDS:
+            rec.detail += (" The loop frees each epoch's iterator at its end, where TensorFlow's tuning thread "
+                           "can hold it for seconds, at random (docs/limits.md): the whole job may gain less "
+                           "than its steps. One iterator over all epochs (`ds = ds.repeat()`) is freed once.")
+    return recs
 
 
 #: epoch ends whose iterators took at least this share of the judged time to free get advice
