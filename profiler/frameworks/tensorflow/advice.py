@@ -220,10 +220,10 @@ PARALLEL_IDS = ("parallel_map", "prefetch")
 
 
 def _epoch_end_caveat(loader: LoaderInfo, recs: list[Recommendation]) -> list[Recommendation]:
-    """More parallel work, in a loop that frees an iterator at each epoch's end with autotune
-    on: TensorFlow's tuning thread can hold that end for seconds (NOTE [ An iterator's stop ]
-    in hooks.py). Trials of a parallel map stalled at every epoch end in one process of two
-    (docs/dev/advice-accuracy.md): the figure is the steps', and the way out is said with it."""
+    """More parallel work in a loop that frees an iterator at each epoch's end, autotune on:
+    TensorFlow's tuning thread can hold that end for seconds (NOTE [ An iterator's stop ] in
+    hooks.py), which no replay of steady steps sees. The figure stays the steps'; the way out
+    is said with it."""
     if AUTOTUNE_OFF_NOTE in loader.notes or not loader.stops_between_epochs() \
             or any(r.id == "one_iterator" for r in recs):
         return recs
