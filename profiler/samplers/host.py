@@ -64,6 +64,9 @@ _PROC_ROOT = Path("/proc")
 #: the commands of multiprocessing's own helper processes (Python's ``-c`` lines)
 MP_HELPERS = ("multiprocessing.resource_tracker import main", "multiprocessing.forkserver import main",
               "multiprocessing.semaphore_tracker import main")
+#: the commands of a tracker's service processes, which ``wandb.init`` starts beside the training
+#: loop (its core and system monitor; older releases' ``wandb service``): the job's own CPU, no worker
+SERVICES = ("wandb-core", "wandb-symon", "wandb service")
 _BLOCK_ROOT = Path("/sys/block")
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc/PID/stat's time unit
 
@@ -114,7 +117,8 @@ class HostSource:
         #: descendants that are not the run's: the helper process that reads this tree (hostproc.py)
         self.exclude = exclude
         #: (pid, create time) -> whether it is one of multiprocessing's helpers (``_helper``)
-        self._helpers: dict[tuple[int, float], bool] = {}
+        self._kinds: dict[tuple[int, float], str] = {}  # "helper", "service" or "": _kind()
+        self._services: set[int] = set()  # the listed descendants that are a tracker's service
         #: where /proc is (tests point it elsewhere); unreadable -> psutil for everything
         self.proc_root = _PROC_ROOT if proc_root is None else proc_root
         #: where /sys/block is: its entries are the devices whose reads count
@@ -326,17 +330,23 @@ class HostSource:
     def _helper(self, child: psutil.Process) -> bool:
         """Whether ``child`` is one of multiprocessing's own helpers (its resource tracker,
         started by the first spawned worker or shared memory and alive until the process
-        ends; a forkserver), never a loader worker: read once a process, by its command."""
+        ends; a forkserver), never a loader worker and left out of the tree."""
+        return self._kind(child) == "helper"
+
+    def _kind(self, child: psutil.Process) -> str:
+        """"helper" (``_helper``), "service" (a tracker's: the job's CPU, no loader worker's)
+        or "": read once a process, by its command."""
         key = (child.pid, _create_time(child))
-        if key not in self._helpers:
-            if len(self._helpers) > 256:  # bounded: pids come and go over a long run
-                self._helpers.clear()
+        if key not in self._kinds:
+            if len(self._kinds) > 256:  # bounded: pids come and go over a long run
+                self._kinds.clear()
             try:
                 command = " ".join(child.cmdline()[:4])
             except (psutil.Error, OSError):
                 command = ""
-            self._helpers[key] = any(m in command for m in MP_HELPERS)
-        return self._helpers[key]
+            self._kinds[key] = ("helper" if any(m in command for m in MP_HELPERS) else
+                                "service" if any(m in command for m in SERVICES) else "")
+        return self._kinds[key]
 
     def _read_tree(self, now: float, dt: float,
                    relist: bool) -> tuple[float, int, float, int, int, float | None, float, list[int], list[float]]:
@@ -367,6 +377,7 @@ class HostSource:
                 _, cpu, rss, own_delay = got  # its schedstat read there too
             if relist:
                 self._children = self._list_descendants(proc)
+                self._services = {c.pid for c in self._children if self._kind(c) == "service"}
                 listed = {c.pid for c in self._children} | {proc.pid}
                 for pid in [pid for pid in self._child_files if pid not in listed]:
                     self._close_child(pid)
@@ -417,6 +428,8 @@ class HostSource:
                 c_used = c_cpu if lifetime <= dt else c_cpu * dt / lifetime
                 missed += c_cpu - c_used
             used += c_used
+            if key[0] in self._services:
+                continue  # the job's CPU and memory, and no loader worker's
             worker_pids.append(key[0])
             worker_cpu.append(round(c_used * scale, 2))  # 0.01% of a core: short JSON, sums within rounding
         reaped, self._last_reaped = self._reaped, self._reaped

@@ -422,3 +422,28 @@ def test_a_worker_slower_than_its_peers_is_named_with_where_its_time_went(contex
     assert warned.startswith(f"loader worker pid {slow.pid} took ") and "rest of __iter__" in warned
     assert "spread them over the shards" in warned
     assert sorted(f.pid for f in fetch) == sorted(prof.run.loaders[0].worker_pids)  # the loader's own two
+
+
+@pytest.mark.slow
+def test_a_trackers_service_process_is_the_jobs_cpu_and_no_loader_worker(tmp_path: Path, monkeypatch) -> None:
+    """``wandb.init`` starts its service processes as children of the training process, beside
+    the DataLoader's workers: their CPU is the job's, their pids are no worker's."""
+    import psutil
+
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    tracked = wandb.init(project="loadprof-test", dir=str(tmp_path))
+    try:
+        services = {c.pid for c in psutil.Process().children(recursive=True)
+                    if "wandb" in " ".join(c.cmdline()[:1])}
+        assert services, "wandb.init started no service process"
+        loader = DataLoader(Items(), batch_size=4, num_workers=2, persistent_workers=True)
+        prof = _train(loader, epochs=3)
+        [info] = prof.run.loaders
+        read = {pid for h in prof.run.host_samples for pid in h.worker_pids}
+        assert set(info.worker_pids) <= read and not read & services, (info.worker_pids, read, services)
+        assert max(h.n_children for h in prof.run.host_samples) >= len(services) + 2
+        del loader
+    finally:
+        tracked.finish()
