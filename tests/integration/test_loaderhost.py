@@ -424,26 +424,51 @@ def test_a_worker_slower_than_its_peers_is_named_with_where_its_time_went(contex
     assert sorted(f.pid for f in fetch) == sorted(prof.run.loaders[0].worker_pids)  # the loader's own two
 
 
-@pytest.mark.slow
-def test_a_trackers_service_process_is_the_jobs_cpu_and_no_loader_worker(tmp_path: Path, monkeypatch) -> None:
-    """``wandb.init`` starts its service processes as children of the training process, beside
-    the DataLoader's workers: their CPU is the job's, their pids are no worker's."""
-    import psutil
+TRACKED = """
+import json, sys, time
+import psutil, torch, wandb
+from torch.utils.data import DataLoader, Dataset
+from loadprof import Profile
 
-    wandb = pytest.importorskip("wandb")
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    tracked = wandb.init(project="loadprof-test", dir=str(tmp_path))
-    try:
-        services = {c.pid for c in psutil.Process().children(recursive=True)
-                    if "wandb" in " ".join(c.cmdline()[:1])}
-        assert services, "wandb.init started no service process"
-        loader = DataLoader(Items(), batch_size=4, num_workers=2, persistent_workers=True)
-        prof = _train(loader, epochs=3)
-        [info] = prof.run.loaders
-        read = {pid for h in prof.run.host_samples for pid in h.worker_pids}
-        assert set(info.worker_pids) <= read and not read & services, (info.worker_pids, read, services)
-        assert max(h.n_children for h in prof.run.host_samples) >= len(services) + 2
-        del loader
-    finally:
-        tracked.finish()
+class Items(Dataset):
+    def __len__(self):
+        return 48
+
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return torch.ones(8)
+
+tracked = wandb.init(project="loadprof-test", dir=sys.argv[1])
+services = [c.pid for c in psutil.Process().children(recursive=True) if "wandb" in " ".join(c.cmdline()[:1])]
+loader = DataLoader(Items(), batch_size=4, num_workers=2, persistent_workers=True)
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+with Profile(print_report=False, gpu=False) as prof:
+    for _ in range(3):
+        for x in loader:
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+tracked.finish()
+[info] = prof.run.loaders
+print(json.dumps({"services": services, "workers": info.worker_pids,
+                  "read": sorted({p for h in prof.run.host_samples for p in h.worker_pids}),
+                  "children": max(h.n_children for h in prof.run.host_samples)}))
+"""
+
+
+@pytest.mark.slow
+def test_a_trackers_service_process_is_the_jobs_cpu_and_no_loader_worker(tmp_path: Path) -> None:
+    """``wandb.init`` starts its service processes as children of the training process, beside
+    the DataLoader's workers: their CPU is the job's, their pids are no worker's. In a process
+    of its own: wandb hands its service to the processes the test's process starts later."""
+    pytest.importorskip("wandb")
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    proc = subprocess.run([sys.executable, "-c", TRACKED, str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    services, read = set(got["services"]), set(got["read"])
+    assert services, "wandb.init started no service process"
+    assert set(got["workers"]) <= read and not read & services, got
+    assert got["children"] >= len(services) + 2
