@@ -116,8 +116,8 @@ class HostSource:
         self.pid = os.getpid() if pid is None else pid
         #: descendants that are not the run's: the helper process that reads this tree (hostproc.py)
         self.exclude = exclude
-        #: (pid, create time) -> whether it is one of multiprocessing's helpers (``_helper``)
-        self._kinds: dict[tuple[int, float], str] = {}  # "helper", "service" or "": _kind()
+        #: (pid, create time) -> "helper", "service" or "" (``_kind``)
+        self._kinds: dict[tuple[int, float], str] = {}
         self._services: set[int] = set()  # the listed descendants that are a tracker's service
         #: where /proc is (tests point it elsewhere); unreadable -> psutil for everything
         self.proc_root = _PROC_ROOT if proc_root is None else proc_root

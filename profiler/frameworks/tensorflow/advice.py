@@ -229,9 +229,10 @@ def _epoch_end_caveat(loader: LoaderInfo, recs: list[Recommendation]) -> list[Re
         return recs
     for rec in recs:
         if rec.id in PARALLEL_IDS:
-            rec.detail = rec.detail.rstrip() + (" The loop frees each epoch's iterator at its end, where TensorFlow's tuning thread "
-                           "can hold it for seconds, at random (docs/limits.md): the whole job may gain less "
-                           "than its steps. One iterator over all epochs (`ds = ds.repeat()`) is freed once.")
+            rec.detail = rec.detail.rstrip() + (
+                " The loop frees each epoch's iterator at its end, where TensorFlow's tuning thread can hold it "
+                "for seconds, at random (docs/limits.md): the whole job may gain less than its steps. One "
+                "iterator over all epochs (`ds = ds.repeat()`) is freed once.")
     return recs
 
 
