@@ -108,3 +108,27 @@ def test_the_whole_jobs_figure_counts_the_workers_stop_between_epochs_and_keeps_
     busy, between = 40 * 0.25, 1.0
     assert rec.values["whole_job_speedup"] == round((busy + between) / (busy / 2 + between + 2 * 0.1125 + 0.2), 2)
     assert "and 0.20 s to stop (as it was: 0.00 s) at an epoch's end" in rec.basis
+
+
+def test_the_whole_jobs_figure_keeps_the_epoch_ends_freeing_their_iterators_as_they_were() -> None:
+    # a loop that freed its first epoch's iterator in 1.5 s, inside epoch 2's first step's wait
+    import dataclasses
+
+    from tests.unit.test_report_snapshots import measured_changes_on_a_cpu_host
+
+    def whole(freed: float) -> tuple[float, str]:
+        run = measured_changes_on_a_cpu_host()  # 40 steps of 0.25 s, epochs of 32: 2 starts
+        run.steps = [dataclasses.replace(s, start=s.start + (freed if s.index > 32 else 0.0),
+                                         end=s.end + (freed if s.index >= 32 else 0.0)) for s in run.steps]
+        run.loaders[0].iterations, run.loaders[0].stop_s = 2, [freed, 0.01]  # the last after training
+        run.whatif = [WhatIf("num_workers=1", 0.125, 0.25, 24, start_seconds=0.3, baseline_start_seconds=0.1875)]
+        rec = _advice(run)["num_workers"]
+        return rec.values["whole_job_speedup"], rec.basis
+
+    plain, basis = whole(0.0)
+    assert "freeing" not in basis
+    held, basis = whole(1.5)
+    busy = 40 * 0.25 + 1.5
+    starts = 1 if "1 time;" in basis else 2  # persistent workers advised for a loop of epochs: one start
+    assert held == round(busy / ((busy - 1.5) / 2 + 1.5 + starts * 0.1125), 2) and held < plain
+    assert "the epoch ends' 1.50 s freeing their iterators as they were" in basis
