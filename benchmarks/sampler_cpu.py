@@ -62,11 +62,11 @@ def main() -> None:
             with Profile(print_report=False, host_helper=helper) as prof:
                 (thread,) = [t for t in threading.enumerate() if t.name == THREAD_NAME]
                 assert thread.native_id is not None
-                c0, n0 = thread_cpu_ns(thread.native_id), prof._sampler._taken  # type: ignore[union-attr]
+                c0, n0 = thread_cpu_ns(thread.native_id), prof._collector.sampler._taken  # type: ignore[union-attr]
                 t0 = time.perf_counter()
                 run()
                 seconds = time.perf_counter() - t0
-                c1, n1 = thread_cpu_ns(thread.native_id), prof._sampler._taken  # type: ignore[union-attr]
+                c1, n1 = thread_cpu_ns(thread.native_id), prof._collector.sampler._taken  # type: ignore[union-attr]
             per_second[helper].append((c1 - c0) / seconds / 1e3)
             rate[helper].append((n1 - n0) / seconds)
             if n1 > n0:

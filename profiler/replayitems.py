@@ -96,7 +96,7 @@ class HeldStages:
         import torch
 
         from .fixes.cache import internal
-        from .frameworks.torch.stages import composes
+        from .frameworks.torch.composes import composes
 
         dataset = loader.dataset
         if isinstance(dataset, torch.utils.data.IterableDataset):
@@ -146,7 +146,7 @@ class _Held:
 def _with_transforms(compose: Any, change: Any, call: Any) -> Any:
     """``call()`` with the Compose's transforms set to ``change(transforms)``, then put back
     (a list in place: whatever holds the Compose sees its own list)."""
-    from .frameworks.torch.stages import set_transforms
+    from .frameworks.torch.composes import set_transforms
 
     before = set_transforms(compose, change(list(compose.transforms)))
     try:

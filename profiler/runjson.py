@@ -41,7 +41,7 @@ def read_run(data: Any) -> Run:
     schema = data.get("schema")
     if schema != SCHEMA_VERSION:
         raise RecordError(f"saved run has schema {schema!r:.40}, this loadprof reads {SCHEMA_VERSION}")
-    run = READER.read(Run, data, "run")
+    run = from_json(Run, data, "run")
     check_run(run)
     return run
 

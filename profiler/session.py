@@ -1,4 +1,4 @@
-"""``Profile``: the session that starts samplers and hooks and produces a report.
+"""``Profile``: the session; its ``Collector`` (collector.py) measures the run, it reports it.
 
     with Profile() as prof:
         train()                      # unchanged
@@ -12,8 +12,8 @@ moved) is started inside its own guard; a failure becomes a line in
 exceptions loadprof raises into a training loop are ``StopRun`` (the user asked
 for ``max_steps``) and the user's own.
 
-The seams, each in its own guard (``_guard``): the environment facts, NVML, the
-sampler (thread and host helper: a failed start closes what did start), the
+The seams, each in its own guard (``guard`` in collector.py): the environment
+facts, NVML, the sampler (thread and host helper: a failed start closes what did start), the
 framework hooks (installed inside the user's ``import torch``: instrument's
 ``FrameworkWatch`` guards each install and each removal, where the TensorFlow
 probes run), and at the end each stop, the diagnosis (a failed one gives an
@@ -33,35 +33,23 @@ proves each guard (tests/faulted.py sets it for the ``loadprof`` command).
 from __future__ import annotations
 
 import dataclasses
-import gc
 import os
-import platform
-import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
-import psutil
-
-from . import __version__
-from .cpufeatures import cpu_features
+from .collector import Collector, exit_status, fault, guard
 from .formats import formats
-from .instrument import FrameworkWatch, Hooks, ProcessHooks
 from .lines import first_line, note, warn
-from .oom import classify as classify_oom
-from .oom import record_line
 from .outputs import Output
-from .records import Environment, Run, Step
-from .samplers import HostProcess, Neighbours, NvmlSource, Sampler, usable_cores
-from .samplers.node import local_world_size, shm_space
+from .records import Run, Step
 from .settings import Settings, what_if_budget
 from .settings import gpu_hour_price as check_price
-from .signals import HeldSignals, SafePoint, Terminated
-from .timeline import StopRun, Timeline
+from .signals import HeldSignals
+from .timeline import StopRun
 from .trackers import Trackers, parse_log_to
-from .whatifrun import ReplayPlace, WhatIfRun, intra_op_threads
 
 if TYPE_CHECKING:
     from .fixes.applier import Applier
@@ -229,20 +217,11 @@ class Profile:
         self._t0 = 0.0
         self._started = False
         self._stopped = False
-        self._timeline: Timeline | None = None
-        self._watch: FrameworkWatch | None = None
-        self._sampler: Sampler | None = None
-        self._nvml: NvmlSource | None = None
-        self._host: HostProcess | None = None
-        self._neighbours: Neighbours | None = None
-        self._safepoint: SafePoint | None = None
+        self._collector: Collector | None = None  # what measures the run (collector.py); None inside another
         self._report: Report | None = None
-        self._held: HeldSignals | None = None  # from stop() to the report's end
-        self._whatif: WhatIfRun | None = None  # the what-if replays' place in the run (whatifrun.py)
         #: the report was made and written to the end (a second Ctrl-C stops it half way)
         self.reported = False
         self._live: LiveView | None = None  # while --live draws
-        self._job: Job | None = None  # a torchrun job's part (None: a single process)
         self._rank_report: Report | None = None  # in a job, this rank's own report (``_report`` is the job's on rank 0)
         self._outer: Profile | None = None  # the Profile already running when this one started
         self._trackers: Trackers | None = None  # trackers/: the summary into the script's own runs
@@ -272,39 +251,15 @@ class Profile:
             self._start_inside(outer)
             return
         self._started = True
-        self._t0 = time.perf_counter()
-        self.run.started_at = time.time()
-        self.run.environment = self._guard("could not read the machine's facts", _environment) or Environment()
-        self._timeline = Timeline(self._t0, max_steps=self.settings.max_steps)
-        self._guard("could not join the job's report (each rank reports alone)", self._start_job)
-        self._nvml = NvmlSource()
-        if self.settings.gpu:
-            self._guard("NVML could not start: no GPU samples", self._nvml.start)
-            self.run.environment.gpu_status = self._nvml.status
-            self.run.environment.gpus = list(self._nvml.gpus)
-        else:
-            self.run.environment.gpu_status = "unavailable (GPU sampling turned off)"
-        self._guard("the sampler could not start: no host or GPU samples", self._start_sampler,
-                    undo=self._close_sampler)
-        self._neighbours = self._guard("the processes outside the job are not named",
-                                       lambda: Neighbours(self._pid))
-        self._whatif = WhatIfRun(ReplayPlace(
-            self.settings, self.run, self._t0, self._timeline, self._job,
-            lambda: self._watch.hooks if self._watch is not None else {}, self._run_so_far,
-            lambda: self._held is not None and self._held.pending is not None))
-        self._watch = FrameworkWatch(self._make_hooks, on_error=self.run.limitations.append)
-        self._guard("framework hooks could not be installed: no steps seen", self._watch.start)
+        collector = self._collector = Collector(self.settings, self.run, self._applier, self._faults)
+        collector.start()
+        self._t0 = collector.t0
         self._trackers = self._guard("TensorBoard writers are not watched", Trackers(
             parse_log_to(self.settings.log_to), self.run.started_at, self._report_so_far).start)
-        if self._applier is not None:  # after the watch: NOTE [ Import watch order ] in fixes/applier.py
-            self._applier.start(self._snapshot)
-        # NOTE [ Garbage collection in a wait ] in timeline.py; NOTE [ Signals during a collection ] in signals.py
-        self._safepoint = SafePoint(self._timeline.on_gc).install()
-        gc.callbacks.append(self._timeline.on_gc)
         if self.settings.live:
-            self._start_live()
+            self._start_live(collector)
 
-    def _start_live(self) -> None:
+    def _start_live(self, collector: Collector) -> None:
         """NOTE [ Live view ] in report/liveview.py: drawn on stderr by global rank 0 only."""
         from .report.liveview import LiveView, why_not_live
 
@@ -314,13 +269,13 @@ class Profile:
         if why is not None:
             warn(f"no live view: {why}")
             return
-        timeline, sampler, t0 = self._timeline, self._sampler, self._t0
+        timeline, sampler, t0 = collector.timeline, collector.sampler, collector.t0
         assert timeline is not None
         try:
             self._live = LiveView(
                 steps=lambda: timeline.steps,
                 samples=sampler.recent if sampler is not None else lambda n: ([], []),
-                snapshot=self._live_snapshot,
+                snapshot=collector.live_snapshot,
                 clock=lambda: time.perf_counter() - t0,
                 file=sys.stderr,
                 title=" ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(self.run.command)),
@@ -354,7 +309,9 @@ class Profile:
         assert outer is not None
         end = time.perf_counter()
         self._stopped = True
-        run = self._guard("the outer profile's measurements could not be read", outer._live_snapshot) or Run()
+        outer_collector = outer._collector
+        run = (self._guard("the outer profile's measurements could not be read", outer_collector.live_snapshot)
+               if outer_collector is not None else None) or Run()
         low, high = self._t0 - outer._t0, end - outer._t0
         self.run = Run(
             command=self.run.command, started_at=self.run.started_at, environment=run.environment,
@@ -365,7 +322,7 @@ class Profile:
             host_samples=[h for h in run.host_samples if low <= h.t <= high],
             gpu_samples=[g for g in run.gpu_samples if low <= g.t <= high],
             loaders=run.loaders, data_wait_method=run.data_wait_method, amp_in_use=run.amp_in_use,
-            duration=end - self._t0, exit_status=_exit_status(exc),
+            duration=end - self._t0, exit_status=exit_status(exc),
         )
         self.run.limitations.append("measured by the Profile already running in this process: its steps and "
                                     "samples from this block's span")
@@ -378,121 +335,22 @@ class Profile:
             self.settings = dataclasses.replace(self.settings, outputs={}, print_report=False)
         self._finish()
 
-    def _live_snapshot(self) -> Run:
-        """The run so far for the live view's running verdict: copies of the lists, read
-        on its thread (the records in them are not changed while the run goes on)."""
-        timeline, sampler = self._timeline, self._sampler
-        assert timeline is not None
-        return Run(environment=self.run.environment, steps=list(timeline.steps),
-                   host_samples=sampler.host_samples if sampler else [],
-                   gpu_samples=sampler.gpu_samples if sampler else [],
-                   loaders=list(self.run.loaders), data_wait_method=timeline.method(),
-                   amp_in_use=self.run.amp_in_use)
-
-    def _start_job(self) -> None:
-        """Under torchrun (2+ ranks): NOTE [ Merging a job's reports ] in jobs/exchange.py."""
-        from .jobs.exchange import JobContext
-
-        ctx = JobContext.from_env()
-        if ctx is None:
-            return
-        from .jobs import Job
-
-        timeline = self._timeline
-        job = Job(ctx, self._t0)
-        job.start(progress=lambda: timeline.count if timeline is not None else 0)
-        self._job = job
-
-    def _snapshot(self) -> Run:
-        """A copy of the run so far, for live tuning to read (NOTE [ Live loader tuning ] in frameworks/torch/livetune.py)."""
-        assert self._timeline is not None
-        return Run(environment=dataclasses.replace(self.run.environment),
-                   steps=[dataclasses.replace(step) for step in self._timeline.steps],
-                   host_samples=list(self._sampler.host_samples) if self._sampler else [])
-
     def _report_so_far(self) -> Any:
         """The report of the run until now (a W&B run the script ends while profiled gets it:
         NOTE [ Logging into the script's own run ] in trackers/__init__.py)."""
         from .report import build_report
 
-        return build_report(self._run_so_far(), self.settings.gpu_hour_price)
-
-    def _run_so_far(self) -> Run:
-        """A copy of the run until now: its steps and readings."""
-        assert self._timeline is not None
-        sampler, timeline = self._sampler, self._timeline
-        return dataclasses.replace(
-            self.run, steps=[dataclasses.replace(s) for s in timeline.steps], data_wait_method=timeline.method(),
-            duration=time.perf_counter() - self._t0,
-            host_samples=list(sampler.host_samples) if sampler else [],
-            gpu_samples=list(sampler.gpu_samples) if sampler else [])
-
-    def _start_sampler(self) -> None:
-        assert self._timeline is not None and self._nvml is not None
-        host = self._host = HostProcess(pid=self._pid, helper=self.settings.host_helper)
-        sources = (self._nvml, host) if self.settings.gpu else (host,)
-        self._sampler = Sampler(
-            interval=self.settings.interval,
-            sources=sources,
-            max_samples=self.settings.max_samples,
-            t0=self._t0,
-            on_tick=self._timeline.fold,
-        )
-        self._sampler.start()
-        self._fault("sampler_start")
-
-    def _close_sampler(self) -> None:
-        """Undo a sampler start that failed part way: nothing of it left running."""
-        sampler, self._sampler = self._sampler, None
-        if sampler is not None and sampler.running:
-            sampler.stop()
-        for source in (self._host, self._nvml):
-            if source is not None:
-                source.close()
+        assert self._collector is not None
+        return build_report(self._collector.run_so_far(), self.settings.gpu_hour_price)
 
     def _guard(self, what: str, fn: Callable[[], T], undo: Callable[[], object] | None = None) -> T | None:
         """Run one seam: NOTE [ Never break the run ]. A failure is a line in the report."""
-        try:
-            return fn()
-        except Exception as err:
-            self.run.limitations.append(f"{what} ({type(err).__name__}: {first_line(err)})")
-            if undo is not None:
-                try:
-                    undo()
-                except Exception as again:
-                    self.run.limitations.append(f"... and could not undo it ({type(again).__name__}: {again})")
-            return None
-
-    def _fault(self, seam: str) -> None:
-        """The test seam of NOTE [ Never break the run ]."""
-        if seam in self._faults:
-            raise RuntimeError(f"injected fault: {seam}")
-
-    def _make_hooks(self, name: str, factory: type) -> Hooks:
-        hooks = self._make_hooks_for(name, factory)
-        if getattr(hooks, "capture", None) is not None:
-            if not self.settings.what_if:
-                hooks.capture = None  # type: ignore[attr-defined]  # nothing to replay: nothing held
-            else:
-                from .whatif import replay_step
-
-                whatif = self._whatif
-                hooks.replay = lambda: whatif.mid_run(hooks) if whatif is not None else None  # type: ignore[attr-defined]
-                hooks.replay_step = replay_step(self.settings.max_steps)  # type: ignore[attr-defined]
-        return hooks
-
-    def _make_hooks_for(self, name: str, factory: type) -> Hooks:
-        assert self._timeline is not None
-        self._fault("hooks")
-        hooks: Hooks = factory(self._timeline, self.run)
-        if isinstance(hooks, ProcessHooks):
-            hooks.settings = self.settings
-        return hooks
+        return guard(self.run, what, fn, undo)
 
     def step(self) -> None:
         """Mark the end of a training step by hand (for loops loadprof cannot see)."""
-        if self._timeline is not None and not self._stopped and os.getpid() == self._pid:
-            self._timeline.mark(time.perf_counter())
+        if self._collector is not None and not self._stopped and os.getpid() == self._pid:
+            self._collector.mark()
 
     def stop(self, exc: BaseException | None = None) -> Run:
         """Stops measuring, writes and prints what was asked for, and returns the run (its
@@ -504,18 +362,21 @@ class Profile:
             self._stop_inside(exc)
             return self.run
         self._stopped = True
-        held = self._held = HeldSignals().hold()  # NOTE [ Signals while the report is written ] in signals.py
+        held = HeldSignals().hold()  # NOTE [ Signals while the report is written ] in signals.py
         try:
-            self._stop_and_report(exc)
+            self._stop_and_report(exc, held)
             self.reported = True
         finally:
             held.release()
         return self.run
 
-    def _stop_and_report(self, exc: BaseException | None) -> None:
+    def _stop_and_report(self, exc: BaseException | None, held: HeldSignals) -> None:
         global _active
-        if self._job is not None:
-            self._job.hold_sigterm()  # the job's report must not die half way: jobs/__init__.py
+        collector = self._collector
+        assert collector is not None
+        collector.held = held
+        if collector.job is not None:
+            collector.job.hold_sigterm()  # the job's report must not die half way: jobs/__init__.py
         try:
             end = time.perf_counter()
             if self._live is not None:  # first: warnings and the report print on a clean terminal
@@ -523,81 +384,15 @@ class Profile:
                     self._live.stop()
                 except Exception as err:  # NOTE [ Never break the run ]
                     warn(f"the live view could not stop ({type(err).__name__}: {first_line(err)})")
-            if self._timeline is not None and self._timeline.on_gc in gc.callbacks:
-                gc.callbacks.remove(self._timeline.on_gc)
-            if self._safepoint is not None:
-                self._safepoint.remove()
-            if self._applier is not None:
-                try:
-                    self._applier.stop()
-                except Exception as err:  # NOTE [ Never break the run ]
-                    self.run.limitations.append(f"apply: could not undo every fix ({type(err).__name__}: {err})")
-                self.applied = list(self._applier.messages) + [f"not applied: {m}" for m in self._applier.skipped]
-                self.run.limitations.extend(f"apply: {line}" for line in self._applier.limitations)
-                for info, note in self._applier.loader_notes:  # NOTE [ Live loader tuning ] in frameworks/torch/livetune.py
-                    info.notes.append(note)
-                for info, values, when in self._applier.loader_changes:
-                    # The report judges the loader as it ran last, on the steps after the change.
-                    for key, value in values.items():
-                        setattr(info, key, value)
-                    self.run.judge_after = max(self.run.judge_after or 0.0, when)
-            if self._watch is not None:
-                self._guard("framework hooks could not be removed", self._watch.stop)
             if self._trackers is not None:
                 self.run.limitations.extend(self._guard("the TensorBoard watch could not be removed",
                                                         self._trackers.stop) or [])
-            if self._job is not None:
-                self.run.limitations.extend(self._guard("collective timing hooks could not be removed",
-                                                        self._job.stop_hooks) or [])
-            if self._sampler is not None:
-                self._guard("the sampler could not stop", self._stop_sampler)
-            if self._nvml is not None:
-                self._guard("NVML could not shut down", self._nvml.close)
-            if self._host is not None:
-                self._guard("the host helper could not be stopped", self._host.close)
-            neighbours = self._neighbours
-            if neighbours is not None:
-                self.run.other_processes = self._guard("the processes outside the job are not named",
-                                                       lambda: neighbours.finish(end - self._t0)) or []
-            assert self._timeline is not None
-            timeline = self._timeline
-            self.run.steps = self._guard("the steps could not be read", lambda: list(timeline.steps)) or []
-            self.run.data_wait_method = self._guard("the input-time method could not be read", timeline.method) or ""
-            if self._timeline.eval_batches:  # NOTE [ Evaluation batches ] in timeline.py
-                self.run.probes.eval_batches = self._timeline.eval_batches
-                self.run.probes.eval_wait_seconds = self._timeline.eval_seconds
-                self.run.evaluations = list(self._timeline.eval_passes)
-            if self._timeline.gc_collections:  # NOTE [ Garbage collection in a wait ] in timeline.py
-                self.run.probes.gc_collections = self._timeline.gc_collections
-                self.run.probes.gc_seconds = self._timeline.gc_seconds
-                self.run.probes.gc_in_wait_seconds = self._timeline.gc_in_waits
-            self.run.duration = end - self._t0
-            self.run.environment.intra_op_threads = intra_op_threads()  # as the script left them
-            self.run.exit_status = _exit_status(exc)
-            if exc is not None and classify_oom(record_line(exc)) is not None:
-                self.run.oom_errors.append(record_line(exc))
-            if not self.run.steps:
-                self.run.limitations.append(
-                    "no training steps were seen: no optimizer step ran inside the block "
-                    "(call prof.step() at the end of each step for custom loops)"
-                )
-            whatif = self._whatif
-            if whatif is not None:
-                self._guard("the what-if pause could not be taken out of the run's times", whatif.close_pause)
-                self._guard("the advised changes could not be measured", whatif.at_end)
+            collector.stop(exc, end)
+            self.applied = collector.applied
         finally:
             with _active_lock:
                 _active = None
         self._finish()
-
-    def _stop_sampler(self) -> None:
-        assert self._sampler is not None
-        self._sampler.stop()
-        self.run.gpu_samples = self._sampler.gpu_samples
-        self.run.host_samples = self._sampler.host_samples
-        self.run.sampling = dict(self._sampler.stats)
-        # NVML's, the host sampler's and the thread's own problems, counted.
-        self.run.limitations.extend(self._sampler.problems())
 
     def _finish(self) -> None:
         from .outputs import report_outputs, write_outputs
@@ -605,7 +400,7 @@ class Profile:
         from .report.notebook import show_inline
 
         try:
-            self._fault("report")
+            fault(self._faults, "report")
             self._report = build_report(self.run, self.settings.gpu_hour_price)
         except Exception as err:  # NOTE [ Never break the run ]
             self._report = failed_report(self.run, f"{type(err).__name__}: {first_line(err)}")
@@ -634,7 +429,7 @@ class Profile:
         self.failed_outputs = failed
         if print_report:
             try:
-                self._fault("render")
+                fault(self._faults, "render")
                 if self.output is not None or not show_inline(self._report):  # a notebook shows HTML
                     render_console(self._report, file=self.output or sys.stderr)
             except Exception as err:
@@ -643,15 +438,14 @@ class Profile:
         if self._job is not None:
             self._job.release_sigterm()  # held since stop(): jobs/__init__.py
 
+    @property
+    def _job(self) -> Job | None:
+        """A torchrun job's part of this run (None: a single process, or a Profile inside another)."""
+        return self._collector.job if self._collector is not None else None
+
     def _workers_report(self) -> Any:
-        """The merged report of a job whose ranks ran in processes the script's library started
-        (NOTE [ Ray Train's workers profiled ] in frameworks/raytrain/worker.py), or None."""
-        for hooks in list(self._watch.hooks.values()) if self._watch is not None else []:
-            find = getattr(hooks, "job_report", None)
-            report = find() if find is not None else None
-            if report is not None:
-                return report
-        return None
+        """The merged report of a job whose ranks ran in processes the script's library started."""
+        return self._collector.workers_report() if self._collector is not None else None
 
     def _log_trackers(self) -> None:
         """NOTE [ Logging into the script's own run ] in trackers/__init__.py: rank 0's report
@@ -668,7 +462,7 @@ class Profile:
         """An output whose rendering passes the test seam named after it ("html", ...)."""
 
         def render() -> str | bytes:
-            self._fault(out.option.lstrip("-"))
+            fault(self._faults, out.option.lstrip("-"))
             return out.render()
 
         return out._replace(render=render)
@@ -684,44 +478,5 @@ class Profile:
 
     @property
     def steps(self) -> list[Step]:
-        return list(self._timeline.steps) if self._timeline else []
-
-
-
-
-
-def _exit_status(exc: BaseException | None) -> str:
-    if exc is None:
-        return "ok"
-    if isinstance(exc, StopRun):
-        return str(exc)
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted"
-    if isinstance(exc, Terminated):
-        return "terminated by SIGTERM"
-    if isinstance(exc, SystemExit):
-        return f"exit {exc.code}" if exc.code not in (None, 0) else "ok"
-    return f"exception: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-
-
-def _environment() -> Environment:
-    frameworks = {}
-    for name in ("torch", "tensorflow", "keras"):
-        mod = sys.modules.get(name)
-        if mod is not None:
-            frameworks[name] = str(getattr(mod, "__version__", "?"))
-    shm = shm_space()
-    return Environment(
-        python=platform.python_version(),
-        platform=platform.platform(),
-        hostname=socket.gethostname(),
-        loadprof=__version__,
-        frameworks=frameworks,
-        usable_cores=usable_cores(),
-        logical_cores=psutil.cpu_count(logical=True) or 1,
-        memory_total=psutil.virtual_memory().total,
-        cpu_features=cpu_features(),
-        local_world_size=local_world_size(),
-        shm_free=shm[0] if shm else None,
-        shm_total=shm[1] if shm else None,
-    )
+        timeline = self._collector.timeline if self._collector is not None else None
+        return list(timeline.steps) if timeline is not None else []

@@ -28,7 +28,7 @@ What is wrapped, and only while a fix needs it:
 The fixes only change what the script builds; they measure nothing and write
 no record: live tuning reads a copy of the run so far (``snapshot``), and what
 it would note on a loader is handed back in ``loader_notes`` for the session to
-add at the end. Every wrapper checks the pid that installed it (NOTE [ Fork
+add at the end (``record_in``). Every wrapper checks the pid that installed it (NOTE [ Fork
 safety ] in frameworks/torch/hooks.py): DataLoader workers call straight through. A
 fix that cannot be applied is skipped with a message; it never stops the run
 (NOTE [ Never break the run ] in session.py).
@@ -126,6 +126,19 @@ class Applier(FixContext):
                 fixes.finish()
             finally:
                 self.limitations.extend(fixes.remove())
+
+    def record_in(self, run: Run) -> list[str]:
+        """What the fixes did, written into ``run`` once they are removed: their limitations,
+        the loaders' notes and the settings live tuning left them with (the report judges a
+        loader as it ran last, on the steps after the change). Returns ``Profile.applied``."""
+        run.limitations.extend(f"apply: {line}" for line in self.limitations)
+        for info, note in self.loader_notes:  # NOTE [ Live loader tuning ] in frameworks/torch/livetune.py
+            info.notes.append(note)
+        for info, values, when in self.loader_changes:
+            for key, value in values.items():
+                setattr(info, key, value)
+            run.judge_after = max(run.judge_after or 0.0, when)
+        return list(self.messages) + [f"not applied: {m}" for m in self.skipped]
 
     def __enter__(self) -> Applier:
         self.start()

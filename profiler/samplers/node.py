@@ -1,7 +1,7 @@
 """What the node gives the job besides its cores: /dev/shm, and the ranks sharing it
 (and the job's, all nodes together).
 
-Read once, at the start of a run (``session._environment``). DataLoader workers hand
+Read once, at the start of a run (``collector._environment``). DataLoader workers hand
 each batch to the training process through a file in ``/dev/shm`` (PyTorch's
 ``file_descriptor`` sharing strategy); a container's default of 64 MB holds a few
 batches at most, and a worker that cannot get the room dies of it (NOTE [ Loader

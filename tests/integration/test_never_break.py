@@ -110,12 +110,12 @@ def _kill_helper(prof: Profile, epoch: int, i: int) -> None:
     if epoch != 1 or i != 0:
         return
     deadline = time.monotonic() + 20
-    while not prof._host.serving and time.monotonic() < deadline:
+    while not prof._collector.host.serving and time.monotonic() < deadline:
         time.sleep(0.01)
     for child in psutil.Process().children():
         if "loadprof.samplers.hostproc" in " ".join(child.cmdline()):
             child.kill()
-    while prof._host.serving and time.monotonic() < deadline:
+    while prof._collector.host.serving and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
@@ -406,7 +406,7 @@ def test_nvml_failing_mid_run_and_at_shutdown(monkeypatch: pytest.MonkeyPatch) -
     assert any("NVML could not shut down (RuntimeError: driver went away)" in line for line in limits), limits
     assert any("the binding broke" in line for line in limits), limits
     assert any("GPU 1" in line and "lost" in line.lower() for line in limits), limits
-    assert not prof._sampler or not prof._sampler.running
+    assert not prof._collector.sampler or not prof._collector.sampler.running
 
 
 def test_nvml_failing_at_start(monkeypatch: pytest.MonkeyPatch) -> None:

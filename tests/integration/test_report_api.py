@@ -175,3 +175,31 @@ def test_a_registered_format_is_written_by_profile_by_its_name(tmp_path: Path) -
         formats.unregister("verdict", "report")
     assert (tmp_path / "v.txt").read_text() == prof.report.verdict + "\n"
     assert json.loads((tmp_path / "r.json").read_text())["verdict"] == prof.report.verdict
+
+
+def test_the_collector_alone_returns_the_run_and_writes_or_prints_nothing(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from loadprof.collector import Collector
+    from loadprof.outputs import report_outputs, write_outputs
+    from loadprof.records import Run
+    from loadprof.report import build_report
+    from loadprof.settings import Settings
+
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    loader = torch.utils.data.DataLoader(CpuHeavy(n=64, cost=0.001), batch_size=8)
+    collector = Collector(Settings(gpu=False, what_if=0.0), Run(command=["train"]), None, frozenset())
+    collector.start()
+    try:
+        train(loader, small_model())
+    finally:
+        run = collector.stop(None, time.perf_counter())
+    assert run is collector.run and len(run.steps) == 8 and run.host_samples and run.exit_status == "ok"
+    assert collector.sampler is not None and not collector.sampler.running
+    assert list(tmp_path.iterdir()) == [] and capfd.readouterr() == ("", "")
+    # writing is the caller's, by the renderer's name
+    report = build_report(run)
+    assert write_outputs(report_outputs(report, json=str(tmp_path / "r.json"))) == []
+    assert json.loads((tmp_path / "r.json").read_text())["verdict"] == report.verdict

@@ -127,7 +127,7 @@ def test_an_error_of_our_own_gc_callback_is_not_raised_into_the_script(tmp_path:
         import gc
         from loadprof import Profile
         with Profile(print_report=False) as prof:
-            prof._timeline.clock = None   # on_gc now fails inside its own code
+            prof._collector.timeline.clock = None   # on_gc now fails inside its own code
             gc.collect()
             print("still running", flush=True)
         print("after the block", flush=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadprof.frameworks.torch.stages import random_by_name
+from loadprof.frameworks.torch.composes import random_by_name
 from loadprof.records import LoaderInfo, Run, StageTime, Step
 from loadprof.report import build_report
 from loadprof.runjson import read_run

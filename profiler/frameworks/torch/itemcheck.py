@@ -130,7 +130,8 @@ def _answer(read: int, deadline: float) -> Checked:
 def _random_transforms(dataset: Any, index: int) -> dict[int, bool]:
     """In the child: each Compose transform of unknown kind, by its place, True where random."""
     from ...fixes.cache import same_item
-    from .stages import TimedTransform, composes, random_by_name
+    from .composes import composes, random_by_name
+    from .stages import TimedTransform
 
     inputs: dict[int, Any] = {}
     unknown: list[tuple[int, Any]] = []

@@ -18,7 +18,7 @@ process by ``install()`` and inert outside a fetch:
 - transforms: each element of a Compose-like object the dataset holds (anything
   callable with a ``transforms`` list of callables: torchvision v1/v2,
   albumentations, a user's own), replaced in its list by a timing wrapper that
-  pickles as the transform it wraps (``random_by_name`` says which are random);
+  pickles as the transform it wraps (``composes.random_by_name`` says which are random);
 - the user's own code: a sampler thread reads the fetching thread's stack every
   ``SAMPLE_INTERVAL`` while no hooked stage runs, and counts the innermost
   function outside the standard library, site-packages and loadprof.
@@ -45,6 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...patch import Patches
+from .composes import composes, random_by_name, set_transforms
 
 #: Seconds between two readings of the fetching thread's stack (user-code sites), and
 #: the GIL switch interval while a batch is made (NOTE [ Sampling the user's code ]).
@@ -63,37 +64,6 @@ TIME_EVERY_MAIN = 32
 READ_SLOT = "file reads"
 #: Stage names are cut to this many characters (a transform's repr can run long).
 NAME_CHARS = 72
-
-#: Class names of transforms that draw random parameters although their name does not
-#: start with "Random" (torchvision v1/v2, albumentations).
-RANDOM_NAMES = frozenset({
-    "ColorJitter", "GaussianBlur", "AutoAugment", "RandAugment", "TrivialAugmentWide", "AugMix",
-    "ElasticTransform", "ScaleJitter", "MixUp", "CutMix", "JPEG", "GaussianNoise", "OneOf", "SomeOf",
-    "ShiftScaleRotate", "Affine", "CoarseDropout", "HueSaturationValue",
-})
-#: Class names of transforms known to give the same output for the same input.
-DETERMINISTIC_NAMES = frozenset({
-    "Resize", "CenterCrop", "ToTensor", "PILToTensor", "ToImage", "ToDtype", "ConvertImageDtype",
-    "Normalize", "Grayscale", "Pad", "ToPILImage", "ToPureTensor", "LongestMaxSize", "SmallestMaxSize",
-    "PadIfNeeded", "ToTensorV2", "ToFloat", "FromFloat",
-})
-
-
-def random_by_name(transform: Any) -> bool | None:
-    """Whether a transform is random, from what it is: True for a class named Random*
-    or in ``RANDOM_NAMES``, or applied with a probability ``p`` under 1 (albumentations,
-    torchvision v2's Random* carry one); False for a class in ``DETERMINISTIC_NAMES``
-    applied always; None (unknown) otherwise."""
-    name = type(transform).__name__
-    if name.startswith("Random") or name in RANDOM_NAMES:
-        return True
-    p = getattr(transform, "p", None)
-    if isinstance(p, (int, float)) and not isinstance(p, bool) and 0 < p < 1:
-        return True
-    if name in DETERMINISTIC_NAMES:
-        return False
-    return None
-
 
 def short(text: str) -> str:
     text = " ".join(text.split())
@@ -324,33 +294,6 @@ def _nbytes(x: Any) -> int:
     return 0
 
 
-def compose_like(obj: Any) -> bool:
-    """An object that applies a list of callables in turn: ``obj.transforms``."""
-    ts = getattr(obj, "transforms", None) if not isinstance(obj, type) else None
-    return callable(obj) and isinstance(ts, (list, tuple)) and bool(ts) and all(callable(t) for t in ts)
-
-
-def composes(dataset: Any) -> list[Any]:
-    """The Compose-like objects a dataset holds: its attributes, and those of the
-    datasets it wraps (``Subset.dataset``, ``ConcatDataset.datasets``), two levels."""
-    found: list[Any] = []
-    seen: set[int] = set()
-    todo = [(dataset, 0)]
-    while todo:
-        obj, level = todo.pop()
-        for value in list(getattr(obj, "__dict__", {}).values()):
-            if id(value) in seen:
-                continue
-            seen.add(id(value))
-            if compose_like(value):
-                found.append(value)
-            elif level < 2 and hasattr(value, "__getitem__") and hasattr(value, "__dict__") and not isinstance(value, type):
-                todo.append((value, level + 1))
-            elif level < 2 and isinstance(value, (list, tuple)) and len(value) <= 16:
-                todo.extend((v, level + 1) for v in value if hasattr(v, "__dict__") and not isinstance(v, type))
-    return found
-
-
 def wrap_transforms(dataset: Any) -> int:
     """Wrap each transform of the dataset's Composes in place; how many were wrapped.
     The Compose keeps its identity (a ``StandardTransform`` holding it sees the wraps)."""
@@ -380,18 +323,6 @@ def unwrap_transforms() -> None:
         except (AttributeError, TypeError):
             pass
     _state.wrapped.clear()
-
-
-def set_transforms(compose: Any, new: list[Any] | tuple[Any, ...]) -> list[Any] | tuple[Any, ...]:
-    """Set a Compose's transforms to ``new``; what it had, to set back the same way. A list
-    is changed in place: whatever holds the Compose (a ``StandardTransform``) sees its own."""
-    ts = compose.transforms
-    before = ts if isinstance(ts, tuple) else list(ts)
-    if isinstance(ts, list):
-        ts[:] = new
-    else:
-        compose.transforms = tuple(new)
-    return before
 
 
 # -- the user's own code: a stack sampler ----------------------------------------------
