@@ -359,7 +359,7 @@ def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:
             ev.append(Evidence("h2d_fraction", "Step time in host-to-device copies", m.h2d_fraction, _pct(m.h2d_fraction)))
         if cause == "io-latency" and m.disk_read_bps is not None:
             ev.append(Evidence("disk_read", "Disk reads", m.disk_read_bps, f"{m.disk_read_bps / 2**20:.1f} MiB/s"))
-        if m.data_wait_fraction < th.input_high + 0.05 and confidence == "high":
+        if m.data_wait_fraction < th.input_high + th.verdict_band and confidence == "high":
             confidence = "medium"
         if cause == "workers-unmeasured":
             confidence = "low"
@@ -415,6 +415,10 @@ def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:
     if m.gpu_in_use and m.gpu_util_median is None:
         summary += " (GPU utilization unavailable)"
         confidence = "low" if confidence == "medium" else "medium"
+    # as close to the line as a data-starved verdict just over it: another run may cross it
+    if m.data_wait_fraction >= th.input_high - th.verdict_band and confidence == "high" and not overlapped:
+        confidence = "medium"
+        summary += f", near the {_pct(th.input_high)} that would make it data-starved"
     return Diagnosis("compute-bound", "gpu" if m.gpu_in_use else "cpu", summary, confidence, ev, m, moderate)
 
 

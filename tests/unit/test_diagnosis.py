@@ -582,3 +582,15 @@ def test_a_worker_twice_as_slow_as_its_peers_is_warned_and_an_even_pool_is_not()
     warned = dict(diagnose(run).warnings)["slow-worker"]
     assert warned.startswith("loader worker pid 200 took 50.0 ms a batch over 10 timed batches, most of it in "
                              "read: file reads, against 20.0 ms for the other 3")
+
+
+def test_a_verdict_near_the_input_line_is_held_with_medium_confidence_on_either_side():
+    # 18% and 22% of the step waiting: another run of the same script may read the other side.
+    below = diagnose(make_run(n=48, step=0.1, wait=0.018, workers=2, tree_cpu=100.0))
+    above = diagnose(make_run(n=48, step=0.1, wait=0.022, workers=2, tree_cpu=100.0))
+    assert (below.verdict, below.confidence) == ("compute-bound", "medium")
+    assert below.summary.endswith("input takes 18.0% of step time, near the 20.0% that would make it data-starved")
+    assert (above.verdict, above.confidence) == ("data-starved", "medium")
+    clear = diagnose(make_run(n=48, step=0.1, wait=0.010, workers=2, tree_cpu=100.0))
+    assert (clear.verdict, clear.confidence) == ("compute-bound", "high")
+    assert "near the" not in clear.summary
