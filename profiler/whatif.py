@@ -20,8 +20,10 @@ where it was shorter still. The session takes that pause out of the run's times
 (``WhatIfRun.close_pause`` in whatifrun.py), so the verdict and evidence are the run's own.
 
 Nothing of the run changes: the replayed model runs on copies of the parameters and
-buffers (``torch.func.functional_call``); the optimizer is a new one over the copies;
-the random generators, thread count and the module's train/eval mode are put back;
+buffers, put in the module for a replay's span and the run's own put back at its end
+(``_Step.bound``; ``torch.func.functional_call`` where that cannot be); the optimizer
+is a new one over the copies; the random generators, thread count and the module's
+train/eval mode are put back;
 loadprof's hooks are inert meanwhile (``TorchHooks.suspended``); a zero loss keeps the
 copies as the run left them. Not replayed, with the reason in the report: a model
 wrapped for collectives other than DDP's (FSDP's, DataParallel's), a job whose ranks
@@ -49,13 +51,14 @@ run's measured wait for a batch added to each replay's step.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import random
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .advice.base import CEILING, Recommendation, replay_name, replayed_change
@@ -329,44 +332,45 @@ def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, ex
     began = time.perf_counter()
     stop_at = began + max(slice_s, 0.5)
     try:
-        while True:
-            if interrupted():
-                raise Interrupted
-            t0 = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                with internal():
-                    it = iter(loader)
-                batch = next(it)
-            if device.type == "cuda":
-                _to(batch, device, bool(getattr(loader, "pin_memory", False)))
-            t1 = time.perf_counter()
-            if not n:
-                start = t1 - t_iter  # the workers' start and the first batch
-            with amp():
-                step.run()
-            if extra:
-                _busy(extra - idle)
-                if idle:
-                    time.sleep(idle)
-            n += 1
-            if n == WARMUP_STEPS:
-                step.sync()
-                t_start, waited = time.perf_counter(), 0.0
-            elif n > WARMUP_STEPS:
-                waited += t1 - t0
-                measured = n - WARMUP_STEPS
-                now = time.perf_counter()
-                if measured >= max_steps or (now > stop_at and measured >= MIN_STEPS):
+        with step.bound():  # the copies in the module for the replay: _Step.bound
+            while True:
+                if interrupted():
+                    raise Interrupted
+                t0 = time.perf_counter()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    with internal():
+                        it = iter(loader)
+                    batch = next(it)
+                if device.type == "cuda":
+                    _to(batch, device, bool(getattr(loader, "pin_memory", False)))
+                t1 = time.perf_counter()
+                if not n:
+                    start = t1 - t_iter  # the workers' start and the first batch
+                with amp():
+                    step.run()
+                if extra:
+                    _busy(extra - idle)
+                    if idle:
+                        time.sleep(idle)
+                n += 1
+                if n == WARMUP_STEPS:
                     step.sync()
-                    seconds = (time.perf_counter() - t_start) / measured
-                    result = _Result(seconds, seconds - waited / measured, measured, time.perf_counter() - began,
-                                     start)
-                    return result
-            if time.perf_counter() > stop_at + slice_s:
-                return None  # too slow a step to measure in the time given
-            del batch
+                    t_start, waited = time.perf_counter(), 0.0
+                elif n > WARMUP_STEPS:
+                    waited += t1 - t0
+                    measured = n - WARMUP_STEPS
+                    now = time.perf_counter()
+                    if measured >= max_steps or (now > stop_at and measured >= MIN_STEPS):
+                        step.sync()
+                        seconds = (time.perf_counter() - t_start) / measured
+                        result = _Result(seconds, seconds - waited / measured, measured, time.perf_counter() - began,
+                                         start)
+                        return result
+                if time.perf_counter() > stop_at + slice_s:
+                    return None  # too slow a step to measure in the time given
+                del batch
     finally:
         shutdown = getattr(it, "_shutdown_workers", None)
         if shutdown is not None:
@@ -405,12 +409,32 @@ class _Step:
             self.optimizer = type(optimizer)(groups)
         except Exception:  # an optimizer that cannot be built from its groups: the step stays unmeasured
             self.optimizer = None
-        self.model, self.args, self.kwargs = model, capture.args, capture.kwargs or {}
+        self.model, self.args, self.kwargs = model, capture.args or (), capture.kwargs or {}
+        self._bound = False
+
+    @contextlib.contextmanager
+    def bound(self) -> Iterator[None]:
+        """The copies put in the module for a whole replay, and the run's own taken back at
+        its end: each call is then the module's own, as the run's is (``functional_call``
+        swaps them at every call, which a step of a millisecond would count as its own)."""
+        reparametrize = getattr(self.torch.nn.utils.stateless, "_reparametrize_module", None)
+        if reparametrize is None:  # a torch without it: a swap a call
+            yield
+            return
+        with reparametrize(self.model, self.tensors, tie_weights=True, strict=False):
+            self._bound = True
+            try:
+                yield
+            finally:
+                self._bound = False
 
     def run(self) -> None:
         torch = self.torch
         with torch.enable_grad():
-            out = torch.func.functional_call(self.model, self.tensors, self.args, self.kwargs, strict=False)
+            if self._bound:
+                out = self.model(*self.args, **self.kwargs)
+            else:
+                out = torch.func.functional_call(self.model, self.tensors, self.args, self.kwargs, strict=False)
             loss = _scalar(out, torch)
             if loss is not None:
                 # zero gradients, computed in full: the copies stay as the run left them
