@@ -16,7 +16,7 @@ class Thresholds:
     #: ... and >= 5% MODERATELY input-bound. PyTorch's tb-plugin also flags DataLoader > 5%.
     input_moderate: float = 0.05
     #: Ours: an input share this close to ``input_high``, either side, gives its verdict medium
-    #: confidence: two runs of one script on a 2-core VM read 16.6% and 19-21% (a Ray Data job).
+    #: confidence: runs of one script on a busy or noisy host land on both sides of the line.
     verdict_band: float = 0.05
     #: PyTorch tb-plugin: peak memory > 90% of device memory -> memory advice.
     gpu_memory_high: float = 0.90
