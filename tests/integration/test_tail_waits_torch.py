@@ -47,8 +47,10 @@ def test_a_slow_batch_in_ten_is_located_with_its_period_and_warned_of():
     waits = report.waits
     assert waits is not None and waits["steps"] == 95  # 100 steps, 5 warm-up
     assert sorted(st["index"] for st in waits["stalls"]) == list(range(5, 100, 10))
-    assert all(st["wait_s"] >= STALL for st in waits["stalls"])
-    assert waits["period_steps"] == 10.0 and waits["max_s"] >= STALL > waits["p50_s"]
+    # a collection on the sampler's thread during a sleep is taken out of that wait, though the
+    # sleep went on (NOTE [ Garbage collection in a wait ]): a few milliseconds at most
+    assert all(st["wait_s"] >= 0.95 * STALL for st in waits["stalls"]), waits["stalls"]
+    assert waits["period_steps"] == 10.0 and waits["max_s"] >= 0.95 * STALL > waits["p50_s"]
     detail = dict((w.id, w.detail) for w in report.warnings).get("input-stalls")
     assert detail is not None and "every 10 steps" in detail
     assert "num_workers=0 makes each batch only when the loop asks for it" in detail
