@@ -5,6 +5,7 @@ it measured, never a time."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -17,6 +18,8 @@ torch = pytest.importorskip("torch")
 tn = pytest.importorskip("torchdata.nodes")
 
 from loadprof import Profile  # noqa: E402
+from loadprof.advice import recommend  # noqa: E402
+from loadprof.diagnosis import diagnose  # noqa: E402
 from loadprof.frameworks.torchdata import facts  # noqa: E402
 from loadprof.report import build_report  # noqa: E402
 from loadprof.thresholds import DEFAULT_THRESHOLDS  # noqa: E402
@@ -101,6 +104,12 @@ def test_a_mapper_that_waits_is_given_threads_with_an_estimate() -> None:
     assert rec.code == f"ParallelMapper(source, Parse, num_workers={target}, method='thread')"
     new = max(compute, 16 * wall / target) * max(m.batches_per_step, 1.0)
     assert rec.estimated_speedup == round(m.step_time_mean / new, 2) and not rec.bound
+    # judged with the cores full (a busy host), the waiting map keeps its threads: they need no core
+    full = dataclasses.replace(DEFAULT_THRESHOLDS, cpu_saturated=0.0)
+    d = diagnose(prof.run, full)
+    assert d.cause == "cpu-bound-preprocessing"
+    ours = [r for r in recommend(prof.run, d, full) if r.framework == "torchdata"]
+    assert [(r.id, r.values) for r in ours] == [("map_workers", rec.values)]
 
 
 def test_a_compute_bound_pipeline_is_not_told_to_load_faster() -> None:
