@@ -87,6 +87,12 @@ threading.Thread.start = _start  # type: ignore[method-assign]
 # h5py's import asks for the processor's name, which platform reads by running `uname -p` once
 # per interpreter: read here, before any test is watched, so no test is blamed for it.
 platform.processor()
+# matplotlib lists the system's fonts (fc-list) the first time it runs after an install, and
+# caches them: built here, so a fresh checkout's first chart blames no test for it.
+try:
+    import matplotlib.font_manager  # noqa: F401
+except ImportError:
+    pass
 
 
 def _frameworks() -> set[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
@@ -163,16 +164,20 @@ def test_between_steps_cpu_after_the_read_steps_is_booked_at_their_ratio():
     # step of CPU_READ_EVERY, yet every step's input time carries its CPU share.
     tl = Timeline(t0=0.0)
     t = 0.0
-    for _ in range(CPU_READ_ALL + 2 * CPU_READ_EVERY):
+    gc.disable()  # a collection in a gap would be CPU the "generator" did not spend
+    try:
+        for _ in range(CPU_READ_ALL + 2 * CPU_READ_EVERY):
+            tl.forward_start(t)
+            t += 0.001
+            tl.optimizer_step(t)
+            busy_until = time.thread_time() + 0.002  # the "generator" computes the next batch
+            while time.thread_time() < busy_until:
+                pass
+            t += 0.002
         tl.forward_start(t)
-        t += 0.001
-        tl.optimizer_step(t)
-        busy_until = time.thread_time() + 0.002  # the "generator" computes the next batch
-        while time.thread_time() < busy_until:
-            pass
-        t += 0.002
-    tl.forward_start(t)
-    tl.optimizer_step(t + 0.001)
+        tl.optimizer_step(t + 0.001)
+    finally:
+        gc.enable()
     steps = tl.steps[1:]  # the first step has no gap before it
     assert tl.method() == "between-steps"
     assert all(s.data_wait == pytest.approx(0.002) for s in steps)
