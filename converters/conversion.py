@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from . import example_proto, hdf5, hdf5check, hdf5read, manifest, swap, tfrecord
+from . import example_proto, hdf5, hdf5check, hdf5read, manifest, swap, tfrecord, tfrecordindex
 from .errors import ConvertError
 from .schema import Field, Sample, SampleDigest, Schema
 from .sources import Source, SourceOptions, open_source
@@ -449,7 +449,7 @@ def _read_back(tmp: Path, options: ConvertOptions, schema: Schema) -> Iterator[S
         return
     decode = example_proto.SampleDecoder(schema)
     for shard in sorted(tmp.glob("*.tfrecord")):
-        index = tfrecord.read_index(tfrecord.index_path_for(shard))
+        index = tfrecordindex.read_index(tfrecord.index_path_for(shard))
         scanned = tfrecord.scan_records(shard, verify=True)
         if not np.array_equal(index, scanned):
             raise ConvertError(f"{shard.name}.idx: does not match the records of {shard.name}")
