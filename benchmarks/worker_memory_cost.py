@@ -38,8 +38,8 @@ os.environ.setdefault("LOADPROF_WHAT_IF", "0")  # before loadprof reads it
 
 from loadprof import Profile  # noqa: E402
 from loadprof.frameworks.torch.pyobjects import python_object_bytes  # noqa: E402
-from loadprof.samplers.host import PSS_BUDGET, PSS_CEILING, PSS_MAX_PERIOD  # noqa: E402
 from loadprof.samplers.procfs import ProcFile, read_pss  # noqa: E402
+from loadprof.samplers.treememory import PSS_BUDGET, PSS_CEILING, PSS_MAX_PERIOD  # noqa: E402
 
 
 class Indexed(Dataset):

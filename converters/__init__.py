@@ -26,8 +26,8 @@ if TYPE_CHECKING:
         TFRecordFileWriter,
         iter_records,
         masked_crc32c,
-        read_index,
     )
+    from .tfrecordindex import read_index
 
 _HOME = {
     "convert": "conversion",
@@ -46,7 +46,7 @@ _HOME = {
     "TFRecordFileWriter": "tfrecord",
     "ShardedTFRecordWriter": "tfrecord",
     "iter_records": "tfrecord",
-    "read_index": "tfrecord",
+    "read_index": "tfrecordindex",
     "masked_crc32c": "tfrecord",
     "encode_example": "example_proto",
     "decode_example": "example_proto",

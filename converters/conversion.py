@@ -23,15 +23,11 @@ deals with those of processes on this host that no longer exist (swap.clean_left
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import shutil
-import signal
-import stat
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -41,19 +37,19 @@ from typing import Any, Literal
 
 import numpy as np
 
-from . import example_proto, hdf5, hdf5check, hdf5read, manifest, swap, tfrecord
+from . import example_proto, hdf5, hdf5read, manifest, swap, tfrecord, tfrecordindex
 from .errors import ConvertError
+from .overwrite import replaceable
 from .schema import Field, Sample, SampleDigest, Schema
 from .sources import Source, SourceOptions, open_source
+from .stopping import signals_held, stop_on_signals
 
 __all__ = [
     "ConvertOptions",
     "ConvertResult",
-    "ConversionStopped",
     "convert",
     "DEFAULT_SHARD_SIZE",
     "TFRECORD_FORMAT",
-    "stop_on_signals",
 ]
 
 Format = Literal["hdf5", "tfrecord"]
@@ -136,114 +132,6 @@ def _target(out: str | os.PathLike[str]) -> Path:
     return path
 
 
-def _same(a: os.stat_result, b: os.stat_result) -> bool:
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
-def _replaceable(out: Path, options: ConvertOptions, inputs: list[Path]) -> swap.Previous | None:
-    """What of an existing OUT may be replaced: None when OUT does not exist, else OUT's identity
-    and the names inside a TFRecord output directory that are ours (none for a file or an
-    empty directory).
-
-    NOTE [ What --overwrite replaces ]
-    --overwrite replaces only a previous output of loadprof, recognised by what loadprof
-    writes: an HDF5 file that starts with the HDF5 signature, carries the root attribute
-    loadprof_format = "loadprof-hdf5" and passes every check a reader makes when it opens
-    it (``hdf5check.check_output``: schema and attributes, each dataset against the schema,
-    record counts, offsets, chunk indexes, the per-record checksum table), parsed in a
-    watched child. Those checks are what make a file one of ours rather than a file with
-    our attribute: a file on which libhdf5 crashes or loops, or whose layout a reader
-    refuses, is refused too (the user deletes it if it is theirs to lose). Its data is not
-    read: a file of ours with damaged records is still ours, and converting again is how
-    it gets mended; or a directory holding exactly one
-    ``SPLIT.info.json``, a complete manifest with "format": "loadprof-tfrecord", and regular
-    files it lists as shards (and their ``.idx``), nothing else, each shard of the size the
-    info file records and with valid framing at its first and last record (``manifest.owned``:
-    a hand-edited info file cannot make a user's file one of ours). An empty directory is
-    fine for TFRecord. Never a symbolic link, the current directory or a mount point (they
-    cannot be renamed: NOTE [ Replacing OUT in one step ]), the source, a directory
-    containing the source, or anything inside a source directory, compared by device and
-    inode so that other spellings (relative paths, ``.``, links, hard links) are caught too.
-    Anything else is refused with one line: loadprof deletes nothing it did not write.
-    """
-    if not os.path.lexists(out):
-        return None
-    out_lstat = out.lstat()
-    if stat.S_ISDIR(out_lstat.st_mode) and options.to == "tfrecord" and not any(out.iterdir()):
-        _check_renamable(out, out_lstat)
-        return swap.Previous(out_lstat.st_dev, out_lstat.st_ino, frozenset())
-    if not options.overwrite:
-        raise ConvertError(f"{out}: already exists (pass --overwrite to replace it)")
-    refuse = f"{out}: not replaced: --overwrite replaces only a previous loadprof output"
-    if out.is_symlink():
-        raise ConvertError(f"{refuse}, and this is a symbolic link")
-    out_stat = out.stat()
-    for src in inputs:
-        try:
-            src_stat = src.stat()
-            real = src.resolve()
-        except OSError:
-            continue
-        if _same(src_stat, out_stat):
-            raise ConvertError(f"{out}: is the source {src}; choose another OUT")
-        if any(_same(parent.stat(), out_stat) for parent in real.parents):
-            raise ConvertError(f"{out}: contains the source {src}; choose another OUT")
-        if src.is_dir() and any(_same(parent.stat(), src_stat) for parent in out.resolve().parents):
-            raise ConvertError(f"{out}: is inside the source {src}; choose another OUT")
-    if options.to == "hdf5":
-        if out.is_dir():
-            raise ConvertError(f"{out}: is a directory; HDF5 output is a file")
-        why = _not_our_hdf5(out)
-        if why:
-            raise ConvertError(f"{refuse}, and this is {why}")
-        return swap.Previous(out_stat.st_dev, out_stat.st_ino, frozenset())
-    if not out.is_dir():
-        raise ConvertError(f"{refuse}, and this is a file, not a TFRecord output directory")
-    _check_renamable(out, out_stat)
-    ours = manifest.owned(out)
-    if ours.files is None:
-        raise ConvertError(f"{refuse}, and this directory {ours.why}")
-    if not os.access(out.parent, os.W_OK | os.X_OK):
-        raise ConvertError(f"{out}: cannot replace it: {out.parent}: {os.strerror(errno.EACCES)}")
-    return swap.Previous(out_stat.st_dev, out_stat.st_ino, ours.files)
-
-
-def _check_renamable(out: Path, out_stat: os.stat_result) -> None:
-    """Refuse a directory that cannot be renamed (NOTE [ Replacing OUT in one step ])."""
-    if _same(out_stat, os.stat(os.curdir)):
-        raise ConvertError(f"{out}: is the current directory, which cannot be replaced in one step; run from its parent")
-    if out_stat.st_dev != out.parent.stat().st_dev:
-        raise ConvertError(f"{out}: is a mount point, which cannot be replaced in one step; write to a directory inside it")
-
-
-_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
-
-
-def _not_our_hdf5(path: Path) -> str | None:
-    """Why ``path`` is not an HDF5 file loadprof wrote, or None if it is one.
-
-    libhdf5 reads the file in a child that is stopped if it hangs: OUT may be any
-    file (NOTE [ Parsing HDF5 in a child process ] in watchdog.py). NOTE [ What --overwrite replaces ].
-    """
-    from . import watchdog
-
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(len(_HDF5_SIGNATURE))
-            size = os.fstat(fh.fileno()).st_size
-    except OSError as exc:
-        return f"a file that cannot be read ({exc.strerror})"
-    if head != _HDF5_SIGNATURE:
-        return "not an HDF5 file"
-    try:
-        why: str | None = watchdog.run_watched(
-            hdf5check.check_output, (str(path),), path=path, memory=watchdog.memory_budget(size)
-        )
-    except ConvertError as exc:
-        return f"an HDF5 file libhdf5 cannot read ({str(exc).removeprefix(f'{path}: ')})"
-    return why
-
-
 def _names(names: list[str], most: int = 3) -> str:
     shown = ", ".join(names[:most])
     return shown + (f" and {len(names) - most} more" if len(names) > most else "")
@@ -278,69 +166,6 @@ def _progress(enabled: bool | None, total: int, label: str) -> Iterator[Callable
 
 # ---------------------------------------------------------------- signals and leftovers
 
-_STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
-# Stop signals that end a process by default; SIGINT already raises KeyboardInterrupt.
-_ENDING_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
-
-
-class ConversionStopped(BaseException):
-    """A stop signal arrived during a conversion (NOTE [ Signals during a conversion ]).
-
-    A BaseException, like KeyboardInterrupt, so ``except Exception`` does not swallow it.
-    """
-
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
-        self.signame = signal.Signals(signum).name
-        super().__init__(f"stopped by {self.signame}")
-
-
-@contextlib.contextmanager
-def stop_on_signals(*, replace: bool = False) -> Iterator[None]:
-    """Turn SIGTERM/SIGHUP into ConversionStopped inside the block (main thread only).
-
-    replace=False (``convert``): only signals whose handler is the default, and after the
-    block the signal is sent again, so the process still ends by it. replace=True (the CLI):
-    every such signal, and ConversionStopped is left to the caller.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum: int, frame: object) -> None:
-        raise ConversionStopped(signum)
-
-    previous = {}
-    for sig in _ENDING_SIGNALS:
-        if replace or signal.getsignal(sig) == signal.SIG_DFL:
-            previous[sig] = signal.signal(sig, stop)
-    try:
-        yield
-    except ConversionStopped as exc:
-        if not replace and exc.signum in previous:
-            for sig in previous:
-                signal.signal(sig, signal.SIG_DFL)
-            previous = {}
-            os.kill(os.getpid(), exc.signum)
-        raise
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """Block stop signals (delivered at the end of the block): for steps that must not be cut in half."""
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
 _host_tag = swap.host_tag  # the HOST part of temporary names
 
 
@@ -359,7 +184,7 @@ class _Output:
         # permissions, as if created with open()/mkdir() under the current umask.
         umask = os.umask(0)
         os.umask(umask)
-        with _signals_held():  # not stopped between creating the temporary and knowing its name
+        with signals_held():  # not stopped between creating the temporary and knowing its name
             try:
                 # Both create a new name (O_EXCL, mkdir): never a file or link planted there.
                 if options.to == "hdf5":
@@ -420,7 +245,7 @@ class _Output:
     def abort(self) -> None:
         if self.published:
             return
-        with _signals_held():
+        with signals_held():
             for writer in (self.h5, self.tf):
                 if writer is not None:
                     writer.abort()
@@ -431,7 +256,7 @@ class _Output:
                     self.tmp.unlink()
 
     def publish(self) -> None:
-        with _signals_held():
+        with signals_held():
             if self.options.to == "hdf5":
                 os.replace(self.tmp, self.out)  # atomic
             else:
@@ -449,7 +274,7 @@ def _read_back(tmp: Path, options: ConvertOptions, schema: Schema) -> Iterator[S
         return
     decode = example_proto.SampleDecoder(schema)
     for shard in sorted(tmp.glob("*.tfrecord")):
-        index = tfrecord.read_index(tfrecord.index_path_for(shard))
+        index = tfrecordindex.read_index(tfrecord.index_path_for(shard))
         scanned = tfrecord.scan_records(shard, verify=True)
         if not np.array_equal(index, scanned):
             raise ConvertError(f"{shard.name}.idx: does not match the records of {shard.name}")
@@ -515,7 +340,7 @@ def _convert(src: str | os.PathLike[str], out: str | os.PathLike[str], options: 
         shown = _names([str(out_path.parent / name) for name in stale])
         notes.insert(0, f"removed {shown}: temporary output left by a conversion that did not finish")
     try:
-        replaces = _replaceable(out_path, options, inputs)
+        replaces = replaceable(out_path, options.to, options.overwrite, inputs)
     except ConvertError as exc:
         restored = [n for n in notes if n.startswith("restored ")]
         if restored:  # the refusal must not hide that OUT came back

@@ -297,7 +297,7 @@ def check_output(path: str, progress: Callable[[int], None]) -> str | None:
     The root attribute ``loadprof_format``, then every check a reader makes when it opens
     the file (``plan_reads``); the data itself is not read. For ``run_watched``: libhdf5
     can hang on or crash on the file (NOTE [ Parsing HDF5 in a child process ]); NOTE
-    [ What --overwrite replaces ] in conversion.py.
+    [ What --overwrite replaces ] in overwrite.py.
     """
     progress(0)
     f, _ = open_hdf5(path)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import example_proto, hdf5read, tfrecord, watchdog
+from . import example_proto, hdf5read, tfrecord, tfrecordindex, watchdog
 from .errors import ConvertError
 from .example_proto import ExampleDecodeError, decode_example
 from .files import describe_mode, open_regular
@@ -174,7 +174,7 @@ def _inspect_tfrecord(p: Path) -> Summary:
             count += 1
         idx = tfrecord.index_path_for(shard)
         if os.path.lexists(idx):
-            index = tfrecord.read_index(idx, max_bytes=tfrecord.index_size_limit(shard_size))
+            index = tfrecordindex.read_index(idx, max_bytes=tfrecordindex.index_size_limit(shard_size))
             scanned = np.array(entries, dtype=np.int64).reshape(-1, 2)
             if len(index) != len(scanned):
                 raise ConvertError(f"{idx}: lists {len(index)} records, {shard.name} holds {len(scanned)}")

@@ -9,7 +9,7 @@ kill cannot split:
   is replaced (``os.rename`` where there is no renameat2: it cannot replace a file, a
   link or a non-empty directory either).
 * OUT present, and checked to be ours (NOTE [ What --overwrite replaces ] in
-  conversion.py) once more just before: ``renameat2(RENAME_EXCHANGE)`` swaps the two
+  overwrite.py) once more just before: ``renameat2(RENAME_EXCHANGE)`` swaps the two
   names at once. The previous output is then under the temporary's name; its files
   are deleted, info file first, so a half-deleted one is visibly incomplete.
   Where the filesystem or libc cannot exchange, OUT is first renamed aside to

@@ -17,7 +17,7 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from . import example_proto, tfrecord
+from . import example_proto, tfrecord, tfrecordindex
 from .errors import ConvertError
 from .example_proto import ExampleDecodeError
 from .files import open_regular
@@ -83,7 +83,7 @@ class TFRecordDataset(IterableDataset[Any]):
 
     Each shard's ``.idx`` is used only when it covers the shard's bytes exactly and lists
     the count ``<split>.info.json`` gives; otherwise the shard is scanned, with a
-    RuntimeWarning (``tfrecord.load_index``). CRCs are checked by default
+    RuntimeWarning (``tfrecordindex.load_index``). CRCs are checked by default
     (``verify=False`` skips them). The schema comes from
     ``<split>.info.json`` beside our shards; for other files, items hold the raw
     Feature values (bytes, or 1-D int64/float32 arrays).
@@ -110,10 +110,10 @@ class TFRecordDataset(IterableDataset[Any]):
         self.transform = transform
         self.epoch = 0
         # Each .idx is checked against its shard and the counts taken at conversion:
-        # a stale one is set aside and the shard scanned (tfrecord.load_index).
+        # a stale one is set aside and the shard scanned (tfrecordindex.load_index).
         counts = tfrecord.expected_counts(info)
         self.indexes = [
-            tfrecord.load_index(p, verify=verify, expected=counts.get(p.name) if p.parent == self.paths[0].parent else None)
+            tfrecordindex.load_index(p, verify=verify, expected=counts.get(p.name) if p.parent == self.paths[0].parent else None)
             for p in self.paths
         ]
         self._starts = np.concatenate(([0], np.cumsum([len(i) for i in self.indexes]))).astype(np.int64)

@@ -108,15 +108,8 @@ class WhatIfRun:
                 return
             from .advice import recommend
             from .diagnosis import diagnose
-            from .whatif import (
-                TOP_UP_SHARE,
-                Interrupted,
-                measure,
-                model_only,
-                plan,
-                step_unsafe,
-                unsafe,
-            )
+            from .frameworks.torch.replay import measure, step_unsafe, unsafe
+            from .whatif import TOP_UP_SHARE, Interrupted, model_only, plan
 
             diagnosis = diagnose(run)
             changes = plan(recommend(run, diagnosis))
@@ -173,8 +166,9 @@ class WhatIfRun:
         """A job's replays (NOTE [ What-if replays ] in whatif.py): every rank at the same step,
         the union of their plans, the job's all-reduce stood in for; at the run's end, none
         (the ranks no longer step together)."""
+        from .frameworks.torch.replay import loader_unsafe, measure, step_unsafe
         from .jobs.replays import Plan, agree, join
-        from .whatif import Interrupted, loader_unsafe, measure, step_unsafe
+        from .whatif import Interrupted
 
         job = self.place.job
         if end:
@@ -218,7 +212,8 @@ class WhatIfRun:
         budget they left; the capture let go after."""
         from .advice import recommend
         from .diagnosis import diagnose
-        from .whatif import MIN_TOP_UP_S, measure, model_only, plan
+        from .frameworks.torch.replay import measure
+        from .whatif import MIN_TOP_UP_S, model_only, plan
 
         self.measured = True
         try:

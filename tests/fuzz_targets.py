@@ -24,7 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from loadprof.converters import ConvertError, ConvertOptions, convert, example_proto, tfrecord
+from loadprof.converters import (
+    ConvertError,
+    ConvertOptions,
+    convert,
+    example_proto,
+    tfrecord,
+    tfrecordindex,
+)
 from loadprof.converters.example_proto import ExampleDecodeError, decode_example, encode_example
 from loadprof.converters.hdf5read import HDF5Reader
 from loadprof.converters.inspection import inspect_path
@@ -270,16 +277,16 @@ def check_index(text: bytes, shard_size: int, progress: Callable[[int], None]) -
         idx = Path(tmp) / "a.idx"
         idx.write_bytes(text)
         try:
-            index = tfrecord.read_index(idx)
+            index = tfrecordindex.read_index(idx)
         except ConvertError:
-            assert tfrecord._parse_index_fast(text) is None, "the vectorised parser read what the careful one refuses"
+            assert tfrecordindex._parse_index_fast(text) is None, "the vectorised parser read what the careful one refuses"
             return "index: error"
-    fast = tfrecord._parse_index_fast(text)
+    fast = tfrecordindex._parse_index_fast(text)
     if fast is not None:
         assert np.array_equal(fast, index)
     assert index.dtype == np.int64 and index.ndim == 2 and index.shape[1] == 2
     assert (index >= 0).all() and (index < 10**18).all()
-    problem = tfrecord.index_problem(index, shard_size)
+    problem = tfrecordindex.index_problem(index, shard_size)
     assert problem is None or isinstance(problem, str)
     return "index: ok" + (", problem" if problem else ", agrees")
 

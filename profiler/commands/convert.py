@@ -60,7 +60,7 @@ class ConvertCommand:
                          help="shard name prefix: NAME-00000-of-00008.tfrecord (default: train)")
 
     def run(self, args: argparse.Namespace) -> int:
-        from ..converters.conversion import ConversionStopped, stop_on_signals
+        from ..converters.stopping import ConversionStopped, stop_on_signals
 
         # NOTE [ Signals during a conversion ] (conversion.py): the temporary output is
         # removed on the way out; the exit code is the shell's for that signal.

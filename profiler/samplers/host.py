@@ -36,12 +36,9 @@ from loadprof.records import HostSample
 from .cores import affinity
 from .procfs import (
     GONE,
-    PAGE_SIZE,
     ProcFile,
-    address_space_limit,
     busy_total,
     busy_total_iowait,
-    cgroup_memory_files,
     clamp,
     clamp_cpu,
     cpu_seconds,
@@ -50,13 +47,12 @@ from .procfs import (
     proc_diskstats,
     proc_meminfo,
     proc_stat,
-    read_pss,
     run_delay,
     same_process,
     statm_rss,
-    vmstat_oom_kills,
 )
 from .threads import ThreadQueues
+from .treememory import TreeMemory
 
 log = logging.getLogger("loadprof.samplers")
 
@@ -82,22 +78,11 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /p
 # out: the tree is relisted every ``TREE_EVERY`` readings, memory, swap and disk
 # every ``SLOW_EVERY`` (1 s each at 10 Hz, half a second apart), so a new loader
 # worker is seen within a second, its CPU since creation still counted (NOTE
-# [ Short-lived loader workers ]), and PSS within ``PSS_BUDGET``. Profile takes
+# [ Short-lived loader workers ]), and PSS within ``PSS_BUDGET`` (treememory.py). Profile takes
 # these readings in a helper process (NOTE [ Host readings in a helper process ]
 # in hostproc.py). The measured costs behind each choice are in docs/dev/overhead.md.
 TREE_EVERY = 10
 SLOW_EVERY = 10
-#: PSS makes the kernel walk every mapping (3.5 ms of CPU for a process with torch
-#: loaded, more with CUDA's): read at most this share of a core on it, and at least
-#: every PSS_MAX_PERIOD seconds ...
-PSS_BUDGET = 0.001
-PSS_MAX_PERIOD = 5.0
-#: ... unless that takes more than this share: the walk grows with the pages mapped (13 ms
-#: a read for a worker holding 380 MiB, benchmarks/worker_memory_cost.py), and eight workers
-#: of 3 GiB read every 5 s would take a sixth of a core. Between reads the last figures stand.
-PSS_CEILING = 0.01
-
-
 class HostSource:
     """CPU, memory and disk of the host and of one process tree (the training run).
 
@@ -156,17 +141,10 @@ class HostSource:
         self._boot_time = 0.0  # seconds since the epoch: a /proc/PID/stat start time is counted from it
         self._n = 0  # readings taken, for the slower cadences (NOTE [ Sampling cost ])
         self._slow: tuple[float, int, int, float] = (0.0, 0, 0, 0.0)  # mem %, available, swap, disk B/s
-        self._vmstat_file = ProcFile(self.proc_root / "vmstat")
-        self._pss_files: dict[int, ProcFile] = {}  # pid -> its smaps_rollup, kept open
-        self._limits_file = ProcFile(self.proc_root / str(self.pid) / "limits")
-        self._vm_file = ProcFile(self.proc_root / str(self.pid) / "statm")
-        self._cgroup_files: tuple[ProcFile, ProcFile] | tuple[()] | None = None  # memory.max, .current
+        self._mem = TreeMemory(self.proc_root, self.pid)
         #: process PSS, workers' PSS summed, the kernel's OOM kills so far, bytes left
         #: under the process's own memory limit (None: unreadable or no limit)
         self._memory: tuple[int | None, int | None, int | None, int | None] = (None, None, None, None)
-        self._uss: dict[int, int] = {}  # each worker's USS at the last PSS read
-        self._worker_uss: list[int] = []  # the last reading's, shared while it stands (memory)
-        self._next_pss = 0.0  # time.monotonic() from which PSS is read again (PSS_BUDGET)
 
     # -- lifecycle -----------------------------------------------------------
     def start(self) -> None:
@@ -196,10 +174,9 @@ class HostSource:
 
     def close(self) -> None:
         """Close the /proc files kept open. Idempotent; a later sample opens them again."""
-        for file in (self._stat_file, self._statm_file, self._meminfo_file, self._diskstats_file, self._schedstat_file,
-                     self._vmstat_file, self._limits_file, self._vm_file, *(self._cgroup_files or ()),
-            *self._pss_files.values()):
+        for file in (self._stat_file, self._statm_file, self._meminfo_file, self._diskstats_file, self._schedstat_file):
             file.close()
+        self._mem.close()
         for pid in list(self._child_files):
             self._close_child(pid)
         self._threads.close()
@@ -257,10 +234,10 @@ class HostSource:
             self._last_slow_wall = now
             self._slow = (mem_percent, available, swap, disk_bps)
             # not in the first reading, which Profile's entry waits for (PSS_BUDGET)
-            self._memory = self._read_memory(pss=self._n > 1 and (final or now >= self._next_pss))
+            self._memory = self._mem.read(sorted(self._pids or ()), self._n > 1 and (final or self._mem.due(now)))
         s.memory_percent, s.memory_available, s.swap_used, s.disk_read_bps = self._slow
         s.process_pss, s.children_pss, s.oom_kills, s.memory_limit_left = self._memory
-        s.worker_uss = self._uss_of(s.worker_pids)
+        s.worker_uss = self._mem.uss_of(s.worker_pids)
         s.profiler_cpu = self._excluded_cpu(dt)
         s.reaped_cpu = self._reaped_cpu
         self._last_wall = now
@@ -492,42 +469,6 @@ class HostSource:
         except GONE:
             return None
 
-    def _uss_of(self, pids: list[int]) -> list[int]:
-        """Each worker's USS at the last PSS read, in ``pids``' order; [] until every one was read."""
-        if not pids or any(p not in self._uss for p in pids):
-            return []
-        uss = [self._uss[p] for p in pids]
-        if uss != self._worker_uss:
-            self._worker_uss = uss
-        return self._worker_uss
-
-    def _read_memory(self, pss: bool = True) -> tuple[int | None, int | None, int | None, int | None]:
-        """PSS of the process and of its workers together (None when ``pss`` is False), and
-        the kernel's count of OOM kills so far (Linux). PSS shares each page among the
-        processes that map it, so a forked worker's pages shared with its parent are not
-        counted once per worker, as RSS counts them. The kernel walks the page tables for
-        it: within PSS_BUDGET; without ``pss``, the last PSS figures stand."""
-        if not pss:
-            return (*self._memory[:2], vmstat_oom_kills(self._vmstat_file), self._limit_left())
-        began = time.thread_time()
-        pids = sorted(self._pids or ())
-        read: dict[int, tuple[int, int] | None] = {}
-        for pid in pids:
-            file = self._pss_files.get(pid)
-            if file is None:
-                file = self._pss_files[pid] = ProcFile(self.proc_root / str(pid) / "smaps_rollup")
-            read[pid] = read_pss(file)
-        for pid in [p for p in self._pss_files if p not in read]:
-            self._pss_files.pop(pid).close()  # a worker gone
-        cost = time.thread_time() - began
-        period = min(PSS_MAX_PERIOD, cost / PSS_BUDGET)
-        self._next_pss = time.monotonic() + max(period, cost / max(PSS_CEILING, PSS_BUDGET))
-        own = read[self.pid][0] if read.get(self.pid) is not None else None  # type: ignore[index]
-        workers = [v for p, v in read.items() if p != self.pid]
-        children = None if any(v is None for v in workers) else sum(v[0] for v in workers if v is not None)
-        self._uss = {p: v[1] for p, v in read.items() if p != self.pid and v is not None}
-        return own, children, vmstat_oom_kills(self._vmstat_file), self._limit_left()
-
     def _excluded_cpu(self, dt: float) -> float:
         """% of a core the excluded processes (loadprof's helper) used since the last
         reading: busy cores that are neither the job's nor another process's."""
@@ -542,30 +483,6 @@ class HostSource:
             used += max(0.0, seen[pid] - self._last_excluded.get(pid, 0.0))
         self._last_excluded = seen
         return 100.0 * used / dt
-
-    def _limit_left(self) -> int | None:
-        """Bytes left under the tightest limit the process has below the host's memory:
-        its address-space rlimit (RLIMIT_AS, against the address space it maps: an
-        allocation past it fails though the host has memory free) or its cgroup v2's
-        memory.max (against memory.current: containers). Read anew each time: a script
-        may set its own limit after the profiler started."""
-        left = []
-        try:
-            limit = address_space_limit(self._limits_file.read())
-            if limit is not None:
-                left.append(limit - int(self._vm_file.head(256).split()[0]) * PAGE_SIZE)
-        except (OSError, ValueError, IndexError):
-            pass
-        if self._cgroup_files is None:
-            self._cgroup_files = cgroup_memory_files(self.proc_root, self.pid)
-        if self._cgroup_files:
-            try:
-                limit_text = self._cgroup_files[0].head(64).strip()
-                if limit_text != b"max":
-                    left.append(int(limit_text) - int(self._cgroup_files[1].head(64)))
-            except (OSError, ValueError):
-                pass
-        return max(0, min(left)) if left else None
 
     def _close_child(self, pid: int) -> None:
         for file in self._child_files.pop(pid):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loadprof.converters import tfrecord
+from loadprof.converters import tfrecord, tfrecordindex
 from loadprof.converters.errors import ConvertError
 from loadprof.converters.example_proto import decode_example, encode_example
 
@@ -28,7 +28,7 @@ def test_our_frames_are_byte_identical_to_tf_writer_and_tf_reads_ours(tmp_path):
     assert [r.numpy() for r in tf.data.TFRecordDataset(str(ours))] == payloads
     # Our reader and index on TF's file.
     assert [d for _, d in tfrecord.iter_records(theirs)] == payloads
-    np.testing.assert_array_equal(tfrecord.scan_records(theirs), tfrecord.read_index(tmp_path / "ours.tfrecord.idx"))
+    np.testing.assert_array_equal(tfrecord.scan_records(theirs), tfrecordindex.read_index(tmp_path / "ours.tfrecord.idx"))
 
 
 @pytest.mark.tensorflow
@@ -94,7 +94,7 @@ def test_shard_cut_at_a_record_boundary_is_caught_by_the_count_in_the_info_file(
     from loadprof.converters.torch import TFRecordDataset
 
     shard, idx, _ = converted
-    good = tfrecord.read_index(idx)
+    good = tfrecordindex.read_index(idx)
     shard.write_bytes(shard.read_bytes()[: int(good[12][0])])  # 12 whole records left
     idx.write_text("".join(f"{o} {n}\n" for o, n in good[:12].tolist()))  # and an index that matches them
     with pytest.raises(ConvertError, match=f"{shard}: holds 12 records, 20 when converted"):
@@ -122,6 +122,6 @@ def test_varint_past_64_bits_in_a_dataset_is_a_convert_error(tmp_path):
     from tests.fuzz_targets import shard_with_long_varint
 
     shard = shard_with_long_varint(tmp_path, info=True)
-    offset = int(tfrecord.read_index(tfrecord.index_path_for(shard))[2][0])
+    offset = int(tfrecordindex.read_index(tfrecord.index_path_for(shard))[2][0])
     with pytest.raises(ConvertError, match=f"{shard}: record at byte offset {offset} does not decode: .*64 bits"):
         list(TFRecordDataset(shard.parent))

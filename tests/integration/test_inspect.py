@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 
 from loadprof.cli import main
-from loadprof.converters import ConvertError, ConvertOptions, convert, inspect_path, tfrecord
+from loadprof.converters import (
+    ConvertError,
+    ConvertOptions,
+    convert,
+    inspect_path,
+    tfrecord,
+    tfrecordindex,
+)
 from tests.convert_helpers import loadprof, make_image_folder
 
 
@@ -61,7 +68,7 @@ def test_summary_of_one_shard_and_of_hdf5(capsys, shards, tmp_path):
 
 def test_flipped_byte(capsys, shards):
     data = bytearray(shards[0].read_bytes())
-    index = tfrecord.read_index(tfrecord.index_path_for(shards[0]))
+    index = tfrecordindex.read_index(tfrecord.index_path_for(shards[0]))
     second = int(index[1][0])
     data[second + 12 + 5] ^= 0xFF
     shards[0].write_bytes(bytes(data))
@@ -81,7 +88,7 @@ def test_flipped_length_byte(capsys, shards):
 
 def test_truncated_shard(capsys, shards):
     data = shards[0].read_bytes()
-    index = tfrecord.read_index(tfrecord.index_path_for(shards[0]))
+    index = tfrecordindex.read_index(tfrecord.index_path_for(shards[0]))
     last = int(index[-1][0])
     shards[0].write_bytes(data[:-7])
     line = one_line_error(*run(capsys, shards[0])[::2])
@@ -222,7 +229,7 @@ def test_int64_varint_past_64_bits_is_one_line_not_an_overflow(capsys, tmp_path)
     from tests.fuzz_targets import shard_with_long_varint
 
     shard = shard_with_long_varint(tmp_path, info=True)
-    offset = int(tfrecord.read_index(tfrecord.index_path_for(shard))[2][0])
+    offset = int(tfrecordindex.read_index(tfrecord.index_path_for(shard))[2][0])
     line = one_line_error(*run(capsys, shard.parent)[::2])
     assert line == (f"loadprof: error: {shard}: record at byte offset {offset} is not a tf.train.Example "
                     "matching the schema: varint larger than 64 bits")

@@ -12,7 +12,14 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
-from loadprof.converters import ConvertError, ConvertOptions, CorruptFileError, convert, tfrecord  # noqa: E402
+from loadprof.converters import (  # noqa: E402
+    ConvertError,
+    ConvertOptions,
+    CorruptFileError,
+    convert,
+    tfrecord,
+    tfrecordindex,
+)
 from loadprof.converters.torch import HDF5Dataset, TFRecordDataset  # noqa: E402
 from tests.conftest import to_the_end  # noqa: E402
 from tests.convert_helpers import make_image_folder  # noqa: E402
@@ -140,7 +147,7 @@ def test_tfrecord_crcs_are_checked_by_default(tmp_path):
     np.save(tmp_path / "x.npy", np.arange(20))
     convert(tmp_path / "x.npy", tmp_path / "tf", ConvertOptions(to="tfrecord"))
     shard = next((tmp_path / "tf").glob("*.tfrecord"))
-    offsets = tfrecord.read_index(tfrecord.index_path_for(shard))[:, 0]
+    offsets = tfrecordindex.read_index(tfrecord.index_path_for(shard))[:, 0]
     data = bytearray(shard.read_bytes())
     data[int(offsets[11]) + 14] ^= 0x10
     shard.write_bytes(bytes(data))
@@ -210,7 +217,7 @@ def test_truncated_shard_with_a_stale_index_is_an_error_not_a_crash(tmp_path, sh
     np.save(tmp_path / "x.npy", np.arange(30))
     convert(tmp_path / "x.npy", tmp_path / "tf", ConvertOptions(to="tfrecord"))
     shard = next((tmp_path / "tf").glob("*.tfrecord"))
-    index = tfrecord.read_index(tfrecord.index_path_for(shard))
+    index = tfrecordindex.read_index(tfrecord.index_path_for(shard))
     size = int(index[20][0]) + 5
     shard.write_bytes(shard.read_bytes()[:size])  # cut inside record 20
     # The index no longer ends where the shard does: it is set aside, and the scan

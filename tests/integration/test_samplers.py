@@ -913,8 +913,9 @@ def test_pss_is_read_again_only_within_its_cpu_budget(monkeypatch, budget, rerea
     # A budget nothing exceeds: read at every slow reading; one any read exceeds: the
     # figures stand for PSS_MAX_PERIOD, while RSS, read every time, follows the memory.
     from loadprof.samplers import host as host_module
+    from loadprof.samplers import treememory
 
-    monkeypatch.setattr(host_module, "PSS_BUDGET", budget)
+    monkeypatch.setattr(treememory, "PSS_BUDGET", budget)
     src = HostSource()
     src.start()
     before = [src.sample(float(i)) for i in range(host_module.SLOW_EVERY)][-1]

@@ -9,7 +9,7 @@ import google_crc32c
 import numpy as np
 import pytest
 
-from loadprof.converters import example_proto, tfrecord
+from loadprof.converters import example_proto, tfrecord, tfrecordindex
 from loadprof.converters.errors import ConvertError, CorruptFileError
 from loadprof.converters.example_proto import ExampleDecodeError, decode_example, encode_example
 from loadprof.converters.manifest import info_beside
@@ -58,7 +58,7 @@ def test_writer_frames_many_flushes_and_copies_reused_buffers(tmp_path):
             assert w.count == i + 1
             assert w.offset == sum(len(q) + 16 for q in payloads[: i + 1])
     assert path.read_bytes() == b"".join(map(tfrecord.frame_record, payloads))
-    index = tfrecord.read_index(tfrecord.index_path_for(path))
+    index = tfrecordindex.read_index(tfrecord.index_path_for(path))
     np.testing.assert_array_equal(index, tfrecord.scan_records(path))
     assert index[:, 1].tolist() == [n + 16 for n in sizes]
 
@@ -193,10 +193,10 @@ def test_index_numbers_too_large_for_any_file_are_one_line_errors(tmp_path):
     idx = tmp_path / "a.idx"
     idx.write_text(f"0 16\n{10**30} 16\n")
     with pytest.raises(ConvertError, match=rf"a\.idx: line 2: {10**30} is past any file's size"):
-        tfrecord.read_index(idx)
+        tfrecordindex.read_index(idx)
     idx.write_text("0 16\n-5 16\n")
     with pytest.raises(ConvertError, match=r"a\.idx: line 2: expected 'offset length', got '-5 16'"):
-        tfrecord.read_index(idx)
+        tfrecordindex.read_index(idx)
 
 
 @pytest.mark.parametrize(
@@ -209,9 +209,9 @@ def test_vectorised_index_parser_agrees_with_the_line_parser(tmp_path, text):
     """Strict files go the vectorised way, the rest line by line: the same answers both ways."""
     idx = tmp_path / "a.idx"
     idx.write_bytes(text.encode("utf-8"))
-    fast = tfrecord._parse_index_fast(text.encode("utf-8"))
+    fast = tfrecordindex._parse_index_fast(text.encode("utf-8"))
     try:
-        result = tfrecord.read_index(idx)
+        result = tfrecordindex.read_index(idx)
     except ConvertError:
         assert fast is None
         return
@@ -223,16 +223,16 @@ def test_vectorised_index_parser_agrees_with_the_line_parser(tmp_path, text):
 
 def test_index_problem_names_the_first_line_that_cannot_be(tmp_path):
     good = np.array([[0, 20], [20, 16], [36, 30]])
-    assert tfrecord.index_problem(good, 66) is None
-    assert tfrecord.index_problem(good, 70) == "its records end at byte 66, the shard holds 70 bytes"
-    assert tfrecord.index_problem(good[:2], 66) == "its records end at byte 36, the shard holds 66 bytes"
-    assert tfrecord.index_problem(np.array([[0, 20], [21, 16]]), 37) == (
+    assert tfrecordindex.index_problem(good, 66) is None
+    assert tfrecordindex.index_problem(good, 70) == "its records end at byte 66, the shard holds 70 bytes"
+    assert tfrecordindex.index_problem(good[:2], 66) == "its records end at byte 36, the shard holds 66 bytes"
+    assert tfrecordindex.index_problem(np.array([[0, 20], [21, 16]]), 37) == (
         "line 2 puts a record at byte 21, the one before ends at 20")
-    assert tfrecord.index_problem(np.array([[0, 20], [20, 15]]), 35) == (
+    assert tfrecordindex.index_problem(np.array([[0, 20], [20, 15]]), 35) == (
         "line 2 gives a record of 15 bytes, less than its framing")
-    assert tfrecord.index_problem(np.array([[4, 20]]), 24) == "line 1 puts the first record at byte 4, not 0"
-    assert tfrecord.index_problem(np.zeros((0, 2), np.int64), 0) is None
-    assert tfrecord.index_problem(np.zeros((0, 2), np.int64), 16) == "lists no records for a shard of 16 bytes"
+    assert tfrecordindex.index_problem(np.array([[4, 20]]), 24) == "line 1 puts the first record at byte 4, not 0"
+    assert tfrecordindex.index_problem(np.zeros((0, 2), np.int64), 0) is None
+    assert tfrecordindex.index_problem(np.zeros((0, 2), np.int64), 16) == "lists no records for a shard of 16 bytes"
 
 
 @pytest.fixture
@@ -248,7 +248,7 @@ def converted(tmp_path):
 
 def test_load_index_sets_a_stale_index_aside_and_scans(converted):
     shard, idx, _ = converted
-    good = tfrecord.read_index(idx)
+    good = tfrecordindex.read_index(idx)
     lines = idx.read_text().splitlines(keepends=True)
     for text, says in [
         ("".join(lines[:7]), f"its records end at byte {good[6].sum()}, the shard holds {shard.stat().st_size} bytes"),
@@ -258,13 +258,13 @@ def test_load_index_sets_a_stale_index_aside_and_scans(converted):
     ]:
         idx.write_text(text)
         with pytest.warns(RuntimeWarning, match=f"{idx}: {says}.*; reading {shard.name} to index it instead"):
-            np.testing.assert_array_equal(tfrecord.load_index(shard), good)
+            np.testing.assert_array_equal(tfrecordindex.load_index(shard), good)
     # Self-consistent, but not the count taken at conversion: scanned too.
     idx.write_text("".join(lines))
     with pytest.warns(RuntimeWarning, match="lists 20 records, 21 when converted"):
         with pytest.raises(ConvertError, match=f"{shard}: holds 20 records, 21 when converted"):
-            tfrecord.load_index(shard, expected=21)
-    np.testing.assert_array_equal(tfrecord.load_index(shard, expected=20), good)
+            tfrecordindex.load_index(shard, expected=21)
+    np.testing.assert_array_equal(tfrecordindex.load_index(shard, expected=20), good)
 
 
 def _long_varint(last: int) -> bytes:

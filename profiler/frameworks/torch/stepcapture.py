@@ -39,7 +39,7 @@ class StepCapture:
 
     @property
     def ready(self) -> bool:
-        """A step is held (its loader, where batches came from a DataLoader: whatif.loader_unsafe)."""
+        """A step is held (its loader, where batches came from a DataLoader: replay.loader_unsafe)."""
         return self.args is not None
 
     def on_loader(self, loader: Any) -> None:

@@ -1,0 +1,457 @@
+"""The what-if replays of a PyTorch step (NOTE [ What-if replays ] in whatif.py): whether the
+captured step and its loader may be replayed, and the replays themselves, the run's own
+settings and each change in rounds within the budget, on copies of the model's parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import random
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from ...advice.base import CEILING
+from ...fixes.spec import Changes
+from ...records import WhatIf
+from ...replayitems import Items, OneBatch
+from ...whatif import (
+    EXTRA_SHARE,
+    MAX_ROUNDS,
+    MAX_STEPS,
+    MEMORY_SHARE,
+    MIN_STEPS,
+    WARMUP_STEPS,
+    Interrupted,
+)
+
+if TYPE_CHECKING:
+    from .stepcapture import StepCapture
+
+
+def unsafe(capture: StepCapture, ranks: int, reread: bool = False) -> str:
+    """Why the captured step may not be replayed beside its loader ("" where it may): the
+    step's own reason (``step_unsafe``) or its loader's (``loader_unsafe``)."""
+    return step_unsafe(capture, ranks) or loader_unsafe(capture, reread)
+
+
+def loader_unsafe(capture: StepCapture, reread: bool = False) -> str:
+    """Why the step's loader may not be read again ("" where it may). ``reread``: the run
+    read it again already (a second epoch), so an IterableDataset can be read again too;
+    a stream read once may not be."""
+    import torch
+
+    if capture.loader is None:
+        return capture.problem or "the step's batches did not come from a DataLoader"
+    dataset = getattr(capture.loader, "dataset", None)
+    if isinstance(dataset, torch.utils.data.IterableDataset) and not reread:
+        return ("the loader reads an IterableDataset the run had not read twice by then, a stream that "
+                "may not be read twice")
+    if getattr(capture.loader, "batch_size", None) is None and getattr(capture.loader, "batch_sampler", None) is None:
+        return "the loader has neither a batch size nor a batch sampler"
+    return ""
+
+
+def step_unsafe(capture: StepCapture, ranks: int, together: bool = False) -> str:
+    """Why the captured step may not be replayed at all ("" where it may). ``together``:
+    the job's ranks replay side by side (a DDP model's own module, no collective)."""
+    import torch
+
+    if ranks > 1 and not together:
+        return "a job of several processes: its step runs collectives"
+    model = capture.model
+    wrapped = type(model).__name__
+    if wrapped in ("FullyShardedDataParallel", "DataParallel") or (wrapped == "DistributedDataParallel"
+                                                                     and not together):
+        return f"the model is wrapped in {wrapped}: its step runs collectives"
+    need = _model_bytes(model, capture.optimizer) * 3  # parameters, gradients, optimizer state
+    device = _device_of(capture.args, capture.kwargs, model)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+    else:
+        import psutil
+
+        free = psutil.virtual_memory().available
+    if need > free * MEMORY_SHARE:
+        return (f"a copy of the model and its optimizer state ({need / 2**20:.0f} MiB) would not fit in a "
+                f"third of the memory left ({free / 2**20:.0f} MiB on {device.type})")
+    return ""
+
+
+def measure(capture: StepCapture, changes: list[Changes], run_compute: float, budget: float,
+            interrupted: Callable[[], bool], held_wait: float | None = None,
+            slice_s: float = 0.0, collective: float = 0.0) -> tuple[list[WhatIf], str]:
+    """Replays of the captured step as the run had it, then with each change, in rounds
+    while the budget lasts, interleaved so that another process's work falls on all alike;
+    each one's rounds are averaged (``_Result.joined``). The step times measured, or the reason none could be (NOTE [ What-if
+    replays ]). ``held_wait``: the loader is not read; the model runs alone on its held
+    batch, and this measured wait for a batch (seconds a step) is added to every replay's
+    step (``model_only``'s changes). ``slice_s``: a job's ranks replay the same changes at
+    once, each replay this long (no step cap), so that they stay side by side;
+    ``collective``: seconds of ``run_compute`` the job's all-reduce takes, stood in for by a
+    sleep (gloo's wait gives the core up, to the loader's workers too), the rest by a spin."""
+    import torch
+
+    saved = _RandomState.save()
+    cap = sys.maxsize if slice_s else MAX_STEPS
+    threads = torch.get_num_threads()
+    training = capture.model.training
+    deadline = time.perf_counter() + budget
+    # the model alone on one held batch: the ceiling the stage advice measures against
+    held = held_wait is not None
+    configs = [Changes(), *changes] if held else [Changes(), *changes, Changes(repeat_batch=True)]
+    best: dict[int, _Result] = {}
+    quiet = warnings.catch_warnings()  # the loader's own (more workers than cores) are the advice's to give
+    quiet.__enter__()
+    warnings.simplefilter("ignore")
+    items = Items(capture.loader)
+    try:
+        capture.model.train(capture.training)
+        step = _Step(capture)
+        each = min(slice_s or budget, budget / (len(configs) + 2))
+        first = _replay(capture, step, Changes(), threads, 0.0, each, interrupted, items,
+                        held, cap)
+        if first is None:
+            return [], "the run's own settings could not be replayed in the time given"
+        extra = max(0.0, run_compute - first.compute)
+        # within the replays' noise: nothing to stand in for; a job's all-reduce always is
+        if extra <= EXTRA_SHARE * first.seconds and not slice_s:
+            extra, best[0] = 0.0, first
+        rounds = 0
+        while rounds < MAX_ROUNDS:
+            for i, change in enumerate(configs):
+                if i == 0 and rounds == 0 and 0 in best:
+                    continue
+                left = deadline - time.perf_counter()
+                if left <= 0 or (rounds and left < _slice(best, i, 1.0)):
+                    break
+                got = _replay(capture, step, change, threads, extra, min(left, each),
+                              interrupted, items, held, cap, min(extra, collective))
+                if got is not None:
+                    best[i] = best[i].joined(got) if i in best else got
+            rounds += 1
+            if deadline - time.perf_counter() < sum(_slice(best, i, 1.0) for i in range(len(configs))):
+                break
+    finally:
+        torch.set_num_threads(threads)
+        capture.model.train(training)
+        saved.restore()
+        quiet.__exit__(None, None, None)
+        items.close()
+    if 0 not in best:
+        return [], "the run's own settings could not be replayed in the time given"
+    base = best[0]
+    wait = held_wait or 0.0
+    out = [WhatIf(configs[i].describe(), r.seconds + wait, base.seconds + wait, min(r.steps, base.steps),
+                  extra_seconds=extra, start_seconds=r.start, baseline_start_seconds=base.start,
+                  stop_seconds=r.stop, baseline_stop_seconds=base.stop, held_wait_seconds=wait, alone=held)
+           for i, r in sorted(best.items()) if i]
+    if held and out:  # the replay as the run had it is the model alone: the ceiling, measured
+        out.append(WhatIf(CEILING, base.seconds, base.seconds + wait, base.steps, extra_seconds=extra,
+                          held_wait_seconds=wait, alone=True))
+    return out, "" if out else "no change could be replayed in the time given"
+
+
+def _slice(best: dict[int, _Result], i: int, default: float) -> float:
+    """About how long replay ``i`` took last time."""
+    r = best.get(i)
+    return r.elapsed if r is not None else default
+
+
+class _Result:
+    def __init__(self, seconds: float, compute: float, steps: int, elapsed: float, start: float) -> None:
+        self.seconds, self.compute, self.steps, self.elapsed, self.start = seconds, compute, steps, elapsed, start
+        self.stop = 0.0  # the workers' stop, timed after the steps
+
+    def joined(self, other: _Result) -> _Result:
+        """Two rounds as one: their steps' mean. Not the faster round: workers that share the
+        model's cores make rounds differ by how they happened to be scheduled (two rounds of
+        one worker beside a 2-thread model on 2 cores: 71.9 and 57.2 ms a step), and that is
+        the change's own cost, not another process's."""
+        n = self.steps + other.steps
+        out = _Result((self.seconds * self.steps + other.seconds * other.steps) / n,
+                      (self.compute * self.steps + other.compute * other.steps) / n, n,
+                      other.elapsed, min(self.start, other.start))
+        out.stop = min(self.stop, other.stop)
+        return out
+
+
+def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, extra: float, slice_s: float,
+            interrupted: Callable[[], bool], items: Items, held: bool = False,
+            max_steps: int = MAX_STEPS, idle: float = 0.0) -> _Result | None:
+    """One replay: seconds a step and seconds of it outside the batch's wait, or None.
+    ``threads``: the run's intra-op threads, set again for each replay that does not change
+    them (a replay of fewer threads must not run the replays after it on as few).
+    ``held``: no loader read, the model alone on its held arguments."""
+    import torch
+
+    from ...fixes.cache import internal
+
+    device = step.device
+    torch.set_num_threads(change.threads or threads)
+    amp = _autocast(change, device)
+    with internal():  # loadprof's own loader: a trial's fixes leave it as it is
+        loader = itertools.repeat(None) if held else _loader_for(capture.loader, change, items)
+        if loader is None:
+            return None
+        t_iter = time.perf_counter()
+        it = iter(loader)
+    n, waited, t_start, start = 0, 0.0, 0.0, 0.0
+    result: _Result | None = None
+    began = time.perf_counter()
+    stop_at = began + max(slice_s, 0.5)
+    try:
+        with step.bound():  # the copies in the module for the replay: _Step.bound
+            while True:
+                if interrupted():
+                    raise Interrupted
+                t0 = time.perf_counter()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    with internal():
+                        it = iter(loader)
+                    batch = next(it)
+                if device.type == "cuda":
+                    _to(batch, device, bool(getattr(loader, "pin_memory", False)))
+                t1 = time.perf_counter()
+                if not n:
+                    start = t1 - t_iter  # the workers' start and the first batch
+                with amp():
+                    step.run()
+                if extra:
+                    _busy(extra - idle)
+                    if idle:
+                        time.sleep(idle)
+                n += 1
+                if n == WARMUP_STEPS:
+                    step.sync()
+                    t_start, waited = time.perf_counter(), 0.0
+                elif n > WARMUP_STEPS:
+                    waited += t1 - t0
+                    measured = n - WARMUP_STEPS
+                    now = time.perf_counter()
+                    if measured >= max_steps or (now > stop_at and measured >= MIN_STEPS):
+                        step.sync()
+                        seconds = (time.perf_counter() - t_start) / measured
+                        result = _Result(seconds, seconds - waited / measured, measured, time.perf_counter() - began,
+                                         start)
+                        return result
+                if time.perf_counter() > stop_at + slice_s:
+                    return None  # too slow a step to measure in the time given
+                del batch
+    finally:
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            t_stop = time.perf_counter()
+            shutdown()
+            if result is not None:
+                result.stop = time.perf_counter() - t_stop
+
+
+class _Step:
+    """The model's call on the held arguments, backward and an optimizer step, on copies."""
+
+    def __init__(self, capture: StepCapture) -> None:
+        import torch
+
+        model, optimizer = replayed_model(capture.model), capture.optimizer
+        self.device = _device_of(capture.args, capture.kwargs, model)
+        self.torch = torch
+        copies: dict[int, Any] = {}
+        self.tensors: dict[str, Any] = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            if id(p) not in copies:
+                copies[id(p)] = p.detach().clone().requires_grad_(p.requires_grad)
+            self.tensors[name] = copies[id(p)]
+        for name, b in model.named_buffers(remove_duplicate=False):
+            if id(b) not in copies:
+                copies[id(b)] = b.detach().clone()
+            self.tensors[name] = copies[id(b)]
+        self.optimizer: Any = None
+        try:
+            groups = []
+            for group in optimizer.param_groups:
+                params = [copies.setdefault(id(p), p.detach().clone().requires_grad_(p.requires_grad))
+                          for p in group["params"]]
+                groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
+            self.optimizer = type(optimizer)(groups)
+        except Exception:  # an optimizer that cannot be built from its groups: the step stays unmeasured
+            self.optimizer = None
+        self.model, self.args, self.kwargs = model, capture.args or (), capture.kwargs or {}
+        self._bound = False
+
+    @contextlib.contextmanager
+    def bound(self) -> Iterator[None]:
+        """The copies put in the module for a whole replay, and the run's own taken back at
+        its end: each call is then the module's own, as the run's is (``functional_call``
+        swaps them at every call, which a step of a millisecond would count as its own)."""
+        reparametrize = getattr(self.torch.nn.utils.stateless, "_reparametrize_module", None)
+        if reparametrize is None:  # a torch without it: a swap a call
+            yield
+            return
+        with reparametrize(self.model, self.tensors, tie_weights=True, strict=False):
+            self._bound = True
+            try:
+                yield
+            finally:
+                self._bound = False
+
+    def run(self) -> None:
+        torch = self.torch
+        with torch.enable_grad():
+            if self._bound:
+                out = self.model(*self.args, **self.kwargs)
+            else:
+                out = torch.func.functional_call(self.model, self.tensors, self.args, self.kwargs, strict=False)
+            loss = _scalar(out, torch)
+            if loss is not None:
+                # zero gradients, computed in full: the copies stay as the run left them
+                # (a drifting copy would reach denormals, and slow down)
+                (loss * 0.0).backward()
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
+
+
+def replayed_model(model: Any) -> Any:
+    """The module a replay calls: DDP's own module, so that no replay runs a collective
+    (its gradient all-reduce is stood in for: NOTE [ What-if replays ])."""
+    return model.module if type(model).__name__ == "DistributedDataParallel" else model
+
+
+def _scalar(out: Any, torch: Any, depth: int = 0) -> Any:
+    """The loss to call backward on: the output's ``loss`` where it has one, else the mean
+    of its first floating tensor that needs a gradient."""
+    if depth > 6:
+        return None
+    if isinstance(out, torch.Tensor):
+        return out.float().mean() if out.requires_grad else None
+    if isinstance(out, dict):
+        loss = out.get("loss")
+        if isinstance(loss, torch.Tensor) and loss.requires_grad:
+            return loss.float().mean()
+        values: Any = out.values()
+    elif isinstance(out, (list, tuple)):
+        values = out
+    else:
+        return None
+    for v in values:
+        got = _scalar(v, torch, depth + 1)
+        if got is not None:
+            return got
+    return None
+
+
+def _loader_for(loader: Any, change: Changes, items: Items) -> Any:
+    """A loader like the run's (``tune_loader``'s), with the change's settings (None: the
+    change's items could not be made: a stored copy of items HDF5 cannot hold)."""
+    from .loadertune import _loader_like
+
+    settings: dict[str, Any] = {}
+    if change.num_workers is not None:
+        settings["num_workers"] = change.num_workers
+    if change.prefetch_factor is not None:
+        settings["prefetch_factor"] = change.prefetch_factor
+    if change.pin_memory:
+        settings["pin_memory"] = True
+    if change.repeat_batch:
+        return OneBatch(next(iter(_loader_like(loader, num_workers=0))))
+    if change.cache:
+        return _loader_like(loader, dataset=items.held(), **settings)
+    if change.held_stages is not None:
+        held = items.stages(change.held_stages, change.held_reads)
+        return None if held is None else _loader_like(loader, dataset=held, **settings)
+    if change.stored:
+        stored = items.stored()
+        return None if stored is None else _loader_like(loader, dataset=stored, **settings)
+    return _loader_like(loader, **settings)
+
+
+def _autocast(change: Changes, device: Any) -> Callable[[], Any]:
+    import contextlib
+
+    import torch
+
+    if change.amp is None:
+        return contextlib.nullcontext
+    if device.type == "cuda":
+        dtype = torch.bfloat16 if change.amp != "fp16" and torch.cuda.is_bf16_supported() else torch.float16
+    else:
+        dtype = torch.bfloat16
+    return lambda: torch.autocast(device.type, dtype=dtype)
+
+
+def _device_of(args: Any, kwargs: Any, model: Any) -> Any:
+    import torch
+
+    for p in model.parameters():
+        return p.device
+    for v in [*(args or ()), *(kwargs or {}).values()]:
+        if isinstance(v, torch.Tensor):
+            return v.device
+    return torch.device("cpu")
+
+
+def _model_bytes(model: Any, optimizer: Any) -> int:
+    seen: set[int] = set()
+    total = 0
+    for t in [*model.parameters(), *model.buffers()]:
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _to(batch: Any, device: Any, pinned: bool, depth: int = 0) -> None:
+    """The batch's tensors copied to the device, as the loop would (the copies dropped)."""
+    import torch
+
+    if depth > 6:
+        return
+    if isinstance(batch, torch.Tensor):
+        batch.to(device, non_blocking=pinned)
+    elif isinstance(batch, dict):
+        for v in batch.values():
+            _to(v, device, pinned, depth + 1)
+    elif isinstance(batch, (list, tuple)):
+        for v in batch:
+            _to(v, device, pinned, depth + 1)
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+class _RandomState:
+    """torch's (CPU and CUDA), Python's and NumPy's global generators, put back after."""
+
+    def __init__(self) -> None:
+        self.states: list[tuple[Callable[[Any], Any], Any]] = []
+
+    @classmethod
+    def save(cls) -> _RandomState:
+        import torch
+
+        s = cls()
+        s.states.append((torch.set_rng_state, torch.get_rng_state()))
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            s.states.append((torch.cuda.set_rng_state_all, torch.cuda.get_rng_state_all()))
+        s.states.append((random.setstate, random.getstate()))
+        np = sys.modules.get("numpy")
+        if np is not None:
+            s.states.append((np.random.set_state, np.random.get_state()))
+        return s
+
+    def restore(self) -> None:
+        for setter, state in self.states:
+            setter(state)
