@@ -232,9 +232,9 @@ def test_a_garbage_collection_is_left_out_of_the_stage_it_ran_in(pngs):
 
 
 def test_the_stack_reader_ends_with_the_profile_not_at_its_idle_timeout(monkeypatch):
-    from loadprof.frameworks.torch import stages
+    from loadprof.frameworks.torch import sitesampler, stages
 
-    monkeypatch.setattr(stages, "IDLE_WAIT", 60.0)  # asleep, no fetch running
+    monkeypatch.setattr(sitesampler, "IDLE_WAIT", 60.0)  # asleep, no fetch running
     stages.start_sampler()
     sampler = stages._state.sampler
     stages.uninstall()  # joins it for at most a second

@@ -19,8 +19,8 @@ process by ``install()`` and inert outside a fetch:
   callable with a ``transforms`` list of callables: torchvision v1/v2,
   albumentations, a user's own), replaced in its list by a timing wrapper that
   pickles as the transform it wraps (``composes.random_by_name`` says which are random);
-- the user's own code: a sampler thread reads the fetching thread's stack every
-  ``SAMPLE_INTERVAL`` while no hooked stage runs, and counts the innermost
+- the user's own code: a sampler thread (sitesampler.py) reads the fetching thread's stack
+  every ``SAMPLE_INTERVAL`` while no hooked stage runs, and counts the innermost
   function outside the standard library, site-packages and loadprof.
 
 Every wrapper records into ``_state.current``, the recorder of the fetch running
@@ -38,7 +38,6 @@ import gc
 import io
 import os
 import sys
-import sysconfig
 import threading
 import time
 from collections.abc import Callable
@@ -46,13 +45,11 @@ from typing import Any
 
 from ...patch import Patches
 from .composes import composes, random_by_name, set_transforms
+from .sitesampler import SiteSampler, short
 
-#: Seconds between two readings of the fetching thread's stack (user-code sites), and
-#: the GIL switch interval while a batch is made (NOTE [ Sampling the user's code ]).
-SAMPLE_INTERVAL = 0.005
+#: The GIL switch interval while a batch is made (NOTE [ Sampling the user's code ] in
+#: sitesampler.py).
 SWITCH_INTERVAL = 0.0002
-#: Seconds the sampler sleeps between checks when no fetch runs (stop wakes it at once).
-IDLE_WAIT = 0.5
 #: The first ``TIME_FIRST`` batches of a producing process are timed stage by stage, then
 #: one in ``TIME_EVERY`` (NOTE [ Timing a sample of the batches ]).
 TIME_FIRST = 8
@@ -62,13 +59,6 @@ TIME_EVERY = 16
 TIME_EVERY_MAIN = 32
 #: The read stage of ``open``'s reader: wall time, bytes and files, no CPU clock.
 READ_SLOT = "file reads"
-#: Stage names are cut to this many characters (a transform's repr can run long).
-NAME_CHARS = 72
-
-def short(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= NAME_CHARS else text[:NAME_CHARS - 3] + "..."
-
 
 class StageRecorder:
     """Exclusive stage times of one producing process for one loader.
@@ -113,7 +103,7 @@ class _State:
         self.current: StageRecorder | None = None
         self.worker: StageRecorder | None = None
         self.wrapped: list[tuple[Any, Any]] = []  # (compose, its transforms before the wrap)
-        self.sampler: _SiteSampler | None = None
+        self.sampler: SiteSampler | None = None
         self.limitations: list[str] = []
         self.hooked: set[str] = set()  # the modules hooked (hook_modules)
         self.fetching = threading.Event()  # a timed fetch runs: the site sampler reads stacks
@@ -325,83 +315,6 @@ def unwrap_transforms() -> None:
     _state.wrapped.clear()
 
 
-# -- the user's own code: a stack sampler ----------------------------------------------
-def _not_user_paths() -> tuple[str, ...]:
-    paths = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}  # loadprof itself
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        p = sysconfig.get_paths().get(key)
-        if p:
-            paths.add(os.path.abspath(p))
-    return tuple(sorted(paths))
-
-
-class _SiteSampler:
-    """Reads the fetching thread's stack every ``SAMPLE_INTERVAL`` while it runs the
-    user's own code (depth 1: in the fetch, in no hooked stage), and counts the
-    innermost function of the user's.
-
-    NOTE [ Sampling the user's code ]
-    A thread reads another's stack only while it holds the GIL, and it gets the GIL
-    when the fetching thread lets go of it: at a blocking call, or when asked to
-    after the switch interval (5 ms by default). Pure-Python work shorter than that
-    would be seen only where it next releases the GIL, never inside it, so each
-    batch's fetch runs with the switch interval lowered to ``SWITCH_INTERVAL`` and
-    put back after. Only threads that want the GIL during a fetch notice (the
-    sampler, every ``SAMPLE_INTERVAL``); in a worker that is all there is. Waiting
-    up to the interval still lets a sample slip to the next place the fetching thread
-    releases the GIL by itself (a torch op in ``__getitem__``), so the interval is
-    short: at 1 ms, a 4 ms function lost a fifth of its samples to its caller. The
-    samples split the user's time, which itself is exact (the fetch's time less
-    the hooked stages in it): a function's share is its samples over the user's.
-    """
-
-    def __init__(self) -> None:
-        self._stop = threading.Event()
-        self._skip = _not_user_paths()
-        self._user: dict[str, bool] = {}
-        self._thread = threading.Thread(target=self._loop, name="loadprof-stage-sampler", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        fetching = _state.fetching
-        fetching.set()  # wakes the loop from its idle wait: the run's end waits for no timeout
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=1.0)
-        fetching.clear()  # the hooks are gone: no fetch runs now
-
-    def _loop(self) -> None:
-        # Asleep between timed fetches: a thread that woke to find nothing to read
-        # would still take the GIL from the training loop every interval.
-        while not self._stop.is_set():
-            if not _state.fetching.wait(IDLE_WAIT) or self._stop.wait(SAMPLE_INTERVAL):
-                continue
-            rec = _state.current
-            if rec is None or rec.depth != 1:
-                continue
-            frame = sys._current_frames().get(rec.thread)
-            site = self._site(frame)
-            if rec is _state.current and rec.depth == 1:
-                rec.user_samples += 1
-                if site is not None:
-                    rec.sites[site] = rec.sites.get(site, 0) + 1
-
-    def _site(self, frame: Any) -> str | None:
-        while frame is not None:
-            code = frame.f_code
-            path = code.co_filename
-            user = self._user.get(path)
-            if user is None:
-                full = os.path.abspath(path)
-                user = self._user[path] = not path.startswith("<") and not full.startswith(self._skip)
-            if user:
-                return f"{short(getattr(code, 'co_qualname', code.co_name))} ({os.path.basename(path)}:{code.co_firstlineno})"
-            if path == __file__:
-                return None  # reached the fetch wrapper: no function of the user's below it
-            frame = frame.f_back
-        return None
-
-
 # -- the fetch -------------------------------------------------------------------------
 # NOTE [ Timing a sample of the batches ]
 # A timed fetch costs its wrappers (two clock reads a hooked call), a lowered GIL
@@ -558,7 +471,7 @@ def _decoder(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
 def start_sampler() -> None:
     if _state.sampler is None:
-        _state.sampler = _SiteSampler()
+        _state.sampler = SiteSampler(_state, __file__)
 
 
 def uninstall() -> list[str]:
