@@ -7,7 +7,8 @@ import math
 import sys
 
 from ..experiments.trial import run_stopped_cleanly
-from ..experiments.tune import DEFAULT_FIXES, FAMILIES, Search, TuneError, TuneOptions
+from ..experiments.tune import Search, TuneError
+from ..experiments.tuneplan import DEFAULT_FIXES, FAMILIES, TuneOptions
 from ..options import (
     UsageError,
     add_output_options,

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from loadprof.experiments.tune import MAX_ACCUMULATION, Search, TuneOptions
+from loadprof.experiments.tune import Search
+from loadprof.experiments.tuneplan import MAX_ACCUMULATION, TuneOptions
 from loadprof.report.tune_text import TuneConsoleRenderer
 
 pytestmark = pytest.mark.slow

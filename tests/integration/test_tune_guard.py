@@ -14,7 +14,8 @@ import pytest
 
 from loadprof.experiments.codechange import describe_changes
 from loadprof.experiments.trial import TrialResult, TrialSpec, compare_losses, loss_noise, run_trial
-from loadprof.experiments.tune import TuneOptions, TuneResult
+from loadprof.experiments.tune import TuneResult
+from loadprof.experiments.tuneplan import TuneOptions
 from loadprof.fixes.spec import Changes
 from loadprof.report.tune_text import TuneConsoleRenderer
 

@@ -20,7 +20,8 @@ import pytest
 
 from loadprof.experiments.codechange import describe_changes
 from loadprof.experiments.trial import TrialResult, TrialSpec, _measure
-from loadprof.experiments.tune import Search, TuneOptions, plan_compute, plan_input
+from loadprof.experiments.tune import Search
+from loadprof.experiments.tuneplan import TuneOptions, plan_compute, plan_input
 from loadprof.records import Environment, GpuInfo, HostSample, LoaderInfo, Run, Step
 from loadprof.report import build_report
 from loadprof.report.tune_text import TuneConsoleRenderer
