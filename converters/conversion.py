@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from . import example_proto, hdf5, hdf5read, manifest, swap, tfrecord, tfrecordindex
+from . import hdf5, hdf5read, manifest, samplecodec, swap, tfrecord, tfrecordindex
 from .errors import ConvertError
 from .overwrite import replaceable
 from .schema import Field, Sample, SampleDigest, Schema
@@ -217,7 +217,7 @@ class _Output:
             self.h5.write(sample)
         else:
             assert self.tf is not None and self.schema is not None
-            self.tf.write(example_proto.encode_sample(self.schema, sample))
+            self.tf.write(samplecodec.encode_sample(self.schema, sample))
 
     def finish(self, meta: dict[str, Any]) -> list[Path]:
         """Close the writer; return the files of the output, as they will be named in ``out``."""
@@ -232,7 +232,7 @@ class _Output:
             "split": self.options.split,
             "num_records": sum(s.records for s in shards),
             "schema": json.loads(self.schema.to_json()),
-            "encoding": {f.name: example_proto.feature_encoding(f) for f in self.schema.fields},
+            "encoding": {f.name: samplecodec.feature_encoding(f) for f in self.schema.fields},
             "shards": [asdict(s) for s in shards],
             **meta,
         }
@@ -272,7 +272,7 @@ def _read_back(tmp: Path, options: ConvertOptions, schema: Schema) -> Iterator[S
         finally:
             reader.close()
         return
-    decode = example_proto.SampleDecoder(schema)
+    decode = samplecodec.SampleDecoder(schema)
     for shard in sorted(tmp.glob("*.tfrecord")):
         index = tfrecordindex.read_index(tfrecord.index_path_for(shard))
         scanned = tfrecord.scan_records(shard, verify=True)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import example_proto, hdf5read, tfrecord, tfrecordindex, watchdog
+from . import hdf5read, samplecodec, tfrecord, tfrecordindex, watchdog
 from .errors import ConvertError
 from .example_proto import ExampleDecodeError, decode_example
 from .files import describe_mode, open_regular
@@ -145,7 +145,7 @@ def _inspect_tfrecord(p: Path) -> Summary:
     # Totals and checksums describe the whole dataset: compare them only when given all of it.
     complete = bool(expected_counts) and set(expected_counts) == {s.name for s in shards}
     digest = SampleDigest(schema) if schema is not None and complete and info and "checksums" in info else None
-    decode = example_proto.SampleDecoder(schema)
+    decode = samplecodec.SampleDecoder(schema)
     total = 0
     size = 0
     first: dict[str, Any] | None = None

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from . import example_proto, tfrecord
+from . import samplecodec, tfrecord
 from .errors import ConvertError
 from .hdf5read import HDF5Reader
 from .manifest import dataset_files
@@ -31,7 +31,7 @@ def feature_spec(schema: Schema) -> dict[str, tf.io.FixedLenFeature]:
     """The ``tf.io.parse_single_example`` spec for records written with ``schema``."""
     spec = {}
     for f in schema.fields:
-        enc = example_proto.feature_encoding(f)
+        enc = samplecodec.feature_encoding(f)
         if enc in ("bytes", "raw"):
             spec[f.name] = tf.io.FixedLenFeature([], tf.string)
         elif enc == "int64":
@@ -45,7 +45,7 @@ def parse_fn(schema: Schema) -> Any:
     """A function from a serialised Example to ``{name: tensor}`` with the schema's dtypes and shapes."""
     spec = feature_spec(schema)
     for f in schema.fields:
-        if example_proto.feature_encoding(f) == "raw" and f.dtype not in _DECODE_RAW:
+        if samplecodec.feature_encoding(f) == "raw" and f.dtype not in _DECODE_RAW:
             raise ConvertError(f"field {f.name!r}: tf.io.decode_raw cannot read dtype {f.dtype}")
 
     def parse(record: tf.Tensor) -> dict[str, tf.Tensor]:
@@ -53,7 +53,7 @@ def parse_fn(schema: Schema) -> Any:
         out = {}
         for f in schema.fields:
             value = ex[f.name]
-            enc = example_proto.feature_encoding(f)
+            enc = samplecodec.feature_encoding(f)
             if enc == "raw":
                 value = tf.reshape(tf.io.decode_raw(value, tf.as_dtype(f.dtype), little_endian=True), f.shape)
             elif enc == "int64" and f.dtype != "int64":

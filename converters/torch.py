@@ -17,7 +17,7 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from . import example_proto, tfrecord, tfrecordindex
+from . import samplecodec, tfrecord, tfrecordindex
 from .errors import ConvertError
 from .example_proto import ExampleDecodeError
 from .files import open_regular
@@ -153,7 +153,7 @@ class TFRecordDataset(IterableDataset[Any]):
             records = self._random(order)
         else:
             records = self._sequential(lo, hi)
-        decode = example_proto.SampleDecoder(self.schema)
+        decode = samplecodec.SampleDecoder(self.schema)
         for path, offset, data in records:
             try:
                 sample = decode(data)

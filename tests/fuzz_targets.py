@@ -28,7 +28,7 @@ from loadprof.converters import (
     ConvertError,
     ConvertOptions,
     convert,
-    example_proto,
+    samplecodec,
     tfrecord,
     tfrecordindex,
 )
@@ -258,10 +258,10 @@ def check_example(payload: bytes, ops: Sequence[Op], schema_json: str | None, pr
         from loadprof.converters.schema import Schema
 
         schema = Schema.from_json(schema_json)
-        plan = example_proto._plan(schema)
-        fast = example_proto._decode_ours(plan, data)
+        plan = samplecodec._plan(schema)
+        fast = samplecodec._decode_ours(plan, data)
         try:
-            generic = example_proto._decode_generic(schema, data)
+            generic = samplecodec._decode_generic(schema, data)
         except ExampleDecodeError:
             assert fast is None, "the fast decoder read what the generic one refuses"
             return outcome + ", schema: error"

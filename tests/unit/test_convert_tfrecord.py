@@ -9,7 +9,7 @@ import google_crc32c
 import numpy as np
 import pytest
 
-from loadprof.converters import example_proto, tfrecord, tfrecordindex
+from loadprof.converters import samplecodec, tfrecord, tfrecordindex
 from loadprof.converters.errors import ConvertError, CorruptFileError
 from loadprof.converters.example_proto import ExampleDecodeError, decode_example, encode_example
 from loadprof.converters.manifest import info_beside
@@ -167,16 +167,16 @@ def test_fast_and_generic_decoders_agree(tmp_path):
     convert(tmp_path / "d.npz", tmp_path / "tf", ConvertOptions(to="tfrecord"))
     shard = next((tmp_path / "tf").glob("*.tfrecord"))
     schema = tfrecord.schema_from_info(info_beside(shard))
-    plan = example_proto._plan(schema)
+    plan = samplecodec._plan(schema)
     for i, (_, data) in enumerate(tfrecord.iter_records(shard)):
-        fast = example_proto.decode_sample(schema, data)
-        assert example_proto._decode_ours(plan, data) is not None
+        fast = samplecodec.decode_sample(schema, data)
+        assert samplecodec._decode_ours(plan, data) is not None
         # The same Example with an unknown field appended, and with its fields in
         # reverse order: valid protobuf, not our layout, so the generic decoder reads them.
         reordered = encode_example(dict(reversed(list(decode_example(data).items()))))
         for other in (data + b"\x78\x2a", reordered):
-            assert example_proto._decode_ours(plan, other) is None
-            generic = example_proto.decode_sample(schema, other)
+            assert samplecodec._decode_ours(plan, other) is None
+            generic = samplecodec.decode_sample(schema, other)
             assert generic.keys() == fast.keys()
             for name in fast:
                 assert fast[name].dtype == generic[name].dtype and fast[name].shape == generic[name].shape
