@@ -56,8 +56,7 @@ def _mapper_snippet(loader: LoaderInfo, workers: int, method: str) -> str:
 
 
 def _map_workers(run: Run, d: Diagnosis, loader: LoaderInfo, stage: StageTime | None,
-                 th: Thresholds, cores_full: bool) -> Recommendation | None:
-    """``cores_full``: only a map that waits is given workers (threads, which take no core)."""
+                 th: Thresholds) -> Recommendation | None:
     m = d.metrics
     workers = loader.num_workers or 0
     method = facts.method(loader) or "thread"
@@ -66,8 +65,6 @@ def _map_workers(run: Run, d: Diagnosis, loader: LoaderInfo, stage: StageTime | 
     free = _free_cores(m)
     contended = d.contended()
     if stage is None:
-        if cores_full:
-            return None
         # a process mapper: its workers' CPU from the host sampler, as DataLoader workers'
         need = workers_needed(m, loader)
         if method != "process" or need is None:
@@ -84,8 +81,6 @@ def _map_workers(run: Run, d: Diagnosis, loader: LoaderInfo, stage: StageTime | 
     cpu = (stage.cpu or 0.0) / stage.calls
     busy = cpu / wall if wall > 0 else 0.0
     if busy >= th.wait_cpu_bound:
-        if cores_full:
-            return None
         # CPU work: a core per worker, in processes (a thread holds the GIL for Python code)
         target = min(max(1, math.ceil(items * cpu / compute - 1e-9)), free)
         # a thread mapper's Python already has a core: one process adds none, only the trip
@@ -211,12 +206,11 @@ def input_advice(run: Run, d: Diagnosis, loader: LoaderInfo,
     if d.verdict != "data-starved":
         return []
     stage = facts.map_stage(loader)
+    workers = _map_workers(run, d, loader, stage, thresholds)
     if d.cause == "cpu-bound-preprocessing":
         # cores full: more workers only share them (the offline and stage advice still stands),
         # but a map that waits overlaps its waits on threads that need no core of their own
-        workers = _map_workers(run, d, loader, stage, thresholds, cores_full=True)
-        return [workers] if workers is not None else []
-    workers = _map_workers(run, d, loader, stage, thresholds, cores_full=False)
+        return [workers] if workers is not None and workers.values["method"] == "thread" else []
     out = [r for r in (workers, None if workers is not None else _map_cost(d, loader, stage),
                        _in_order(d, loader), _prefetch(d, loader)) if r is not None]
     return sorted(out, key=lambda r: -(r.estimated_speedup or 0.0))
