@@ -458,3 +458,43 @@ def test_a_cache_of_the_items_read_and_deterministic_steps_is_measured_without_r
         assert "(the item's read and decode and the Compose's first 1)" in rec.basis
         assert rec.estimated_speedup is not None and rec.estimated_speedup > 1.5
     assert data.transform.transforms == mine
+
+
+def test_each_replay_starts_from_the_runs_parameters_and_optimizer_state() -> None:
+    """A replay's optimizer holds the run's moments, not a new optimizer's zeros (which zero
+    gradients keep so, and which step slower), and each replay starts where the run left off;
+    the run's own are not touched."""
+    from types import SimpleNamespace
+
+    from loadprof.frameworks.torch.replay import _Step
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 4))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    for _ in range(3):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    run_state = {id(p): {k: v.clone() for k, v in s.items()} for p, s in optimizer.state.items()}
+    run_weights = copy.deepcopy(model.state_dict())
+    step = _Step(SimpleNamespace(model=model, optimizer=optimizer, args=(x,), kwargs={}, training=True))
+    weight = model[0].weight
+
+    for _ in range(2):
+        with step.bound():
+            replayed = step.optimizer.state[step.tensors["0.weight"]]
+            assert replayed["exp_avg_sq"].data_ptr() != optimizer.state[weight]["exp_avg_sq"].data_ptr()
+            for key, value in optimizer.state[weight].items():
+                assert torch.equal(replayed[key], value), key
+            assert torch.equal(model[1].running_mean, run_weights["1.running_mean"])
+            for _ in range(4):
+                step.run()
+            # the replay moved its copies (momentum, the batch's statistics) and its moments
+            assert not torch.equal(replayed["exp_avg_sq"], optimizer.state[weight]["exp_avg_sq"])
+            assert not torch.equal(model[1].running_mean, run_weights["1.running_mean"])
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, run_weights[name]), name
+    for p, state in optimizer.state.items():
+        for key, value in state.items():
+            assert torch.equal(value, run_state[id(p)][key]), key

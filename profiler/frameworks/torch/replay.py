@@ -67,7 +67,8 @@ def step_unsafe(capture: StepCapture, ranks: int, together: bool = False) -> str
     if wrapped in ("FullyShardedDataParallel", "DataParallel") or (wrapped == "DistributedDataParallel"
                                                                      and not together):
         return f"the model is wrapped in {wrapped}: its step runs collectives"
-    need = _model_bytes(model, capture.optimizer) * 3  # parameters, gradients, optimizer state
+    # parameters and buffers, gradients, the optimizer's state
+    need = _model_bytes(model, capture.optimizer) * 2 + _state_bytes(capture.optimizer)
     device = _device_of(capture.args, capture.kwargs, model)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -281,14 +282,43 @@ class _Step:
             self.optimizer = type(optimizer)(groups)
         except Exception:  # an optimizer that cannot be built from its groups: the step stays unmeasured
             self.optimizer = None
+        # each copy and its optimizer state beside the run's own, put back at each replay's
+        # start: the run is paused meanwhile, so its own are as it left them
+        originals = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+        for group in optimizer.param_groups:
+            originals.update((id(p), p) for p in group["params"])
+        self._pairs = [(copy, originals[key]) for key, copy in copies.items() if key in originals]
+        self._states = ([(copies[id(p)], state) for p, state in optimizer.state.items() if id(p) in copies]
+                        if self.optimizer is not None else [])
         self.model, self.args, self.kwargs = model, capture.args or (), capture.kwargs or {}
         self._bound = False
+
+    def reset(self) -> None:
+        """The copies and the optimizer's state as the run left them. A new optimizer's state
+        is all zeros, which zero gradients keep so, and it steps slower than the run's (a
+        square root of zeros is slow on some CPUs: Adam's, RMSprop's, Adagrad's)."""
+        with self.torch.no_grad():
+            for copy, original in self._pairs:
+                copy.copy_(original)
+        for copy, state in self._states:
+            held = self.optimizer.state[copy]
+            for key in [k for k in held if k not in state]:
+                del held[key]
+            for key, value in state.items():
+                mine = held.get(key)
+                if (isinstance(value, self.torch.Tensor) and isinstance(mine, self.torch.Tensor)
+                        and mine.shape == value.shape and mine.dtype == value.dtype):
+                    mine.copy_(value)
+                else:
+                    held[key] = _cloned(value, self.torch)
 
     @contextlib.contextmanager
     def bound(self) -> Iterator[None]:
         """The copies put in the module for a whole replay, and the run's own taken back at
         its end: each call is then the module's own, as the run's is (``functional_call``
-        swaps them at every call, which a step of a millisecond would count as its own)."""
+        swaps them at every call, which a step of a millisecond would count as its own).
+        Each replay starts from the run's own parameters and optimizer state (``reset``)."""
+        self.reset()
         reparametrize = getattr(self.torch.nn.utils.stateless, "_reparametrize_module", None)
         if reparametrize is None:  # a torch without it: a swap a call
             yield
@@ -309,8 +339,8 @@ class _Step:
                 out = torch.func.functional_call(self.model, self.tensors, self.args, self.kwargs, strict=False)
             loss = _scalar(out, torch)
             if loss is not None:
-                # zero gradients, computed in full: the copies stay as the run left them
-                # (a drifting copy would reach denormals, and slow down)
+                # zero gradients, computed in full: the loss does not train the copies away
+                # from the run's (a drifting copy would reach denormals, and slow down)
                 (loss * 0.0).backward()
         if self.optimizer is not None:
             self.optimizer.step()
@@ -325,6 +355,17 @@ def replayed_model(model: Any) -> Any:
     """The module a replay calls: DDP's own module, so that no replay runs a collective
     (its gradient all-reduce is stood in for: NOTE [ What-if replays ])."""
     return model.module if type(model).__name__ == "DistributedDataParallel" else model
+
+
+def _cloned(value: Any, torch: Any) -> Any:
+    """A copy of an optimizer's state value: its tensors cloned, in lists and dicts too."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _cloned(v, torch) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_cloned(v, torch) for v in value)
+    return value
 
 
 def _scalar(out: Any, torch: Any, depth: int = 0) -> Any:
@@ -407,6 +448,18 @@ def _model_bytes(model: Any, optimizer: Any) -> int:
         if id(t) not in seen:
             seen.add(id(t))
             total += t.numel() * t.element_size()
+    return total
+
+
+def _state_bytes(optimizer: Any) -> int:
+    """The bytes of the tensors an optimizer holds in its state (its moments)."""
+    import torch
+
+    total = 0
+    for state in getattr(optimizer, "state", {}).values():
+        for value in state.values() if isinstance(state, dict) else ():
+            if isinstance(value, torch.Tensor):
+                total += value.numel() * value.element_size()
     return total
 
 
