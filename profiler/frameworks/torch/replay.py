@@ -263,31 +263,29 @@ class _Step:
         self.device = _device_of(capture.args, capture.kwargs, model)
         self.torch = torch
         copies: dict[int, Any] = {}
-        self.tensors: dict[str, Any] = {}
-        for name, p in model.named_parameters(remove_duplicate=False):
-            if id(p) not in copies:
-                copies[id(p)] = p.detach().clone().requires_grad_(p.requires_grad)
-            self.tensors[name] = copies[id(p)]
-        for name, b in model.named_buffers(remove_duplicate=False):
-            if id(b) not in copies:
-                copies[id(b)] = b.detach().clone()
-            self.tensors[name] = copies[id(b)]
+        # each copy beside the run's own, put back at each replay's start: the run is paused
+        # meanwhile, so its own are as it left them
+        self._pairs: list[tuple[Any, Any]] = []
+
+        def copy_of(t: Any, grad: bool) -> Any:
+            if id(t) not in copies:
+                copies[id(t)] = t.detach().clone().requires_grad_(grad and t.requires_grad)
+                self._pairs.append((copies[id(t)], t))
+            return copies[id(t)]
+
+        self.tensors: dict[str, Any] = {name: copy_of(p, True)
+                                        for name, p in model.named_parameters(remove_duplicate=False)}
+        self.tensors.update((name, copy_of(b, False)) for name, b in model.named_buffers(remove_duplicate=False))
         self.optimizer: Any = None
         try:
             groups = []
             for group in optimizer.param_groups:
-                params = [copies.setdefault(id(p), p.detach().clone().requires_grad_(p.requires_grad))
-                          for p in group["params"]]
+                params = [copy_of(p, True) for p in group["params"]]
                 groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
             self.optimizer = type(optimizer)(groups)
         except Exception:  # an optimizer that cannot be built from its groups: the step stays unmeasured
             self.optimizer = None
-        # each copy and its optimizer state beside the run's own, put back at each replay's
-        # start: the run is paused meanwhile, so its own are as it left them
-        originals = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-        for group in optimizer.param_groups:
-            originals.update((id(p), p) for p in group["params"])
-        self._pairs = [(copy, originals[key]) for key, copy in copies.items() if key in originals]
+        # the run's optimizer state, by the copy it belongs to
         self._states = ([(copies[id(p)], state) for p, state in optimizer.state.items() if id(p) in copies]
                         if self.optimizer is not None else [])
         self.model, self.args, self.kwargs = model, capture.args or (), capture.kwargs or {}
@@ -442,25 +440,21 @@ def _device_of(args: Any, kwargs: Any, model: Any) -> Any:
 
 
 def _model_bytes(model: Any, optimizer: Any) -> int:
-    seen: set[int] = set()
-    total = 0
-    for t in [*model.parameters(), *model.buffers()]:
-        if id(t) not in seen:
-            seen.add(id(t))
-            total += t.numel() * t.element_size()
-    return total
+    return _nbytes([*model.parameters(), *model.buffers()])
 
 
 def _state_bytes(optimizer: Any) -> int:
     """The bytes of the tensors an optimizer holds in its state (its moments)."""
     import torch
 
-    total = 0
-    for state in getattr(optimizer, "state", {}).values():
-        for value in state.values() if isinstance(state, dict) else ():
-            if isinstance(value, torch.Tensor):
-                total += value.numel() * value.element_size()
-    return total
+    return _nbytes([v for state in getattr(optimizer, "state", {}).values() if isinstance(state, dict)
+                    for v in state.values() if isinstance(v, torch.Tensor)])
+
+
+def _nbytes(tensors: list[Any]) -> int:
+    """The bytes of distinct tensors (a tied one counted once)."""
+    unique = {id(t): t for t in tensors}
+    return sum(t.numel() * t.element_size() for t in unique.values())
 
 
 def _to(batch: Any, device: Any, pinned: bool, depth: int = 0) -> None:
