@@ -113,8 +113,11 @@ def _kill_helper(prof: Profile, epoch: int, i: int) -> None:
     while not prof._collector.host.serving and time.monotonic() < deadline:
         time.sleep(0.01)
     for child in psutil.Process().children():
-        if "loadprof.samplers.hostproc" in " ".join(child.cmdline()):
-            child.kill()
+        try:
+            if "loadprof.samplers.hostproc" in " ".join(child.cmdline()):
+                child.kill()
+        except psutil.Error:  # an earlier test's child gone, or not yet reaped (a zombie)
+            continue
     while prof._collector.host.serving and time.monotonic() < deadline:
         time.sleep(0.01)
 
