@@ -18,8 +18,9 @@ from tests.tf_loops import custom_loop  # noqa: E402
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 
-#: tf.data's iterator starts the next element as it hands one over, so a stall waits this
-#: less the loop's step before it: long enough that a busy host's slow step leaves a stall
+#: TensorFlow fuses the map with the batch into one that makes the next batch ahead of the
+#: loop, so a stall waits this less the loop's step before it: long enough that a busy
+#: host's slow step still leaves a stall
 STALL = 0.4
 #: the model's time a step more: the stalls' floor is half a step, above a busy host's jitter
 PAUSE = 0.01
