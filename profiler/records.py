@@ -239,6 +239,9 @@ class LoaderInfo:
     # Start-up and sharding, measured by frameworks/torch/loaderfacts.py (NOTE [ Loader start-up and shards ]).
     #: seconds from iter(loader) to its first batch, per training iteration (epoch), the first 100
     first_batch_s: list[float] = field(default_factory=list)
+    #: seconds since the run started at which each training iteration's first batch reached the
+    #: loop, the first 100: where its epochs began, whether or not its length is known
+    iteration_starts_s: list[float] = field(default_factory=list)
     #: seconds each iteration's iterator took to be freed once the loop let it go (tf.data
     #: waits for its threads), the first 100
     stop_s: list[float] = field(default_factory=list)

@@ -125,11 +125,12 @@ def _first_batch(run: Run, loader: LoaderInfo | None) -> float | None:
 
 def iteration_starts(run: Run, m: Metrics) -> list[int]:
     """Step indices, ascending, at which a training iteration of the loader (an epoch) began,
-    as far as the records tell: the records mark no epoch, so it is the first step after
-    each evaluation pass (training then reads from a new iterator), and, where the loader
-    says its size, each epoch's worth of steps. Without drop_last an epoch has ceil(items /
-    batch) batches, with it floor: of the two, the step that waited longer, since the
-    start of an iteration is where its first batch waits."""
+    as far as the records tell: the first step after each evaluation pass (training then
+    reads from a new iterator), and the step that took each later iteration's first batch
+    where the loader's hooks noted when it came; in runs saved before they did, each
+    epoch's worth of steps where the loader says its size. Without drop_last an epoch has
+    ceil(items / batch) batches, with it floor: of the two, the step that waited longer,
+    since the start of an iteration is where its first batch waits."""
     steps = run.steps
     if not steps:
         return []
@@ -147,6 +148,12 @@ def iteration_starts(run: Run, m: Metrics) -> list[int]:
         if i < len(steps):
             found.add(steps[i].index)
     li = m.loader
+    if li is not None and li.iteration_starts_s:
+        for at in li.iteration_starts_s:
+            i = bisect.bisect_left(ends, at)  # the step whose wait it ended
+            if 0 < i < len(steps):  # the run's first step is its first batch
+                found.add(steps[i].index)
+        return sorted(found)
     epochs = li.iterations - li.eval_iterations if li is not None else 0
     if li is not None and epochs > 1 and li.dataset_length and li.batch_size and li.iterable is not True:
         per_step = max(m.batches_per_step, 1e-9)  # gradient accumulation: several batches a step

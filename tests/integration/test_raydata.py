@@ -59,6 +59,9 @@ def test_the_loop_s_waits_and_the_pipeline_s_facts_are_recorded(starved: Report)
     assert adapter is not None and adapter.name == "ray" and not adapter.on_threads(info)
     # every batch the loop took was counted, the warm-up's included
     assert info.stage_batches == 8192 // 64 == sum(s.merged for s in starved.run.steps)
+    # its one iteration's first batch came in the run's first step, on the steps' clock
+    [first] = info.iteration_starts_s
+    assert 0 < first <= starved.run.steps[0].end
 
 
 def test_a_starved_pipeline_is_told_in_ray_s_words_with_its_operators(starved: Report) -> None:

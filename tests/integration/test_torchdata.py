@@ -43,6 +43,8 @@ def test_a_starved_thread_mapper_is_named_and_advised_in_its_own_knobs() -> None
     [info] = run.loaders
     assert info.framework == "torchdata.nodes" and info.batch_size == 32 and info.num_workers == 1
     assert facts.method(info) == "thread" and run.data_wait_method == "iterator-next"
+    [first] = info.iteration_starts_s  # its one iteration's first batch, in the first step
+    assert 0 < first <= run.steps[0].end
     assert report.verdict == "data-starved"
     d = report.diagnosis
     # a busy host (another job on the cores) is told as such; otherwise the map's CPU work. With

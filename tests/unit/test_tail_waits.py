@@ -114,6 +114,27 @@ def test_stalls_at_each_epochs_start_are_located_and_get_persistent_workers():
     assert "persistent_workers=True" not in (warning(run) or "")
 
 
+def test_an_iterable_loaders_epoch_starts_are_the_steps_its_iterations_first_batches_came_in():
+    # an IterableDataset says no length: only when each iteration's first batch came tells
+    run = stalled(44, {11: 0.5, 22: 0.5, 33: 0.5}, workers=2, iterations=4)
+    li = run.loaders[0]
+    li.iterable, li.dataset_length = True, None
+    w = diagnose(run).metrics.waits
+    assert w is not None and sorted((st.index, st.at) for st in w.stalls) == [(11, ""), (22, ""), (33, "")]
+    li.iteration_starts_s = [run.steps[i].start + run.steps[i].data_wait for i in (0, 11, 22, 33)]
+    w = diagnose(run).metrics.waits
+    assert w is not None
+    assert sorted((st.index, st.at) for st in w.stalls) == [(11, "epoch-start"), (22, "epoch-start"),
+                                                          (33, "epoch-start")]
+    detail = warning(run)
+    assert detail is not None and "each epoch's start waits 500.0 ms (3 of the stalls): DataLoader(..., " \
+        "persistent_workers=True)" in detail
+    # the noted starts, not a length that would put them elsewhere
+    li.dataset_length, li.iterable = 32 * 10, False
+    w = diagnose(run).metrics.waits
+    assert w is not None and {st.at for st in w.stalls} == {"epoch-start"}
+
+
 def test_epoch_start_stalls_say_how_much_was_freeing_the_last_epochs_iterator():
     run = stalled(44, {11: 0.5, 22: 0.5, 33: 0.5}, workers=2, iterations=4)
     run.loaders[0].dataset_length = 330

@@ -237,9 +237,13 @@ class RayDataHooks:
     def _batch(self, it: _Iteration, batch: Any, t0: float, t1: float, cpu: float) -> None:
         info = it.watched.info
         it.batches += 1
+        torch = sys.modules.get("torch")
+        training = torch is None or torch.is_grad_enabled()
         if it.started is not None:
             if len(info.first_batch_s) < MAX_FIRST_BATCHES:
                 info.first_batch_s.append(t1 - it.started)
+                if training:
+                    info.iteration_starts_s.append(t1 - self.timeline.t0)
             it.started = None
             if self._cpus is None:
                 self._cpus = self._cluster_cpus()
@@ -247,8 +251,7 @@ class RayDataHooks:
                 facts.set_note(info, facts.CLUSTER_CPUS, self._cpus)
         if info.sample_nbytes is None:
             info.sample_nbytes = sample_nbytes(batch, info.batch_size)
-        torch = sys.modules.get("torch")
-        if torch is None or torch.is_grad_enabled():
+        if training:
             self.timeline.batch_wait(t0, t1, cpu, info.batch_size)
         else:
             self.timeline.eval_wait(t0, t1)  # NOTE [ Evaluation batches ] in timeline.py

@@ -109,7 +109,7 @@ class TorchHooks:
         self._memory_device: Any = None  # the parameters' device at that reading
         self._peak_before: int | None = None  # the process's peak RSS when the hooks went in
         self._stages = StageCollector()  # stage by stage, in workers too (stagepipe.py)
-        self.facts = LoaderFacts(self.pid)  # start-up and worker shares (NOTE [ Loader start-up and shards ])
+        self.facts = LoaderFacts(self.pid, timeline.t0)  # start-up and worker shares (NOTE [ Loader start-up and shards ])
         #: one step's model, arguments and loader for the what-if replays (None: not wanted)
         self.capture: StepCapture | None = StepCapture()
         #: called once, between two steps, when the step is held and ``replay_step`` steps ran

@@ -91,8 +91,9 @@ class _Share:
 class LoaderFacts:
     """Start-up times and worker shares of the loaders one TorchHooks sees."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, t0: float = 0.0) -> None:
         self.pid = pid  # set to -1 by finish(): the wraps are inert from then on
+        self.t0 = t0  # the clock's reading at the run's start: the steps' zero
         #: id(iterator) -> its start-up so far; empty once every iteration has its first batches
         self.starting: dict[int, _Start] = {}
         self._shares: dict[int, _Share] = {}  # id(LoaderInfo) -> its current iteration's share
@@ -162,6 +163,7 @@ class LoaderFacts:
             return
         if start.got == 0:
             start.info.first_batch_s.append(t1 - start.t_iter)
+            start.info.iteration_starts_s.append(t1 - self.t0)
             start.wait = t1 - start.t_iter  # iter() and the wait: the workers' start
         else:
             start.wait += t1 - t0

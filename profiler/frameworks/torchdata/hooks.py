@@ -242,6 +242,8 @@ class NodesHooks:
                     it._loadprof_iter_at = None
                     if len(info.first_batch_s) < MAX_FIRST_BATCHES:
                         info.first_batch_s.append(t1 - started)
+                        if grad_enabled():
+                            info.iteration_starts_s.append(t1 - hooks.timeline.t0)
                 if info.sample_nbytes is None:
                     info.sample_nbytes = sample_nbytes(batch, info.batch_size)
             if grad_enabled():
