@@ -126,11 +126,12 @@ def _first_batch(run: Run, loader: LoaderInfo | None) -> float | None:
 def iteration_starts(run: Run, m: Metrics) -> list[int]:
     """Step indices, ascending, at which a training iteration of the loader (an epoch) began,
     as far as the records tell: the first step after each evaluation pass (training then
-    reads from a new iterator), and the step that took each later iteration's first batch
-    where the loader's hooks noted when it came; in runs saved before they did, each
-    epoch's worth of steps where the loader says its size. Without drop_last an epoch has
-    ceil(items / batch) batches, with it floor: of the two, the step that waited longer,
-    since the start of an iteration is where its first batch waits."""
+    reads from a new iterator), the step that took each later iteration's first batch
+    where the loader's hooks noted when it came, and, for the iterations not noted
+    (tf.data's, past a loader's first 100, runs saved before the note), each epoch's worth
+    of steps where the loader says its size. Without drop_last an epoch has ceil(items /
+    batch) batches, with it floor: of the two, the step that waited longer, since the start
+    of an iteration is where its first batch waits."""
     steps = run.steps
     if not steps:
         return []
@@ -148,19 +149,20 @@ def iteration_starts(run: Run, m: Metrics) -> list[int]:
         if i < len(steps):
             found.add(steps[i].index)
     li = m.loader
-    if li is not None and li.iteration_starts_s:
-        for at in li.iteration_starts_s:
-            i = bisect.bisect_left(ends, at)  # the step whose wait it ended
-            if 0 < i < len(steps):  # the run's first step is its first batch
-                found.add(steps[i].index)
-        return sorted(found)
+    noted = li.iteration_starts_s if li is not None else []
+    for at in noted:
+        i = bisect.bisect_left(ends, at)  # the step whose wait it ended
+        if 0 < i < len(steps):  # the run's first step is its first batch
+            found.add(steps[i].index)
     epochs = li.iterations - li.eval_iterations if li is not None else 0
-    if li is not None and epochs > 1 and li.dataset_length and li.batch_size and li.iterable is not True:
+    if li is not None and epochs > max(1, len(noted)) and li.dataset_length and li.batch_size \
+            and li.iterable is not True:
         per_step = max(m.batches_per_step, 1e-9)  # gradient accumulation: several batches a step
         sizes = {li.dataset_length // li.batch_size, -(-li.dataset_length // li.batch_size)} - {0}
         last = steps[-1].index + steps[-1].merged
-        # the epochs the steps reach, not the count a saved file claims
-        for k in range(1, min(epochs, math.floor(last * per_step / min(sizes)) + 2)):
+        # the epochs the steps reach, not the count a saved file claims; past those noted (a
+        # loader notes its first 100)
+        for k in range(max(1, len(noted)), min(epochs, math.floor(last * per_step / min(sizes)) + 2)):
             candidates = [round(k * size / per_step) for size in sorted(sizes)]
             if candidates:
                 found.add(max(candidates, key=wait_at))
