@@ -35,7 +35,9 @@ last frame (the recent window and the sums so far are kept as they come, never
 rescanned), the newest samples (``Sampler.recent``), and for the verdict a snapshot
 of the whole run, diagnosed no more often than every ``VERDICT_EVERY`` seconds nor
 than ``VERDICT_COST_RATIO`` times what the last diagnosis took (diagnosing 20,000
-steps takes ~10-60 ms: then once in 5-30 s). Reading the steps may fold the
+steps takes ~10-60 ms: then once in 5-30 s); a run of fewer than ``FEW_STEPS``
+steps still inconclusive is diagnosed again at the next frame, however long a busy
+host made the last diagnosis. Reading the steps may fold the
 timeline's events instead of the sampler. A failure of the view itself ends the
 view with one warning line, never the run.
 """
@@ -64,6 +66,7 @@ RECENT = 10.0  # seconds of the "recent" window
 WARMUP = 5  # steps left out of "so far": diagnosis.warmup_count's cap
 VERDICT_EVERY = 5.0  # the verdict moves slowly; each diagnosis holds the GIL in one piece
 VERDICT_COST_RATIO = 500  # at most 0.2% of the time on diagnosis
+FEW_STEPS = 200  # an inconclusive run this short is judged again at the next frame
 THREAD_NAME = "loadprof-live"
 JOIN_TIMEOUT = 5.0
 FIRST_DRAW = 20.0  # seconds: the view waits for the first step at most this long
@@ -244,7 +247,7 @@ class LiveView:
         from ..metrics import main_loader
         from ..stagemodel import loading
 
-        began = time.perf_counter()
+        began = self._clock()
         run = self._snapshot()
         s = self.state
         load = loading(run, main_loader(run))
@@ -253,12 +256,17 @@ class LiveView:
         if s.waits_timed:
             d = diagnose(run)
             s.verdict, s.cause, s.verdict_at = d.verdict, d.cause, now
-        cost = time.perf_counter() - began
+        cost = self._clock() - began
         # no steps yet: look again at the next frame, not to show a fit's zero waits for 5 s;
         # too few steps to judge: again at the next frame too, or a short run shows
         # "inconclusive" throughout (its steps are few, and so is a diagnosis's cost)
         every = VERDICT_EVERY if s.verdict != "inconclusive" else 0.0
-        self._next_verdict = now + max(every, VERDICT_COST_RATIO * cost) if run.steps else now
+        pause = max(every, VERDICT_COST_RATIO * cost)
+        if s.verdict == "inconclusive" and len(run.steps) < FEW_STEPS:
+            # a few steps cost little to judge: a busy host stretching this one diagnosis must
+            # not push the next past a short run's end
+            pause = min(pause, PERIOD)
+        self._next_verdict = now + pause if run.steps else now
 
     # -- drawing ------------------------------------------------------------------
     def render(self) -> Text:
