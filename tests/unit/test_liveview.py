@@ -84,35 +84,14 @@ def test_workers_an_earlier_reading_listed_are_shown_though_the_newest_missed_th
     assert cpu_row().endswith("process 60% of a core   no loader workers")
 
 
-def test_a_short_run_shows_a_verdict_once_its_steps_can_be_judged_not_inconclusive_throughout() -> None:
-    # 15 steps in 3 s (--max-steps 15): the first frame has too few steps to judge, and the
-    # next diagnosis must not wait VERDICT_EVERY (5 s), past the run's end
+def _short_run_verdicts(diagnosis_s: float = 0.0) -> list[str]:
+    """The verdict of each frame of a run of 15 steps in 3 s (--max-steps 15), a frame every
+    other step (0.4 s), each diagnosis taking ``diagnosis_s`` of the view's clock."""
     steps: list[Step] = []
     now = [0.0]
 
     def snapshot() -> Run:
-        return Run(environment=Environment(usable_cores=2, logical_cores=2), steps=list(steps),
-                   data_wait_method="iterator-next")
-
-    view = LiveView(steps=lambda: steps, samples=lambda n: ([], []), snapshot=snapshot, clock=lambda: now[0],
-                    file=io.StringIO(), title="train.py")
-    seen = []
-    for i in range(15):
-        steps.append(Step(i, i * 0.2, (i + 1) * 0.2, data_wait=0.15))
-        now[0] = (i + 1) * 0.2
-        if i % 2:  # a frame every other step: 0.4 s
-            seen.append(view.update().verdict)
-    assert seen[0] == "inconclusive" and seen[-1] == "data-starved", seen
-
-
-def test_a_short_runs_verdict_comes_though_a_busy_host_stretched_its_first_diagnosis() -> None:
-    # the same run, each diagnosis taking 50 ms of the view's clock (the host busy): 500 times
-    # that would put the next one 25 s away, past the run's end
-    steps: list[Step] = []
-    now = [0.0]
-
-    def snapshot() -> Run:
-        now[0] += 0.05
+        now[0] += diagnosis_s
         return Run(environment=Environment(usable_cores=2, logical_cores=2), steps=list(steps),
                    data_wait_method="iterator-next")
 
@@ -124,4 +103,18 @@ def test_a_short_runs_verdict_comes_though_a_busy_host_stretched_its_first_diagn
         now[0] = max(now[0], (i + 1) * 0.2)
         if i % 2:
             seen.append(view.update().verdict)
+    return seen
+
+
+def test_a_short_run_shows_a_verdict_once_its_steps_can_be_judged_not_inconclusive_throughout() -> None:
+    # the first frame has too few steps to judge, and the next diagnosis must not wait
+    # VERDICT_EVERY (5 s), past the run's end
+    seen = _short_run_verdicts()
+    assert seen[0] == "inconclusive" and seen[-1] == "data-starved", seen
+
+
+def test_a_short_runs_verdict_comes_though_a_busy_host_stretched_its_first_diagnosis() -> None:
+    # each diagnosis taking 50 ms (the host busy): 500 times that would put the next one 25 s
+    # away, past the run's end
+    seen = _short_run_verdicts(diagnosis_s=0.05)
     assert seen[0] == "inconclusive" and seen[-1] == "data-starved", seen
