@@ -142,8 +142,11 @@ EXAMPLES: dict[str, Example] = {
                                flags={"map_workers": ["--map-workers", "{num_workers}"]}),
     # Ray Data, last of the scripts (its daemons outlive a stopped run: _settle): a slow Python map_batches on a one-CPU Ray cluster; a wide model fed by a cheap map
     "raydata_starved": Example("benchmarks/advice_scripts/raydata_starved.py", ["--epochs", "50"],
-                               flags={"ray_cluster_cpus": ["--all-cpus"]}, steps=300),
-    "raydata_compute": Example("benchmarks/advice_scripts/raydata_compute.py", ["--epochs", "50"]),
+                               flags={"ray_cluster_cpus": ["--all-cpus"],
+                                      "ray_prefetch_batches": ["--prefetch-batches", "{prefetch_batches}"]},
+                               steps=300),
+    "raydata_compute": Example("benchmarks/advice_scripts/raydata_compute.py", ["--epochs", "50"],
+                               flags={"ray_prefetch_batches": ["--prefetch-batches", "{prefetch_batches}"]}),
 }
 #: Multi-rank jobs: name -> (script, arguments, ranks, flags as ``Example.flags``). A trial is
 #: a whole torchrun job (one process per rank on this machine), the fix applied on every

@@ -45,7 +45,9 @@ pause; one that never comes costs the others a bounded wait and no replay. The j
 figure for a change (``jobs/estimates.py``) is its slowest rank's replay as run over
 its slowest rank's replay with the change.
 
-Where the loader cannot be read again (batches not from a DataLoader; an IterableDataset,
+Ray Data's training iteration is read again as a DataLoader is, after the run's first
+iteration of it ended (NOTE [ Ray Data read again ] in frameworks/raydata/replay.py).
+Where the loader cannot be read again (batches from neither; an IterableDataset,
 a stream that may not be read twice, unless the run read it again already), the model's
 own changes (``model_only``) are replayed on its held batch alone at the run's end, the
 run's measured wait for a batch added to each replay's step.
@@ -62,7 +64,9 @@ from .records import WhatIf
 
 #: the advice measured by a replay (the rest changes the code, or the optimisation)
 MEASURED_IDS = ("num_workers", "prefetch", "cache", "pin_memory", "mixed_precision", "threads",
-                "offline_preprocessing", "convert_format")
+                "offline_preprocessing", "convert_format", "ray_prefetch_batches")
+#: the loaders' advice, in their own knobs, a replay of a torch step measures beside them
+BESIDE_TORCH = ("ray",)
 #: the changes' fields a replay of the model alone on a held batch applies...
 MODEL_FIELDS = ("amp", "threads")
 #: ...the thread count only where waiting for batches takes at most this share of the step
@@ -121,11 +125,13 @@ class Interrupted(Exception):
 def plan(recommendations: list[Recommendation], dialect: str = "torch",
          ids: tuple[str, ...] = MEASURED_IDS) -> list[Changes]:
     """The changes to measure: the advised ones a replay can apply (``ids``, advice in the
-    ``dialect`` of the framework replayed), each once, in the advice's order."""
+    ``dialect`` of the framework replayed, or of a loader replayed beside it), each once, in
+    the advice's order."""
     seen: set[str] = set()
     out: list[Changes] = []
+    frameworks = (dialect, *BESIDE_TORCH) if dialect == "torch" else (dialect,)
     for rec in recommendations:
-        if rec.id not in ids or rec.framework != dialect:
+        if rec.id not in ids or rec.framework not in frameworks:
             continue
         change = replayed_change(rec)
         if change is None or change.empty:

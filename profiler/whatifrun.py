@@ -56,10 +56,17 @@ class WhatIfRun:
             if capture is not None:
                 capture.drop()  # the script's model and loader, let go
 
-    def mid_run(self, hooks: Any) -> None:
+    def mid_run(self, hooks: Any) -> bool:
         """The what-if replays between two steps, once the step is held (NOTE [ What-if
         replays ] in whatif.py): the hooks inert meanwhile, and the pause taken out of the
-        run's times at the end (``close_pause``)."""
+        run's times at the end (``close_pause``). False: not yet (another framework's loader
+        that feeds the step is not ready to be read again: ``ReplaySource.ready``)."""
+        capture = self.capture()
+        if capture is not None and capture.loader is None:
+            source = self._replay_source()
+            if source is not None and not source.ready():
+                return False
+            capture.loader = source
         t0, cpu0 = time.perf_counter(), time.thread_time()
         try:
             with hooks.suspended():
@@ -75,6 +82,7 @@ class WhatIfRun:
             self.pause = (t0 - self.place.t0, t1 - self.place.t0)
             if self.place.timeline is not None:  # a loop timed between steps: the pause is no wait of its
                 self.place.timeline.profiler_pause(t0, t1, time.thread_time() - cpu0)
+        return True
 
     def capture(self) -> Any:
         """The torch hooks' held step (frameworks/torch/stepcapture.py), or None."""
@@ -111,6 +119,8 @@ class WhatIfRun:
             from .frameworks.torch.replay import measure, step_unsafe, unsafe
             from .whatif import TOP_UP_SHARE, Interrupted, model_only, plan
 
+            if capture.loader is None:  # batches from another framework's loader, read again beside the step
+                capture.loader = self._replay_source()
             diagnosis = diagnose(run)
             changes = plan(recommend(run, diagnosis))
             if self.place.job is not None:  # the ranks replay together, once (NOTE [ What-if replays ])
@@ -161,6 +171,16 @@ class WhatIfRun:
             if done:
                 self.measured = True
                 capture.drop()
+
+    def _replay_source(self) -> Any:
+        """A loader of another framework that fed the step and can be read again
+        (``replay.ReplaySource``: Ray Data's), or None."""
+        for hooks in self.place.hooks().values():
+            get = getattr(hooks, "replay_source", None)
+            source = get() if get is not None else None
+            if source is not None:
+                return source
+        return None
 
     def _replay_together(self, capture: Any, run: Run, diagnosis: Any, changes: list[Any], end: bool) -> None:
         """A job's replays (NOTE [ What-if replays ] in whatif.py): every rank at the same step,

@@ -28,6 +28,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--rows", type=int, default=8192)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--prefetch-batches", type=int, default=4,
+                        help="the iteration's prefetch_batches (loadprof's ray_prefetch_batches advice)")
     parser.add_argument("--hidden", type=int, default=2048)
     args = parser.parse_args()
     ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
@@ -40,7 +42,7 @@ def main() -> None:
     ds = ray.data.range(args.rows, override_num_blocks=max(1, args.rows // 1024)).map_batches(
         normalise, batch_size=args.batch_size)
     for _ in range(args.epochs):
-        for batch in ds.iter_torch_batches(batch_size=args.batch_size, prefetch_batches=4):
+        for batch in ds.iter_torch_batches(batch_size=args.batch_size, prefetch_batches=args.prefetch_batches):
             loss = torch.nn.functional.cross_entropy(model(batch["x"]), batch["y"])
             opt.zero_grad()
             loss.backward()

@@ -38,6 +38,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--rows", type=int, default=8192)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--prefetch-batches", type=int, default=1,
+                        help="the iteration's prefetch_batches (loadprof's ray_prefetch_batches advice)")
     parser.add_argument("--all-cpus", action="store_true", help="ray.init(num_cpus=<the host's usable cores>)")
     args = parser.parse_args()
     cpus = len(os.sched_getaffinity(0)) if args.all_cpus else 1
@@ -49,7 +51,7 @@ def main() -> None:
     ds = ray.data.range(args.rows, override_num_blocks=args.rows // 512).map_batches(
         featurize, batch_size=args.batch_size)
     for _ in range(args.epochs):
-        for batch in ds.iter_torch_batches(batch_size=args.batch_size):
+        for batch in ds.iter_torch_batches(batch_size=args.batch_size, prefetch_batches=args.prefetch_batches):
             loss = torch.nn.functional.cross_entropy(model(batch["x"]), batch["y"])
             opt.zero_grad()
             loss.backward()

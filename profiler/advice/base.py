@@ -178,6 +178,9 @@ def replayed_change(rec: Recommendation) -> Changes | None:
         stages, reads = rec.values.get("prefix_stages"), bool(rec.values.get("prefix_reads"))
         ok = isinstance(stages, int) and (stages >= 1 or reads and stages == 0)
         return Changes(held_stages=stages, held_reads=reads) if ok else None
+    if rec.id == "ray_prefetch_batches" and isinstance(rec.values.get("prefetch_batches"), int) \
+            and rec.values["prefetch_batches"] >= 1:
+        return Changes(ray_prefetch_batches=rec.values["prefetch_batches"])
     change = change_of(rec)
     if change is not None:
         change.persistent_workers = None

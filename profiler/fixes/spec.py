@@ -68,10 +68,13 @@ class Changes:
     #: Measurement only: with ``held_stages``, the item's read and decode before the
     #: Compose held too (``__getitem__`` not called again).
     held_reads: bool = False
+    #: Measurement only (a what-if replay): a Ray Data iteration's ``prefetch_batches``
+    #: (the script's code sets it; no trial can).
+    ray_prefetch_batches: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_workers", "prefetch_factor", "accumulation", "threads", "map_calls",
-                     "parallel_reads", "held_stages"):
+                     "parallel_reads", "held_stages", "ray_prefetch_batches"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ValueError(f"{name}: expected a whole number >= 0, got {value!r}")

@@ -93,6 +93,10 @@ class _Watched:
         #: operator name -> [wall, cpu, tasks], in the order Ray lists them
         self.totals: dict[str, list[float]] = {}
         self.batches = 0
+        #: the method's keyword arguments as the script last called it, for the replays
+        #: (None: it passed some by position, which a replay does not guess)
+        self.kwargs: dict[str, Any] | None = None
+        self.ended = 0  # iterations that ended (their execution done)
 
 
 class _Iteration:
@@ -127,6 +131,8 @@ class RayDataHooks:
         self._calls: dict[str, _Call] = {}
         self._open: weakref.WeakSet[_Iterator] = weakref.WeakSet()
         self._cpus: float | None = None
+        #: the latest training iteration's (source, method, loader): the what-if replays read it again
+        self._training: tuple[Callable[[], Any], str, _Watched] | None = None
 
     # -- install / remove -----------------------------------------------------
     def install(self) -> None:
@@ -196,6 +202,7 @@ class RayDataHooks:
                 finally:
                     local.inside = False
                 watched = hooks._watched(source, label, {**defaults, **kwargs})
+                watched.kwargs = None if args else dict(kwargs)
                 return _Iterable(iterable, hooks, watched, source)
 
             return call
@@ -227,12 +234,27 @@ class RayDataHooks:
             facts.set_note(watched.info, facts.METHOD, label.rsplit(".", 1)[-1])
         return watched
 
-    def _started(self, watched: _Watched) -> None:
+    def _started(self, watched: _Watched, source: Any) -> None:
         info = watched.info
         info.iterations += 1
         torch = sys.modules.get("torch")
         if torch is not None and not torch.is_grad_enabled():
             info.eval_iterations += 1
+        else:
+            entry = self._loaders.get((id(source), info.kind))
+            if entry is not None:
+                self._training = (entry[0], info.kind.rsplit(".", 1)[-1], watched)
+
+    def replay_source(self) -> Any:
+        """The latest training iteration's loader, to be read again by the what-if replays
+        (NOTE [ Ray Data read again ] in replay.py; its ``unsafe`` says why not where its
+        dataset is gone); None where there was none."""
+        if self._training is None:
+            return None
+        ref, method, watched = self._training
+        from .replay import RaySource
+
+        return RaySource(self, ref(), method, watched.kwargs, lambda: watched.ended > 0)
 
     def _batch(self, it: _Iteration, batch: Any, t0: float, t1: float, cpu: float) -> None:
         info = it.watched.info
@@ -272,6 +294,7 @@ class RayDataHooks:
             if it.ended or not self.installed or ThisProcess.pid != self.pid:
                 return
             it.ended = True
+            it.watched.ended += 1
         if not it.batches:
             return
         try:
@@ -344,7 +367,7 @@ class _Iterable:
             return iter(self._inner)
         started = hooks.clock()
         it = _Iterator(iter(self._inner), hooks, _Iteration(self._watched, self._source, started))
-        hooks._started(self._watched)
+        hooks._started(self._watched, self._source)
         hooks._open.add(it)
         return it
 

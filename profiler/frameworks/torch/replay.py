@@ -12,7 +12,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ...advice.base import CEILING
 from ...fixes.spec import Changes
@@ -32,6 +32,21 @@ if TYPE_CHECKING:
     from .stepcapture import StepCapture
 
 
+@runtime_checkable
+class ReplaySource(Protocol):
+    """Another framework's loader a replay reads beside the torch step it feeds (Ray
+    Data's: frameworks/raydata/replay.py), where the step's batches came from no DataLoader."""
+
+    def unsafe(self) -> str:
+        """Why it may not be read again ("" where it may)."""
+
+    def ready(self) -> bool:
+        """Whether the replays may run now (False: at a later step)."""
+
+    def like(self, change: Changes) -> Any:
+        """An iterable like the run's with ``change``'s settings, or None where it cannot apply it."""
+
+
 def unsafe(capture: StepCapture, ranks: int, reread: bool = False) -> str:
     """Why the captured step may not be replayed beside its loader ("" where it may): the
     step's own reason (``step_unsafe``) or its loader's (``loader_unsafe``)."""
@@ -46,6 +61,8 @@ def loader_unsafe(capture: StepCapture, reread: bool = False) -> str:
 
     if capture.loader is None:
         return capture.problem or "the step's batches did not come from a DataLoader"
+    if isinstance(capture.loader, ReplaySource):  # another framework's loader (whatifrun.py)
+        return capture.loader.unsafe()
     dataset = getattr(capture.loader, "dataset", None)
     if isinstance(dataset, torch.utils.data.IterableDataset) and not reread:
         return ("the loader reads an IterableDataset the run had not read twice by then, a stream that "
@@ -201,6 +218,11 @@ def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, ex
         t_iter = time.perf_counter()
         it = iter(loader)
     n, waited, t_start, start = 0, 0.0, 0.0, 0.0
+    # a loader whose batches come in bursts asks for a longer warm-up, and a window of time
+    # (half the slice), not of steps (raydata/replay.py)
+    warmup = getattr(loader, "warmup_steps", WARMUP_STEPS)
+    window = slice_s / 2 if getattr(loader, "bursts", False) else 0.0
+    max_steps = sys.maxsize if window else max_steps
     result: _Result | None = None
     began = time.perf_counter()
     stop_at = began + max(slice_s, 0.5)
@@ -228,14 +250,16 @@ def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, ex
                     if idle:
                         time.sleep(idle)
                 n += 1
-                if n == WARMUP_STEPS:
+                if n == warmup or (n < warmup and n >= WARMUP_STEPS and t1 - began > slice_s / 3):
+                    warmup = n  # a longer warm-up asked for, held to a third of the slice
                     step.sync()
                     t_start, waited = time.perf_counter(), 0.0
-                elif n > WARMUP_STEPS:
+                elif n > warmup:
                     waited += t1 - t0
-                    measured = n - WARMUP_STEPS
+                    measured = n - warmup
                     now = time.perf_counter()
-                    if measured >= max_steps or (now > stop_at and measured >= MIN_STEPS):
+                    if measured >= max_steps or (now > stop_at and measured >= MIN_STEPS
+                                                 and now - t_start >= window):
                         step.sync()
                         seconds = (time.perf_counter() - t_start) / measured
                         result = _Result(seconds, seconds - waited / measured, measured, time.perf_counter() - began,
@@ -245,7 +269,8 @@ def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, ex
                     return None  # too slow a step to measure in the time given
                 del batch
     finally:
-        shutdown = getattr(it, "_shutdown_workers", None)
+        # a DataLoader's workers, or another framework's execution (a generator's close)
+        shutdown = getattr(it, "_shutdown_workers", None) or getattr(it, "close", None)
         if shutdown is not None:
             t_stop = time.perf_counter()
             shutdown()
@@ -394,6 +419,8 @@ def _loader_for(loader: Any, change: Changes, items: Items) -> Any:
     change's items could not be made: a stored copy of items HDF5 cannot hold)."""
     from .loadertune import _loader_like
 
+    if isinstance(loader, ReplaySource):
+        return loader.like(change) if not change.repeat_batch else OneBatch(next(iter(loader.like(Changes()))))
     settings: dict[str, Any] = {}
     if change.num_workers is not None:
         settings["num_workers"] = change.num_workers
