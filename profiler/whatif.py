@@ -175,8 +175,9 @@ def summary(run: Any) -> str:
         held = next((w.held_wait_seconds for w in run.whatif if w.held_wait_seconds), 0.0)
         alone = (f" (the model alone on a held batch, the loop's {held * 1e3:.1f} ms wait a step as measured: "
                  f"{run.whatif_skipped})" if held and run.whatif_skipped else "")
+        missed = f"; {run.whatif_skipped}" if run.whatif_skipped and not alone else ""
         return (f"Measured on the job's own step, {run.whatif_seconds:.1f} s{alone}: "
-                + ", ".join(parts))
+                + ", ".join(parts) + missed)
     if run.whatif_skipped:
         return f"The advised changes were not measured on the job's own step: {run.whatif_skipped}"
     return ""

@@ -56,16 +56,16 @@ class WhatIfRun:
             if capture is not None:
                 capture.drop()  # the script's model and loader, let go
 
-    def mid_run(self, hooks: Any) -> bool:
+    def mid_run(self, hooks: Any, deferred: bool = False) -> None:
         """The what-if replays between two steps, once the step is held (NOTE [ What-if
         replays ] in whatif.py): the hooks inert meanwhile, and the pause taken out of the
-        run's times at the end (``close_pause``). False: not yet (another framework's loader
-        that feeds the step is not ready to be read again: ``ReplaySource.ready``)."""
+        run's times at the end (``close_pause``). Where another framework's loader fed the
+        step, when it says (``ReplaySource.later``: Ray Data's at an iteration's end)."""
         capture = self.capture()
         if capture is not None and capture.loader is None:
             source = self._replay_source()
-            if source is not None and not source.ready():
-                return False
+            if source is not None and not deferred and source.later(lambda: self.mid_run(hooks, deferred=True)):
+                return
             capture.loader = source
         t0, cpu0 = time.perf_counter(), time.thread_time()
         try:
@@ -82,7 +82,6 @@ class WhatIfRun:
             self.pause = (t0 - self.place.t0, t1 - self.place.t0)
             if self.place.timeline is not None:  # a loop timed between steps: the pause is no wait of its
                 self.place.timeline.profiler_pause(t0, t1, time.thread_time() - cpu0)
-        return True
 
     def capture(self) -> Any:
         """The torch hooks' held step (frameworks/torch/stepcapture.py), or None."""
@@ -295,7 +294,8 @@ class WhatIfRun:
 
     def close_pause(self) -> None:
         """The replays' pause taken out of the run's times, as if the next step had begun
-        after it: later steps, samples and evaluations moved back by its length, samples
+        after it: later steps, samples, evaluations and loaders' iteration starts moved back
+        by its length, samples
         inside it dropped (they read the replays, not the run)."""
         if self.pause is None:
             return
@@ -312,6 +312,8 @@ class WhatIfRun:
             if ev.start >= b:
                 ev.start -= d
                 ev.end -= d
+        for info in run.loaders:  # an epoch's start is found among the steps by its time
+            info.iteration_starts_s = [t - d if t >= b else t for t in info.iteration_starts_s]
         if self.place.job is not None:  # the collectives' waits are timed on the same clock
             self.place.job.take_out(a, b)
         run.host_samples = [h for h in run.host_samples if not a <= h.t <= b_read]

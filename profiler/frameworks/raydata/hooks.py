@@ -96,7 +96,6 @@ class _Watched:
         #: the method's keyword arguments as the script last called it, for the replays
         #: (None: it passed some by position, which a replay does not guess)
         self.kwargs: dict[str, Any] | None = None
-        self.ended = 0  # iterations that ended (their execution done)
 
 
 class _Iteration:
@@ -106,6 +105,8 @@ class _Iteration:
         self.watched = watched
         self.source = source
         self.started: float | None = started
+        torch = sys.modules.get("torch")
+        self.training = torch is None or torch.is_grad_enabled()
         self.batches = 0
         self.ended = False
 
@@ -133,6 +134,7 @@ class RayDataHooks:
         self._cpus: float | None = None
         #: the latest training iteration's (source, method, loader): the what-if replays read it again
         self._training: tuple[Callable[[], Any], str, _Watched] | None = None
+        self._at_end: Callable[[], object] | None = None  # at_iteration_end's
 
     # -- install / remove -----------------------------------------------------
     def install(self) -> None:
@@ -254,7 +256,12 @@ class RayDataHooks:
         ref, method, watched = self._training
         from .replay import RaySource
 
-        return RaySource(self, ref(), method, watched.kwargs, lambda: watched.ended > 0)
+        return RaySource(self, ref(), method, watched.kwargs)
+
+    def at_iteration_end(self, call: Callable[[], object]) -> None:
+        """``call`` once, when a training iteration's last batch was taken (its ``next()``
+        ending it), between that step and the next."""
+        self._at_end = call
 
     def _batch(self, it: _Iteration, batch: Any, t0: float, t1: float, cpu: float) -> None:
         info = it.watched.info
@@ -294,7 +301,6 @@ class RayDataHooks:
             if it.ended or not self.installed or ThisProcess.pid != self.pid:
                 return
             it.ended = True
-            it.watched.ended += 1
         if not it.batches:
             return
         try:
@@ -396,6 +402,11 @@ class _Iterator:
             batch = next(self._inner)
         except StopIteration:
             hooks._ended(self.iteration)
+            call, hooks._at_end = hooks._at_end, None
+            if call is not None and self.iteration.training:
+                call()  # the what-if replays (NOTE [ Ray Data read again ] in replay.py)
+            elif call is not None:
+                hooks._at_end = call  # an evaluation's end: the next training one's
             raise
         t1 = hooks.clock()
         hooks._batch(self.iteration, batch, t0, t1, time.process_time() - c0)

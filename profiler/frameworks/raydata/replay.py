@@ -3,7 +3,9 @@
 the run's arguments and a change's (``prefetch_batches``; the thread count is the step's).
 
 NOTE [ Ray Data read again ]
-A replay iterates a copy of the dataset (``Dataset.copy``, its own plan): Ray keeps one
+The replays run at the end of a training iteration of the run's, the first once the step is
+held (``RaySource.later``): between that iteration's last step and the next one's first
+batch, no execution of the run's is running and Ray's workers have started. A replay iterates a copy of the dataset (``Dataset.copy``, its own plan): Ray keeps one
 execution's stats per plan, and a replay's execution on the run's own dataset would take
 the place of the run's in ``Dataset.stats()``, which the hooks read at an iteration's end
 (NOTE [ Ray Data's operators from its stats ] in hooks.py). Each ``iter()`` executes the
@@ -26,19 +28,22 @@ APPLIED = ("threads", "ray_prefetch_batches", "repeat_batch", "amp")
 class RaySource:
     """The run's Ray Data training iteration, to be read again: ``like(change)``."""
 
-    def __init__(self, hooks: Any, source: Any, method: str, kwargs: dict[str, Any] | None,
-                 ended: Callable[[], bool]) -> None:
+    def __init__(self, hooks: Any, source: Any, method: str, kwargs: dict[str, Any] | None) -> None:
         self.hooks = hooks
         self.source = source
         self.method = method  # "iter_torch_batches", ...
         self.kwargs = kwargs  # None: passed by position, which a replay does not guess
-        self._ended = ended
 
-    def ready(self) -> bool:
-        """An iteration of the run's ran to its end: Ray's first execution starts its workers
-        (a 3.2 s stall inside the first epoch of 128 batches, then none), which replays in
-        that epoch would share, and would read as the changes' effects."""
-        return self._ended()
+    def later(self, replay: Callable[[], object]) -> bool:
+        """The replays at the end of the run's next training iteration, once its last batch
+        was taken (the hooks call ``replay``): no execution of the run's is running then
+        (on a one-CPU cluster the next epoch's took the CPU, and a copy's first batch came
+        after 8-12 s), and the first epoch's start of Ray's workers is over (a 3.2 s stall
+        inside the first epoch of 128 batches, then none)."""
+        if self.source is None:
+            return False
+        self.hooks.at_iteration_end(replay)
+        return True
 
     def unsafe(self) -> str:
         """Why it may not be read again ("" where it may)."""

@@ -114,7 +114,7 @@ class TorchHooks:
         self.capture: StepCapture | None = StepCapture()
         #: called once, between two steps, when the step is held and ``replay_step`` steps ran
         #: (the what-if replays of session.py); None: never
-        self.replay: Callable[[], bool | None] | None = None
+        self.replay: Callable[[], None] | None = None
         self.replay_step = 0
         self._replay_at: int | None = None  # replay_step, or a short loader's first epoch's end
         self.installed = False
@@ -319,8 +319,7 @@ class TorchHooks:
                     hooks._replay_at = replay_at(hooks.replay_step, capture.loader)
                 if hooks.timeline.count >= hooks._replay_at:
                     replay, hooks.replay = hooks.replay, None
-                    if replay() is False:  # NOTE [ What-if replays ] in whatif.py
-                        hooks.replay = replay  # not yet: asked again after the next step
+                    replay()  # NOTE [ What-if replays ] in whatif.py
 
         return on_optimizer_post
 

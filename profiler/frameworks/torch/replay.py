@@ -40,8 +40,9 @@ class ReplaySource(Protocol):
     def unsafe(self) -> str:
         """Why it may not be read again ("" where it may)."""
 
-    def ready(self) -> bool:
-        """Whether the replays may run now (False: at a later step)."""
+    def later(self, replay: Callable[[], object]) -> bool:
+        """Takes ``replay`` to call between two steps when the loader is best read again
+        (True), or leaves it (False: now is as good)."""
 
     def like(self, change: Changes) -> Any:
         """An iterable like the run's with ``change``'s settings, or None where it cannot apply it."""
@@ -170,6 +171,10 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     if held and out:  # the replay as the run had it is the model alone: the ceiling, measured
         out.append(WhatIf(CEILING, base.seconds, base.seconds + wait, base.steps, extra_seconds=extra,
                           held_wait_seconds=wait, alone=True))
+    missed = [c.describe() for i, c in enumerate(configs) if i and i not in best and not c.repeat_batch]
+    if missed and out:
+        return out, (f"{', '.join(missed)} could not be replayed in the time given (its start or "
+                     "steps outlasted its share of the budget: --what-if raises it)")
     return out, "" if out else "no change could be replayed in the time given"
 
 
