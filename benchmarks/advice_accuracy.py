@@ -348,7 +348,14 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
                 dropped[rid] = _changes_of(w.change)
         base_step = _median_step(base, o.warmup)
         for rid, changes in dropped.items():
-            t = _trial(f"{rid} #{r + 1}", script, args, env, changes, o, steps=_trial_steps(base_step, estimates[rid][-1], o))
+            extra: list[str] = []
+            if changes.ray_prefetch_batches is not None:  # no trial sets it: the script's own flag does
+                if "ray_prefetch_batches" not in flags:
+                    continue
+                extra = [a.format(prefetch_batches=changes.ray_prefetch_batches) for a in flags["ray_prefetch_batches"]]
+                changes = Changes()
+            t = _trial(f"{rid} #{r + 1}", script, [*args, *extra], env, changes, o,
+                       steps=_trial_steps(base_step, estimates[rid][-1], o))
             trials.setdefault(rid, []).append((base, t))
         for rid, rec in recs.items():
             changes = changes_for(rec)
