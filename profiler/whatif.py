@@ -45,8 +45,8 @@ pause; one that never comes costs the others a bounded wait and no replay. The j
 figure for a change (``jobs/estimates.py``) is its slowest rank's replay as run over
 its slowest rank's replay with the change.
 
-Ray Data's training iteration is read again as a DataLoader is, after the run's first
-iteration of it ended (NOTE [ Ray Data read again ] in frameworks/raydata/replay.py).
+Ray Data's training iteration is read again as a DataLoader is, at the end of the run's
+first training iteration of it (NOTE [ Ray Data read again ] in frameworks/raydata/replay.py).
 Where the loader cannot be read again (batches from neither; an IterableDataset,
 a stream that may not be read twice, unless the run read it again already), the model's
 own changes (``model_only``) are replayed on its held batch alone at the run's end, the

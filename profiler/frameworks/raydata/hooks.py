@@ -404,7 +404,10 @@ class _Iterator:
             hooks._ended(self.iteration)
             call, hooks._at_end = hooks._at_end, None
             if call is not None and self.iteration.training:
-                call()  # the what-if replays (NOTE [ Ray Data read again ] in replay.py)
+                try:
+                    call()  # the what-if replays (NOTE [ Ray Data read again ] in replay.py)
+                except Exception as exc:  # NOTE [ Never break the run ]
+                    hooks.limit(f"the what-if replays failed ({type(exc).__name__}: {exc})")
             elif call is not None:
                 hooks._at_end = call  # an evaluation's end: the next training one's
             raise

@@ -3,15 +3,17 @@
 the run's arguments and a change's (``prefetch_batches``; the thread count is the step's).
 
 NOTE [ Ray Data read again ]
-The replays run at the end of a training iteration of the run's, the first once the step is
-held (``RaySource.later``): between that iteration's last step and the next one's first
-batch, no execution of the run's is running and Ray's workers have started. A replay iterates a copy of the dataset (``Dataset.copy``, its own plan): Ray keeps one
-execution's stats per plan, and a replay's execution on the run's own dataset would take
-the place of the run's in ``Dataset.stats()``, which the hooks read at an iteration's end
-(NOTE [ Ray Data's operators from its stats ] in hooks.py). Each ``iter()`` executes the
-pipeline afresh, as an epoch of the run does; the hooks do not watch it (their wrappers
-are passed through while a replay calls Ray). A Ray Train shard (``DataIterator``) is
-split with the other workers and is not read again, nor anything once Ray has shut down.
+The replays run at the end of one of the run's training iterations, the first once the step
+is held (``RaySource.later``), between its last step and the next iteration's first batch:
+no execution of the run's runs beside them then (on a one-CPU cluster the next epoch's held
+the CPU), and Ray's workers have started (the first epoch's start stalls). A replay iterates
+a copy of the dataset (``Dataset.copy``, its own plan): Ray keeps one execution's stats per
+plan, and a replay's execution on the run's own dataset would take the place of the run's
+in ``Dataset.stats()``, which the hooks read at an iteration's end (NOTE [ Ray Data's
+operators from its stats ] in hooks.py). Each ``iter()`` executes the pipeline afresh, as
+an epoch of the run does; the hooks do not watch it (their wrappers are passed through
+while a replay calls Ray). A Ray Train shard (``DataIterator``) is split with the other
+workers and is not read again, nor anything once Ray has shut down.
 """
 
 from __future__ import annotations
@@ -36,10 +38,7 @@ class RaySource:
 
     def later(self, replay: Callable[[], object]) -> bool:
         """The replays at the end of the run's next training iteration, once its last batch
-        was taken (the hooks call ``replay``): no execution of the run's is running then
-        (on a one-CPU cluster the next epoch's took the CPU, and a copy's first batch came
-        after 8-12 s), and the first epoch's start of Ray's workers is over (a 3.2 s stall
-        inside the first epoch of 128 batches, then none)."""
+        was taken (the hooks call ``replay``): NOTE [ Ray Data read again ]."""
         if self.source is None:
             return False
         self.hooks.at_iteration_end(replay)
@@ -78,13 +77,11 @@ class RaySource:
 class _Reread:
     """Iterated as a DataLoader is: each ``iter()`` a new execution, unwatched by the hooks."""
 
-    #: a fresh execution ramps up over its first blocks: steps 2-26 of a copy of a two-operator
-    #: pipeline (blocks of 16 batches, two cores) ran 20-40% slower than its next hundred in five
-    #: of eight iterations; the replay measures from this step on
+    #: a fresh execution ramps up over its first blocks: the replay measures from this step on
+    #: (docs/raydata.md has the measurements)
     warmup_steps = 24
-    #: Ray makes a block's batches at once (16 a block in the pipeline above): a window of a
-    #: few steps falls inside one burst or between two (3 steps of a starved pipeline read
-    #: 2.3 ms against its 48 ms), so the replay measures a window of time
+    #: Ray makes a block's batches at once: a window of a few steps falls inside one burst or
+    #: between two, so the replay measures a window of time
     bursts = True
 
     def __init__(self, owner: RaySource, kwargs: dict[str, Any]) -> None:
