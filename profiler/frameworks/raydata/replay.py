@@ -5,8 +5,8 @@ the run's arguments and a change's (``prefetch_batches``; the thread count is th
 NOTE [ Ray Data read again ]
 The replays run at the end of one of the run's training iterations, the first once the step
 is held (``RaySource.later``), between its last step and the next iteration's first batch:
-no execution of the run's runs beside them then (on a one-CPU cluster the next epoch's held
-the CPU), and Ray's workers have started (the first epoch's start stalls). A replay iterates
+no execution of the run's runs beside them then (a copy's tasks would queue behind its tasks
+for the cluster's CPUs), and Ray's workers have started (the first epoch's start stalls). A replay iterates
 a copy of the dataset (``Dataset.copy``, its own plan): Ray keeps one execution's stats per
 plan, and a replay's execution on the run's own dataset would take the place of the run's
 in ``Dataset.stats()``, which the hooks read at an iteration's end (NOTE [ Ray Data's
