@@ -88,8 +88,9 @@ class _Watched:
     """One loader: a dataset (or iterator) read through one method, and its operators'
     figures over the iterations whose stats were read."""
 
-    def __init__(self, info: LoaderInfo) -> None:
+    def __init__(self, info: LoaderInfo, ref: Callable[[], Any]) -> None:
         self.info = info
+        self.ref = ref  # its source: a weak reference where Ray's object takes one
         #: operator name -> [wall, cpu, tasks], in the order Ray lists them
         self.totals: dict[str, list[float]] = {}
         self.batches = 0
@@ -126,14 +127,14 @@ class RayDataHooks:
         self._patches = Patches("ray.data hooks")
         self._lock = threading.Lock()
         self._local = threading.local()
-        #: (id(source), method) -> (its weak reference, its loader)
-        self._loaders: dict[tuple[int, str], tuple[Callable[[], Any], _Watched]] = {}
+        #: (id(source), method) -> its loader
+        self._loaders: dict[tuple[int, str], _Watched] = {}
         #: operator name -> the knobs of the latest call that made it
         self._calls: dict[str, _Call] = {}
         self._open: weakref.WeakSet[_Iterator] = weakref.WeakSet()
         self._cpus: float | None = None
         #: the latest training iteration's (source, method, loader): the what-if replays read it again
-        self._training: tuple[Callable[[], Any], str, _Watched] | None = None
+        self._training: _Watched | None = None
         self._at_end: Callable[[], object] | None = None  # at_iteration_end's
 
     # -- install / remove -----------------------------------------------------
@@ -215,20 +216,19 @@ class RayDataHooks:
     def _watched(self, source: Any, label: str, kwargs: dict[str, Any]) -> _Watched:
         key = (id(source), label)
         with self._lock:
-            entry = self._loaders.get(key)
-            if entry is not None and entry[0]() is source:
-                watched = entry[1]
+            found = self._loaders.get(key)
+            if found is not None and found.ref() is source:
+                watched = found
             else:
                 size = kwargs.get("batch_size")
                 info = LoaderInfo(framework=facts.FRAMEWORK, kind=label, iterable=True,
                                   batch_size=size if isinstance(size, int) else None,
                                   dataset_type=type(source).__name__)
-                watched = _Watched(info)
                 try:
                     ref: Callable[[], Any] = weakref.ref(source)
                 except TypeError:
                     ref = lambda: source  # noqa: E731  held while the session lasts
-                self._loaders[key] = (ref, watched)
+                watched = self._loaders[key] = _Watched(info, ref)
                 self.run.loaders.append(info)
             prefetch = kwargs.get("prefetch_batches")
             if isinstance(prefetch, int):
@@ -236,27 +236,24 @@ class RayDataHooks:
             facts.set_note(watched.info, facts.METHOD, label.rsplit(".", 1)[-1])
         return watched
 
-    def _started(self, watched: _Watched, source: Any) -> None:
-        info = watched.info
+    def _started(self, it: _Iteration) -> None:
+        info = it.watched.info
         info.iterations += 1
-        torch = sys.modules.get("torch")
-        if torch is not None and not torch.is_grad_enabled():
+        if not it.training:
             info.eval_iterations += 1
         else:
-            entry = self._loaders.get((id(source), info.kind))
-            if entry is not None:
-                self._training = (entry[0], info.kind.rsplit(".", 1)[-1], watched)
+            self._training = it.watched
 
     def replay_source(self) -> Any:
         """The latest training iteration's loader, to be read again by the what-if replays
         (NOTE [ Ray Data read again ] in replay.py; its ``unsafe`` says why not where its
         dataset is gone); None where there was none."""
-        if self._training is None:
+        watched = self._training
+        if watched is None:
             return None
-        ref, method, watched = self._training
         from .replay import RaySource
 
-        return RaySource(self, ref(), method, watched.kwargs)
+        return RaySource(self, watched.ref(), watched.info.kind.rsplit(".", 1)[-1], watched.kwargs)
 
     def at_iteration_end(self, call: Callable[[], object]) -> None:
         """``call`` once, when a training iteration's last batch was taken (its ``next()``
@@ -372,8 +369,9 @@ class _Iterable:
         if ThisProcess.pid != hooks.pid or not hooks.installed:
             return iter(self._inner)
         started = hooks.clock()
-        it = _Iterator(iter(self._inner), hooks, _Iteration(self._watched, self._source, started))
-        hooks._started(self._watched, self._source)
+        iteration = _Iteration(self._watched, self._source, started)
+        it = _Iterator(iter(self._inner), hooks, iteration)
+        hooks._started(iteration)
         hooks._open.add(it)
         return it
 
