@@ -8,8 +8,9 @@ that holds. So the step is measured instead: the model found in the run, called 
 arguments of one of its real calls, its loss's backward and an optimizer of the same
 kind stepped, each step after a batch from a loader built like the run's (same dataset,
 sampler, batch size, collation) with the change applied. Each change is one *replay*;
-the first replay is the run's own settings, and the estimate is that replay's step time
-over the change's. What the step does outside the model call (the loss function,
+the first replay is the run's own settings (read once more if it outlasted its slice: the
+first read pays for what the later ones find ready), and the estimate is that replay's step
+time over the change's. What the step does outside the model call (the loss function,
 metrics, logging) is measured as the run's step less the replayed one, and stood in for
 by keeping the main thread busy as long, in every replay alike.
 

@@ -54,7 +54,7 @@ def test_a_ray_data_loop_gets_its_changes_measured_beside_its_pipeline_at_the_fi
     seen: list[int] = []
     stamps: list[float] = []
     try:
-        with Profile(gpu=False, output=io.StringIO(), what_if=24) as prof:
+        with Profile(gpu=False, output=io.StringIO(), what_if=30) as prof:
             for _ in range(EPOCHS):
                 for batch in ds.iter_torch_batches(batch_size=BATCH, prefetch_batches=1):
                     seen.append(len(batch["y"]))
@@ -76,11 +76,10 @@ def test_a_ray_data_loop_gets_its_changes_measured_beside_its_pipeline_at_the_fi
     # read beside a copy of the pipeline, not the model alone with the loop's wait added
     assert all(not w.alone and not w.held_wait_seconds for w in run.whatif), run.whatif
     changes = {w.change for w in run.whatif}
-    assert CEILING in changes, changes
     measured = {Changes(threads=1).describe(), *(f"ray_prefetch_batches={n}" for n in range(2, 64))}
-    assert changes - {CEILING} <= measured, changes
+    assert changes <= measured | {CEILING}, changes
     # an advised change a busy host left no time for is named, not dropped in silence
-    if changes == {CEILING}:
+    if not changes & measured:
         assert "could not be replayed in the time given" in run.whatif_skipped, run.whatif_skipped
     # the run's records are its own: the replays' iterations, batches and executions not among them
     [info] = run.loaders

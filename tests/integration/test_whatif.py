@@ -186,6 +186,37 @@ def test_a_stream_read_again_after_the_replays_step_is_replayed_at_the_runs_end(
     assert "cache" in {w.change for w in run.whatif}
 
 
+class _ColdRead(Sleepy):
+    """One read stalls (a storage's cold cache): the replays' first, as the run's loader
+    (no workers) has read ``REPLAY_STEP`` batches when they start."""
+
+    def __init__(self, stall_at: int, stall: float, **kw) -> None:
+        super().__init__(**kw)
+        self.calls, self.stall_at, self.stall, self.stalled_at = 0, stall_at, stall, None
+
+    def __getitem__(self, i: int):
+        self.calls += 1
+        if self.calls == self.stall_at + 1:
+            self.stalled_at = time.perf_counter()
+            time.sleep(self.stall)
+        return super().__getitem__(i)
+
+
+def test_the_runs_own_settings_are_read_again_when_their_first_replay_stalls_past_its_slice() -> None:
+    from loadprof.whatif import REPLAY_STEP
+
+    # 4 s: past twice a slice of a 12 s budget's replays (three or more), with one left
+    data = _ColdRead(REPLAY_STEP * 8, 4.0, n=384, delay=0.001)
+    loader = DataLoader(data, batch_size=8)
+    t0 = time.perf_counter()
+    prof, _, _ = _profiled(loader, small_model(), what_if=12.0)
+    run = prof.run
+    assert data.stalled_at is not None and data.stalled_at > t0
+    assert run.whatif_seconds >= 4.0  # the stall fell in the replays
+    assert run.whatif, run.whatif_skipped
+    assert all(w.steps >= 3 for w in run.whatif)
+
+
 def test_turned_off_nothing_is_held_or_measured() -> None:
     loader = DataLoader(Sleepy(n=256, delay=0.001), batch_size=8)
     prof, _, text = _profiled(loader, small_model(), what_if=0)
