@@ -77,7 +77,7 @@ def test_a_ray_data_loop_gets_its_changes_measured_beside_its_pipeline_at_the_fi
     assert all(not w.alone and not w.held_wait_seconds for w in run.whatif), run.whatif
     changes = {w.change for w in run.whatif}
     measured = {Changes(threads=1).describe(), *(f"ray_prefetch_batches={n}" for n in range(2, 64))}
-    assert changes <= measured | {CEILING}, changes
+    assert CEILING in changes and changes <= measured | {CEILING}, changes  # the model alone, right after
     # an advised change a busy host left no time for is named, not dropped in silence
     if not changes & measured:
         assert "could not be replayed in the time given" in run.whatif_skipped, run.whatif_skipped

@@ -119,9 +119,11 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     threads = torch.get_num_threads()
     training = capture.model.training
     deadline = time.perf_counter() + budget
-    # the model alone on one held batch: the ceiling the stage advice measures against
+    # the model alone on one held batch: the ceiling the stage advice measures against, right
+    # after the run's own settings (a few steps of the model: a busy host that leaves the
+    # changes too little time still leaves it)
     held = held_wait is not None
-    configs = [Changes(), *changes] if held else [Changes(), *changes, Changes(repeat_batch=True)]
+    configs = [Changes(), *changes] if held else [Changes(), Changes(repeat_batch=True), *changes]
     best: dict[int, _Result] = {}
     quiet = warnings.catch_warnings()  # the loader's own (more workers than cores) are the advice's to give
     quiet.__enter__()
@@ -172,7 +174,7 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     out = [WhatIf(configs[i].describe(), r.seconds + wait, base.seconds + wait, min(r.steps, base.steps),
                   extra_seconds=extra, start_seconds=r.start, baseline_start_seconds=base.start,
                   stop_seconds=r.stop, baseline_stop_seconds=base.stop, held_wait_seconds=wait, alone=held)
-           for i, r in sorted(best.items()) if i]
+           for i, r in sorted(best.items(), key=lambda kv: (configs[kv[0]].repeat_batch, kv[0])) if i]
     if held and out:  # the replay as the run had it is the model alone: the ceiling, measured
         out.append(WhatIf(CEILING, base.seconds, base.seconds + wait, base.steps, extra_seconds=extra,
                           held_wait_seconds=wait, alone=True))
