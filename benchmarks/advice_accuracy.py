@@ -112,7 +112,8 @@ EXAMPLES: dict[str, Example] = {
     "npy_patches": Example("benchmarks/advice_scripts/npy_patches.py", ["--epochs", "50"],
                            flags={"offline_preprocessing": ["--offline"]}),
     # an IterableDataset with 4 workers on a 2-core machine
-    "iterable_shards": Example("benchmarks/advice_scripts/iterable_shards.py", ["--epochs", "50"], steps=300),
+    "iterable_shards": Example("benchmarks/advice_scripts/iterable_shards.py", ["--epochs", "50"], steps=300,
+                               flags={"offline_preprocessing": ["--offline"]}),
     "keras_numpy_map": Example("benchmarks/advice_scripts/keras_numpy_map.py", ["--epochs", "50"]),
     # a PyDataset whose __getitem__ builds features in plain Python, on Keras's one default worker
     "keras_pydataset": Example("benchmarks/advice_scripts/keras_pydataset.py", ["--epochs", "50"],
@@ -121,7 +122,7 @@ EXAMPLES: dict[str, Example] = {
     "one_epoch": Example("benchmarks/advice_scripts/one_epoch.py", ["--epochs", "1"]),
     # 4 batches an epoch: the warm-up steps hold the epoch that fills a cache
     "tfdata_tfops": Example("benchmarks/advice_scripts/tfdata_tfops.py", ["--epochs", "50", "--samples", "128"],
-                            flags={"one_iterator": ["--one-iterator"]}),
+                            flags={"one_iterator": ["--one-iterator"], "offline_preprocessing": ["--offline"]}),
     # advice per transformation: a costly random map among cheap ones; shards read one after another
     "tfdata_costly_map": Example("benchmarks/advice_scripts/tfdata_costly_map.py", ["--epochs", "50"],
                                  flags={"one_iterator": ["--one-iterator"]}, steps=125),

@@ -168,8 +168,9 @@ def summary(run: Any) -> str:
     if run.whatif:
         from .advice import NO_GAIN
 
+        tf = any(info.framework in ("tf.data", "keras") for info in run.loaders)
         parts = [f"with no loading at all (the model alone) {speedup(w):.2f}x" if w.change == CEILING else
-                 f"{replay_name(w.change, short=True)} {speedup(w):.2f}x"
+                 f"{replay_name(w.change, short=True, tf=tf)} {speedup(w):.2f}x"
                  + ((" (no gain alone: advised unestimated)" if w.alone else " (no gain: not advised)")
                     if speedup(w) < NO_GAIN else "")
                  for w in run.whatif]

@@ -19,7 +19,20 @@ def custom_loop(ds: Any, model: Any = None, epochs: int = 1, pause: float = 0.0,
     if model is None:
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
                                   keras.layers.Dense(2)])
-    opt = keras.optimizers.SGD(0.05)
+    train_step = step_fn(model, keras.optimizers.SGD(0.05))
+    losses = []
+    for _ in range(epochs):
+        for step, (x, y) in enumerate(ds):
+            losses.append(float(train_step(x, y)))
+            if pause:
+                time.sleep(pause)
+            if steps is not None and step + 1 == steps:
+                break
+    return losses
+
+
+def step_fn(model: Any, opt: Any) -> Any:
+    """A tf.GradientTape training step of ``model`` with ``opt`` in a tf.function: ``step(x, y)``."""
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     @tf.function
@@ -30,12 +43,4 @@ def custom_loop(ds: Any, model: Any = None, epochs: int = 1, pause: float = 0.0,
         opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
-    losses = []
-    for _ in range(epochs):
-        for step, (x, y) in enumerate(ds):
-            losses.append(float(train_step(x, y)))
-            if pause:
-                time.sleep(pause)
-            if steps is not None and step + 1 == steps:
-                break
-    return losses
+    return train_step

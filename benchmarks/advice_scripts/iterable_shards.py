@@ -3,6 +3,8 @@ clips (as WebDataset or a record stream hands them out), each DataLoader worker
 taking every num_workers-th shard (get_worker_info), decoding each clip on the CPU
 (decompress, pre-emphasis, framed FFT, log-mel features). num_workers=4 on a
 2-core machine: more workers than cores. The model is a small 1-D convolution.
+``--offline`` does what the offline advice says: every clip decoded once into an HDF5
+file (``loadprof convert``), the training read from it (``HDF5Dataset``, shuffled).
 
 One of the realistic scripts benchmarks/advice_accuracy.py measures the advice on.
 """
@@ -10,6 +12,8 @@ One of the realistic scripts benchmarks/advice_accuracy.py measures the advice o
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 import zlib
 
 import numpy as np
@@ -80,15 +84,38 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=0.5)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--offline", action="store_true",
+                        help="decode every clip once into an HDF5 file, then train from it (the offline advice)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     stream = ClipStream(make_shards(args.shards, args.per_shard, args.seconds))
-    loader = DataLoader(stream, batch_size=32, num_workers=args.workers)
+    with tempfile.TemporaryDirectory() as folder:
+        if args.offline:
+            loader = DataLoader(stored(stream, folder), batch_size=32, shuffle=True, num_workers=args.workers)
+        else:
+            loader = DataLoader(stream, batch_size=32, num_workers=args.workers)
+        train(loader, args.epochs)
+
+
+def stored(stream: ClipStream, folder: str):
+    """The offline advice applied: every clip decoded once into an HDF5 file (as
+    `loadprof convert` stores a dataset), then read back from it."""
+    from loadprof.converters.conversion import ConvertOptions, convert
+    from loadprof.converters.torch import HDF5Dataset
+
+    global DATA
+    DATA = [(stream.decode(blob), label) for shard in stream.shards for blob, label in shard]
+    path = os.path.join(folder, "clips.h5")
+    convert("__main__:DATA", path, ConvertOptions(to="hdf5", progress=False))
+    return HDF5Dataset(path, transform=lambda s: (torch.from_numpy(s["input"]), int(s["label"])))
+
+
+def train(loader: DataLoader, epochs: int) -> None:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     net = nn.Sequential(nn.Conv1d(MELS, 32, 5, stride=2), nn.ReLU(), nn.AdaptiveAvgPool1d(1), nn.Flatten(),
                         nn.Linear(32, 10)).to(device)
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    for _ in range(args.epochs):
+    for _ in range(epochs):
         for x, y in loader:
             x, y = x.to(device), y.to(device)
             opt.zero_grad()

@@ -6,7 +6,9 @@ there is no prefetch; the model is a small CNN trained in a custom loop
 (GradientTape).
 
 ``--one-iterator`` keeps one iterator over all epochs (``repeat()``), as the
-``one_iterator`` advice's snippet says.
+``one_iterator`` advice's snippet says. ``--offline`` does what the offline advice says:
+the deterministic maps' output stored once as TFRecord records (``loadprof convert``),
+the training read from them, the random flip kept online.
 
 One of the realistic scripts benchmarks/advice_accuracy.py measures the advice on.
 """
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import tempfile
 
 import numpy as np
 import tensorflow as tf
@@ -57,14 +61,39 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=1024)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--one-iterator", action="store_true", help="one iterator over all epochs (repeat())")
+    parser.add_argument("--offline", action="store_true",
+                        help="store the deterministic maps' output once as TFRecord records, train from them")
     args = parser.parse_args()
     tf.random.set_seed(0)
     rng = np.random.default_rng(0)
     smooth = rng.integers(0, 256, (args.samples, SIZE // 4, SIZE // 4, 3)).repeat(4, 1).repeat(4, 2)
     pngs = [tf.io.encode_png(img.astype(np.uint8)).numpy() for img in smooth]
     labels = rng.integers(0, 10, args.samples)
-    data = (tf.data.Dataset.from_tensor_slices((pngs, labels)).shuffle(512)
-            .map(decode).map(to_float).map(enhance).map(flip).batch(32))
+    with tempfile.TemporaryDirectory() as folder:
+        if args.offline:
+            stored = stored_copy(tf.data.Dataset.from_tensor_slices((pngs, labels)).map(decode).map(to_float)
+                                 .map(enhance), folder)
+            data = stored.shuffle(512).map(flip).batch(32)
+        else:
+            data = (tf.data.Dataset.from_tensor_slices((pngs, labels)).shuffle(512)
+                    .map(decode).map(to_float).map(enhance).map(flip).batch(32))
+        fit(data, args)
+
+
+def stored_copy(deterministic: tf.data.Dataset, folder: str) -> tf.data.Dataset:
+    """The offline advice applied: every element of the deterministic maps once into
+    TFRecord shards (as `loadprof convert` stores a dataset), then read back from them."""
+    from loadprof.converters.conversion import ConvertOptions, convert
+    from loadprof.converters.tf import tfrecord_dataset
+
+    global DATA
+    DATA = [(img.numpy(), label.numpy()) for img, label in deterministic]
+    out = os.path.join(folder, "preprocessed")
+    convert("__main__:DATA", out, ConvertOptions(to="tfrecord", progress=False))
+    return tfrecord_dataset(out).map(lambda s: (s["input"], s["label"]))
+
+
+def fit(data: tf.data.Dataset, args: argparse.Namespace) -> None:
     model = tf.keras.Sequential([tf.keras.Input((SIZE, SIZE, 3)),
                                  tf.keras.layers.Conv2D(16, 3, activation="relu"), tf.keras.layers.MaxPooling2D(),
                                  tf.keras.layers.Conv2D(32, 3, activation="relu"),

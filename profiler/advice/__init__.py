@@ -28,7 +28,7 @@ from ..diagnosis import Diagnosis, steady_wait
 from ..frameworks import by_name, for_loader
 from ..loaderhost import restart_cost
 from ..records import LoaderInfo, Run, WhatIf
-from ..stagemodel import loading
+from ..stagemodel import Loading, loading
 from ..thresholds import DEFAULT_THRESHOLDS, Thresholds
 from .base import (
     CEILING,
@@ -118,25 +118,51 @@ def _script_dialect(run: Run) -> str:
 
 def _stored_copies(run: Run, loader: LoaderInfo | None, recs: list[Recommendation]) -> None:
     """Mark the offline advice a replay can measure: a copy of whole items, where an item
-    read twice gave the same data (nothing random to keep online) from a map-style dataset;
-    a packed copy of files only where nothing costly follows the read (a decode would)."""
-    if loader is None or loader.items_repeat is not True or loader.iterable:
+    read twice gave the same data (nothing random to keep online) from a map-style dataset,
+    or where a stream's timed steps are known deterministic but for a small share
+    (``values["unknown_share"]``: read from the copy too, which the basis says); a packed
+    copy of files only where nothing costly follows the read (a decode would)."""
+    if loader is None:
         return
     load = loading(run, loader)
-    after_read = sum(r.share for r in load.rows if r.kind in ("decode", "transform")) if load else 0.0
+    unknown: float | None = 0.0
+    if loader.iterable:
+        # a stream's items are told to differ (a random method of its own), never to repeat
+        unknown = _stream_unknown(load) if loader.items_repeat is None else None
+    if unknown is None or not loader.iterable and loader.items_repeat is not True:
+        return
+    # a stream's own code after its read (a decode method) runs on a packed copy's items too
+    costly = ("decode", "transform", "user") if loader.iterable else ("decode", "transform")
+    after_read = sum(r.share for r in load.rows if r.kind in costly) if load else 0.0
     for rec in recs:
         if rec.framework != "torch" or rec.id not in STORED_IDS:
             continue
         if rec.id == "convert_format" and after_read >= PACKED_AFTER_READ:
             continue
         rec.values["stored_items"] = True
+        if unknown:
+            rec.values["unknown_share"] = round(unknown, 3)
 
 
+def _stream_unknown(load: Loading | None) -> float | None:
+    """A stream's share of loading in steps not known to be deterministic, where no step is
+    known random and that share is under ``STREAM_UNKNOWN``; else None (no whole-item copy
+    stands for the advice, which keeps random steps online)."""
+    if load is None:
+        return None
+    steps = [r for r in load.rows if r.kind in ("read", "decode", "transform", "user")]
+    if not steps or any(r.random for r in steps):
+        return None
+    unknown = sum(r.share for r in steps if r.random is None)
+    return unknown if unknown < STREAM_UNKNOWN else None
 
 
 #: a packed copy of the files is measured as whole items only where the stages after
 #: the read (decodes, transforms) are less than this share of loading
 PACKED_AFTER_READ = 0.1
+#: a stream's whole items stand for its offline copy where its steps not known to be
+#: deterministic are less than this share of loading
+STREAM_UNKNOWN = 0.1
 
 
 def _whole_job(run: Run, rec: Recommendation, w: WhatIf, gain: float) -> tuple[float, str] | None:
@@ -224,6 +250,10 @@ def measured(run: Run, recs: list[Recommendation]) -> list[Recommendation]:
         rec.basis = (f"measured: the job's own step replayed with {replay_name(w.change, rec)}, "
                      f"{w.seconds_per_step * 1e3:.1f} ms against {w.baseline_seconds_per_step * 1e3:.1f} ms "
                      f"as it ran, {w.steps} steps each{held}")
+        unknown = rec.values.get("unknown_share")
+        if isinstance(unknown, float) and unknown > 0:
+            rec.basis += (f" (its steps not known to be deterministic, {unknown:.0%} of loading, read from the copy "
+                          "too: a random one among them would stay online)")
         if w.held_wait_seconds:
             rec.basis += (f" (the model alone on a held batch, the {w.held_wait_seconds * 1e3:.1f} ms a step "
                           "the loop waited for batches added as measured)")

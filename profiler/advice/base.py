@@ -68,15 +68,17 @@ STORED_COPY = "stored"
 HELD_STAGES = "held_stages="
 
 
-def replay_name(change: str, rec: Recommendation | None = None, short: bool = False) -> str:
+def replay_name(change: str, rec: Recommendation | None = None, short: bool = False, tf: bool = False) -> str:
     """How the reports name a replayed change: its fix's words (in the loader's own knobs
     where the advice names them: a PyDataset's), or what a measurement-only replay read
-    (``short``: in a list of replays)."""
+    (``short``: in a list of replays; ``tf``: a tf.data pipeline's, where no ``rec`` says)."""
     if rec is not None and "use_multiprocessing" in rec.values:
         return f"workers={rec.values.get('workers')}, use_multiprocessing={rec.values['use_multiprocessing']}"
     if change == STORED_COPY:
-        return ("an HDF5 copy of the items" if short
-                else "its items read from an HDF5 copy (written for the replay, read from the page cache)")
+        tf = tf or (rec is not None and rec.framework == "tf")
+        copy, what = ("a TFRecord copy", "elements") if tf else ("an HDF5 copy", "items")
+        return (f"{copy} of the {what}" if short
+                else f"its {what} read from {copy} (written for the replay, read from the page cache)")
     if change.startswith(HELD_STAGES):
         return ("the deterministic steps held" if short
                 else "the deterministic steps done once per item and held") + held_what(change)

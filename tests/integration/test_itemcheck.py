@@ -274,3 +274,59 @@ def test_the_stage_table_says_which_of_a_users_transforms_are_random() -> None:
         loops.train(DataLoader(Transformed(), batch_size=4), loops.small_model(), epochs=6)
     rows = sorted((s.order, s.random) for s in prof.run.loaders[0].stages if s.kind == "transform")
     assert rows == [(0, False), (1, True)], prof.run.loaders[0].stages
+
+
+class Clips(torch.utils.data.IterableDataset):
+    """A stream whose own methods decode (deterministic) and jitter (random) each clip."""
+
+    def __init__(self, n: int = 64) -> None:
+        self.blobs = [np.full(32, i, np.float32) for i in range(n)]
+
+    def decode(self, blob: np.ndarray) -> torch.Tensor:
+        x = torch.from_numpy(blob.copy())
+        for _ in range(20):
+            x = torch.tanh(x * 0.5 + torch.fft.rfft(x).abs()[:1])
+        return x
+
+    def jitter(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 0.01 * torch.randn_like(x)
+
+    def __iter__(self):
+        for i in torch.randperm(len(self.blobs)).tolist():
+            yield self.jitter(self.decode(self.blobs[i])), i % 4
+
+
+def test_a_streams_own_methods_are_told_deterministic_or_random_and_the_run_left_as_it_was() -> None:
+    from loadprof.frameworks.torch.itemcheck import check
+    from loadprof.frameworks.torch.sitesampler import site_name
+
+    data = Clips()
+    torch.manual_seed(0)
+    state = torch.get_rng_state().clone()
+    found = check(data)
+    assert found.items_repeat is False  # a random method of its own: its items differ
+    assert found.methods == {site_name(Clips.decode.__code__): False, site_name(Clips.jitter.__code__): True}
+    assert torch.equal(torch.get_rng_state(), state)  # drawn in the child only
+    assert Clips.decode.__name__ == "decode" and "decode" in vars(Clips)  # the class as it was here
+
+
+def test_a_streams_table_marks_its_methods_and_its_offline_copy_is_replayed_where_none_is_random() -> None:
+    """The stage table's user rows of a stream's own methods say random or not; where every
+    costly one is deterministic, the offline advice is measured on a stored copy of whole
+    items, and where one is random, it is not (a whole item would freeze it)."""
+
+    class Steady(Clips):
+        def jitter(self, x: torch.Tensor) -> torch.Tensor:  # no draw: deterministic
+            return x * 1.0
+
+    for data, stored in ((Steady(2048), True), (Clips(2048), False)):
+        with Profile(output=None, what_if=0) as prof:
+            loops.train(DataLoader(data, batch_size=32), loops.small_model(), epochs=2)
+        rows = {s.name.split(" (")[0]: s.random for s in prof.run.loaders[0].stages if s.kind == "user"}
+        assert rows.get("Clips.decode") is False, prof.run.loaders[0].stages
+        from loadprof.advice import _stored_copies
+        from loadprof.advice.base import Recommendation
+
+        rec = Recommendation("offline_preprocessing", "Move deterministic preprocessing offline", "", "")
+        _stored_copies(prof.run, prof.run.loaders[0], [rec])
+        assert bool(rec.values.get("stored_items")) is stored, (rows, rec.values)

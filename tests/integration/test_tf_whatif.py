@@ -16,6 +16,7 @@ tf = pytest.importorskip("tensorflow")
 from loadprof import Profile  # noqa: E402
 from loadprof.frameworks.tensorflow.rebuild import Builds  # noqa: E402
 from loadprof.patch import Patches  # noqa: E402
+from tests.tf_loops import step_fn  # noqa: E402
 
 pytestmark = pytest.mark.tensorflow
 
@@ -73,6 +74,39 @@ def test_a_cache_holds_the_deterministic_maps_output_and_the_random_map_runs_aft
     random_first = tf.data.Dataset.range(8).map(lambda x: tf.cast(x, tf.float32) + tf.random.uniform(()))
     assert builds.rebuild(random_first.batch(2), "cache") is None
     assert builds.rebuild(tf.data.Dataset.range(8).map(lambda x: x * 2).cache().batch(2), "cache") is None
+
+
+def test_a_stored_copy_reads_the_deterministic_maps_output_from_records_and_the_random_map_runs_after_it(
+        builds: Builds) -> None:
+    import os
+
+    ds = (tf.data.Dataset.from_tensor_slices((np.arange(64, dtype=np.float32), np.arange(64)))
+          .map(lambda v, y: (tf.fill((3, 2), v * 2.0), y))
+          .map(lambda v, y: (v + tf.random.uniform(tf.shape(v)), y)).batch(8))
+    again = builds.rebuild(ds, "stored")
+    assert again is not None
+    ops = _ops(again)
+    assert "CacheDatasetV2" not in ops and ops.index("ParallelMapDatasetV2") < ops.index("MapDataset")  # parse first
+    folder = builds._folders[0].name
+    assert sorted(os.listdir(folder)) == ["elements.tfrecord", "elements.tfrecord.idx"]
+    assert again.element_spec[0].shape.as_list() == [None, 3, 2] and again.element_spec[1].dtype == tf.int64
+    seen = []
+    for v, y in again.take(10):  # 4 batches of 8 held, read back in their structure, cycled
+        v, y = v.numpy(), y.numpy()
+        assert np.array_equal(np.floor(v[:, 0, 0] / 2), y.astype(np.float32))  # 2 y + a draw in [0, 1)
+        assert not np.array_equal(v, np.floor(v))  # the random map ran after the copy
+        seen.extend(y.tolist())
+    assert set(seen) == set(range(32))
+    builds.drop_copies()
+    assert not os.path.exists(folder)
+    # an element a record cannot hold: said, nothing left behind
+    strings = tf.data.Dataset.from_tensor_slices([["a", "b"], ["c", "d"]]).map(lambda s: s).batch(2)
+    from loadprof.converters.errors import ConvertError
+
+    with pytest.raises(ConvertError, match="element 0"):
+        builds.rebuild(strings, "stored")
+    assert not os.path.exists(builds._folders[0].name) or os.listdir(builds._folders[0].name) == []
+    builds.drop_copies()
 
 
 def test_the_cache_fix_goes_after_the_deterministic_maps_and_shuffles_again_after_it() -> None:
@@ -188,15 +222,7 @@ def test_a_custom_loops_tf_function_step_is_replayed_on_the_batches_it_was_calle
     ds = tf.data.Dataset.from_tensor_slices((x, y)).map(_python_map).batch(32)
     model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(4)])
     opt = tf.keras.optimizers.SGD(0.1)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def step(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables,
-                                strict=True))
-        return loss
+    step = step_fn(model, opt)
 
     for _ in range(2):
         for xb, yb in ds:

@@ -19,6 +19,7 @@ from loadprof.fixes import Applier, Changes  # noqa: E402
 from loadprof.frameworks.tensorflow.cachefill import fill  # noqa: E402
 from loadprof.frameworks.tensorflow.rebuild import Builds  # noqa: E402
 from loadprof.patch import Patches  # noqa: E402
+from tests.tf_loops import step_fn  # noqa: E402
 
 pytestmark = pytest.mark.tensorflow
 
@@ -117,16 +118,7 @@ def cache_replay() -> Iterator[object]:
           .shuffle(BATCH * PER_EPOCH).map(lambda v, t: (tf.image.random_flip_left_right(v[..., None])[..., 0], t))
           .batch(BATCH))
     model = tf.keras.Sequential([tf.keras.Input((64, 64)), tf.keras.layers.Flatten(), tf.keras.layers.Dense(4)])
-    opt = tf.keras.optimizers.SGD(0.01)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def step(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables,
-                                strict=True))
-        return loss
+    step = step_fn(model, tf.keras.optimizers.SGD(0.01))
 
     for _ in range(10):
         for xb, yb in ds:
@@ -156,3 +148,44 @@ def test_the_cache_figure_counts_each_epochs_start_from_the_filled_cache(cache_r
     # the cache's start reads the filled cache, never much slower than the pipeline's (a loaded
     # host has put the two within a few ms of each other)
     assert 0 < cache.start_seconds < 1.25 * cache.baseline_start_seconds, cache
+
+
+def test_the_offline_copy_is_replayed_from_records_written_for_it_and_removed_after() -> None:
+    """The offline advice's replay: the deterministic map's output written as TFRecord
+    records and read back, the random map after it; planned from the advice, measured on a
+    custom loop's own step, the records' folder gone once measured."""
+    import glob
+    import tempfile
+
+    from loadprof.advice.base import Recommendation, replay_name
+    from loadprof.frameworks.tensorflow.whatif import MEASURED_IDS, LoopStep, _loop_target, measure
+    from loadprof.whatif import plan
+
+    rec = Recommendation("offline_preprocessing", "Move deterministic preprocessing offline", "", "",
+                         {"stored_items": True}, framework="tf")
+    changes = plan([rec], "tf", MEASURED_IDS)
+    assert [c.describe() for c in changes] == ["stored"]
+    assert "TFRecord copy" in replay_name("stored", rec)
+    before = set(glob.glob(f"{tempfile.gettempdir()}/loadprof-stored-*"))
+    patches, builds = Patches("test rebuild"), Builds()
+    builds.install(patches.wrap, tf.data.Dataset)
+    try:
+        rng = np.random.default_rng(0)
+        ds = (tf.data.Dataset.from_tensor_slices((rng.random((BATCH * PER_EPOCH, 64, 64), dtype=np.float32),
+                                                  rng.integers(0, 4, BATCH * PER_EPOCH)))
+              .map(lambda v, t: (_enhance(v), t)).shuffle(BATCH * PER_EPOCH)
+              .map(lambda v, t: (tf.image.random_flip_left_right(v[..., None])[..., 0], t)).batch(BATCH))
+    finally:
+        patches.restore()
+    model = tf.keras.Sequential([tf.keras.Input((64, 64)), tf.keras.layers.Flatten(), tf.keras.layers.Dense(4)])
+    step = step_fn(model, tf.keras.optimizers.SGD(0.01))
+
+    for _ in range(2):
+        for xb, yb in ds:
+            step(xb, yb)
+    weights = [w.numpy().copy() for w in model.weights]
+    out, why = measure(_loop_target(LoopStep(step, ds, True)), builds, changes, None, 4.0, lambda: False, PER_EPOCH)
+    assert why == "" and [w.change for w in out] == ["stored"], (out, why)
+    assert out[0].steps >= 3 and out[0].seconds_per_step > 0 and out[0].baseline_seconds_per_step > 0
+    assert all(np.array_equal(a, b.numpy()) for a, b in zip(weights, model.weights, strict=True))
+    assert set(glob.glob(f"{tempfile.gettempdir()}/loadprof-stored-*")) == before  # the records removed

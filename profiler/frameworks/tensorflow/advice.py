@@ -194,7 +194,8 @@ def input_advice(run: Run, d: Diagnosis, loader: LoaderInfo,
             "offline_preprocessing", "Move deterministic preprocessing offline", detail,
             "loadprof convert <your data folder> data.tfrecord --to tfrecord --decode\n"
             "ds = tf.data.TFRecordDataset(['data.tfrecord']).map(parse, num_parallel_calls=tf.data.AUTOTUNE)",
-            basis=STORED, framework="tf",
+            # a replay writes the deterministic maps' output as records and reads them back
+            {"stored_items": True}, basis=STORED, framework="tf",
         ))
 
     if starved and "many_small_files" in notes:

@@ -16,7 +16,9 @@ transformations again on that source, with the change:
   ``maps_repeat``), the elements of ``CACHE_BATCHES`` batches taken, cached and repeated,
   a shuffle before them done again after them (as the trial's fix does): what follows
   reads a filled cache, as every epoch after the first would (the fill, an epoch of the
-  maps, is the whole-job figure's to count).
+  maps, is the whole-job figure's to count);
+- ``stored``: at the same place, the same elements written to a TFRecord file and read
+  back from it (storedcopy.py), the offline advice's stored copy.
 The functions are the script's own, traced again. The same notes tell whether each map
 gives the same output twice for one element (``maps_repeat``: its function called twice
 eagerly after the run), which decides whether a cache or a stored copy may stand in for it. Nothing is rebuilt from TensorFlow's
@@ -43,7 +45,7 @@ BUILT = ("map", "batch", "padded_batch", "unbatch", "prefetch", "shuffle", "repe
 READERS = ("TFRecordDataset", "TextLineDataset", "FixedLengthRecordDataset")
 
 #: the changes a rebuild can make (``fixes.Changes`` fields of the same names)
-CHANGES = ("parallel_map", "prefetch", "cache", "parallel_reads")
+CHANGES = ("parallel_map", "prefetch", "cache", "parallel_reads", "stored")
 #: batches of elements a cache rebuild holds (it cycles over them)
 CACHE_BATCHES = 4
 
@@ -65,6 +67,8 @@ class Builds:
         self._readers: dict[int, tuple[weakref.ref[Any], tuple[type, dict[str, Any]]]] = {}
         self._lock = threading.Lock()
         self._quiet = threading.local()
+        #: the folders of stored copies a rebuild wrote (``drop_copies`` removes them)
+        self._folders: list[Any] = []
 
     def wrap(self, name: str) -> Callable[[Any], Any]:
         """A ``Patches.wrap`` factory: the method, noting each result's call."""
@@ -156,8 +160,8 @@ class Builds:
                 return None
         elif not calls:
             return None
-        cache_after = self._cache_point(ds, calls) if change == "cache" else None
-        if change == "cache" and cache_after is None:
+        cache_after = self._cache_point(ds, calls) if change in ("cache", "stored") else None
+        if change in ("cache", "stored") and cache_after is None:
             return None
         held = CACHE_BATCHES * next((int(c.kwargs.get("batch_size", c.args[0] if c.args else 32))
                                      for c in calls if c.name in ("batch", "padded_batch")), 32)
@@ -178,7 +182,7 @@ class Builds:
                     node = node.prefetch(tf.data.AUTOTUNE)
                     changed = True
                 if i == cache_after:
-                    node = node.take(held).cache()
+                    node = node.take(held).cache() if change == "cache" else self._stored(node.take(held))
                     # as the trial's fix does: a shuffle before the cache done again after it, each pass
                     for before in (c for c in calls[:i] if c.name == "shuffle"):
                         node = node.shuffle(*before.args, **before.kwargs)
@@ -187,6 +191,22 @@ class Builds:
         finally:
             self._quiet.on = False
         return node if changed else None
+
+    def _stored(self, elements: Any) -> Any:
+        """``elements`` written to a stored copy in a temporary folder, read back."""
+        import tempfile
+
+        from .storedcopy import stored_copy
+
+        folder = tempfile.TemporaryDirectory(prefix="loadprof-stored-")
+        self._folders.append(folder)
+        return stored_copy(elements, folder.name)
+
+    def drop_copies(self) -> None:
+        """The stored copies' folders removed (their datasets read nothing after)."""
+        folders, self._folders = self._folders, []
+        for folder in folders:
+            folder.cleanup()
 
     def _read_again(self, source: Any, reads: int) -> Any:
         """The file reader ``source`` made again reading ``reads`` files at a time; None: not a

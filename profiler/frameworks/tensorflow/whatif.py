@@ -8,7 +8,8 @@ run. The replays go one step further: the fit's ``train_function`` (or a custom 
 read: ``step(x, y)``) fed a fresh iterator over the pipeline as the script built it, and
 over the same pipeline built again with one advised change (rebuild.py: a parallel map, or the one map
 the advice per transformation names, a prefetch after the batch,
-a filled cache after the deterministic maps, the files read several at a time; a PyDataset's
+a filled cache after the deterministic maps, or their output stored as TFRecord records and
+read back (the offline copy), the files read several at a time; a PyDataset's
 batches as Keras's adapter makes them, and in the worker processes its advice names:
 keras/pydataset/replay.py), in rounds while
 the budget lasts, each round's calls after two of warm-up (the iterator's start, a shuffle
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
     from .hooks import TensorFlowHooks
 
 #: the advice a replay measures: the changes a rebuild makes, and mixed precision under fit
-MEASURED_IDS = ("parallel_map", "prefetch", "cache", "interleave", "mixed_precision")
+MEASURED_IDS = ("parallel_map", "prefetch", "cache", "interleave", "mixed_precision", "offline_preprocessing")
 #: ...and a PyDataset's worker processes (its advice's dialect is Keras's)
 KERAS_IDS = ("num_workers",)
 #: a custom loop's step is held at its call after this many (traced by then)
@@ -211,6 +212,8 @@ def rebuild_of(change: Changes) -> str | None:
         return "prefetch"
     if change.cache:
         return "cache"
+    if change.stored:
+        return "stored"
     if change.parallel_reads:
         return "parallel_reads"
     return None
@@ -218,12 +221,23 @@ def rebuild_of(change: Changes) -> str | None:
 
 def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: float | None, budget: float,
             interrupted: Callable[[], bool], per_epoch: int | None = None) -> tuple[list[WhatIf], str]:
-    """The step with the pipeline as built and with each change: the measurements, or why
-    there are none (NOTE [ What-if replays under Keras fit ]). ``per_epoch``: the batches of
-    an epoch, where known."""
+    """The step with the pipeline as built and with each change: the measurements, and why
+    a change or all are not (NOTE [ What-if replays under Keras fit ]). ``per_epoch``: the
+    batches of an epoch, where known."""
+    try:
+        return _measure(target, builds, changes, run_step, budget, interrupted, per_epoch)
+    finally:
+        builds.drop_copies()
+
+
+def _measure(target: _Target, builds: Builds, changes: list[Changes], run_step: float | None, budget: float,
+             interrupted: Callable[[], bool], per_epoch: int | None) -> tuple[list[WhatIf], str]:
     import psutil
 
+    # the budget counts the rebuilds: a stored copy's are written then
+    deadline = time.perf_counter() + budget
     variants: list[tuple[Changes, Any, _Target]] = []
+    problems: list[str] = []
     for change in changes:
         if change.amp:
             if target.mixed is not None:
@@ -233,13 +247,20 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
         calls = change.parallel_reads if rebuilt == "parallel_reads" else change.map_calls
         if change.num_workers and target.feed is not None:
             built = target.feed.dataset(change)
+        elif rebuilt == "stored":
+            try:
+                built = builds.rebuild(target.dataset, rebuilt)
+            except Exception as err:  # an element a record cannot hold, the script's map failing again
+                problems.append(f"a stored copy of the pipeline's elements could not be written "
+                                f"({type(err).__name__}: {err})")
+                continue
         else:
             built = builds.rebuild(target.dataset, rebuilt, change.map_fn, calls) if rebuilt else None
         if built is not None:
             variants.append((change, built, target))
     if not variants:
-        return [], ("no advised change could be built into the pipeline again (built before profiling began, "
-                    "or the change leaves it as it is)")
+        return [], "; ".join([*problems, "no advised change could be built into the pipeline again (built before "
+                              "profiling began, or the change leaves it as it is)"])
     variables = target.variables
     nbytes = sum(int(np.prod(tuple(v.shape), dtype=np.int64)) * tf.as_dtype(v.dtype).size for v in variables)
     if nbytes > STATE_COPY_SHARE * psutil.virtual_memory().available:
@@ -254,8 +275,7 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
     results: dict[int, tuple[float, int]] = {}  # seconds, calls
     firsts: dict[int, list[float]] = {}  # each round's first call: an epoch's start
     stops: dict[int, list[float]] = {}  # a PyDataset's pool stopped: an epoch's end
-    deadline = time.perf_counter() + budget
-    slice_s = budget / (MAX_ROUNDS * len(configs))
+    slice_s = max(0.0, deadline - time.perf_counter()) / (MAX_ROUNDS * len(configs))
     spin = target.own * target.batches if target.spin and target.own else 0.0
     # a PyDataset's input starts again at each repetition (a new pool, as at an epoch): a slice
     # stays inside one epoch, so its steady calls hold no start
@@ -282,7 +302,7 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
         for v, value in zip(variables, saved, strict=True):
             v.assign(value)
     if 0 not in results:
-        return [], "the step could not be replayed in the time given"
+        return [], "; ".join([*problems, "the step could not be replayed in the time given"])
     base_s, base_n = results[0]
     base = base_s / base_n / target.batches
     # the loop's own time, read in the run; without it, what the run's steady step took beyond the replay
@@ -303,13 +323,14 @@ def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: f
         if not i:
             continue
         change, step, was = configs[i][0], s / n / target.batches, base
-        if change.cache and per_epoch and firsts.get(i, [])[1:]:
-            # its figure is for every epoch after the first: each starts again, from the filled cache
+        if (change.cache or change.stored) and per_epoch and firsts.get(i, [])[1:]:
+            # its figure is for every epoch after the first: each starts again, from the filled
+            # cache (from the stored copy: every epoch)
             step, was = step + start(i) / per_epoch, base + start(0) / per_epoch
         out.append(WhatIf(change.describe(), step + added, was + added, min(n, base_n) * target.batches,
                           extra_seconds=extra, start_seconds=start(i), baseline_start_seconds=start(0),
                           stop_seconds=min(stops.get(i, [0.0])), baseline_stop_seconds=min(stops.get(0, [0.0]))))
-    return out, "" if out else "no change could be replayed in the time given"
+    return out, "; ".join([*problems, *([] if out else ["no change could be replayed in the time given"])])
 
 
 def _replay(target: _Target, ds: Any, slice_s: float, interrupted: Callable[[], bool],

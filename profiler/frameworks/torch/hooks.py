@@ -44,7 +44,7 @@ from ...records import AllocatorPeak, LoaderInfo, Run
 from ...samplers.procfs import own_peak_rss, own_rss
 from ...timeline import CPU_READ_ALL, CPU_READ_EVERY, Timeline
 from ...whatif import replay_at
-from .itemcheck import apply_random, check
+from .itemcheck import Checked, apply_random, check
 from .loaderfacts import LoaderFacts
 from .stagepipe import StageCollector
 from .stepcapture import StepCapture
@@ -101,7 +101,7 @@ class TorchHooks:
         # diagnose` the script's loaders are gone by then (its main() has returned)
         self._datasets: dict[int, Any] = {}
         #: loader key -> its Composes' transforms of unknown kind told random or not (itemcheck.py)
-        self._random: dict[int, dict[int, bool]] = {}
+        self._random: dict[int, Checked] = {}
         self._checked: dict[int, Callable[[], Any] | None] = {}  # optimizers whose parameter dtype was looked at
         self._nexts = 0  # batches fetched through the next() wrapper
         self._facts_pending = False  # a loader whose batch size and bytes are unknown began an iteration
@@ -156,7 +156,7 @@ class TorchHooks:
         self.run.limitations.extend(f"torch: {line}" for line in self._patches.restore())
         self._stages.finish([info for _, info in self._loaders.values()])
         for key, (_, info) in self._loaders.items():  # transforms told random or not mid-run
-            apply_random(info.stages, self._random.get(key, {}))
+            apply_random(info.stages, self._random.get(key, Checked()))
         self.run.limitations.extend(self._stages.limitations)
         self.check_items()
         self._datasets.clear()
@@ -413,8 +413,8 @@ class TorchHooks:
         )
         self._loaders[id(loader)] = (_ref(loader), info)
         self.run.loaders.append(info)
-        if (length and dataset is not None and len(self._datasets) < MAX_HELD_DATASETS
-                and not isinstance(dataset, torch.utils.data.IterableDataset)):
+        if dataset is not None and len(self._datasets) < MAX_HELD_DATASETS and (
+                length or isinstance(dataset, torch.utils.data.IterableDataset)):
             self._datasets[id(loader)] = dataset
         return info
 
@@ -435,8 +435,8 @@ class TorchHooks:
             del self._datasets[key]
             found = check(dataset)
             info.items_repeat = found.items_repeat
-            self._random[key] = found.random
-            apply_random(info.stages, found.random)  # where its stages are in already (the run's end)
+            self._random[key] = found
+            apply_random(info.stages, found)  # where its stages are in already (the run's end)
 
     def _collect_cuda_facts(self) -> None:
         if not torch.cuda.is_available() or not torch.cuda.is_initialized():

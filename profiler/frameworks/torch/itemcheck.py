@@ -23,6 +23,14 @@ outputs that differ make it random, equal ones deterministic (a random transform
 the same thrice, a coin flip's 1 in 4, reads deterministic: a cache up to it would freeze its
 draw, which the trial's cache check, reading items twice, still refuses). The answers come
 back by each transform's place (``StageTime.order``), as the stage table numbers them.
+
+The dataset's own methods (those its classes define, below torch's, dunders aside: a
+``decode`` its ``__iter__`` or ``__getitem__`` calls) are told the same way: each records
+its first call's arguments while the first item is made (a stream's first item, from a
+fresh iterator, in the child: a stream has no index to read twice), then is called again
+on copies of them ``CALLS`` times. The answers come back by the name the stage table gives
+the function (``Checked.methods``: its qualified name, file and first line, as the site
+sampler names it), for its user rows.
 """
 
 from __future__ import annotations
@@ -54,13 +62,17 @@ class Checked:
 
     items_repeat: bool | None = None
     random: dict[int, bool] = field(default_factory=dict)
+    #: the dataset's own methods by their stage-table name: True where random
+    methods: dict[str, bool] = field(default_factory=dict)
 
 
 def check(dataset: Any, index: int = 0, timeout: float = TIMEOUT) -> Checked:
     """Whether every read of ``dataset[index]`` is identical (two, and more while they are
     quick: ``fixes.cache.more_reads_differ``), False when they differ (random augmentation),
-    None when it could not be told (no fork, an error, too slow); and which transforms of
-    unknown kind are random (NOTE [ Which transforms are random ])."""
+    None when it could not be told (no fork, an error, too slow; a stream, which has no
+    index to read twice, unless one of its own methods is random); and which transforms of
+    unknown kind, and which of the dataset's own methods, are random (NOTE [ Which
+    transforms are random ])."""
     if not hasattr(os, "fork") or not sys.platform.startswith("linux"):
         return Checked()
     read, write = os.pipe()
@@ -80,15 +92,27 @@ def check(dataset: Any, index: int = 0, timeout: float = TIMEOUT) -> Checked:
                 torch.set_num_threads(1)
             from ...fixes.cache import more_reads_differ, same_item
 
-            first = dataset[index]
-            same = same_item(first, dataset[index]) and more_reads_differ(dataset, {index: first}) is None
-            answer = _SAME if same else _DIFFERENT
+            if _stream(dataset):
+                answer = _UNKNOWN
+            else:
+                first = dataset[index]
+                same = same_item(first, dataset[index]) and more_reads_differ(dataset, {index: first}) is None
+                answer = _SAME if same else _DIFFERENT
         except BaseException:  # anything the dataset raises: no answer
             answer = _UNKNOWN
+        found: dict[str, Any] = {}
         try:
-            answer += json.dumps(_random_transforms(dataset, index)).encode()
+            found["methods"] = _random_methods(dataset, index)
+            if _stream(dataset) and any(found["methods"].values()):
+                answer = _DIFFERENT  # a random method of its own: a stream's items differ
+        except BaseException:  # the dataset failed, or a method on a copy of its input: not told
+            pass
+        try:
+            if not _stream(dataset):
+                found.update({str(k): v for k, v in _random_transforms(dataset, index).items()})
         except BaseException:  # a transform that fails on a copy of its input: not told
             pass
+        answer += json.dumps(found).encode()
         try:
             os.write(write, answer)
         finally:
@@ -121,10 +145,60 @@ def _answer(read: int, deadline: float) -> Checked:
     out = Checked({_SAME: True, _DIFFERENT: False}.get(data[:1]))
     try:
         found = json.loads(data[1:]) if len(data) > 1 else {}
+        methods = found.pop("methods", {})
         out.random = {int(k): bool(v) for k, v in found.items()}
+        out.methods = {str(k): bool(v) for k, v in methods.items()}
     except (ValueError, TypeError, AttributeError):  # cut short by the deadline
         pass
     return out
+
+
+def _stream(dataset: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(dataset, torch.utils.data.IterableDataset)
+
+
+def _random_methods(dataset: Any, index: int) -> dict[str, bool]:
+    """In the child: the dataset's own methods called while its first item is made, by
+    their stage-table name, True where random (NOTE [ Which transforms are random ])."""
+    import inspect
+
+    from ...fixes.cache import same_item
+    from .sitesampler import site_name
+
+    inputs: dict[str, tuple[Any, Any, Any]] = {}
+    for cls in type(dataset).__mro__:
+        if cls.__module__.split(".")[0] in ("torch", "builtins", "typing", "abc"):
+            continue
+        for name, fn in list(vars(cls).items()):
+            if name.startswith("__") or not inspect.isfunction(fn):
+                continue
+            setattr(cls, name, _recording_method(fn, site_name(fn.__code__), inputs))
+    if _stream(dataset):
+        next(iter(dataset))
+    else:
+        dataset[index]
+    out: dict[str, bool] = {}
+    for key, (fn, args, kwargs) in inputs.items():
+        outs = [fn(dataset, *copy.deepcopy(args), **copy.deepcopy(kwargs)) for _ in range(CALLS)]
+        out[key] = not all(same_item(outs[0], o) for o in outs[1:])
+    return out
+
+
+def _recording_method(fn: Any, key: str, inputs: dict[str, tuple[Any, Any, Any]]) -> Any:
+    """``fn``, keeping a copy of the arguments of its first call (a generator method is
+    left as it is: calling it again gives a new generator, not its items)."""
+    import inspect
+
+    if inspect.isgeneratorfunction(fn):
+        return fn
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if key not in inputs:
+            inputs[key] = (fn, copy.deepcopy(args), copy.deepcopy(kwargs))
+        return fn(self, *args, **kwargs)
+
+    return method
 
 
 def _random_transforms(dataset: Any, index: int) -> dict[int, bool]:
@@ -184,8 +258,11 @@ def items_repeat(dataset: Any, index: int = 0, timeout: float = TIMEOUT) -> bool
     return check(dataset, index, timeout).items_repeat
 
 
-def apply_random(stages: list[Any], random: dict[int, bool]) -> None:
-    """The transforms of unknown kind told random or not (``Checked.random``), by their place."""
+def apply_random(stages: list[Any], found: Checked) -> None:
+    """The transforms of unknown kind told random or not (``Checked.random``), by their
+    place, and the user rows of the dataset's own methods (``Checked.methods``), by name."""
     for s in stages:
-        if s.kind == "transform" and s.random is None and s.order in random:
-            s.random = random[s.order]
+        if s.kind == "transform" and s.random is None and s.order in found.random:
+            s.random = found.random[s.order]
+        elif s.kind == "user" and s.random is None and s.name in found.methods:
+            s.random = found.methods[s.name]

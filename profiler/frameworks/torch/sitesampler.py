@@ -20,6 +20,11 @@ IDLE_WAIT = 0.5
 NAME_CHARS = 72
 
 
+def site_name(code: Any) -> str:
+    """A function's name in the stage table: its qualified name, file and first line."""
+    return f"{short(getattr(code, 'co_qualname', code.co_name))} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
+
+
 def short(text: str) -> str:
     text = " ".join(text.split())
     return text if len(text) <= NAME_CHARS else text[:NAME_CHARS - 3] + "..."
@@ -97,7 +102,7 @@ class SiteSampler:
                 full = os.path.abspath(path)
                 user = self._user[path] = not path.startswith("<") and not full.startswith(self._skip)
             if user:
-                return f"{short(getattr(code, 'co_qualname', code.co_name))} ({os.path.basename(path)}:{code.co_firstlineno})"
+                return site_name(code)
             if path == self._wrapper_file:
                 return None  # reached the fetch wrapper: no function of the user's below it
             frame = frame.f_back
