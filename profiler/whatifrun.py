@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .lines import first_line, note
+from .metrics import Metrics
 from .records import Run, WhatIf
 from .samplers.node import world_size
 from .settings import Settings
@@ -156,7 +157,7 @@ class WhatIfRun:
             t0 = time.perf_counter()
             try:
                 self.place.run.whatif, skipped = measure(
-                    capture, changes, diagnosis.metrics.compute_per_step, budget,
+                    capture, changes, loop_compute(run, diagnosis.metrics), budget,
                     self.place.interrupted, self.held_wait)
                 self.place.run.whatif_skipped = skipped or not_read
             except Interrupted:
@@ -211,7 +212,7 @@ class WhatIfRun:
             note(f"measuring {len(agreed.changes)} advised change(s) on every rank's own step together, at most "
                   f"{budget:.0f} s (--what-if 0 skips it)")
         # this rank's wait for the others is not the job's: the all-reduce alone stands in
-        own = diagnosis.metrics.compute_per_step - (waited or 0.0) + agreed.collective
+        own = loop_compute(run, diagnosis.metrics) - (waited or 0.0) + agreed.collective
         try:
             self.place.run.whatif, self.place.run.whatif_skipped = measure(capture, agreed.changes, own, budget, lambda: False,
                                                                slice_s=agreed.slice_s, collective=agreed.collective)
@@ -246,7 +247,7 @@ class WhatIfRun:
                 return
             t0 = time.perf_counter()
             try:
-                found, _ = measure(capture, changes, diagnosis.metrics.compute_per_step, left,
+                found, _ = measure(capture, changes, loop_compute(run, diagnosis.metrics), left,
                                    self.place.interrupted, self.held_wait)
                 # each against its own replay of the run's settings; the model alone measured once
                 self.place.run.whatif.extend(w for w in found if w.change not in done)
@@ -324,6 +325,23 @@ class WhatIfRun:
             g.t -= d if g.t > b else 0.0
         run.duration -= d
 
+
+
+def loop_compute(run: Run, m: Metrics) -> float:
+    """The run's step time outside its waits for batches, a step, over the judged steps
+    less those an epoch began in (the last iterator's workers stopped and the next one's
+    started there: one-time costs a replay measures apart, as its start): the replays read
+    what their own step lacks of the loop's (its code between two steps) from it."""
+    import bisect
+
+    starts = sorted(t for info in run.loaders if info.iterations > info.eval_iterations
+                    for t in info.iteration_starts_s)
+    steps = [s for s in run.steps[m.warmup_steps:]
+             if bisect.bisect_right(starts, s.end) == bisect.bisect_right(starts, s.start)]
+    n = sum(s.merged for s in steps)
+    if not n:
+        return m.compute_per_step
+    return max(0.0, sum(s.duration - s.data_wait - s.h2d for s in steps) / n)
 
 
 def intra_op_threads() -> int | None:

@@ -41,3 +41,24 @@ def test_an_unknown_length_or_no_loader_keeps_the_usual_step() -> None:
 def test_a_max_steps_end_comes_first() -> None:
     step = replay_step(10)
     assert step == 8 and replay_at(step, Sized(500)) == 8
+
+
+def test_the_loops_own_time_leaves_out_the_steps_an_epoch_began_in() -> None:
+    """The replays' stand-in for the loop's own code a step: the run's step less its waits,
+    over the judged steps but those holding an epoch's start (the workers stopped and
+    started again: a replay measures that apart, as its start)."""
+    from loadprof.metrics import compute_metrics
+    from loadprof.whatifrun import loop_compute
+    from tests.conftest import make_run
+
+    run = make_run(n=40, step=0.01, wait=0.004, workers=2)
+    for s in run.steps[20:21] + run.steps[30:31]:  # two epochs begin here: 100 ms outside the wait
+        s.end += 0.1
+    loader = run.loaders[0]
+    loader.iterations = 3
+    loader.iteration_starts_s = [run.steps[0].start, run.steps[20].end - 0.01, run.steps[30].start + 0.05]
+    m = compute_metrics(run)
+    assert m.compute_per_step > 0.006 + 0.005  # the mean over every step holds the epochs' starts
+    assert abs(loop_compute(run, m) - 0.006) < 1e-9
+    loader.iteration_starts_s = []  # no start known: every judged step
+    assert abs(loop_compute(run, m) - m.compute_per_step) < 1e-9
