@@ -11,8 +11,9 @@ sampler, batch size, collation) with the change applied. Each change is one *rep
 the first replay is the run's own settings (read once more if it outlasted its slice: the
 first read pays for what the later ones find ready), and the estimate is that replay's step
 time over the change's. What the step does outside the model call (the loss function,
-metrics, logging) is measured as the run's step less the replayed one, and stood in for
-by keeping the main thread busy as long, in every replay alike.
+metrics, logging) is measured as the run's step less the replayed one (the run's over the
+steps no epoch began in: an epoch's start is measured apart), and stood in for by keeping
+the main thread busy as long, in every replay alike.
 
 When: between two steps once ``replay_step`` steps ran (the script's data and objects
 still exist: a script that reads from a temporary folder removes it when it ends), at the
