@@ -100,7 +100,7 @@ class TorchHooks:
         # map-style datasets to read again at the end: held, because under `loadprof
         # diagnose` the script's loaders are gone by then (its main() has returned)
         self._datasets: dict[int, Any] = {}
-        #: loader key -> its Composes' transforms of unknown kind told random or not (itemcheck.py)
+        #: loader key -> its transforms of unknown kind and its dataset's own methods told random or not (itemcheck.py)
         self._random: dict[int, Checked] = {}
         self._checked: dict[int, Callable[[], Any] | None] = {}  # optimizers whose parameter dtype was looked at
         self._nexts = 0  # batches fetched through the next() wrapper
