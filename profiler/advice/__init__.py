@@ -125,12 +125,15 @@ def _stored_copies(run: Run, loader: LoaderInfo | None, recs: list[Recommendatio
     if loader is None:
         return
     load = loading(run, loader)
-    unknown: float | None = 0.0
     if loader.iterable:
         # a stream's items are told to differ (a random method of its own), never to repeat
         unknown = _stream_unknown(load) if loader.items_repeat is None else None
-    if unknown is None or not loader.iterable and loader.items_repeat is not True:
+        if unknown is None:
+            return
+    elif loader.items_repeat is not True:
         return
+    else:
+        unknown = 0.0
     # a stream's own code after its read (a decode method) runs on a packed copy's items too
     costly = ("decode", "transform", "user") if loader.iterable else ("decode", "transform")
     after_read = sum(r.share for r in load.rows if r.kind in costly) if load else 0.0

@@ -43,9 +43,11 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ...quietchild import quiet_child
+from .loaderfacts import iterable_dataset
 
 #: The longest the training process waits for the child's answer (the item's reads).
 TIMEOUT = 5.0
@@ -92,7 +94,7 @@ def check(dataset: Any, index: int = 0, timeout: float = TIMEOUT) -> Checked:
                 torch.set_num_threads(1)
             from ...fixes.cache import more_reads_differ, same_item
 
-            if _stream(dataset):
+            if iterable_dataset(dataset):
                 answer = _UNKNOWN
             else:
                 first = dataset[index]
@@ -102,15 +104,11 @@ def check(dataset: Any, index: int = 0, timeout: float = TIMEOUT) -> Checked:
             answer = _UNKNOWN
         found: dict[str, Any] = {}
         try:
-            found["methods"] = _random_methods(dataset, index)
-            if _stream(dataset) and any(found["methods"].values()):
+            methods, transforms = _random_parts(dataset, index)
+            found = {"methods": methods, **{str(k): v for k, v in transforms.items()}}
+            if iterable_dataset(dataset) and any(methods.values()):
                 answer = _DIFFERENT  # a random method of its own: a stream's items differ
-        except BaseException:  # the dataset failed, or a method on a copy of its input: not told
-            pass
-        try:
-            if not _stream(dataset):
-                found.update({str(k): v for k, v in _random_transforms(dataset, index).items()})
-        except BaseException:  # a transform that fails on a copy of its input: not told
+        except BaseException:  # the dataset failed making the item: not told
             pass
         answer += json.dumps(found).encode()
         try:
@@ -153,17 +151,49 @@ def _answer(read: int, deadline: float) -> Checked:
     return out
 
 
-def _stream(dataset: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(dataset, torch.utils.data.IterableDataset)
+def _random_parts(dataset: Any, index: int) -> tuple[dict[str, bool], dict[int, bool]]:
+    """In the child: the dataset's own methods (by their stage-table name) and its Composes'
+    transforms of unknown kind (by their place; a map-style dataset's), as one item is made
+    (a stream's first), each True where random (NOTE [ Which transforms are random ]). A
+    method or transform that fails on a copy of its input leaves its part not told."""
+    stream = iterable_dataset(dataset)
+    methods = _record_methods(dataset)
+    transforms: dict[int, Any] = {}
+    unknown = [] if stream else _record_transforms(dataset, transforms)
+    if stream:
+        next(iter(dataset))
+    else:
+        dataset[index]
+    return (_told({key: partial(_call_again, fn, dataset, args, kwargs)
+                   for key, (fn, args, kwargs) in methods.items()}),
+            _told({order: partial(_call_again, inner, None, (transforms[order],), {})
+                   for order, inner in unknown if order in transforms}))
 
 
-def _random_methods(dataset: Any, index: int) -> dict[str, bool]:
-    """In the child: the dataset's own methods called while its first item is made, by
-    their stage-table name, True where random (NOTE [ Which transforms are random ])."""
+def _call_again(fn: Any, owner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``fn`` called on copies of the arguments it was first called with (a method: on ``owner``)."""
+    args, kwargs = copy.deepcopy(args), copy.deepcopy(kwargs)
+    return fn(*args, **kwargs) if owner is None else fn(owner, *args, **kwargs)
+
+
+def _told(calls: dict[Any, Any]) -> dict[Any, bool]:
+    """Each call made ``CALLS`` times: True where the outputs differ; {} where one fails."""
+    from ...fixes.cache import same_item
+
+    out = {}
+    try:
+        for key, call in calls.items():
+            outs = [call() for _ in range(CALLS)]
+            out[key] = not all(same_item(outs[0], o) for o in outs[1:])
+    except BaseException:  # the user's code on a copy of its input
+        return {}
+    return out
+
+
+def _record_methods(dataset: Any) -> dict[str, tuple[Any, Any, Any]]:
+    """The dataset's own methods made to keep their first call's arguments, by stage-table name."""
     import inspect
 
-    from ...fixes.cache import same_item
     from .sitesampler import site_name
 
     inputs: dict[str, tuple[Any, Any, Any]] = {}
@@ -174,15 +204,7 @@ def _random_methods(dataset: Any, index: int) -> dict[str, bool]:
             if name.startswith("__") or not inspect.isfunction(fn):
                 continue
             setattr(cls, name, _recording_method(fn, site_name(fn.__code__), inputs))
-    if _stream(dataset):
-        next(iter(dataset))
-    else:
-        dataset[index]
-    out: dict[str, bool] = {}
-    for key, (fn, args, kwargs) in inputs.items():
-        outs = [fn(dataset, *copy.deepcopy(args), **copy.deepcopy(kwargs)) for _ in range(CALLS)]
-        out[key] = not all(same_item(outs[0], o) for o in outs[1:])
-    return out
+    return inputs
 
 
 def _recording_method(fn: Any, key: str, inputs: dict[str, tuple[Any, Any, Any]]) -> Any:
@@ -201,13 +223,12 @@ def _recording_method(fn: Any, key: str, inputs: dict[str, tuple[Any, Any, Any]]
     return method
 
 
-def _random_transforms(dataset: Any, index: int) -> dict[int, bool]:
-    """In the child: each Compose transform of unknown kind, by its place, True where random."""
-    from ...fixes.cache import same_item
+def _record_transforms(dataset: Any, inputs: dict[int, Any]) -> list[tuple[int, Any]]:
+    """The Composes' transforms made to keep their first input in ``inputs``, by place; those
+    of unknown kind, with their places."""
     from .composes import composes, random_by_name
     from .stages import TimedTransform
 
-    inputs: dict[int, Any] = {}
     unknown: list[tuple[int, Any]] = []
     place = 0
     for compose in composes(dataset):
@@ -220,16 +241,7 @@ def _random_transforms(dataset: Any, index: int) -> dict[int, bool]:
             recorded.append(_Recording(inner, place + i, inputs))
         place += len(ts)
         compose.transforms = recorded if isinstance(compose.transforms, list) else tuple(recorded)
-    if not unknown:
-        return {}
-    dataset[index]
-    out: dict[int, bool] = {}
-    for order, inner in unknown:
-        if order not in inputs:
-            continue
-        outs = [inner(copy.deepcopy(inputs[order])) for _ in range(CALLS)]
-        out[order] = not all(same_item(outs[0], o) for o in outs[1:])
-    return out
+    return unknown
 
 
 class _Recording:

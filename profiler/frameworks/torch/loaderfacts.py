@@ -142,7 +142,7 @@ class LoaderFacts:
             if isinstance(pid, int) and pid > 0 and pid not in info.worker_pids and len(info.worker_pids) < MAX_PIDS:
                 info.worker_pids.append(pid)
         dataset = getattr(loader, "dataset", None)
-        if not workers or not _iterable(dataset):
+        if not workers or not iterable_dataset(dataset):
             return
         if info.shards is None:
             info.shards = dataset_shards(dataset)
@@ -238,7 +238,8 @@ def _fold(share: _Share) -> None:
         info.workers_ended_empty = max(info.workers_ended_empty or 0, len(share.empty))
 
 
-def _iterable(dataset: Any) -> bool:
+def iterable_dataset(dataset: Any) -> bool:
+    """Whether ``dataset`` is a torch IterableDataset (a stream: no index)."""
     try:
         from torch.utils.data import IterableDataset
     except ImportError:  # pragma: no cover - torch is imported when these hooks run
