@@ -138,6 +138,20 @@ def main_loader(run: Run) -> LoaderInfo | None:
 MIN_STEPS_AFTER_CHANGE = 5
 
 
+def epoch_steps(run: Run, warmup: int) -> tuple[list[Step], list[Step]]:
+    """The judged steps an epoch of a training loader began in (the last iterator's workers
+    stopped and the next one's started inside them), and the others."""
+    import bisect
+
+    starts = sorted(t for info in run.loaders if info.iterations > info.eval_iterations
+                    for t in info.iteration_starts_s)
+    began: list[Step] = []
+    others: list[Step] = []
+    for s in run.steps[warmup:]:
+        (began if bisect.bisect_right(starts, s.end) != bisect.bisect_right(starts, s.start) else others).append(s)
+    return began, others
+
+
 def _after_change(steps: list[Step], when: float) -> int:
     """The records to leave out so that only the steps after a change at ``when`` (with
     their own warm-up: new workers start) are judged; none where too few came after."""

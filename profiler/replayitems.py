@@ -1,7 +1,7 @@
 """The loaders' items the what-if replays read instead of the dataset (whatif.py): one
 batch again and again (the model alone), the items of a few batches held (a cache), their
 deterministic steps alone held (a cache of those), and the items written to an HDF5 file
-and read back (an offline copy)."""
+(LitData's chunks for a LitData stream) and read back (an offline copy)."""
 
 from __future__ import annotations
 
@@ -196,7 +196,7 @@ class Items:
     def __init__(self, loader: Any) -> None:
         self.loader = loader
         self._held: HeldItems | None = None
-        self._stored: StoredItems | None = None
+        self._stored: Any = None
         self._stages: dict[tuple[int, bool], HeldStages | str] = {}
         self._folder: Any = None
         self.problem = ""
@@ -217,19 +217,27 @@ class Items:
         got = self._stages[key]
         return got if isinstance(got, HeldStages) else None
 
-    def stored(self) -> StoredItems | None:
+    def stored(self) -> Any:
+        """The offline copy, as the advice would store it: a LitData stream's in LitData's
+        chunks (frameworks/litdata/copy.py), any other dataset's in HDF5 (None: its items
+        cannot be stored, ``problem`` says why)."""
         if self._stored is None and not self.problem:
             import os
             import tempfile
 
             from .converters.errors import ConvertError
+            from .frameworks.litdata import copy as litdata_copy
 
             self._folder = tempfile.TemporaryDirectory(prefix="loadprof-stored-")
+            litdata = litdata_copy.streaming(self.loader.dataset)
+            where = "LitData chunks" if litdata else "HDF5"
             try:
-                self._stored = StoredItems.write(self.held(), os.path.join(self._folder.name, "items.h5"))
-            except Exception as err:  # an item HDF5 cannot hold (a str, an object): no copy to read
-                self.problem = (f"its items cannot be stored in HDF5 ({err})" if isinstance(err, ConvertError)
-                                else f"its items cannot be stored in HDF5 ({type(err).__name__}: {err})")
+                held = self.held()
+                self._stored = (litdata_copy.write(held.items, os.path.join(self._folder.name, "chunks"), held.length)
+                                if litdata else StoredItems.write(held, os.path.join(self._folder.name, "items.h5")))
+            except Exception as err:  # an item the copy cannot hold (a str, an object): no copy to read
+                self.problem = (f"its items cannot be stored in {where} ({err})" if isinstance(err, ConvertError)
+                                else f"its items cannot be stored in {where} ({type(err).__name__}: {err})")
         return self._stored
 
     def close(self) -> None:

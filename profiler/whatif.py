@@ -66,9 +66,9 @@ from .records import WhatIf
 
 #: the advice measured by a replay (the rest changes the code, or the optimisation)
 MEASURED_IDS = ("num_workers", "prefetch", "cache", "pin_memory", "mixed_precision", "threads",
-                "offline_preprocessing", "convert_format", "ray_prefetch_batches")
+                "offline_preprocessing", "convert_format", "ray_prefetch_batches", "litdata_optimize")
 #: the loaders' advice, in their own knobs, a replay of a torch step measures beside them
-BESIDE_TORCH = ("ray",)
+BESIDE_TORCH = ("ray", "litdata")
 #: the changes' fields a replay of the model alone on a held batch applies...
 MODEL_FIELDS = ("amp", "threads")
 #: ...the thread count only where waiting for batches takes at most this share of the step
@@ -85,6 +85,9 @@ WARMUP_STEPS = 2
 #: ...and measured: at most, and at least (or the replay is not used)
 MAX_STEPS = 24
 MIN_STEPS = 3
+#: ...and past MAX_STEPS, till they take this long (seconds): a few steps of a few ms
+#: each are timer and scheduling noise
+MIN_MEASURED_S = 0.25
 #: the step's own time outside the model call is stood in for from this share of the step on
 EXTRA_SHARE = 0.2
 #: rounds of replays at most (each change and the run's settings once a round)
@@ -169,9 +172,11 @@ def summary(run: Any) -> str:
     if run.whatif:
         from .advice import NO_GAIN
 
-        tf = any(info.framework in ("tf.data", "keras") for info in run.loaders)
+        trained = [info.framework for info in run.loaders if info.iterations > info.eval_iterations]
+        framework = ("tf" if any(f in ("tf.data", "keras") for f in trained)
+                     else "litdata" if "litdata" in trained else "")
         parts = [f"with no loading at all (the model alone) {speedup(w):.2f}x" if w.change == CEILING else
-                 f"{replay_name(w.change, short=True, tf=tf)} {speedup(w):.2f}x"
+                 f"{replay_name(w.change, short=True, framework=framework)} {speedup(w):.2f}x"
                  + ((" (no gain alone: advised unestimated)" if w.alone else " (no gain: not advised)")
                     if speedup(w) < NO_GAIN else "")
                  for w in run.whatif]

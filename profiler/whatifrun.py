@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .lines import first_line, note
-from .metrics import Metrics
+from .metrics import Metrics, epoch_steps
 from .records import Run, WhatIf
 from .samplers.node import world_size
 from .settings import Settings
@@ -332,12 +332,7 @@ def loop_compute(run: Run, m: Metrics) -> float:
     less those an epoch began in (the last iterator's workers stopped and the next one's
     started there: one-time costs a replay measures apart, as its start): the replays read
     what their own step lacks of the loop's (its code between two steps) from it."""
-    import bisect
-
-    starts = sorted(t for info in run.loaders if info.iterations > info.eval_iterations
-                    for t in info.iteration_starts_s)
-    steps = [s for s in run.steps[m.warmup_steps:]
-             if bisect.bisect_right(starts, s.end) == bisect.bisect_right(starts, s.start)]
+    steps = epoch_steps(run, m.warmup_steps)[1]
     n = sum(s.merged for s in steps)
     if not n:
         return m.compute_per_step

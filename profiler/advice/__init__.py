@@ -27,6 +27,7 @@ import statistics
 from ..diagnosis import Diagnosis, steady_wait
 from ..frameworks import by_name, for_loader
 from ..loaderhost import restart_cost
+from ..metrics import epoch_steps
 from ..records import LoaderInfo, Run, WhatIf
 from ..stagemodel import Loading, loading
 from ..thresholds import DEFAULT_THRESHOLDS, Thresholds
@@ -105,7 +106,8 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
     out = stage_advice(run, diagnosis, out)
     _stored_copies(run, loader, out)
     # a change whose most is no gain buys nothing, as a change measured to gain nothing
-    return [r for r in measured(run, out)
+    restarts = loader is not None and bool(loader.num_workers) and not loader.persistent_workers
+    return [r for r in measured(run, out, m.warmup_steps if restarts else None)
             if not (r.bound and r.estimated_speedup is not None and r.estimated_speedup < NO_GAIN)]
 
 
@@ -138,7 +140,7 @@ def _stored_copies(run: Run, loader: LoaderInfo | None, recs: list[Recommendatio
     costly = ("decode", "transform", "user") if loader.iterable else ("decode", "transform")
     after_read = sum(r.share for r in load.rows if r.kind in costly) if load else 0.0
     for rec in recs:
-        if rec.framework != "torch" or rec.id not in STORED_IDS:
+        if rec.framework not in ("torch", "litdata") or rec.id not in STORED_IDS:
             continue
         if rec.id == "convert_format" and after_read >= PACKED_AFTER_READ:
             continue
@@ -218,11 +220,13 @@ def _whole_job(run: Run, rec: Recommendation, w: WhatIf, gain: float) -> tuple[f
                    f"{stop}{once}")
 
 
-def measured(run: Run, recs: list[Recommendation]) -> list[Recommendation]:
+def measured(run: Run, recs: list[Recommendation], restarts_after: int | None = None) -> list[Recommendation]:
     """The run's what-if measurements (whatif.py) set the estimates of the advice they
     measured, replacing a model's; a change measured to gain nothing is not advised;
     then the advice is ordered by what it buys, the upper bounds after the estimates,
-    the unestimated last in their order."""
+    the unestimated last in their order. ``restarts_after``: the warm-up steps of a run
+    whose loader restarts its workers each epoch, which a stored copy or a cache keeps
+    doing (``_restarts_kept``)."""
     if not run.whatif:
         return recs
     by_change = {w.change: w for w in run.whatif}
@@ -248,11 +252,14 @@ def measured(run: Run, recs: list[Recommendation]) -> list[Recommendation]:
             continue
         if gain < NO_GAIN:
             continue
+        steady = ""
+        if rec.id in ("cache", *STORED_IDS) and restarts_after is not None:
+            gain, steady = _restarts_kept(run, w, gain, restarts_after)
         # measured, not the most a model allows: an estimate
         rec.estimated_speedup, rec.bound = round(gain, 2), False
         rec.basis = (f"measured: the job's own step replayed with {replay_name(w.change, rec)}, "
                      f"{w.seconds_per_step * 1e3:.1f} ms against {w.baseline_seconds_per_step * 1e3:.1f} ms "
-                     f"as it ran, {w.steps} steps each{held}")
+                     f"as it ran, {w.steps} steps each{held}{steady}")
         unknown = rec.values.get("unknown_share")
         if isinstance(unknown, float) and unknown > 0:
             rec.basis += (f" (its steps not known to be deterministic, {unknown:.0%} of loading, read from the copy "
@@ -267,6 +274,32 @@ def measured(run: Run, recs: list[Recommendation]) -> list[Recommendation]:
         out.append(rec)
     _contention_at_least_threads(run, out, by_change)
     return by_gain(out, ended=run.exit_status == "ok")
+
+
+def _restarts_kept(run: Run, w: WhatIf, gain: float, warmup: int) -> tuple[float, str]:
+    """A steady step's speed-up over the job's judged steps where its workers restart each
+    epoch and the change keeps them restarting (a stored copy, a cache): the steps an
+    epoch began in keep their excess over the others (the last iterator's workers stopped,
+    the next one's started), changed by what the replay's own start and stop changed beyond
+    its steady step (a first batch made faster, less a steady one made faster); with the
+    words that say so ("" where no epoch began in the judged steps)."""
+    began, others = epoch_steps(run, warmup)
+    if not began or not others:
+        return gain, ""
+    usual = sum(s.duration for s in others) / sum(s.merged for s in others)
+    kept = sum(max(0.0, s.duration - s.merged * usual) for s in began)
+    busy = sum(s.duration for s in (*began, *others))
+    delta = (w.start_seconds - w.baseline_start_seconds) + (w.stop_seconds - w.baseline_stop_seconds) \
+        + (w.baseline_seconds_per_step - w.seconds_per_step)
+    changed = max(0.0, kept + len(began) * delta)
+    job = busy / max(1e-9, (busy - kept) / gain + changed)
+    if abs(job / gain - 1) < 0.02:
+        return gain, ""  # the restarts are lost in the steps
+    return job, (f"; {gain:.2f}x a steady step, {job:.2f}x over the job's steps: its workers restart each epoch "
+                 f"({len(began)} time{'s' if len(began) > 1 else ''} in the judged steps, "
+                 f"{kept / len(began) * 1e3:.0f} ms each beyond a step, "
+                 f"{changed / len(began) * 1e3:.0f} ms with the change), which the change keeps "
+                 "(persistent_workers=True would not)")
 
 
 def _contention_at_least_threads(run: Run, recs: list[Recommendation], by_change: dict[str, WhatIf]) -> None:

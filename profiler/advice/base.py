@@ -68,15 +68,19 @@ STORED_COPY = "stored"
 HELD_STAGES = "held_stages="
 
 
-def replay_name(change: str, rec: Recommendation | None = None, short: bool = False, tf: bool = False) -> str:
+#: the stored copy a replay reads, by the framework of the loader replayed: the format the
+#: advice stores (a TFRecord file for tf.data, LitData's chunks for a LitData stream)
+COPIES = {"tf": ("a TFRecord copy", "elements"), "litdata": ("a LitData copy", "items")}
+
+
+def replay_name(change: str, rec: Recommendation | None = None, short: bool = False, framework: str = "") -> str:
     """How the reports name a replayed change: its fix's words (in the loader's own knobs
     where the advice names them: a PyDataset's), or what a measurement-only replay read
-    (``short``: in a list of replays; ``tf``: a tf.data pipeline's, where no ``rec`` says)."""
+    (``short``: in a list of replays; ``framework``: the loader's, where no ``rec`` says)."""
     if rec is not None and "use_multiprocessing" in rec.values:
         return f"workers={rec.values.get('workers')}, use_multiprocessing={rec.values['use_multiprocessing']}"
     if change == STORED_COPY:
-        tf = tf or (rec is not None and rec.framework == "tf")
-        copy, what = ("a TFRecord copy", "elements") if tf else ("an HDF5 copy", "items")
+        copy, what = COPIES.get(rec.framework if rec is not None else framework, ("an HDF5 copy", "items"))
         return (f"{copy} of the {what}" if short
                 else f"its {what} read from {copy} (written for the replay, read from the page cache)")
     if change.startswith(HELD_STAGES):
@@ -153,8 +157,9 @@ def change_of(rec: Recommendation) -> Changes | None:
 
 
 #: the advice whose gain is reading a stored copy of the items (``values["stored_items"]``:
-#: the copy holds whole items, the dataset's own output, so a replay can read one)
-STORED_IDS = ("offline_preprocessing", "convert_format")
+#: the copy holds whole items, the dataset's own output, so a replay can read one; LitData's
+#: ``optimize(fn=...)`` stores them in its chunks)
+STORED_IDS = ("offline_preprocessing", "convert_format", "litdata_optimize")
 
 
 def held_to_ceiling(gain: float, change: Changes, ceiling: float | None) -> tuple[float, str]:

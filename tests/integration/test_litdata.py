@@ -52,14 +52,23 @@ def _write(folder: Path) -> Path:
     return folder
 
 
-def _train(folder: Path, rounds: int, width: int, workers: int = 1, batches: int | None = None):
+class Jittered(Augmented):
+    """Random augmentation in the user's __getitem__: every read of an item differs."""
+
+    def __getitem__(self, index):
+        x, y = super().__getitem__(index)
+        return x + torch.from_numpy(np.random.default_rng().normal(0, 0.01, x.shape).astype(np.float32)), y
+
+
+def _train(folder: Path, rounds: int, width: int, workers: int = 1, batches: int | None = None,
+           what_if: float = 0, cls: type = Augmented):
     torch.set_num_threads(1)
-    dataset = Augmented(str(folder), shuffle=True, rounds=rounds)
+    dataset = cls(str(folder), shuffle=True, rounds=rounds)
     loader = ld.StreamingDataLoader(dataset, batch_size=32, num_workers=workers)
     model = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
                                 torch.nn.ReLU(), torch.nn.Linear(width, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with Profile(output=None, what_if=0) as prof:
+    with Profile(output=None, what_if=what_if) as prof:
         for i, (x, y) in enumerate(loader):
             loss = torch.nn.functional.cross_entropy(model(x), y)
             opt.zero_grad()
@@ -78,6 +87,11 @@ def chunks(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def starved(chunks: Path):
     return _train(chunks, rounds=60, width=64)
+
+
+@pytest.fixture(scope="module")
+def replayed(chunks: Path):
+    return _train(chunks, rounds=60, width=64, what_if=8)
 
 
 @pytest.fixture(scope="module")
@@ -163,3 +177,42 @@ def test_items_and_classes_are_litdatas_own(chunks: Path) -> None:
     assert BinaryReader.read.__qualname__ == "BinaryReader.read"
     assert NoHeaderNumpySerializer.deserialize.__qualname__ == "NoHeaderNumpySerializer.deserialize"
     assert isinstance(vars(PILSerializer)["deserialize"], classmethod)
+
+
+def test_the_optimize_advice_is_measured_on_a_litdata_copy(replayed) -> None:
+    """The user's __getitem__, called again on copies of its index, gives the same item: told
+    deterministic. Its work done once is replayed as ``optimize`` stores it: the items
+    written in LitData's chunks for the replay, read back through a StreamingDataset; the
+    copy's folder is gone after."""
+    import glob
+    import tempfile
+
+    run, report = replayed
+    rows = report.stages.rows
+    getitem = next(r for r in rows if r.stage.startswith("transform: Augmented.__getitem__"))
+    assert getitem.random is False, [(r.stage, r.random) for r in rows]
+    opt = next((r for r in report.recommendations if r.id == "litdata_optimize"), None)
+    if opt is None:  # a busy host: the transform's share fell below a stage's that dominates
+        assert sum(r.share for r in rows if r.kind == "transform") < STAGE_DOMINATES or report.verdict != "data-starved"
+        return
+    assert opt.values.get("stored_items") is True
+    stored = next((w for w in run.whatif if w.change == "stored"), None)
+    if stored is None:  # the replays' budget ran out first: said, and the figure stays the model's
+        assert run.whatif_skipped or len(run.whatif) >= 2, (run.whatif, run.whatif_skipped)
+        return
+    if opt.estimated_speedup is not None:
+        assert not opt.bound and opt.basis.startswith("measured: the job's own step replayed with its items read "
+                                                      "from a LitData copy"), opt.basis
+    assert not glob.glob(f"{tempfile.gettempdir()}/loadprof-stored-*/chunks/index.json")
+
+
+def test_random_augmentation_in_getitem_is_told_and_keeps_the_copy_unmeasured(chunks: Path) -> None:
+    """A __getitem__ whose reads differ: told random, so no copy of whole items stands for
+    the advice (it keeps random augmentation online): nothing is stored for a replay."""
+    run, report = _train(chunks, rounds=60, width=64, cls=Jittered, batches=40)
+    rows = report.stages.rows
+    getitem = next(r for r in rows if r.stage.startswith("transform: Jittered.__getitem__"))
+    assert getitem.random is True, [(r.stage, r.random) for r in rows]
+    assert run.loaders[0].items_repeat is False
+    opt = next((r for r in report.recommendations if r.id == "litdata_optimize"), None)
+    assert opt is None or "stored_items" not in opt.values

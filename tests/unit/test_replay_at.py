@@ -1,5 +1,7 @@
 """When the what-if replays run: at their usual step, or at the end of a short loader's
-first epoch, so that a short job's files still exist (whatif.replay_at)."""
+first epoch, so that a short job's files still exist (whatif.replay_at); and the steps an
+epoch began in, which the replays' steady steps leave out (the loop's own time, the workers'
+restarts a stored copy or a cache keeps)."""
 
 from __future__ import annotations
 
@@ -62,3 +64,62 @@ def test_the_loops_own_time_leaves_out_the_steps_an_epoch_began_in() -> None:
     assert abs(loop_compute(run, m) - 0.006) < 1e-9
     loader.iteration_starts_s = []  # no start known: every judged step
     assert abs(loop_compute(run, m) - m.compute_per_step) < 1e-9
+
+
+def _restarting_run():
+    """40 steps of 10 ms; epochs begin in steps 20 and 30, each 100 ms beyond a step (the
+    workers stopped and started again), with workers that are not persistent."""
+    from tests.conftest import make_run
+
+    run = make_run(n=40, step=0.01, wait=0.008, workers=1)
+    for s in run.steps[20:21] + run.steps[30:31]:
+        s.end += 0.1
+    loader = run.loaders[0]
+    loader.iterations = 3
+    loader.iteration_starts_s = [run.steps[0].start, run.steps[20].start + 0.001, run.steps[30].start + 0.001]
+    return run
+
+
+def _cache_measured(run, whatif):
+    from loadprof.advice import measured
+    from loadprof.advice.base import Recommendation
+
+    run.whatif = [whatif]
+    rec = Recommendation("cache", "Cache the items", "", "", {}, None, "", framework="torch")
+    [out] = measured(run, [rec], restarts_after=5)
+    return out
+
+
+def test_a_cache_keeps_the_workers_restarts_and_says_so() -> None:
+    """A steady step 5x faster, in a job whose workers restart each epoch: the restarts stay
+    (changed by what the replay's start, stop and steady step changed), so the job's steps
+    gain less than a steady one; the basis gives both."""
+    from loadprof.records import WhatIf
+
+    run = _restarting_run()
+    w = WhatIf("cache", seconds_per_step=0.002, baseline_seconds_per_step=0.01, steps=24,
+               start_seconds=0.03, baseline_start_seconds=0.04, stop_seconds=0.01, baseline_stop_seconds=0.01)
+    rec = _cache_measured(run, w)
+    busy = sum(s.duration for s in run.steps[5:])
+    kept = 2 * 0.1
+    changed = 2 * (0.1 - 0.01 + 0.008)  # the start 10 ms sooner, less the steady step's 8 ms gained
+    assert abs(rec.estimated_speedup - round(busy / ((busy - kept) / 5 + changed), 2)) < 1e-9
+    assert rec.estimated_speedup < 4 and not rec.bound
+    assert "5.00x a steady step" in rec.basis and "2 times in the judged steps, 100 ms each" in rec.basis
+    assert "98 ms with the change" in rec.basis
+
+
+def test_without_restarts_the_steady_figure_stands() -> None:
+    """A job whose workers persist (``recommend`` passes no ``restarts_after``) restarts
+    nothing: the figure is the steady step's."""
+    from loadprof.records import WhatIf
+
+    run = _restarting_run()
+    w = WhatIf("cache", seconds_per_step=0.002, baseline_seconds_per_step=0.01, steps=24)
+    from loadprof.advice import measured
+    from loadprof.advice.base import Recommendation
+
+    run.whatif = [w]
+    rec = Recommendation("cache", "Cache the items", "", "", {}, None, "", framework="torch")
+    [out] = measured(run, [rec])
+    assert out.estimated_speedup == 5.0 and "a steady step" not in out.basis

@@ -25,12 +25,13 @@ draw, which the trial's cache check, reading items twice, still refuses). The an
 back by each transform's place (``StageTime.order``), as the stage table numbers them.
 
 The dataset's own methods (those its classes define, below torch's, dunders aside: a
-``decode`` its ``__iter__`` or ``__getitem__`` calls) are told the same way: each records
-its first call's arguments while the first item is made (a stream's first item, from a
-fresh iterator, in the child: a stream has no index to read twice), then is called again
-on copies of them ``CALLS`` times. The answers come back by the name the stage table gives
-the function (``Checked.methods``: its qualified name, file and first line, as the site
-sampler names it), for its user rows.
+``decode`` its ``__iter__`` or ``__getitem__`` calls; a stream's own ``__getitem__`` too, as a
+LitData ``StreamingDataset`` subclass's, which makes one item from its index) are told the
+same way: each records its first call's arguments while the first item is made (a stream's
+first item, from a fresh iterator, in the child: a stream has no index to read twice), then
+is called again on copies of them ``CALLS`` times. The answers come back by the name the
+stage table gives the function (``Checked.methods``: its qualified name, file and first
+line, as the site sampler names it), for its user and transform rows.
 """
 
 from __future__ import annotations
@@ -197,13 +198,16 @@ def _record_methods(dataset: Any) -> dict[str, tuple[Any, Any, Any]]:
     from .sitesampler import site_name
 
     inputs: dict[str, tuple[Any, Any, Any]] = {}
+    # a stream's own __getitem__ (a LitData StreamingDataset's) makes one item from its index
+    dunders = ("__getitem__",) if iterable_dataset(dataset) else ()
     for cls in type(dataset).__mro__:
         if cls.__module__.split(".")[0] in ("torch", "builtins", "typing", "abc"):
             continue
         for name, fn in list(vars(cls).items()):
-            if name.startswith("__") or not inspect.isfunction(fn):
+            if name.startswith("__") and name not in dunders or not inspect.isfunction(fn):
                 continue
-            setattr(cls, name, _recording_method(fn, site_name(fn.__code__), inputs))
+            # named as the stage table names it: the user's function, under any timing wrapper
+            setattr(cls, name, _recording_method(fn, site_name(inspect.unwrap(fn).__code__), inputs))
     return inputs
 
 
@@ -276,5 +280,5 @@ def apply_random(stages: list[Any], found: Checked) -> None:
     for s in stages:
         if s.kind == "transform" and s.random is None and s.order in found.random:
             s.random = found.random[s.order]
-        elif s.kind == "user" and s.random is None and s.name in found.methods:
+        elif s.kind in ("user", "transform") and s.random is None and s.name in found.methods:
             s.random = found.methods[s.name]

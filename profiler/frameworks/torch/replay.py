@@ -23,6 +23,7 @@ from ...whatif import (
     MAX_ROUNDS,
     MAX_STEPS,
     MEMORY_SHARE,
+    MIN_MEASURED_S,
     MIN_STEPS,
     WARMUP_STEPS,
     Interrupted,
@@ -270,8 +271,8 @@ def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, ex
                     waited += t1 - t0
                     measured = n - warmup
                     now = time.perf_counter()
-                    if measured >= max_steps or (now > stop_at and measured >= MIN_STEPS
-                                                 and now - t_start >= window):
+                    if measured >= max_steps and now - t_start >= MIN_MEASURED_S \
+                            or (now > stop_at and measured >= MIN_STEPS and now - t_start >= window):
                         step.sync()
                         seconds = (time.perf_counter() - t_start) / measured
                         result = _Result(seconds, seconds - waited / measured, measured, time.perf_counter() - began,
