@@ -172,9 +172,9 @@ def summary(run: Any) -> str:
     if run.whatif:
         from .advice import NO_GAIN
 
-        trained = [info.framework for info in run.loaders if info.iterations > info.eval_iterations]
-        framework = ("tf" if any(f in ("tf.data", "keras") for f in trained)
-                     else "litdata" if "litdata" in trained else "")
+        framework = ("tf" if any(info.framework in ("tf.data", "keras") for info in run.loaders)
+                     else "litdata" if any(info.framework == "litdata" and info.iterations > info.eval_iterations
+                                           for info in run.loaders) else "")
         parts = [f"with no loading at all (the model alone) {speedup(w):.2f}x" if w.change == CEILING else
                  f"{replay_name(w.change, short=True, framework=framework)} {speedup(w):.2f}x"
                  + ((" (no gain alone: advised unestimated)" if w.alone else " (no gain: not advised)")
