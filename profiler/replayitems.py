@@ -1,7 +1,7 @@
 """The loaders' items the what-if replays read instead of the dataset (whatif.py): one
 batch again and again (the model alone), the items of a few batches held (a cache), their
 deterministic steps alone held (a cache of those), and the items written to an HDF5 file
-(LitData's chunks for a LitData stream) and read back (an offline copy)."""
+(or as their framework's adapter stores them: LitData's chunks) and read back (an offline copy)."""
 
 from __future__ import annotations
 
@@ -218,23 +218,31 @@ class Items:
         return got if isinstance(got, HeldStages) else None
 
     def stored(self) -> Any:
-        """The offline copy, as the advice would store it: a LitData stream's in LitData's
-        chunks (frameworks/litdata/copy.py), any other dataset's in HDF5 (None: its items
-        cannot be stored, ``problem`` says why)."""
+        """The offline copy, as the advice would store it: in the format of the adapter whose
+        dataset it is, where one has a ``stored_copy`` (LitData's chunks), else in HDF5 (None:
+        its items cannot be stored, ``problem`` says why)."""
         if self._stored is None and not self.problem:
             import os
+            import sys
             import tempfile
 
             from .converters.errors import ConvertError
-            from .frameworks.litdata import copy as litdata_copy
+            from .frameworks import adapters
 
             self._folder = tempfile.TemporaryDirectory(prefix="loadprof-stored-")
-            litdata = litdata_copy.streaming(self.loader.dataset)
-            where = "LitData chunks" if litdata else "HDF5"
+            copies = [a for a in adapters() if a.stored_copy and any(m in sys.modules for m in a.imports)]
+            where = "HDF5"
             try:
                 held = self.held()
-                self._stored = (litdata_copy.write(held.items, os.path.join(self._folder.name, "chunks"), held.length)
-                                if litdata else StoredItems.write(held, os.path.join(self._folder.name, "items.h5")))
+                for adapter in copies:
+                    where = f"{adapter.name}'s format"
+                    self._stored = adapter.part("stored_copy")(self.loader.dataset, held.items,
+                                                               os.path.join(self._folder.name, adapter.name), held.length)
+                    if self._stored is not None:
+                        break
+                else:
+                    where = "HDF5"
+                    self._stored = StoredItems.write(held, os.path.join(self._folder.name, "items.h5"))
             except Exception as err:  # an item the copy cannot hold (a str, an object): no copy to read
                 self.problem = (f"its items cannot be stored in {where} ({err})" if isinstance(err, ConvertError)
                                 else f"its items cannot be stored in {where} ({type(err).__name__}: {err})")

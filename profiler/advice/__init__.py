@@ -140,8 +140,9 @@ def _stored_copies(run: Run, loader: LoaderInfo | None, recs: list[Recommendatio
     costly = ("decode", "transform", "user") if loader.iterable else ("decode", "transform")
     after_read = sum(r.share for r in load.rows if r.kind in costly) if load else 0.0
     for rec in recs:
-        if rec.framework not in ("torch", "litdata") or rec.id not in STORED_IDS:
-            continue
+        adapter = by_name(rec.framework)
+        if adapter is None or adapter.dialect != "torch" or rec.id not in STORED_IDS:
+            continue  # a copy a torch replay reads: the DataLoader's advice, or a loader's of one
         if rec.id == "convert_format" and after_read >= PACKED_AFTER_READ:
             continue
         rec.values["stored_items"] = True

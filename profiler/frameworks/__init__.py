@@ -74,6 +74,10 @@ class Adapter:
     #: "module:function": ``replay(hooks, run, recommendations, budget, interrupted)`` -> (what-ifs,
     #: why none): its advised changes measured after the run (torch's replay mid-run: whatif.py)
     whatif: str | None = None
+    #: "module:function": ``copy(dataset, items, folder, length)`` -> a dataset reading ``items``
+    #: from a copy written into ``folder`` as its advice stores them, or None where ``dataset``
+    #: is not its own (the offline advice's replay: replayitems.py; HDF5 otherwise)
+    stored_copy: str | None = None
     #: its loaders make batches on the training process's threads (no worker processes):
     #: the process's CPU during a wait measures them
     threads: bool = False

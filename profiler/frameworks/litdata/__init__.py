@@ -21,6 +21,7 @@ ADAPTER = Adapter(
     loaders=(FRAMEWORK,),
     hooks="loadprof.frameworks.litdata.hooks:LitDataHooks",
     advice="loadprof.frameworks.litdata.advice:input_advice",
+    stored_copy="loadprof.frameworks.litdata.copy:stored_copy",
     stage_rules=False,
     label="the StreamingDataLoader",
     dialect="torch",

@@ -17,13 +17,16 @@ from typing import Any
 CHUNK_BYTES = "64MB"
 
 
-def streaming(dataset: Any) -> bool:
-    """Whether ``dataset`` is a LitData ``StreamingDataset`` (litdata imported by the user)."""
+def stored_copy(dataset: Any, items: list[Any], folder: str, length: int) -> LitDataCopy | None:
+    """The adapter's ``stored_copy``: ``items`` in LitData's chunks where ``dataset`` is a
+    ``StreamingDataset`` (litdata imported by the user), else None."""
     import sys
 
     module = sys.modules.get("litdata.streaming.dataset")
     cls = getattr(module, "StreamingDataset", None)
-    return isinstance(cls, type) and isinstance(dataset, cls)
+    if not (isinstance(cls, type) and isinstance(dataset, cls)):
+        return None
+    return write(items, folder, length)
 
 
 class LitDataCopy:
