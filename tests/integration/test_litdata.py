@@ -203,7 +203,7 @@ def test_the_optimize_advice_is_measured_on_a_litdata_copy(replayed) -> None:
     if opt.estimated_speedup is not None:
         assert not opt.bound and opt.basis.startswith("measured: the job's own step replayed with its items read "
                                                       "from a LitData copy"), opt.basis
-    assert not glob.glob(f"{tempfile.gettempdir()}/loadprof-stored-*/chunks/index.json")
+    assert not glob.glob(f"{tempfile.gettempdir()}/loadprof-stored-*/litdata/index.json")
 
 
 def test_random_augmentation_in_getitem_is_told_and_keeps_the_copy_unmeasured(chunks: Path) -> None:
