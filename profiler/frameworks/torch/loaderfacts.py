@@ -45,6 +45,7 @@ NOTE [ Loader start-up and shards ]
 from __future__ import annotations
 
 import signal
+import sys
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -240,11 +241,10 @@ def _fold(share: _Share) -> None:
 
 def iterable_dataset(dataset: Any) -> bool:
     """Whether ``dataset`` is a torch IterableDataset (a stream: no index)."""
-    try:
-        from torch.utils.data import IterableDataset
-    except ImportError:  # pragma: no cover - torch is imported when these hooks run
-        return False
-    return isinstance(dataset, IterableDataset)
+    # not imported here: a dataset of a torch class has loaded torch (a forked item check
+    # that imported it would spend its time limit on the import)
+    data = sys.modules.get("torch.utils.data")
+    return data is not None and isinstance(dataset, data.IterableDataset)
 
 
 #: Attributes that count a dataset's shards (Hugging Face datasets, Mosaic Streaming) ...
