@@ -66,6 +66,24 @@ def test_the_loops_own_time_leaves_out_the_steps_an_epoch_began_in() -> None:
     assert abs(loop_compute(run, m) - m.compute_per_step) < 1e-9
 
 
+def test_the_loops_own_time_leaves_out_a_one_time_stall_but_keeps_a_periodic_one() -> None:
+    """One step of 160 ms outside its wait among 3 ms ones (a full garbage collection) is
+    no code the loop runs each step; a log written every 10th step is."""
+    from loadprof.metrics import compute_metrics
+    from loadprof.whatifrun import loop_compute
+    from tests.conftest import make_run
+
+    run = make_run(n=40, step=0.01, wait=0.007)
+    run.steps[12].end += 0.16
+    m = compute_metrics(run)
+    assert m.compute_per_step > 0.007  # the mean over the judged steps holds the stall
+    assert abs(loop_compute(run, m) - 0.003) < 1e-9
+    for s in run.steps[10::10]:  # every 10th step: a tenth of the judged ones
+        s.end += 0.05
+    m = compute_metrics(run)
+    assert abs(loop_compute(run, m) - m.compute_per_step) < 1e-9
+
+
 def _restarting_run():
     """40 steps of 10 ms; epochs begin in steps 20 and 30, each 100 ms beyond a step (the
     workers stopped and started again), with workers that are not persistent."""
