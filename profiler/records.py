@@ -329,6 +329,9 @@ class WhatIf:
     #: run's measured wait for a batch (seconds a step) added to both step times
     held_wait_seconds: float = 0.0
     alone: bool = False
+    #: each round's speed-up: the change's replay against the run's settings' replay of the
+    #: same round (the rounds are interleaved, so a slow spell of the host falls on both)
+    round_gains: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -399,6 +402,8 @@ class AllocatorPeak:
 MAX_OTHER_PROCESSES, MAX_COMMAND_CHARS = 16, 200
 #: What-if measurements a saved run may hold (loadprof makes at most 8)
 MAX_WHATIFS = 64
+#: ...and rounds a what-if measurement may hold gains of (loadprof runs at most 4)
+MAX_WHATIF_ROUNDS = 16
 #: Workers whose timed batches a loader's record may hold (loadprof keeps 64)
 MAX_WORKERS_TIMED = 1024
 #: Worker process ids a loader's record may hold (loadprof keeps 256)

@@ -10,9 +10,12 @@ kind stepped, each step after a batch from a loader built like the run's (same d
 sampler, batch size, collation) with the change applied. Each change is one *replay*;
 the first replay is the run's own settings (read once more if it outlasted its slice: the
 first read pays for what the later ones find ready), and the estimate is that replay's step
-time over the change's. What the step does outside the model call (the loss function,
-metrics, logging) is measured as the run's step less the replayed one (the run's over the
-steps no epoch began in: an epoch's start is measured apart), and stood in for by keeping
+time over the change's. The replays run in rounds, each change paired with the run's
+settings of its own round, two at least where a slow step leaves room (a gain that one
+round reverses is their noise: ``advice.base.lost_round``). What the step does outside the
+model call (the loss function, metrics, logging) is measured as the run's step less the
+replayed one (the run's over the steps no epoch began in: an epoch's start is measured
+apart; a one-time stall left out: ``whatifrun.loop_compute``), and stood in for by keeping
 the main thread busy as long, in every replay alike.
 
 When: between two steps once ``replay_step`` steps ran (the script's data and objects
@@ -60,7 +63,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .advice.base import CEILING, Recommendation, replay_name, replayed_change
+from .advice.base import CEILING, Recommendation, lost_round, replay_name, replayed_change
 from .fixes.spec import Changes
 from .records import WhatIf
 
@@ -175,10 +178,15 @@ def summary(run: Any) -> str:
         framework = ("tf" if any(info.framework in ("tf.data", "keras") for info in run.loaders)
                      else "litdata" if any(info.framework == "litdata" and info.iterations > info.eval_iterations
                                            for info in run.loaders) else "")
+        def verdict(w: WhatIf) -> str:
+            lost = lost_round(w)
+            if speedup(w) >= NO_GAIN and lost is None:
+                return ""
+            why = "no gain" if speedup(w) < NO_GAIN else f"{lost:.2f}x in a round"
+            return f" ({why} alone: advised unestimated)" if w.alone else f" ({why}: not advised)"
+
         parts = [f"with no loading at all (the model alone) {speedup(w):.2f}x" if w.change == CEILING else
-                 f"{replay_name(w.change, short=True, framework=framework)} {speedup(w):.2f}x"
-                 + ((" (no gain alone: advised unestimated)" if w.alone else " (no gain: not advised)")
-                    if speedup(w) < NO_GAIN else "")
+                 f"{replay_name(w.change, short=True, framework=framework)} {speedup(w):.2f}x" + verdict(w)
                  for w in run.whatif]
         held = next((w.held_wait_seconds for w in run.whatif if w.held_wait_seconds), 0.0)
         alone = (f" (the model alone on a held batch, the loop's {held * 1e3:.1f} ms wait a step as measured: "

@@ -4,9 +4,12 @@ small texts the rules share (a size in words, the basis of an advice with no est
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..fixes.spec import Changes
+
+if TYPE_CHECKING:
+    from ..records import WhatIf
 
 IDS = (
     "num_workers", "pin_memory", "persistent_workers", "prefetch", "cache",
@@ -160,6 +163,14 @@ def change_of(rec: Recommendation) -> Changes | None:
 #: the copy holds whole items, the dataset's own output, so a replay can read one; LitData's
 #: ``optimize(fn=...)`` stores them in its chunks)
 STORED_IDS = ("offline_preprocessing", "convert_format", "litdata_optimize")
+
+
+def lost_round(w: WhatIf) -> float | None:
+    """The change's speed-up in a round it ran slower than the run's settings (the least
+    such), where it gained overall: a gain that a round of the replays reverses is within
+    their noise, not the change's (None where every round gained, or one round ran)."""
+    least = min(w.round_gains, default=1.0)
+    return least if len(w.round_gains) > 1 and least < 1.0 else None
 
 
 def held_to_ceiling(gain: float, change: Changes, ceiling: float | None) -> tuple[float, str]:

@@ -20,7 +20,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 from loadprof import Profile  # noqa: E402
-from loadprof.advice.base import NO_GAIN  # noqa: E402
+from loadprof.advice.base import NO_GAIN, lost_round  # noqa: E402
 from loadprof.frameworks.keras.pydataset import facts  # noqa: E402
 from loadprof.whatif import speedup  # noqa: E402
 
@@ -139,7 +139,9 @@ def test_a_starved_pydataset_is_advised_worker_processes_in_its_own_knobs(starve
         assert "Python that makes fit's batches (its PyDataset or generator) is CPU work" in report.summary
     rec = next((r for r in report.recommendations if r.id == "num_workers"), None)
     if rec is None:  # replayed, and measured to gain nothing beside the load: not advised
-        assert any(w.change.startswith("num_workers=") and speedup(w) < NO_GAIN for w in starved.run.whatif)
+        # (or a gain one round of the replays reversed: within their noise)
+        assert any(w.change.startswith("num_workers=") and (speedup(w) < NO_GAIN or lost_round(w) is not None)
+                   for w in starved.run.whatif)
         return
     assert rec.framework == "keras" and (rec.values["use_multiprocessing"] is True or contended)
     if rec.values["use_multiprocessing"] is not True:

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from loadprof import Profile
 from loadprof.advice import NO_GAIN
-from loadprof.advice.base import CEILING, STORED_IDS
+from loadprof.advice.base import CEILING, STORED_IDS, lost_round
 from loadprof.cpufeatures import cpu_features, has_bf16
 from loadprof.runjson import read_run
 from tests.stage_loops import Compose
@@ -311,6 +311,26 @@ def test_only_the_threads_replay_runs_on_fewer_threads() -> None:
     assert blocks[-1][0] == 2
 
 
+def test_a_slow_steps_changes_are_each_measured_in_two_rounds_at_least(tmp_path, monkeypatch) -> None:
+    # 100 ms of sleeping a batch: one round used to hold a change's every step
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its own: other tests' replays write theirs
+    loader = DataLoader(Sleepy(n=320, delay=0.0125), batch_size=8, shuffle=True)
+    prof, _, _ = _profiled(loader, small_model(), what_if=15.0)
+    changes = [w for w in prof.run.whatif if w.change != CEILING]
+    assert changes, (prof.run.whatif, prof.run.whatif_skipped)
+    for w in changes:
+        assert len(w.round_gains) >= 2 and all(g > 0 for g in w.round_gains), w
+        # the rounds' mean step over the run's settings' lies among the rounds' own gains
+        assert min(w.round_gains) * 0.8 <= w.baseline_seconds_per_step / w.seconds_per_step <= max(w.round_gains) * 1.25
+    from loadprof.advice.base import replayed_change
+
+    for w in changes:
+        rec = next((r for r in prof.report.recommendations
+                    if (c := replayed_change(r)) is not None and c.describe() == w.change), None)
+        if lost_round(w) is not None:  # a round reversed it: not advised with that figure
+            assert rec is None or not rec.basis.startswith("measured:"), rec
+
+
 class _Named(torch.utils.data.Dataset):
     """Items HDF5 cannot hold: a str beside each tensor."""
 
@@ -405,9 +425,9 @@ def test_a_loop_over_its_own_batches_gets_the_models_changes_measured_alone_and_
     assert amp.held_wait_seconds > 0 and amp.held_wait_seconds == measured[CEILING].held_wait_seconds
     assert amp.alone and measured[CEILING].alone
     rec = {r.id: r for r in prof.report.recommendations}["mixed_precision"]
-    if amp.baseline_seconds_per_step / amp.seconds_per_step < NO_GAIN:
-        # no gain alone (a loaded host): the job beside its loader was not measured, so it stays
-        # advised, with no figure and the reason
+    if amp.baseline_seconds_per_step / amp.seconds_per_step < NO_GAIN or lost_round(amp) is not None:
+        # no gain alone (a loaded host), or one a round reversed: the job beside its loader was
+        # not measured, so it stays advised, with no figure and the reason
         assert rec.estimated_speedup is None and "the model alone on a held batch ran" in rec.basis
     else:
         assert rec.estimated_speedup is not None and "the model alone on a held batch" in rec.basis

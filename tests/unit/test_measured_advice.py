@@ -34,6 +34,28 @@ def test_the_model_alone_gaining_nothing_keeps_the_advice_without_a_figure() -> 
     assert "the model alone on a held batch ran 0.99x" in rec.basis and "loadprof tune" in rec.basis
 
 
+def test_a_gain_that_one_round_of_the_replays_reverses_drops_the_advice_and_the_summary_says_so() -> None:
+    from loadprof.whatif import summary
+
+    run = _compute_bound_with_bf16()
+    # 1.10x over the rounds, but 0.91x in one: within the replays' noise
+    run.whatif = [WhatIf("amp=auto", 0.0909, 0.100, 48, round_gains=[1.32, 0.91])]
+    run.whatif_seconds = 10.0
+    assert "mixed_precision" not in _advice(run)
+    assert "0.91x in a round: not advised" in summary(run)
+    run.whatif = [WhatIf("amp=auto", 0.0909, 0.100, 48, round_gains=[1.12, 1.08])]  # every round gained
+    assert _advice(run)["mixed_precision"].estimated_speedup == 1.1
+    assert "not advised" not in summary(run)
+    run.whatif = [WhatIf("amp=auto", 0.0909, 0.100, 24, round_gains=[0.95])]  # one round: nothing to compare
+    assert _advice(run)["mixed_precision"].estimated_speedup == 1.1
+    # the model alone, a round reversed: kept, unestimated, the round named
+    run.whatif = [WhatIf("amp=auto", 0.0909, 0.100, 48, held_wait_seconds=0.004, alone=True,
+                         round_gains=[1.32, 0.91])]
+    rec = _advice(run)["mixed_precision"]
+    assert rec.estimated_speedup is None and "(0.91x in one round of the replays)" in rec.basis
+    assert "0.91x in a round alone: advised unestimated" in summary(run)
+
+
 def test_the_model_alone_gaining_carries_the_measured_figure() -> None:
     run = _compute_bound_with_bf16()
     run.whatif = [WhatIf("amp=auto", 0.080, 0.100, 24, held_wait_seconds=0.004, alone=True)]

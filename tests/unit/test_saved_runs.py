@@ -114,6 +114,12 @@ def test_a_saved_report_reads_back_as_it_was(tmp_path: Path) -> None:
      "run.whatif: 65 entries, at most 64"),
     (["whatif"], [{"change": "x" * 201, "seconds_per_step": 0.1, "baseline_seconds_per_step": 0.1, "steps": 5}],
      "of at most 200 characters"),
+    (["whatif"], [{"change": "cache", "seconds_per_step": 0.1, "baseline_seconds_per_step": 0.1, "steps": 5,
+                   "round_gains": [1.2, 0.0]}], "at most 16 round gains > 0"),
+    (["whatif"], [{"change": "cache", "seconds_per_step": 0.1, "baseline_seconds_per_step": 0.1, "steps": 5,
+                   "round_gains": [1.0] * 17}], "at most 16 round gains > 0"),
+    (["whatif"], [{"change": "cache", "seconds_per_step": 0.1, "baseline_seconds_per_step": 0.1, "steps": 5,
+                   "round_gains": "1.2"}], "run.whatif[0].round_gains: expected a list"),
     (["whatif_seconds"], -3, "run.whatif_seconds: negative"),
 ])
 def test_a_bad_field_is_one_line_naming_the_file_and_field(tmp_path: Path, capsys: pytest.CaptureFixture[str],

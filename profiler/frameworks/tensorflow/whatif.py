@@ -273,6 +273,7 @@ def _measure(target: _Target, builds: Builds, changes: list[Changes], run_step: 
     configs: list[tuple[Changes, Any, _Target]] = [(c, ds.repeat(), t)
                                                    for c, ds, t in [(Changes(), target.dataset, target), *variants]]
     results: dict[int, tuple[float, int]] = {}  # seconds, calls
+    rounds: dict[int, list[float]] = {}  # each round's seconds a call
     firsts: dict[int, list[float]] = {}  # each round's first call: an epoch's start
     stops: dict[int, list[float]] = {}  # a PyDataset's pool stopped: an epoch's end
     slice_s = max(0.0, deadline - time.perf_counter()) / (MAX_ROUNDS * len(configs))
@@ -297,6 +298,8 @@ def _measure(target: _Target, builds: Builds, changes: list[Changes], run_step: 
                         stops.setdefault(i, []).append(time.perf_counter() - t_stop)
                 s0, n0 = results.get(i, (0.0, 0))
                 results[i] = (s0 + seconds, n0 + calls)
+                if calls:
+                    rounds.setdefault(i, []).append(seconds / calls)
                 firsts.setdefault(i, []).append(first)
     finally:
         for v, value in zip(variables, saved, strict=True):
@@ -329,7 +332,9 @@ def _measure(target: _Target, builds: Builds, changes: list[Changes], run_step: 
             step, was = step + start(i) / per_epoch, base + start(0) / per_epoch
         out.append(WhatIf(change.describe(), step + added, was + added, min(n, base_n) * target.batches,
                           extra_seconds=extra, start_seconds=start(i), baseline_start_seconds=start(0),
-                          stop_seconds=min(stops.get(i, [0.0])), baseline_stop_seconds=min(stops.get(0, [0.0]))))
+                          stop_seconds=min(stops.get(i, [0.0])), baseline_stop_seconds=min(stops.get(0, [0.0])),
+                          round_gains=[(b / target.batches + added) / (c / target.batches + added)
+                                       for b, c in zip(rounds.get(0, []), rounds.get(i, []), strict=False) if c > 0]))
     return out, "; ".join([*problems, *([] if out else ["no change could be replayed in the time given"])])
 
 

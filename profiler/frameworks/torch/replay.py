@@ -147,6 +147,12 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
         # within the replays' noise: nothing to stand in for; a job's all-reduce always is
         if extra <= EXTRA_SHARE * first.seconds and not slice_s:
             extra, best[0] = 0.0, first
+        if not slice_s:
+            # two rounds at least where a replay's warm-up and a few steps fit in the shorter
+            # slice: each change is then paired twice with the run's settings, and a gain one
+            # round reverses is told from the change's own (advice.base.lost_round)
+            # (a third of the budget a round: a replay outlasts its slice by a step, a worker's start)
+            each = min(each, max(budget / (3 * len(configs)), (WARMUP_STEPS + MIN_STEPS + 1) * first.seconds))
         rounds = 0
         while rounds < MAX_ROUNDS:
             for i, change in enumerate(configs):
@@ -160,7 +166,9 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
                 if got is not None:
                     best[i] = best[i].joined(got) if i in best else got
             rounds += 1
-            if deadline - time.perf_counter() < sum(_slice(best, i, 1.0) for i in range(len(configs))):
+            # a round in part where the run's settings and one change at least still fit
+            if deadline - time.perf_counter() < _slice(best, 0, 1.0) + min(
+                    (_slice(best, i, 1.0) for i in range(1, len(configs))), default=0.0):
                 break
     finally:
         torch.set_num_threads(threads)
@@ -174,7 +182,8 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     wait = held_wait or 0.0
     out = [WhatIf(configs[i].describe(), r.seconds + wait, base.seconds + wait, min(r.steps, base.steps),
                   extra_seconds=extra, start_seconds=r.start, baseline_start_seconds=base.start,
-                  stop_seconds=r.stop, baseline_stop_seconds=base.stop, held_wait_seconds=wait, alone=held)
+                  stop_seconds=r.stop, baseline_stop_seconds=base.stop, held_wait_seconds=wait, alone=held,
+                  round_gains=[(b + wait) / (c + wait) for b, c in zip(base.rounds, r.rounds, strict=False)])
            for i, r in sorted(best.items(), key=lambda kv: (configs[kv[0]].repeat_batch, kv[0])) if i]
     if held and out:  # the replay as the run had it is the model alone: the ceiling, measured
         out.append(WhatIf(CEILING, base.seconds, base.seconds + wait, base.steps, extra_seconds=extra,
@@ -196,6 +205,7 @@ class _Result:
     def __init__(self, seconds: float, compute: float, steps: int, elapsed: float, start: float) -> None:
         self.seconds, self.compute, self.steps, self.elapsed, self.start = seconds, compute, steps, elapsed, start
         self.stop = 0.0  # the workers' stop, timed after the steps
+        self.rounds = [seconds]  # each round's seconds a step
 
     def joined(self, other: _Result) -> _Result:
         """Two rounds as one: their steps' mean. Not the faster round: workers that share the
@@ -207,6 +217,7 @@ class _Result:
                       (self.compute * self.steps + other.compute * other.steps) / n, n,
                       other.elapsed, min(self.start, other.start))
         out.stop = min(self.stop, other.stop)
+        out.rounds = self.rounds + other.rounds
         return out
 
 
