@@ -4,7 +4,7 @@ over the epochs."""
 
 from __future__ import annotations
 
-from ...advice.base import MEASURE, NO_GAIN, STORED, Recommendation
+from ...advice.base import MEASURE, NO_GAIN, STORED, Recommendation, lost_round
 from ...advice.loader import cache_advice, convert_advice
 from ...diagnosis import Diagnosis
 from ...metrics import Metrics
@@ -138,13 +138,17 @@ def input_advice(run: Run, d: Diagnosis, loader: LoaderInfo,
         ))
 
     tried = next((w for w in run.whatif if w.change == "parallel_map"), None)
-    if python_map and tried is not None and tried.baseline_seconds_per_step < NO_GAIN * tried.seconds_per_step:
-        # measured: parallel calls of its Python take turns on the GIL, so the map itself must change
+    lost = lost_round(tried) if tried is not None else None
+    if python_map and tried is not None and (tried.baseline_seconds_per_step < NO_GAIN * tried.seconds_per_step
+                                             or lost is not None):
+        # measured (a gain one round reversed is none): parallel calls of its Python take turns
+        # on the GIL, so the map itself must change
         bound, bound_basis = _without_python(run, m, loader)
+        rounds = f" ({lost:.2f}x in one round of the replays)" if lost is not None else ""
         out.append(Recommendation(
             "slow_stage", "Write the map's Python in TensorFlow ops",
-            f"Parallel calls of the map measured {tried.baseline_seconds_per_step / tried.seconds_per_step:.2f}x "
-            "on the job's own step: its Python holds the GIL, so the calls take turns. TensorFlow ops run "
+            f"Parallel calls of the map measured {tried.baseline_seconds_per_step / tried.seconds_per_step:.2f}x"
+            f"{rounds} on the job's own step: its Python holds the GIL, so the calls take turns. TensorFlow ops run "
             "outside the GIL, side by side in parallel calls.",
             "def preprocess(x, y):  # TensorFlow ops in place of the numpy_function / py_function\n"
             "    ...\n"

@@ -166,9 +166,11 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
                 if got is not None:
                     best[i] = best[i].joined(got) if i in best else got
             rounds += 1
-            # a round in part where the run's settings and one change at least still fit
-            if deadline - time.perf_counter() < _slice(best, 0, 1.0) + min(
-                    (_slice(best, i, 1.0) for i in range(1, len(configs))), default=0.0):
+            # a round in part where the run's settings and one change at least still fit (a
+            # job's ranks run whole rounds only: side by side, each replay as long on each)
+            others = [_slice(best, i, 1.0) for i in range(1, len(configs))]
+            need = sum(others) if slice_s else min(others, default=0.0)
+            if deadline - time.perf_counter() < _slice(best, 0, 1.0) + need:
                 break
     finally:
         torch.set_num_threads(threads)
