@@ -338,9 +338,8 @@ def loop_compute(run: Run, m: Metrics) -> float:
     """The run's step time outside its waits for batches, a step, over the judged steps
     less those an epoch began in (the last iterator's workers stopped and the next one's
     started there: one-time costs a replay measures apart, as its start) and a one-time
-    stall (``STALL_FACTOR``: one step of 160 ms among 25 of 3 ms read as 9 ms a step of the
-    loop's own code, spun in every replay): the replays read what their own step lacks of
-    the loop's (its code between two steps) from it."""
+    stall (``STALL_FACTOR``: in the mean it would be spun in every replayed step): the
+    replays read what their own step lacks of the loop's (its code between two steps) from it."""
     steps = epoch_steps(run, m.warmup_steps)[1]
     n = sum(s.merged for s in steps)
     if not n:
