@@ -63,7 +63,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .advice.base import CEILING, Recommendation, lost_round, replay_name, replayed_change
+from .advice.base import CEILING, Recommendation, lost_round, no_gain, replay_name, replayed_change
 from .fixes.spec import Changes
 from .records import WhatIf
 
@@ -179,10 +179,9 @@ def summary(run: Any) -> str:
                      else "litdata" if any(info.framework == "litdata" and info.iterations > info.eval_iterations
                                            for info in run.loaders) else "")
         def verdict(w: WhatIf) -> str:
-            lost = lost_round(w)
-            if speedup(w) >= NO_GAIN and lost is None:
+            if not no_gain(w):
                 return ""
-            why = "no gain" if speedup(w) < NO_GAIN else f"{lost:.2f}x in a round"
+            why = "no gain" if speedup(w) < NO_GAIN else f"{lost_round(w):.2f}x in a round"
             return f" ({why} alone: advised unestimated)" if w.alone else f" ({why}: not advised)"
 
         parts = [f"with no loading at all (the model alone) {speedup(w):.2f}x" if w.change == CEILING else

@@ -40,6 +40,7 @@ from .base import (
     Recommendation,
     held_to_ceiling,
     lost_round,
+    no_gain,
     replay_name,
     replayed_change,
 )
@@ -244,7 +245,7 @@ def measured(run: Run, recs: list[Recommendation], restarts_after: int | None = 
         # a loading change held to no loading at all (a model change, as the alone ones, is not)
         gain, held = held_to_ceiling(w.baseline_seconds_per_step / w.seconds_per_step, change, ceiling)
         lost = lost_round(w)
-        if (gain < NO_GAIN or lost is not None) and w.alone:
+        if no_gain(w, gain) and w.alone:
             # the model alone shows what the change does to the model, not to the job beside a
             # loader working ahead on the same cores: kept, unestimated
             rec.estimated_speedup, rec.bound = None, False
@@ -254,7 +255,7 @@ def measured(run: Run, recs: list[Recommendation], restarts_after: int | None = 
                          "replayed beside it; " + MEASURE.split(": ", 1)[1])
             out.append(rec)
             continue
-        if gain < NO_GAIN or lost is not None:  # no gain, or one within the replays' noise
+        if no_gain(w, gain):  # no gain, or one within the replays' noise
             continue
         steady = ""
         if rec.id in ("cache", *STORED_IDS) and restarts_after is not None:
@@ -318,7 +319,7 @@ def _contention_at_least_threads(run: Run, recs: list[Recommendation], by_change
         return
     w = next((w for c, w in by_change.items() if c.startswith("threads=")), None)
     gain = w.baseline_seconds_per_step / w.seconds_per_step if w is not None else 0.0
-    if w is None or gain < NO_GAIN or lost_round(w) is not None or (rec.estimated_speedup or 0.0) >= gain:
+    if w is None or no_gain(w) or (rec.estimated_speedup or 0.0) >= gain:
         return
     rec.estimated_speedup, rec.bound = round(gain, 2), False
     rec.basis = (f"measured: at least what the job's own step replayed with {w.change} beside the other "

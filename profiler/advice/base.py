@@ -173,6 +173,15 @@ def lost_round(w: WhatIf) -> float | None:
     return least if len(w.round_gains) > 1 and least < 1.0 else None
 
 
+def no_gain(w: WhatIf, gain: float | None = None) -> bool:
+    """Whether a replayed change bought nothing to advise: under ``NO_GAIN`` (``gain``: its
+    speed-up as the advice reads it, held to the model alone's; the replay's own by default),
+    or a gain one round of the replays reversed (``lost_round``)."""
+    if gain is None:
+        gain = w.baseline_seconds_per_step / w.seconds_per_step
+    return gain < NO_GAIN or lost_round(w) is not None
+
+
 def held_to_ceiling(gain: float, change: Changes, ceiling: float | None) -> tuple[float, str]:
     """A replayed change's speed-up held to the model alone's (``CEILING``) where the change
     is the loading's only: no loader makes a step faster than no loading at all, so a

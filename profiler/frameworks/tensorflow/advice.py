@@ -4,7 +4,7 @@ over the epochs."""
 
 from __future__ import annotations
 
-from ...advice.base import MEASURE, NO_GAIN, STORED, Recommendation, lost_round
+from ...advice.base import MEASURE, STORED, Recommendation, lost_round, no_gain
 from ...advice.loader import cache_advice, convert_advice
 from ...diagnosis import Diagnosis
 from ...metrics import Metrics
@@ -139,8 +139,7 @@ def input_advice(run: Run, d: Diagnosis, loader: LoaderInfo,
 
     tried = next((w for w in run.whatif if w.change == "parallel_map"), None)
     lost = lost_round(tried) if tried is not None else None
-    if python_map and tried is not None and (tried.baseline_seconds_per_step < NO_GAIN * tried.seconds_per_step
-                                             or lost is not None):
+    if python_map and tried is not None and no_gain(tried):
         # measured (a gain one round reversed is none): parallel calls of its Python take turns
         # on the GIL, so the map itself must change
         bound, bound_basis = _without_python(run, m, loader)
