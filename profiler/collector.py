@@ -24,6 +24,7 @@ import psutil
 
 from . import __version__
 from .cpufeatures import cpu_features
+from .heap import allocator, fault_seconds
 from .instrument import FrameworkWatch, Hooks, ProcessHooks
 from .lines import first_line
 from .oom import classify as classify_oom
@@ -253,6 +254,9 @@ class Collector:
             self.run.other_processes = self.guard("the processes outside the job are not named",
                                                   lambda: neighbours.finish(end - self.t0)) or []
         self._read_timeline(timeline)
+        if any(h.process_faults for h in self.run.host_samples):
+            self.run.environment.fault_seconds = self.guard("the cost of a page fault could not be measured",
+                                                            fault_seconds)
         self.run.duration = end - self.t0
         self.run.environment.intra_op_threads = intra_op_threads()  # as the script left them
         self.run.exit_status = exit_status(exc)
@@ -327,4 +331,5 @@ def _environment() -> Environment:
         local_world_size=local_world_size(),
         shm_free=shm[0] if shm else None,
         shm_total=shm[1] if shm else None,
+        malloc=allocator(),
     )

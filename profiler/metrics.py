@@ -80,6 +80,10 @@ class Metrics:
     #: own threads: tf.data, a thread mapper), and on one; None where not read
     threads_run_delay: float | None = None
     threads_cpu: float | None = None
+    #: minor page faults of the training process a judged step, and the bytes its resident
+    #: memory grew by a step meanwhile (first touches, not memory touched again); None: not read
+    faults_per_step: float | None = None
+    rss_growth_per_step: float | None = None
     judged_seconds: float = 0.0  # from the first judged step's start to the last one's end
     swap_growth: int = 0
     memory_available_min_fraction: float | None = None
@@ -241,6 +245,7 @@ def compute_metrics(run: Run) -> Metrics:
         if threads:
             m.threads_cpu = sum(c for c, _ in threads) / len(threads)
             m.threads_run_delay = sum(d for _, d in threads) / len(threads)
+    _fault_metrics(host, m)
     _memory_metrics(run, m)
     if run.host_samples:
         m.swap_growth = max(0, run.host_samples[-1].swap_used - run.host_samples[0].swap_used)
@@ -277,6 +282,19 @@ def compute_metrics(run: Run) -> Metrics:
         if peak.total:
             m.gpu_memory_peak_fraction = max(m.gpu_memory_peak_fraction or 0.0, peak.peak_reserved / peak.total)
     return m
+
+
+def _fault_metrics(host: list[HostSample], m: Metrics) -> None:
+    """Page faults a judged step, from the readings' counts over their windows (a reading
+    counts those since the one before it, which may have begun before the first step)."""
+    read = [h for h in host if h.process_faults is not None and h.window > 0]
+    seconds = sum(h.window for h in read)
+    if not read or seconds <= 0 or not m.steps_judged:
+        return
+    per_second = sum(h.process_faults or 0 for h in read) / seconds
+    m.faults_per_step = per_second * m.judged_seconds / m.steps_judged
+    if len(read) >= 2 and read[0].process_rss and read[-1].process_rss:
+        m.rss_growth_per_step = max(0, read[-1].process_rss - read[0].process_rss) / m.steps_judged
 
 
 def _memory_metrics(run: Run, m: Metrics) -> None:

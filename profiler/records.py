@@ -124,6 +124,9 @@ class HostSample:
     #: each worker's unique set size (bytes: its private pages, those it copied on write
     #: included) at the last PSS read, in ``worker_pids``' order; empty where not read
     worker_uss: list[int] = field(default_factory=list)
+    #: minor page faults the training process took since the previous reading: memory the
+    #: C allocator gave back to the OS and touched again (Linux); None where not read
+    process_faults: int | None = None
 
 
 @dataclass(slots=True)  # one per training step, made on the step's path: keep it cheap
@@ -287,6 +290,12 @@ class Environment:
     #: bytes free and in all on /dev/shm at the start, where worker processes hand batches over
     shm_free: int | None = None
     shm_total: int | None = None
+    #: the C allocator (heap.py's ``allocator``): "glibc", "glibc, tuned", a preloaded one's
+    #: name, or "" where not known
+    malloc: str = ""
+    #: seconds a minor page fault took here, measured at the run's end where the process took
+    #: faults (heap.py's ``fault_seconds``); None: not measured
+    fault_seconds: float | None = None
 
 
 @dataclass

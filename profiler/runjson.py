@@ -112,6 +112,8 @@ def check_run(run: Run) -> None:
             raise bad(f"run.environment.{name}", f"expected >= 1, got {getattr(env, name)}")
     if env.memory_total < 0:
         raise bad("run.environment.memory_total", "negative")
+    if env.fault_seconds is not None and not 0 <= env.fault_seconds < 1:
+        raise bad("run.environment.fault_seconds", f"expected 0 to 1 second, got {env.fault_seconds}")
     if env.local_world_size is not None and env.local_world_size < 1:
         raise bad("run.environment.local_world_size", f"expected >= 1, got {env.local_world_size}")
     for i, step in enumerate(run.steps):
@@ -173,6 +175,8 @@ def check_run(run: Run) -> None:
     if len(set(listed)) < len(listed):
         raise bad("run.environment.gpus", "a GPU index given twice")
     for i, h in enumerate(run.host_samples):
+        if h.process_faults is not None and h.process_faults < 0:
+            raise bad(f"run.host_samples[{i}].process_faults", f"negative ({h.process_faults})")
         if h.worker_pids or h.worker_cpu:
             check_workers(h.worker_pids, h.worker_cpu, f"run.host_samples[{i}]")
         if h.worker_uss:

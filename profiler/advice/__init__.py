@@ -45,6 +45,7 @@ from .base import (
     replayed_change,
 )
 from .compute import compute_advice, host_bound_advice, threads_advice
+from .heap import heap_advice
 from .loader import (
     compute_cpu_per_step,
     contention_advice,
@@ -105,6 +106,9 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
         out.insert(0, contention_advice(run, m, cause == "host-contended"))
     if cause != "shared-memory" and any(wid == "shm-small" for wid, _ in diagnosis.warnings):
         out.insert(0, shm_advice(run, m))
+    heap = heap_advice(run, m)
+    if heap is not None:
+        out.append(heap)
     out = stage_advice(run, diagnosis, out)
     _stored_copies(run, loader, out)
     # a change whose most is no gain buys nothing, as a change measured to gain nothing

@@ -34,6 +34,8 @@ IDS = (
     "hf_workers", "hf_shards", "hf_batched_map", "hf_shuffle_buffer",
     # Ray Data: the cluster's CPUs, the slowest operator's concurrency and num_cpus, prefetch_batches
     "ray_cluster_cpus", "ray_concurrency", "ray_num_cpus", "ray_prefetch_batches",
+    # the training process's page faults on memory glibc's malloc freed and maps again
+    "heap",
 )
 
 
@@ -153,6 +155,8 @@ def change_of(rec: Recommendation) -> Changes | None:
         return Changes(threads=v["threads"])
     if rec.id == "compile" and rec.framework == "torch":
         return Changes(compile=True)
+    if rec.id == "heap" and isinstance(v.get("trim_threshold"), int):
+        return Changes(heap=v["trim_threshold"])
     if rec.id == "gradient_accumulation" and isinstance(v.get("accumulation_steps"), int) \
             and v["accumulation_steps"] >= 2:
         return Changes(accumulation=v["accumulation_steps"])

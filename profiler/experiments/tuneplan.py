@@ -8,8 +8,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..advice.heap import heap_advice
 from ..cpufeatures import cpu_features, has_bf16
 from ..fixes.spec import Changes
+from ..metrics import compute_metrics
 from ..records import has_tensor_cores
 from ..settings import Settings
 from .trial import TrialResult
@@ -22,7 +24,8 @@ __all__ = ["FAMILIES", "DEFAULT_FIXES", "MAX_ACCUMULATION", "TuneOptions", "Cand
 MAX_ACCUMULATION = 32
 
 #: Fix families ``--fixes`` can name.
-FAMILIES = ("workers", "prefetch", "pin_memory", "cache", "tf_data", "amp", "accumulation", "threads", "compile")
+FAMILIES = ("workers", "prefetch", "pin_memory", "cache", "tf_data", "amp", "accumulation", "threads", "compile",
+            "heap")
 #: tried unless ``--fixes`` says otherwise; compile too where the model runs on a GPU (on a
 #: CPU it measured slower than eager for three models here, and compiling takes its seconds)
 DEFAULT_FIXES = tuple(f for f in FAMILIES if f != "compile")
@@ -188,6 +191,8 @@ def plan_compute(base: TrialResult, best: TrialResult | None, o: TuneOptions) ->
         out.extend(_thread_candidates(base, cur, on))
     if "compile" in o.fixes or (o.fixes == DEFAULT_FIXES and cuda):
         out.append(_compile_candidate(base, cur, on))
+    if "heap" in o.fixes:
+        out.append(_heap_candidate(base, cur, on))
     if "accumulation" in o.fixes:
         if verdict != "memory-bound":
             out.append((None, ("gradient accumulation", f"{cur.name} is {verdict or 'not measured'}, not memory-bound: "
@@ -209,6 +214,17 @@ def _compile_candidate(base: TrialResult, cur: TrialResult, on: Changes) -> tupl
     ch = on.merged(Changes(compile=True))
     return Candidate(ch.describe(), ch, "compile", f"{cur.verdict or 'the step'}: fused operations, "
                      "less Python per operation"), ("", "")
+
+
+def _heap_candidate(base: TrialResult, cur: TrialResult, on: Changes) -> tuple[Candidate | None, tuple[str, str]]:
+    """glibc's malloc thresholds on top of the best so far, where its run's page faults on
+    memory freed and touched again took a share of the step (advice/heap.py)."""
+    run = cur.run or base.run
+    rec = heap_advice(run, compute_metrics(run)) if run is not None else None
+    if rec is None:
+        return None, ("heap", "not glibc's malloc, or its page faults took under 5% of a step")
+    ch = on.merged(Changes(heap=rec.values["trim_threshold"]))
+    return Candidate(ch.describe(), ch, "heap", f"{rec.values['faults_per_step']:,} page faults a step"), ("", "")
 
 
 def _thread_candidates(base: TrialResult, cur: TrialResult,

@@ -54,6 +54,7 @@ from collections.abc import Callable
 from typing import IO, Any, Protocol
 
 from ..frameworks import fixes_by_module
+from ..heap import environment_line, keep_freed_memory
 from ..instrument import ImportWatch, ThisProcess
 from ..records import Run
 from .context import FixContext
@@ -102,6 +103,12 @@ class Applier(FixContext):
             import numpy
 
             numpy.random.seed(self.seed)
+        if self.changes.heap:
+            why = keep_freed_memory(self.changes.heap)
+            if why is None:
+                self.say(f"heap: {environment_line(self.changes.heap)} (set by mallopt)")
+            else:
+                self.skip(f"heap: {why}")
         pending = set()
         live_only = self.live and self.changes.empty and not self.record_losses
         # live tuning touches only the loaders of an adapter that tunes live; trials every framework

@@ -55,6 +55,10 @@ class Changes:
     #: torch: ``torch.compile`` of the model (the first module with trainable parameters
     #: the script calls), compiled in place (``Module.compile``) at its first call.
     compile: bool = False
+    #: glibc's malloc: freed memory kept in the process up to this many bytes
+    #: (``MALLOC_TRIM_THRESHOLD_``) and blocks up to 32 MiB served from its heap
+    #: (``MALLOC_MMAP_THRESHOLD_``), set by ``mallopt`` as a trial starts.
+    heap: int | None = None
     #: Measurement only, never recommended: every batch of a torch DataLoader is
     #: its first batch again, so the loop runs at the model-only rate.
     repeat_batch: bool = False
@@ -74,7 +78,7 @@ class Changes:
 
     def __post_init__(self) -> None:
         for name in ("num_workers", "prefetch_factor", "accumulation", "threads", "map_calls",
-                     "parallel_reads", "held_stages", "ray_prefetch_batches"):
+                     "parallel_reads", "held_stages", "ray_prefetch_batches", "heap"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ValueError(f"{name}: expected a whole number >= 0, got {value!r}")

@@ -33,6 +33,11 @@ import psutil
 
 from loadprof.records import HostSample
 
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None  # type: ignore[assignment]
+
 from .cores import affinity
 from .procfs import (
     GONE,
@@ -126,6 +131,8 @@ class HostSource:
         self._reaped: float | None = None
         self._last_reaped: float | None = None
         self._reaped_cpu = 0.0  # % of a core over the last window: HostSample.reaped_cpu
+        self._faults: int | None = None  # the process's minor page faults so far
+        self._last_faults: int | None = None
         self._last_excluded: dict[int, float] = {}  # excluded pid (our helper) -> cpu s
         self._worker_pids: list[int] = []  # the last reading's, shared by readings of the same workers
         self._last_disk_read: int | None = None
@@ -169,6 +176,7 @@ class HostSource:
         self._last_wall = self._last_slow_wall = time.monotonic()
         self._last_all, self._last_percpu = self._cpu_times()
         self._read_tree(self._last_wall, 0.0, relist=True)
+        self._last_faults = self._faults
         self._threads.read(self._last_wall)
         self._last_disk_read = self._disk_read()
 
@@ -238,6 +246,9 @@ class HostSource:
         s.memory_percent, s.memory_available, s.swap_used, s.disk_read_bps = self._slow
         s.process_pss, s.children_pss, s.oom_kills, s.memory_limit_left = self._memory
         s.worker_uss = self._mem.uss_of(s.worker_pids)
+        if self._faults is not None and self._last_faults is not None:
+            s.process_faults = max(0, self._faults - self._last_faults)
+        self._last_faults = self._faults
         s.profiler_cpu = self._excluded_cpu(dt)
         s.reaped_cpu = self._reaped_cpu
         self._last_wall = now
@@ -270,6 +281,8 @@ class HostSource:
             return None
         times = os.times()
         self._reaped = times.children_user + times.children_system
+        if resource is not None:
+            self._faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         return time.process_time(), rss
 
     def _list_descendants(self, proc: psutil.Process) -> list[psutil.Process]:
@@ -458,6 +471,7 @@ class HostSource:
             cpu = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
             if child.pid == self.pid:  # the training process read from the helper: its reaped children too
                 self._reaped = (int(fields[13]) + int(fields[14])) / _CLOCK_TICKS
+                self._faults = int(fields[7])  # minflt, field 10
             return (child.pid, self._boot_time + start), cpu, statm_rss(files[1]), run_delay(files[2])
         except (OSError, ValueError, IndexError):
             # Gone (its files read ESRCH once it exits: reopened by pid next time, a

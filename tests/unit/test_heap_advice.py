@@ -1,0 +1,98 @@
+"""The heap rule (advice/heap.py): page faults of the training process on memory glibc's
+malloc gave back, priced at the fault's measured cost, advised as an upper bound with the
+thresholds to set; the allocator and the fault's cost as heap.py reads them."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from loadprof import heap
+from loadprof.advice import recommend
+from loadprof.advice.base import change_of
+from loadprof.diagnosis import diagnose
+from loadprof.metrics import compute_metrics
+from loadprof.records import LoaderInfo
+from tests.conftest import make_run
+
+MiB = 2**20
+
+
+def _faulting_run(faults_per_step: float, cost: float = 2e-6, malloc: str = "glibc", workers: int = 0,
+                  growth: int = 0):
+    """A 100 ms step whose training process takes ``faults_per_step`` minor faults."""
+    run = make_run(wait=0.001, workers=workers)
+    run.environment.malloc = malloc
+    run.environment.fault_seconds = cost
+    for i, h in enumerate(run.host_samples):
+        h.window = 0.1  # a reading every 0.1 s, as the steps: one step's faults each
+        h.process_faults = int(faults_per_step)
+        h.process_rss = 500 * MiB + i * growth
+    return run
+
+
+def _advice(run):
+    return {r.id: r for r in recommend(run, diagnose(run))}
+
+
+def test_faults_a_step_are_read_over_the_judged_window() -> None:
+    m = compute_metrics(_faulting_run(8000, growth=4096 * 100))
+    assert m.faults_per_step == pytest.approx(8000)
+    assert m.rss_growth_per_step == pytest.approx(4096 * 100, rel=0.1)
+
+
+def test_faults_taking_a_share_of_the_step_get_the_thresholds_as_an_upper_bound() -> None:
+    rec = _advice(_faulting_run(8000))["heap"]  # 16 ms of a 100 ms step
+    assert rec.bound and rec.estimated_speedup == pytest.approx(0.1 / (0.1 - 0.016), abs=0.01)
+    assert rec.values["faults_per_step"] == 8000 and rec.values["mmap_threshold"] == heap.MMAP_THRESHOLD
+    assert rec.values["trim_threshold"] >= heap.MIN_TRIM
+    assert "MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=" in rec.code
+    assert "8,000 page faults a step" in rec.detail and "16.0 ms of the 100.0 ms step" in rec.detail
+    assert change_of(rec).heap == rec.values["trim_threshold"]
+
+
+def test_no_heap_advice_under_the_share_another_allocator_or_no_measured_cost() -> None:
+    assert "heap" not in _advice(_faulting_run(2000))  # 4 ms of 100: under 5%
+    for malloc in ("jemalloc", "glibc, tuned", ""):
+        assert "heap" not in _advice(_faulting_run(8000, malloc=malloc))
+    assert "heap" not in _advice(_faulting_run(8000, cost=0.0))
+    run = _faulting_run(8000)
+    for h in run.host_samples:
+        h.process_faults = None  # not read (a run saved before faults were)
+    assert "heap" not in _advice(run)
+
+
+def test_first_touches_and_batches_from_workers_are_not_the_allocator_s() -> None:
+    # the process's memory grew by the pages it faulted: memory it keeps, not memory freed
+    assert "heap" not in _advice(_faulting_run(8000, growth=8000 * 4096))
+    # every batch a worker hands over is a new shared mapping: 32 samples of 1 MiB a step
+    run = _faulting_run(8000, workers=2)
+    run.loaders = [LoaderInfo("torch", "DataLoader", batch_size=32, num_workers=2, sample_nbytes=MiB,
+                              iterations=1)]
+    assert "heap" not in _advice(run)
+
+
+def test_trim_threshold_is_four_steps_of_churn_at_least_the_floor_a_power_of_two() -> None:
+    assert heap.trim_threshold(1 * MiB) == heap.MIN_TRIM
+    assert heap.trim_threshold(100 * MiB) == 512 * MiB
+
+
+def test_the_allocator_named_by_preload_and_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in heap.SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+    assert heap.allocator() == "jemalloc"
+    monkeypatch.delenv("LD_PRELOAD")
+    if not heap.allocator().startswith("glibc"):
+        pytest.skip("not a glibc system")
+    assert heap.allocator() == "glibc"
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1000000000")
+    assert heap.allocator() == "glibc, tuned"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page faults counted by Linux")
+def test_a_fault_costs_something_under_a_millisecond() -> None:
+    cost = heap.fault_seconds()
+    assert cost is not None and 0 < cost < 1e-3
