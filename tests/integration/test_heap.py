@@ -49,7 +49,7 @@ def test_faults_on_freed_memory_are_advised_on_and_the_trial_with_the_thresholds
     rec = next(r for r in data["recommendations"] if r["id"] == "heap")
     # most of the 16,384 pages a step (a reading's window may begin before the first judged step)
     assert rec["values"]["faults_per_step"] > PAGES_A_STEP // 2
-    assert rec["bound"] and rec["estimated_speedup"] > 1.05
+    assert not rec["bound"] and rec["estimated_speedup"] > 1.05
     assert data["environment"]["malloc"] == "glibc" and 0 < data["environment"]["fault_seconds"] < 1e-3
     assert "MALLOC_MMAP_THRESHOLD_=33554432" in rec["code"]
 

@@ -1,6 +1,6 @@
 """The heap rule (advice/heap.py): page faults of the training process on memory glibc's
-malloc gave back, priced at the fault's measured cost, advised as an upper bound with the
-thresholds to set; the allocator and the fault's cost as heap.py reads them."""
+malloc gave back, priced at the fault's measured cost, advised with the thresholds to set
+and that time as the gain; the allocator and the fault's cost as heap.py reads them."""
 
 from __future__ import annotations
 
@@ -42,9 +42,9 @@ def test_faults_a_step_are_read_over_the_judged_window() -> None:
     assert m.rss_growth_per_step == pytest.approx(4096 * 100, rel=0.1)
 
 
-def test_faults_taking_a_share_of_the_step_get_the_thresholds_as_an_upper_bound() -> None:
+def test_faults_taking_a_share_of_the_step_get_the_thresholds_with_their_time_as_the_gain() -> None:
     rec = _advice(_faulting_run(8000))["heap"]  # 16 ms of a 100 ms step
-    assert rec.bound and rec.estimated_speedup == pytest.approx(0.1 / (0.1 - 0.016), abs=0.01)
+    assert not rec.bound and rec.estimated_speedup == pytest.approx(0.1 / (0.1 - 0.016), abs=0.01)
     assert rec.values["faults_per_step"] == 8000 and rec.values["mmap_threshold"] == heap.MMAP_THRESHOLD
     assert rec.values["trim_threshold"] >= heap.MIN_TRIM
     assert "MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=" in rec.code
@@ -96,3 +96,10 @@ def test_the_allocator_named_by_preload_and_settings(monkeypatch: pytest.MonkeyP
 def test_a_fault_costs_something_under_a_millisecond() -> None:
     cost = heap.fault_seconds()
     assert cost is not None and 0 < cost < 1e-3
+
+
+def test_no_heap_advice_for_a_run_that_ran_out_of_memory() -> None:
+    run = _faulting_run(8000)
+    run.oom_errors.append("RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes")
+    assert diagnose(run).verdict == "memory-bound"
+    assert "heap" not in _advice(run)
