@@ -121,6 +121,8 @@ def _host_counters() -> tuple[tuple[str, Callable[[HostSample], float | None]], 
         ("iowait %", lambda h: h.iowait_percent),
         ("run-queue delay training thread", lambda h: h.process_run_delay),
         ("run-queue delay loader workers (threads)", lambda h: h.children_run_delay),
+        ("page faults training process /s",
+         lambda h: None if h.process_faults is None or h.window <= 0 else h.process_faults / h.window),
     )
 
 

@@ -127,6 +127,11 @@ def test_every_sampled_signal_is_a_counter_track(real_run: dict[str, Any]) -> No
     # may see one of them at a time; seeing each worker is the workers run's test below)
     assert max(counters["loader workers"]) == max(h.n_children for h in run.host_samples) >= 1
     assert max(counters["CPU loader workers % of a core (sum)"]) > 0
+    # a page-fault rate for every reading that counted faults over a window (Linux)
+    read = [h for h in run.host_samples if h.process_faults is not None and h.window > 0]
+    assert len(counters["page faults training process /s"]) == len(read)
+    if sys.platform.startswith("linux"):
+        assert read and max(counters["page faults training process /s"]) > 0
 
 
 def _note_worker(folder: str, worker_id: int) -> None:
