@@ -341,6 +341,10 @@ class WhatIf:
     #: each round's speed-up: the change's replay against the run's settings' replay of the
     #: same round (the rounds are interleaved, so a slow spell of the host falls on both)
     round_gains: list[float] = field(default_factory=list)
+    #: the training process's minor page faults a measured step, with the change and as the
+    #: run had it (glibc's heap, docs/memory.md); None: not counted
+    faults_per_step: float | None = None
+    baseline_faults_per_step: float | None = None
 
 
 @dataclass

@@ -153,8 +153,9 @@ def check_run(run: Run) -> None:
         if not (w.seconds_per_step > 0 and w.baseline_seconds_per_step > 0 and w.steps >= 1
                 and min(w.extra_seconds, w.start_seconds, w.baseline_start_seconds, w.held_wait_seconds) >= 0
                 and len(w.change) <= MAX_COMMAND_CHARS
-                and len(w.round_gains) <= MAX_WHATIF_ROUNDS and all(g > 0 for g in w.round_gains)):
-            raise bad(f"run.whatif[{i}]", "expected step times > 0, steps >= 1, other times >= 0, a change "
+                and len(w.round_gains) <= MAX_WHATIF_ROUNDS and all(g > 0 for g in w.round_gains)
+                and min(w.faults_per_step or 0.0, w.baseline_faults_per_step or 0.0) >= 0):
+            raise bad(f"run.whatif[{i}]", "expected step times > 0, steps >= 1, other times and page faults >= 0, a change "
                       f"of at most {MAX_COMMAND_CHARS} characters and at most {MAX_WHATIF_ROUNDS} round gains > 0")
     if run.whatif_seconds < 0:
         raise bad("run.whatif_seconds", "negative")

@@ -41,6 +41,7 @@ from .base import (
     held_to_ceiling,
     lost_round,
     no_gain,
+    other_heap_state,
     replay_name,
     replayed_change,
 )
@@ -247,7 +248,8 @@ def measured(run: Run, recs: list[Recommendation], restarts_after: int | None = 
             out.append(rec)
             continue
         # a loading change held to no loading at all (a model change, as the alone ones, is not)
-        gain, held = held_to_ceiling(w.baseline_seconds_per_step / w.seconds_per_step, change, ceiling)
+        gain, held = held_to_ceiling(w.baseline_seconds_per_step / w.seconds_per_step, change, ceiling,
+                                     other_heap_state(alone, w) if alone is not None else None)
         lost = lost_round(w)
         if no_gain(w, gain) and w.alone:
             # the model alone shows what the change does to the model, not to the job beside a

@@ -186,17 +186,37 @@ def no_gain(w: WhatIf, gain: float | None = None) -> bool:
     return gain < NO_GAIN or lost_round(w) is not None
 
 
-def held_to_ceiling(gain: float, change: Changes, ceiling: float | None) -> tuple[float, str]:
+def held_to_ceiling(gain: float, change: Changes, ceiling: float | None,
+                    heap_faults: float | None = None) -> tuple[float, str]:
     """A replayed change's speed-up held to the model alone's (``CEILING``) where the change
     is the loading's only: no loader makes a step faster than no loading at all, so a
-    replay that read faster read the noise between two replays. With the words that say so
-    ("" where nothing was held)."""
+    replay that read faster read the noise between two replays. Not where the model alone
+    took ``heap_faults`` page faults a step more (``other_heap_state``): glibc's heap made
+    that replay slow, not noise. With the words that say so ("" where nothing was held)."""
     model = (change.amp, change.accumulation, change.threads, change.compile, change.pin_memory,
              change.repeat_batch)
     if ceiling is None or gain <= ceiling or any(model):
         return gain, ""
+    if heap_faults is not None:
+        return gain, (f"; not held to the model alone's {ceiling:.2f}x: that replay took {heap_faults:,.0f} page "
+                      "faults a step more, glibc's heap giving back what its step freed (docs/memory.md)")
     return ceiling, (f"; held to the model alone's {ceiling:.2f}x (it read {gain:.2f}x: no change of the "
                      "loading makes a step faster than no loading at all)")
+
+
+#: page faults a step (1 MiB) beyond which two replays ran in different states of glibc's heap
+HEAP_STATE_FAULTS = 256
+
+
+def other_heap_state(alone: WhatIf, w: WhatIf) -> float | None:
+    """The page faults a step the model alone's replay took beyond ``w``'s, where the two ran
+    in different states of glibc's heap: the one faulting in again what its step freed (at
+    least ``HEAP_STATE_FAULTS`` more, and more than twice ``w``'s), the other not
+    (docs/memory.md). Its time is then no floor under ``w``'s. None otherwise, or not counted."""
+    if alone.faults_per_step is None or w.faults_per_step is None:
+        return None
+    more = alone.faults_per_step - w.faults_per_step
+    return more if more >= max(HEAP_STATE_FAULTS, w.faults_per_step) else None
 
 
 def replayed_change(rec: Recommendation) -> Changes | None:

@@ -8,8 +8,10 @@ from ..metrics import Metrics
 from ..records import Run
 from .base import Recommendation, size_text
 
-#: the faults' time must reach this share of a step to be advised on
+#: the faults' time must reach this share of a step to be advised on...
 HEAP_SHARE = 0.05
+#: ...and they this many a step (1 MiB touched anew): a short step's few faults are no pattern
+MIN_FAULTS = 256
 #: bytes a page fault maps (4 KiB on x86-64 and most ARM hosts)
 PAGE = 4096
 
@@ -37,7 +39,7 @@ def heap_advice(run: Run, m: Metrics) -> Recommendation | None:
     churn = churn_faults(run, m)
     cost = env.fault_seconds
     step = m.step_time_mean
-    if env.malloc != "glibc" or churn is None or not cost or step <= 0:
+    if env.malloc != "glibc" or churn is None or churn < MIN_FAULTS or not cost or step <= 0:
         return None
     seconds = min(churn * cost, 0.9 * step)
     if seconds < HEAP_SHARE * step:

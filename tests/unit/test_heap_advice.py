@@ -103,3 +103,26 @@ def test_no_heap_advice_for_a_run_that_ran_out_of_memory() -> None:
     run.oom_errors.append("RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes")
     assert diagnose(run).verdict == "memory-bound"
     assert "heap" not in _advice(run)
+
+
+def test_a_short_step_s_few_faults_are_no_pattern() -> None:
+    run = _faulting_run(200, cost=5e-5)  # 10 ms of a 100 ms step, but 200 faults: under 1 MiB
+    assert "heap" not in _advice(run)
+
+
+def test_the_model_alone_faulting_in_another_heap_state_is_no_ceiling() -> None:
+    from loadprof.records import WhatIf
+    from tests.unit.test_report_snapshots import measured_changes_on_a_cpu_host
+
+    run = measured_changes_on_a_cpu_host()
+    # the cache replayed 5x faster; the model alone only 4x, with 8,000 faults a step to the cache's 300
+    alone = WhatIf("repeat_batch", 0.0625, 0.25, 24, faults_per_step=8000.0)
+    run.whatif = [WhatIf("cache", 0.050, 0.25, 24, faults_per_step=300.0, baseline_faults_per_step=5000.0), alone]
+    rec = _advice(run)["cache"]
+    assert rec.estimated_speedup == 5.0
+    assert "not held to the model alone's 4.00x: that replay took 7,700 page faults a step more" in rec.basis
+    alone.faults_per_step = 400.0  # the same state: held, as before
+    rec = _advice(run)["cache"]
+    assert rec.estimated_speedup == 4.0 and "held to the model alone's 4.00x (it read 5.00x" in rec.basis
+    alone.faults_per_step = None  # not counted (a run saved before they were): held
+    assert _advice(run)["cache"].estimated_speedup == 4.0

@@ -120,6 +120,10 @@ def test_a_saved_report_reads_back_as_it_was(tmp_path: Path) -> None:
                    "round_gains": [1.0] * 17}], "at most 16 round gains > 0"),
     (["whatif"], [{"change": "cache", "seconds_per_step": 0.1, "baseline_seconds_per_step": 0.1, "steps": 5,
                    "round_gains": "1.2"}], "run.whatif[0].round_gains: expected a list"),
+    (["whatif"], [{"change": "cache", "seconds_per_step": 0.1, "baseline_seconds_per_step": 0.1, "steps": 5,
+                   "faults_per_step": -4.0}], "other times and page faults >= 0"),
+    (["host_samples", 2, "process_faults"], -7, "run.host_samples[2].process_faults: negative (-7)"),
+    (["environment", "fault_seconds"], 3.0, "run.environment.fault_seconds: expected 0 to 1 second, got 3.0"),
     (["whatif_seconds"], -3, "run.whatif_seconds: negative"),
 ])
 def test_a_bad_field_is_one_line_naming_the_file_and_field(tmp_path: Path, capsys: pytest.CaptureFixture[str],

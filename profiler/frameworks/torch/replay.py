@@ -185,11 +185,14 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     out = [WhatIf(configs[i].describe(), r.seconds + wait, base.seconds + wait, min(r.steps, base.steps),
                   extra_seconds=extra, start_seconds=r.start, baseline_start_seconds=base.start,
                   stop_seconds=r.stop, baseline_stop_seconds=base.stop, held_wait_seconds=wait, alone=held,
-                  round_gains=[(b + wait) / (c + wait) for b, c in zip(base.rounds, r.rounds, strict=False)])
+                  round_gains=[(b + wait) / (c + wait) for b, c in zip(base.rounds, r.rounds, strict=False)],
+                  faults_per_step=None if r.faults is None else round(r.faults, 1),
+                  baseline_faults_per_step=None if base.faults is None else round(base.faults, 1))
            for i, r in sorted(best.items(), key=lambda kv: (configs[kv[0]].repeat_batch, kv[0])) if i]
     if held and out:  # the replay as the run had it is the model alone: the ceiling, measured
         out.append(WhatIf(CEILING, base.seconds, base.seconds + wait, base.steps, extra_seconds=extra,
-                          held_wait_seconds=wait, alone=True))
+                          held_wait_seconds=wait, alone=True,
+                          faults_per_step=None if base.faults is None else round(base.faults, 1)))
     missed = [c.describe() for i, c in enumerate(configs) if i and i not in best and not c.repeat_batch]
     if missed and out:
         return out, (f"{', '.join(missed)} could not be replayed in the time given (its start or "
@@ -208,6 +211,7 @@ class _Result:
         self.seconds, self.compute, self.steps, self.elapsed, self.start = seconds, compute, steps, elapsed, start
         self.stop = 0.0  # the workers' stop, timed after the steps
         self.rounds = [seconds]  # each round's seconds a step
+        self.faults: float | None = None  # the process's minor page faults a measured step
 
     def joined(self, other: _Result) -> _Result:
         """Two rounds as one: their steps' mean. Not the faster round: workers that share the
@@ -220,6 +224,8 @@ class _Result:
                       other.elapsed, min(self.start, other.start))
         out.stop = min(self.stop, other.stop)
         out.rounds = self.rounds + other.rounds
+        if self.faults is not None and other.faults is not None:
+            out.faults = (self.faults * self.steps + other.faults * other.steps) / n
         return out
 
 
@@ -233,6 +239,7 @@ def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, ex
     import torch
 
     from ...fixes.cache import internal
+    from ...heap import minor_faults
 
     device = step.device
     torch.set_num_threads(change.threads or threads)
@@ -244,6 +251,7 @@ def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, ex
         t_iter = time.perf_counter()
         it = iter(loader)
     n, waited, t_start, start = 0, 0.0, 0.0, 0.0
+    faults: int | None = None
     # a loader whose batches come in bursts asks for a longer warm-up, and a window of time
     # (half the slice), not of steps (raydata/replay.py)
     warmup = getattr(loader, "warmup_steps", WARMUP_STEPS)
@@ -279,7 +287,7 @@ def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, ex
                 if n == warmup or (n < warmup and n >= WARMUP_STEPS and t1 - began > slice_s / 3):
                     warmup = n  # a longer warm-up asked for, held to a third of the slice
                     step.sync()
-                    t_start, waited = time.perf_counter(), 0.0
+                    t_start, waited, faults = time.perf_counter(), 0.0, minor_faults()
                 elif n > warmup:
                     waited += t1 - t0
                     measured = n - warmup
@@ -290,6 +298,9 @@ def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, ex
                         seconds = (time.perf_counter() - t_start) / measured
                         result = _Result(seconds, seconds - waited / measured, measured, time.perf_counter() - began,
                                          start)
+                        now_faults = minor_faults()
+                        if faults is not None and now_faults is not None:
+                            result.faults = (now_faults - faults) / measured
                         return result
                 if time.perf_counter() > stop_at + slice_s:
                     return None  # too slow a step to measure in the time given
