@@ -5,9 +5,9 @@ glibc's malloc hands a large block (128 KiB at first, up to 32 MiB as it adapts)
 mapping and unmaps it when freed, and returns the free top of its heap to the OS past a
 threshold. A step that frees and allocates tens of MB (gradients set to None, a batch
 built in the process) then takes a page fault for every 4 KiB it touches again, each
-one a trip into the kernel that zeroes the page: on a 2-core VM, 8,000 faults a step
-were a third of a 37 ms CPU step. Fixed thresholds keep those pages: both are needed,
-since setting either one stops glibc adapting the other.
+one a trip into the kernel that zeroes the page (docs/memory.md measures it). Fixed
+thresholds keep those pages: both are needed, since setting either one stops glibc
+adapting the other.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ MIN_TRIM = 256 * 2**20
 PRELOADED = ("jemalloc", "tcmalloc", "mimalloc")
 #: the environment that already sets glibc's malloc thresholds
 SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
-#: pages the fault-cost measurement touches in all: 16 MiB, about 10 ms
+#: pages the fault-cost measurement touches in all (16 MiB)
 PROBE_PAGES = 4096
 
 # mallopt's parameters (malloc.h)
