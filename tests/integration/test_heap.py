@@ -17,6 +17,7 @@ import pytest
 
 from loadprof import heap
 from loadprof.experiments.trial import TrialSpec, run_trial
+from loadprof.report import load_report
 
 LOOP = """
 import torch
@@ -54,9 +55,13 @@ def test_a_step_that_maps_a_block_anew_each_time_gets_the_heap_advice_with_its_f
                            "--json", str(report), str(script)], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads(report.read_text())
+    loaded = load_report(report)
+    # most of the 10,240 pages a step (a reading's window may begin before the first judged step)
+    assert (loaded.diagnosis.metrics.faults_per_step or 0) > 10_240 // 2
+    if any(w["id"] == "host-contended" for w in data["warnings"]):
+        pytest.skip("other processes held the cores: the step's share of faults is not this loop's")
     rec = next((r for r in data["recommendations"] if r["id"] == "heap"), None)
     assert rec is not None, [r["id"] for r in data["recommendations"]]
-    # most of the 10,240 pages a step (a reading's window may begin before the first judged step)
     assert rec["values"]["faults_per_step"] > 10_240 // 2
     assert not rec["bound"] and rec["estimated_speedup"] > 1.05
     assert data["environment"]["malloc"] == "glibc" and 0 < data["environment"]["fault_seconds"] < 1e-3
