@@ -31,12 +31,8 @@ from pathlib import Path
 
 import psutil
 
+from loadprof.heap import minor_faults
 from loadprof.records import HostSample
-
-try:
-    import resource
-except ImportError:  # Windows
-    resource = None  # type: ignore[assignment]
 
 from .cores import affinity
 from .procfs import (
@@ -281,8 +277,7 @@ class HostSource:
             return None
         times = os.times()
         self._reaped = times.children_user + times.children_system
-        if resource is not None:
-            self._faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        self._faults = minor_faults()
         return time.process_time(), rss
 
     def _list_descendants(self, proc: psutil.Process) -> list[psutil.Process]:
