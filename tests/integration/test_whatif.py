@@ -385,8 +385,9 @@ def test_advice_the_runs_end_adds_is_measured_in_the_budget_left() -> None:
     measured = {w.change: w for w in run.whatif}
     assert len(measured) == len(run.whatif)  # none measured twice (the model alone included)
     assert 0 < run.whatif_seconds <= 12 + 5
-    if "amp=auto" not in measured or "cache" not in measured:
-        # a loaded host: the replays between two steps spent the budget, none left for the end's
+    # on a loaded host the replays between two steps may not start (the early steps read as
+    # the model's), or may spend the budget: the end measures what is left
+    if "amp=auto" not in measured:
         from loadprof.whatif import MIN_TOP_UP_S
 
         assert 12 - run.whatif_seconds < MIN_TOP_UP_S, (list(measured), run.whatif_seconds)
