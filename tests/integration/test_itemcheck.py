@@ -320,8 +320,10 @@ def test_a_streams_table_marks_its_methods_and_its_offline_copy_is_replayed_wher
             return x * 1.0
 
     for data, stored in ((Steady(2048), True), (Clips(2048), False)):
+        # large batches: few fetches are timed, and a long one holds more of the sampler's
+        # readings of the user's code (a few stray ones on a loaded host are then no tenth)
         with Profile(output=None, what_if=0) as prof:
-            loops.train(DataLoader(data, batch_size=32), loops.small_model(), epochs=2)
+            loops.train(DataLoader(data, batch_size=128), loops.small_model(), epochs=2)
         rows = {s.name.split(" (")[0]: s.random for s in prof.run.loaders[0].stages if s.kind == "user"}
         assert rows.get("Clips.decode") is False, prof.run.loaders[0].stages
         from loadprof.advice import _stored_copies
