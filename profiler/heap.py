@@ -61,9 +61,7 @@ def _probe(pages: int) -> float | None:
     """A fresh anonymous mapping touched page by page (huge pages off: the heap's faults are
     4 KiB ones), less the same loop over the pages once resident, a fault. None where it
     cannot be measured (no ``resource``, a mapping refused)."""
-    try:
-        import resource
-    except ImportError:
+    if minor_faults() is None:
         return None
     page = mmap.PAGESIZE
     size = pages * page
@@ -78,12 +76,12 @@ def _probe(pages: int) -> float | None:
             except OSError:
                 pass
         offsets = range(0, size, page)
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        before = minor_faults() or 0
         t0 = time.perf_counter()
         for at in offsets:
             m[at] = 1
         t1 = time.perf_counter()
-        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        faults = (minor_faults() or 0) - before
         for at in offsets:
             m[at] = 2
         t2 = time.perf_counter()

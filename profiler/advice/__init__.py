@@ -107,7 +107,7 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
         out.insert(0, contention_advice(run, m, cause == "host-contended"))
     if cause != "shared-memory" and any(wid == "shm-small" for wid, _ in diagnosis.warnings):
         out.insert(0, shm_advice(run, m))
-    heap = heap_advice(run, m) if diagnosis.verdict != "memory-bound" else None  # it keeps freed memory
+    heap = heap_advice(run, m, diagnosis.verdict)
     if heap is not None:
         out.append(heap)
     out = stage_advice(run, diagnosis, out)

@@ -30,11 +30,14 @@ def churn_faults(run: Run, m: Metrics) -> float | None:
     return max(0.0, m.faults_per_step - (m.rss_growth_per_step or 0.0) / PAGE - handed)
 
 
-def heap_advice(run: Run, m: Metrics) -> Recommendation | None:
+def heap_advice(run: Run, m: Metrics, verdict: str | None) -> Recommendation | None:
     """Fixed glibc thresholds where the faults on memory freed and touched again take at
     least ``HEAP_SHARE`` of a step, at the fault's measured cost: their time is the gain
     (the trims' own system calls, not counted, are gone too; a fault the step's other
-    threads overlap costs it less: docs/memory.md)."""
+    threads overlap costs it less: docs/memory.md). Not for a memory-bound run: the
+    thresholds keep freed memory in the process."""
+    if verdict == "memory-bound":
+        return None
     env = run.environment
     churn = churn_faults(run, m)
     cost = env.fault_seconds

@@ -219,8 +219,10 @@ def _compile_candidate(base: TrialResult, cur: TrialResult, on: Changes) -> tupl
 def _heap_candidate(base: TrialResult, cur: TrialResult, on: Changes) -> tuple[Candidate | None, tuple[str, str]]:
     """glibc's malloc thresholds on top of the best so far, where its run's page faults on
     memory freed and touched again took a share of the step (advice/heap.py)."""
-    run = cur.run or base.run
-    rec = heap_advice(run, compute_metrics(run)) if run is not None else None
+    src = cur if cur.run is not None else base
+    if src.verdict == "memory-bound":
+        return None, ("heap", f"{src.name} is memory-bound: the thresholds keep freed memory in the process")
+    rec = heap_advice(src.run, compute_metrics(src.run), src.verdict) if src.run is not None else None
     if rec is None:
         return None, ("heap", "not glibc's malloc, or its page faults took under 5% of a step")
     ch = on.merged(Changes(heap=rec.values["trim_threshold"]))

@@ -105,6 +105,25 @@ def test_no_heap_advice_for_a_run_that_ran_out_of_memory() -> None:
     assert "heap" not in _advice(run)
 
 
+def test_tune_tries_the_thresholds_where_the_report_advises_them_and_not_on_a_memory_bound_run() -> None:
+    from loadprof.experiments.trial import TrialResult, TrialSpec, _measure
+    from loadprof.experiments.tuneplan import TuneOptions, plan_compute
+    from loadprof.report import build_report
+
+    def planned(run):
+        base = TrialResult("baseline")
+        _measure(base, build_report(run), 5, TrialSpec(script="train.py", max_steps=len(run.steps)))
+        [(cand, (_, why))] = plan_compute(base, None, TuneOptions(fixes=("heap",)))
+        return cand, why
+
+    cand, _ = planned(_faulting_run(8000))
+    assert cand is not None and cand.changes.heap == _advice(_faulting_run(8000))["heap"].values["trim_threshold"]
+    run = _faulting_run(8000)
+    run.oom_errors.append("RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes")
+    cand, why = planned(run)
+    assert cand is None and "memory-bound" in why
+
+
 def test_a_short_step_s_few_faults_are_no_pattern() -> None:
     run = _faulting_run(200, cost=5e-5)  # 10 ms of a 100 ms step, but 200 faults: under 1 MiB
     assert "heap" not in _advice(run)
