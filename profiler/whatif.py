@@ -26,11 +26,11 @@ where it was shorter still. The session takes that pause out of the run's times
 
 Nothing of the run changes: the replayed model runs on copies of the parameters and
 buffers, put in the module for a replay's span and the run's own put back at its end
-(``_Step.bound`` in frameworks/torch/replay.py; ``torch.func.functional_call`` where that
+(``ReplayStep.bound`` in frameworks/torch/replaystep.py; ``torch.func.functional_call`` where that
 cannot be); the optimizer is a new one over the copies, holding a copy of the run's
 optimizer state (a new optimizer's zeros step slower than the run's moments); the copies
 and that state are put back as the run left them at each replay's start
-(``_Step.reset``), and a zero loss keeps the copies near them; the random generators,
+(``ReplayStep.reset``), and a zero loss keeps the copies near them; the random generators,
 thread count and the module's train/eval mode are put back; loadprof's hooks are inert
 meanwhile (``TorchHooks.suspended``). Not replayed, with the reason in the report: a model
 wrapped for collectives other than DDP's (FSDP's, DataParallel's), a job whose ranks

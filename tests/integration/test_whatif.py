@@ -518,7 +518,7 @@ def test_each_replay_starts_from_the_runs_parameters_and_optimizer_state() -> No
     the run's own are not touched."""
     from types import SimpleNamespace
 
-    from loadprof.frameworks.torch.replay import _Step
+    from loadprof.frameworks.torch.replaystep import ReplayStep
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 4))
@@ -530,7 +530,7 @@ def test_each_replay_starts_from_the_runs_parameters_and_optimizer_state() -> No
         optimizer.step()
     run_state = {id(p): {k: v.clone() for k, v in s.items()} for p, s in optimizer.state.items()}
     run_weights = copy.deepcopy(model.state_dict())
-    step = _Step(SimpleNamespace(model=model, optimizer=optimizer, args=(x,), kwargs={}, training=True))
+    step = ReplayStep(SimpleNamespace(model=model, optimizer=optimizer, args=(x,), kwargs={}, training=True))
     weight = model[0].weight
 
     for _ in range(2):

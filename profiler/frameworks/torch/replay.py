@@ -5,13 +5,11 @@ settings and each change in rounds within the budget, on copies of the model's p
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import random
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ...advice.base import CEILING
@@ -28,6 +26,7 @@ from ...whatif import (
     WARMUP_STEPS,
     Interrupted,
 )
+from .replaystep import RandomState, ReplayStep, autocast_for, device_of
 
 if TYPE_CHECKING:
     from .stepcapture import StepCapture
@@ -88,7 +87,7 @@ def step_unsafe(capture: StepCapture, ranks: int, together: bool = False) -> str
         return f"the model is wrapped in {wrapped}: its step runs collectives"
     # parameters and buffers, gradients, the optimizer's state
     need = _model_bytes(model, capture.optimizer) * 2 + _state_bytes(capture.optimizer)
-    device = _device_of(capture.args, capture.kwargs, model)
+    device = device_of(capture.args, capture.kwargs, model)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
     else:
@@ -115,7 +114,7 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     sleep (gloo's wait gives the core up, to the loader's workers too), the rest by a spin."""
     import torch
 
-    saved = _RandomState.save()
+    saved = RandomState.save()
     cap = sys.maxsize if slice_s else MAX_STEPS
     threads = torch.get_num_threads()
     training = capture.model.training
@@ -132,7 +131,7 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     items = Items(capture.loader)
     try:
         capture.model.train(capture.training)
-        step = _Step(capture)
+        step = ReplayStep(capture)
         each = min(slice_s or budget, budget / (len(configs) + 2))
         first = _replay(capture, step, Changes(), threads, 0.0, each, interrupted, items,
                         held, cap)
@@ -229,7 +228,7 @@ class _Result:
         return out
 
 
-def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, extra: float, slice_s: float,
+def _replay(capture: StepCapture, step: ReplayStep, change: Changes, threads: int, extra: float, slice_s: float,
             interrupted: Callable[[], bool], items: Items, held: bool = False,
             max_steps: int = MAX_STEPS, idle: float = 0.0) -> _Result | None:
     """One replay: seconds a step and seconds of it outside the batch's wait, or None.
@@ -243,7 +242,7 @@ def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, ex
 
     device = step.device
     torch.set_num_threads(change.threads or threads)
-    amp = _autocast(change, device)
+    amp = autocast_for(change, device)
     with internal():  # loadprof's own loader: a trial's fixes leave it as it is
         loader = itertools.repeat(None) if held else _loader_for(capture.loader, change, items)
         if loader is None:
@@ -261,7 +260,7 @@ def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, ex
     began = time.perf_counter()
     stop_at = began + max(slice_s, 0.5)
     try:
-        with step.bound():  # the copies in the module for the replay: _Step.bound
+        with step.bound():  # the copies in the module for the replay: ReplayStep.bound
             while True:
                 if interrupted():
                     raise Interrupted
@@ -315,142 +314,6 @@ def _replay(capture: StepCapture, step: _Step, change: Changes, threads: int, ex
                 result.stop = time.perf_counter() - t_stop
 
 
-class _Step:
-    """The model's call on the held arguments, backward and an optimizer step, on copies."""
-
-    def __init__(self, capture: StepCapture) -> None:
-        import torch
-
-        model, optimizer = replayed_model(capture.model), capture.optimizer
-        self.device = _device_of(capture.args, capture.kwargs, model)
-        self.torch = torch
-        copies: dict[int, Any] = {}
-        # each copy beside the run's own, put back at each replay's start: the run is paused
-        # meanwhile, so its own are as it left them
-        self._pairs: list[tuple[Any, Any]] = []
-
-        def copy_of(t: Any, grad: bool) -> Any:
-            if id(t) not in copies:
-                copies[id(t)] = t.detach().clone().requires_grad_(grad and t.requires_grad)
-                self._pairs.append((copies[id(t)], t))
-            return copies[id(t)]
-
-        self.tensors: dict[str, Any] = {name: copy_of(p, True)
-                                        for name, p in model.named_parameters(remove_duplicate=False)}
-        self.tensors.update((name, copy_of(b, False)) for name, b in model.named_buffers(remove_duplicate=False))
-        self.optimizer: Any = None
-        try:
-            groups = []
-            for group in optimizer.param_groups:
-                params = [copy_of(p, True) for p in group["params"]]
-                groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
-            self.optimizer = type(optimizer)(groups)
-        except Exception:  # an optimizer that cannot be built from its groups: the step stays unmeasured
-            self.optimizer = None
-        # the run's optimizer state, by the copy it belongs to
-        self._states = ([(copies[id(p)], state) for p, state in optimizer.state.items() if id(p) in copies]
-                        if self.optimizer is not None else [])
-        self.model, self.args, self.kwargs = model, capture.args or (), capture.kwargs or {}
-        self._bound = False
-
-    def reset(self) -> None:
-        """The copies and the optimizer's state as the run left them. A new optimizer's state
-        is all zeros, which zero gradients keep so, and it steps slower than the run's (a
-        square root of zeros is slow on some CPUs: Adam's, RMSprop's, Adagrad's)."""
-        with self.torch.no_grad():
-            for copy, original in self._pairs:
-                copy.copy_(original)
-        for copy, state in self._states:
-            held = self.optimizer.state[copy]
-            for key in [k for k in held if k not in state]:
-                del held[key]
-            for key, value in state.items():
-                mine = held.get(key)
-                if (isinstance(value, self.torch.Tensor) and isinstance(mine, self.torch.Tensor)
-                        and mine.shape == value.shape and mine.dtype == value.dtype):
-                    mine.copy_(value)
-                else:
-                    held[key] = _cloned(value, self.torch)
-
-    @contextlib.contextmanager
-    def bound(self) -> Iterator[None]:
-        """The copies put in the module for a whole replay, and the run's own taken back at
-        its end: each call is then the module's own, as the run's is (``functional_call``
-        swaps them at every call, which a step of a millisecond would count as its own).
-        Each replay starts from the run's own parameters and optimizer state (``reset``)."""
-        self.reset()
-        reparametrize = getattr(self.torch.nn.utils.stateless, "_reparametrize_module", None)
-        if reparametrize is None:  # a torch without it: a swap a call
-            yield
-            return
-        with reparametrize(self.model, self.tensors, tie_weights=True, strict=False):
-            self._bound = True
-            try:
-                yield
-            finally:
-                self._bound = False
-
-    def run(self) -> None:
-        torch = self.torch
-        with torch.enable_grad():
-            if self._bound:
-                out = self.model(*self.args, **self.kwargs)
-            else:
-                out = torch.func.functional_call(self.model, self.tensors, self.args, self.kwargs, strict=False)
-            loss = _scalar(out, torch)
-            if loss is not None:
-                # zero gradients, computed in full: the loss does not train the copies away
-                # from the run's (a drifting copy would reach denormals, and slow down)
-                (loss * 0.0).backward()
-        if self.optimizer is not None:
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            self.torch.cuda.synchronize(self.device)
-
-
-def replayed_model(model: Any) -> Any:
-    """The module a replay calls: DDP's own module, so that no replay runs a collective
-    (its gradient all-reduce is stood in for: NOTE [ What-if replays ])."""
-    return model.module if type(model).__name__ == "DistributedDataParallel" else model
-
-
-def _cloned(value: Any, torch: Any) -> Any:
-    """A copy of an optimizer's state value: its tensors cloned, in lists and dicts too."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, dict):
-        return {k: _cloned(v, torch) for k, v in value.items()}
-    if type(value) in (list, tuple):
-        return type(value)(_cloned(v, torch) for v in value)
-    return value
-
-
-def _scalar(out: Any, torch: Any, depth: int = 0) -> Any:
-    """The loss to call backward on: the output's ``loss`` where it has one, else the mean
-    of its first floating tensor that needs a gradient."""
-    if depth > 6:
-        return None
-    if isinstance(out, torch.Tensor):
-        return out.float().mean() if out.requires_grad else None
-    if isinstance(out, dict):
-        loss = out.get("loss")
-        if isinstance(loss, torch.Tensor) and loss.requires_grad:
-            return loss.float().mean()
-        values: Any = out.values()
-    elif isinstance(out, (list, tuple)):
-        values = out
-    else:
-        return None
-    for v in values:
-        got = _scalar(v, torch, depth + 1)
-        if got is not None:
-            return got
-    return None
-
-
 def _loader_for(loader: Any, change: Changes, items: Items) -> Any:
     """A loader like the run's (``tune_loader``'s), with the change's settings (None: the
     change's items could not be made: a stored copy of items HDF5 cannot hold)."""
@@ -476,31 +339,6 @@ def _loader_for(loader: Any, change: Changes, items: Items) -> Any:
         stored = items.stored()
         return None if stored is None else _loader_like(loader, dataset=stored, **settings)
     return _loader_like(loader, **settings)
-
-
-def _autocast(change: Changes, device: Any) -> Callable[[], Any]:
-    import contextlib
-
-    import torch
-
-    if change.amp is None:
-        return contextlib.nullcontext
-    if device.type == "cuda":
-        dtype = torch.bfloat16 if change.amp != "fp16" and torch.cuda.is_bf16_supported() else torch.float16
-    else:
-        dtype = torch.bfloat16
-    return lambda: torch.autocast(device.type, dtype=dtype)
-
-
-def _device_of(args: Any, kwargs: Any, model: Any) -> Any:
-    import torch
-
-    for p in model.parameters():
-        return p.device
-    for v in [*(args or ()), *(kwargs or {}).values()]:
-        if isinstance(v, torch.Tensor):
-            return v.device
-    return torch.device("cpu")
 
 
 def _model_bytes(model: Any, optimizer: Any) -> int:
@@ -541,28 +379,3 @@ def _busy(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
-
-
-class _RandomState:
-    """torch's (CPU and CUDA), Python's and NumPy's global generators, put back after."""
-
-    def __init__(self) -> None:
-        self.states: list[tuple[Callable[[Any], Any], Any]] = []
-
-    @classmethod
-    def save(cls) -> _RandomState:
-        import torch
-
-        s = cls()
-        s.states.append((torch.set_rng_state, torch.get_rng_state()))
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            s.states.append((torch.cuda.set_rng_state_all, torch.cuda.get_rng_state_all()))
-        s.states.append((random.setstate, random.getstate()))
-        np = sys.modules.get("numpy")
-        if np is not None:
-            s.states.append((np.random.set_state, np.random.get_state()))
-        return s
-
-    def restore(self) -> None:
-        for setter, state in self.states:
-            setter(state)
