@@ -348,6 +348,7 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
                 estimates.setdefault(rid, []).append(round(speedup(w), 2))
                 dropped[rid] = _changes_of(w.change)
         base_step = _median_step(base, o.warmup)
+        same_flags: dict[tuple[tuple[str, ...], int], TrialResult] = {}
         for rid, changes in dropped.items():
             extra: list[str] = []
             if changes.ray_prefetch_batches is not None:  # no trial sets it: the script's own flag does
@@ -369,9 +370,13 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
                 trials.setdefault(rid, []).append((base, t))
                 continue
             if changes is None and rid in flags:
-                t = _trial(f"{rid} ({' '.join(_flags(rec, flags))}) #{r + 1}", script,
-                           [*args, *_flags(rec, flags)], env, Changes(), o, steps=n)
-                trials.setdefault(rid, []).append((base, t))
+                # advice the script's same flag applies (a cache and an offline copy, say): one
+                # trial a round for both, not two runs of one change read as two measurements
+                key = (tuple(_flags(rec, flags)), n)
+                if key not in same_flags:
+                    same_flags[key] = _trial(f"{rid} ({' '.join(key[0])}) #{r + 1}", script,
+                                             [*args, *key[0]], env, Changes(), o, steps=n)
+                trials.setdefault(rid, []).append((base, same_flags[key]))
                 continue
             if changes is None:
                 rows[rid] = {"example": example, "id": rid, "status": "loadprof cannot apply it from outside",
