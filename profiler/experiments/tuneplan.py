@@ -220,11 +220,11 @@ def _heap_candidate(base: TrialResult, cur: TrialResult, on: Changes) -> tuple[C
     """glibc's malloc thresholds on top of the best so far, where its run's page faults on
     memory freed and touched again took a share of the step (advice/heap.py)."""
     src = cur if cur.run is not None else base
-    if src.verdict == "memory-bound":
-        return None, ("heap", f"{src.name} is memory-bound: the thresholds keep freed memory in the process")
     rec = heap_advice(src.run, compute_metrics(src.run), src.verdict) if src.run is not None else None
     if rec is None:
-        return None, ("heap", "not glibc's malloc, or its page faults took under 5% of a step")
+        return None, ("heap", f"{src.name} is memory-bound: the thresholds keep freed memory in the process"
+                      if src.verdict == "memory-bound" else
+                      "not glibc's malloc, or its page faults took under 5% of a step")
     ch = on.merged(Changes(heap=rec.values["trim_threshold"]))
     return Candidate(ch.describe(), ch, "heap", f"{rec.values['faults_per_step']:,} page faults a step"), ("", "")
 
