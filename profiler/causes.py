@@ -3,7 +3,7 @@ read from the loader's CPU, its threads' or workers' wait for a core, and the ne
 
 from __future__ import annotations
 
-from .frameworks import for_loader
+from .frameworks import Words, for_loader
 from .metrics import Metrics
 from .thresholds import Evidence, Thresholds
 from .units import percent_text as _pct
@@ -125,8 +125,9 @@ def freeing_line(m: Metrics, cause: str, th: Thresholds) -> str:
     freed = sum(li.stops_between_epochs())
     if waited <= 0 or freed < th.freeing_cause_share * waited:
         return ""
-    return (f"; {_pct(min(1.0, freed / waited))} of that wait was freeing each epoch's iterator, not "
-            "storage: one iterator over all epochs is freed once")
+    adapter = for_loader(li)
+    what, spare = (adapter.words if adapter is not None else Words()).stop_words(li)
+    return f"; {_pct(min(1.0, freed / waited))} of that wait was {what}, not storage: {spare}"
 
 
 def _threads_data_cause(m: Metrics, th: Thresholds, ev: list[Evidence], label: str) -> str:

@@ -95,17 +95,20 @@ def start_up(loader: LoaderInfo | None, steady_wait: float) -> StartUp | None:
 
 def restart_cost(loader: LoaderInfo | None, steady_wait: float, steps_seconds: float) -> tuple[float, float] | None:
     """(seconds per epoch, seconds over the run) that restarting the workers each epoch
-    added to the waits, where it reaches ``RESTART_SHARE`` of the time in steps; None
-    for persistent workers, one epoch, or too little to matter."""
+    added to the waits: each later epoch's start beyond steady waits, and stopping the
+    last epoch's workers before it (``LoaderInfo.stop_s``), where that reaches
+    ``RESTART_SHARE`` of the time in steps; None for persistent workers, one epoch, or
+    too little to matter."""
     if loader is None or not loader.num_workers or loader.persistent_workers:
         return None
     s = start_up(loader, steady_wait)
     if s is None or not s.restart_extra:
         return None
-    total = sum(s.restart_extra)
+    stops = loader.stops_between_epochs()
+    total = sum(s.restart_extra) + sum(stops)
     if steps_seconds <= 0 or total < RESTART_SHARE * steps_seconds:
         return None
-    return s.extra_per_epoch or 0.0, total
+    return (s.extra_per_epoch or 0.0) + (statistics.median(stops) if stops else 0.0), total
 
 
 # -- cores ------------------------------------------------------------------------

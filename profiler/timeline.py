@@ -73,8 +73,10 @@ Events are:
 - ``(_PAUSE, (start, end, thread_cpu))``: loadprof's own work between two steps (the
   what-if replays), which a between-steps gap leaves out;
 - ``(_STOP, (start, end, thread_cpu))``: the loop blocked while a pipeline's iterator it let go of was
-  freed (tf.data waits for the iterator's threads): input time, no batch; a ``_BEGIN`` after it
-  (fit's next epoch) starts its step that much earlier, the stop its wait.
+  freed (tf.data waits for the iterator's threads), or a DataLoader started or stopped its
+  workers (NOTE [ A loader's start and stop ] in frameworks/torch/hooks.py): input time, no
+  batch; a ``_BEGIN`` after it (fit's next epoch) starts its step that much earlier, the stop
+  its wait.
 
 NOTE [ Waits measured after the run ]
 Under Keras ``fit`` the batches are pulled inside the compiled function: no wait
@@ -201,9 +203,10 @@ class Timeline:
         self._events.append((start, end, cpu, batch_size))
         self._waited = True
 
-    def pipeline_stop(self, start: float, end: float, cpu: float) -> None:
-        """The loop was blocked from ``start`` to ``end`` (``cpu`` seconds of its thread's CPU)
-        while an iterator it had let go of was freed: the input pipeline's time, no batch."""
+    def pipeline_stop(self, start: float, end: float, cpu: float | None) -> None:
+        """The loop was blocked from ``start`` to ``end`` (``cpu`` seconds of its thread's CPU;
+        None: not read) while an iterator it had let go of was freed, or a loader started or
+        stopped its workers: the input pipeline's time, no batch."""
         self._events.append((_STOP, (start, end, cpu)))
 
     def eval_wait(self, start: float, end: float) -> None:

@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .frameworks import for_loader
+from .frameworks import Words, for_loader
 from .records import LoaderInfo, Run
 from .units import percent_text as _pct
 from .units import seconds_text as _secs
@@ -236,10 +236,10 @@ def stalls_warning(m: Metrics, th: Thresholds) -> str | None:
         freed = sum(li.stops_between_epochs()) if li is not None else 0.0
         share = min(1.0, freed / max(w.epoch_start_seconds * w.at_epoch_start, 1e-9))
         shown = share >= th.epoch_start_freeing_shown
-        if shown:
-            per += (f", {_pct(share)} of it freeing the last epoch's iterator (one iterator over all epochs "
-                    "is freed once)")
         adapter = for_loader(li)
+        if shown and li is not None:
+            what, spare = (adapter.words if adapter is not None else Words()).stop_words(li)
+            per += f", {_pct(share)} of it {what} ({spare})"
         own = adapter.words.epoch_start_fix(li, workers) if adapter is not None and li is not None else None
         fixes.append(per + ("; the rest: " if shown else ": ") + (own or "work the loader does as an iteration begins (its sampler, the "
                                           "dataset's own set-up)"))

@@ -40,6 +40,10 @@ class Words:
         """What keeps the loader making batches through an epoch's start."""
         return None
 
+    def stop_words(self, loader: LoaderInfo) -> tuple[str, str]:
+        """(what each epoch's end blocked the loop on, what spares it): ``LoaderInfo.stop_s``."""
+        return "freeing each epoch's iterator", "one iterator over all epochs is freed once"
+
     def prefetch_fix(self, loader: LoaderInfo, workers: int, cover: str, ahead: int) -> str | None:
         """What keeps ``ahead`` batches in flight (``cover`` says why that many)."""
         return None

@@ -7,6 +7,7 @@ loops for the measurements, and a real 1 MiB tmpfs for /dev/shm."""
 from __future__ import annotations
 
 import json
+import multiprocessing.util
 import os
 import shutil
 import signal
@@ -235,6 +236,38 @@ def test_first_batch_time_and_the_epoch_dip_of_restarted_workers(persistent: boo
     else:  # each epoch waits for its workers' start again
         assert min(info.first_batch_s[1:]) >= 0.4
         assert restarts is not None and restarts.values["seconds_per_epoch"] >= 0.3
+
+
+STOP = 0.3
+
+
+def _slow_stop(worker_id: int) -> None:
+    # a worker's exit: closing files, flushing a writer; the loop's join waits for it
+    multiprocessing.util.Finalize(None, time.sleep, args=(STOP,), exitpriority=10)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("persistent", [False, True])
+def test_workers_stopped_at_each_epochs_end_are_the_loaders_time_and_what_persistent_workers_saves(
+        persistent: bool) -> None:
+    loader = DataLoader(Items(), batch_size=4, num_workers=2, worker_init_fn=_slow_stop,
+                        persistent_workers=persistent)
+    prof = _train(loader, epochs=3, pause=0.01)
+    info, steps = prof.report.loaders[0], prof.run.steps
+    if persistent:  # the workers stay: no epoch's end waits for them
+        assert info.stop_s == []
+        assert max(s.data_wait for s in steps) < STOP
+        return
+    # each epoch's end joined its workers: three stops, the two between epochs in the loop's
+    # wait of the next epoch's first step, not in the model's time
+    assert len(info.stop_s) == 3 and min(info.stop_s) >= STOP, info.stop_s
+    assert info.stops_between_epochs() == info.stop_s[:2]
+    per_epoch = len(steps) // 3
+    for first in (steps[per_epoch], steps[2 * per_epoch]):
+        assert first.data_wait >= STOP and first.duration - first.data_wait < STOP, first
+    rec = {r.id: r for r in prof.report.recommendations}["persistent_workers"]
+    assert rec.values["seconds_per_epoch"] >= STOP
+    assert "ms for the last epoch's workers to stop" in rec.detail
 
 
 SHM_SCRIPT = """

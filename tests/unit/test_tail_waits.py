@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
+
 from loadprof.diagnosis import diagnose
 from loadprof.metrics import warmup_count
 from loadprof.records import EvalPass, Probes, Run, Step
@@ -135,15 +137,18 @@ def test_an_iterable_loaders_epoch_starts_are_the_steps_its_iterations_first_bat
     assert w is not None and {st.at for st in w.stalls} == {"epoch-start"}
 
 
-def test_epoch_start_stalls_say_how_much_was_freeing_the_last_epochs_iterator():
+@pytest.mark.parametrize("framework, words", [
+    ("tf.data", "freeing each epoch's iterator (one iterator over all epochs is freed once)"),
+    ("torch", "stopping each epoch's workers (persistent_workers=True keeps them)"),
+])
+def test_epoch_start_stalls_say_how_much_was_the_last_epochs_stop(framework: str, words: str):
     run = stalled(44, {11: 0.5, 22: 0.5, 33: 0.5}, workers=2, iterations=4)
-    run.loaders[0].dataset_length = 330
+    run.loaders[0].dataset_length, run.loaders[0].framework = 330, framework
     run.loaders[0].stop_s = [0.4, 0.4, 0.4, 3.0]  # the last pass's, freed after training, is none of them
     detail = warning(run) or ""
-    assert ("each epoch's start waits 500.0 ms (3 of the stalls), 80.0% of it freeing the last epoch's "
-            "iterator (one iterator over all epochs is freed once); the rest: ") in detail
+    assert f"each epoch's start waits 500.0 ms (3 of the stalls), 80.0% of it {words}; the rest: " in detail
     run.loaders[0].stop_s = [0.001, 0.001, 0.001]
-    assert "freeing" not in (warning(run) or "")
+    assert words not in (warning(run) or "")
 
 
 def test_a_stall_after_an_evaluation_pass_is_at_an_epochs_start():

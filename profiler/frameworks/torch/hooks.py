@@ -75,6 +75,20 @@ MAX_ITEM_CHECKS = 2
 #: Datasets held for that check: the first loaders', not every evaluation loader's.
 MAX_HELD_DATASETS = 8
 
+#: A loader's start or stop shorter than this is no input time worth a timeline event.
+STOP_MIN_S = 0.001
+#: Stops kept per loader, the first ones.
+MAX_STOPS = 100
+
+# NOTE [ A loader's start and stop ]
+# A DataLoader with workers starts them in ``iter(loader)`` (a fork or a spawn each) and,
+# unless they are persistent, stops them in the ``next()`` that ends the epoch (it joins
+# each one, which waits for what the worker does as it exits). Both block the loop with
+# no batch to show for it: on the timeline they are input time of the step they fall in,
+# as tf.data's iterator stop is, not the model's. Each stop also goes in
+# ``LoaderInfo.stop_s`` (once per iterator, training passes only): with the start, what
+# ``persistent_workers`` saves each epoch.
+
 #: The optimizer step after which what stays held between steps is read: the optimizer
 #: has made its state by then, and the first steps' one-time allocations are done.
 MEMORY_STEP = 3
@@ -187,9 +201,13 @@ class TorchHooks:
             t_iter = hooks.clock()
             if ThisProcess.pid == hooks.pid:
                 hooks.facts.before_iter(loader)
+            t0 = hooks.clock()
             it = (hooks._stages.iterate(loader, hooks._loader_info(loader), original)  # NOTE [ Stage timing in workers ]
                   if ThisProcess.pid == hooks.pid else original(loader))
             if ThisProcess.pid == hooks.pid:
+                t1 = hooks.clock()
+                if t1 - t0 >= STOP_MIN_S and int(getattr(it, "_num_workers", 0) or 0) > 0 and torch.is_grad_enabled():
+                    hooks.timeline.pipeline_stop(t0, t1, None)  # NOTE [ A loader's start and stop ]
                 info = hooks._loader_info(loader)
                 info.iterations += 1
                 if not torch.is_grad_enabled():
@@ -218,6 +236,7 @@ class TorchHooks:
         grad_enabled = torch.is_grad_enabled
         stage_drain = self._stages.maybe_drain
         starting, start_batch = self.facts.starting, self.facts.batch
+        stopped = self._stopped
 
         def __next__(it: Any) -> Any:
             if ThisProcess.pid != hooks.pid:
@@ -225,17 +244,16 @@ class TorchHooks:
             n = hooks._nexts
             hooks._nexts = n + 1
             # NOTE [ Sampled thread CPU ] in timeline.py
-            if (n < CPU_READ_ALL or not n % CPU_READ_EVERY) and not getattr(it, "_num_workers", 0):
-                c0 = thread_time()
-                t0 = clock()
-                batch = original(it)  # StopIteration passes through untimed: no batch was waited for
-                t1 = clock()
-                cpu: float | None = thread_time() - c0
-            else:
-                t0 = clock()
+            read = (n < CPU_READ_ALL or not n % CPU_READ_EVERY) and not getattr(it, "_num_workers", 0)
+            c0 = thread_time() if read else 0.0
+            t0 = clock()
+            try:
                 batch = original(it)
-                t1 = clock()
-                cpu = None
+            except StopIteration:  # no batch: an iterator with workers stopped them, unless persistent
+                stopped(it, t0)
+                raise
+            t1 = clock()
+            cpu = thread_time() - c0 if read else None
             if starting:  # an iteration's first batches: NOTE [ Loader start-up and shards ]
                 start_batch(it, t0, t1)
             size: int | None = None
@@ -389,6 +407,22 @@ class TorchHooks:
             self.run.probes.torch_peak_bytes = int(peak)
 
     # -- facts ----------------------------------------------------------------
+    def _stopped(self, it: Any, t0: float) -> None:
+        """``next(it)`` raised StopIteration after ``t0``: NOTE [ A loader's start and stop ]."""
+        t1 = self.clock()
+        if not getattr(it, "_num_workers", 0) or getattr(it, "_persistent_workers", False) \
+                or getattr(it, "_loadprof_stopped", False) or not torch.is_grad_enabled():
+            return
+        try:
+            it._loadprof_stopped = True
+        except AttributeError:  # an iterator with __slots__: its stops are not told apart
+            return
+        info = getattr(it, "_loadprof_info", None)
+        if isinstance(info, LoaderInfo) and len(info.stop_s) < MAX_STOPS:
+            info.stop_s.append(t1 - t0)
+        if t1 - t0 >= STOP_MIN_S:
+            self.timeline.pipeline_stop(t0, t1, None)
+
     def _loader_info(self, loader: Any) -> LoaderInfo:
         entry = self._loaders.get(id(loader))
         if entry is not None and (entry[0] is None or entry[0]() is loader):

@@ -15,6 +15,9 @@ class TorchWords(Words):
         return (f"DataLoader(..., persistent_workers=True) keeps the {workers} workers, "
                 "and what they set up, from one epoch to the next")
 
+    def stop_words(self, loader: LoaderInfo) -> tuple[str, str]:
+        return "stopping each epoch's workers", "persistent_workers=True keeps them"
+
     def prefetch_fix(self, loader: LoaderInfo, workers: int, cover: str, ahead: int) -> str | None:
         if not workers:
             return (f"{cover}; num_workers=0 makes each batch only when the loop asks for it: "
