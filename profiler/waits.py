@@ -249,7 +249,16 @@ def stalls_warning(m: Metrics, th: Thresholds) -> str | None:
         batch = m.step_time_median / max(m.batches_per_step, 1e-9)
         # the batches the loop takes while one is made, ready beforehand, and the slow one itself
         ahead = math.ceil(typical / max(batch, 1e-9) - 1e-9) + 1
-        fixes.append(_prefetch_words(li, workers, typical, batch, ahead))
+        tree = (m.tree_cpu_cores or 0.0) / max(m.usable_cores, 1)
+        if workers and tree >= th.cpu_saturated and m.data_wait_fraction >= th.input_high:
+            # the loader makes batches slower than the loop takes them, on cores it already
+            # fills: no buffer stays full, and more workers only queue for the same cores
+            fixes.append(f"a typical stall of {_secs(typical)} is {ahead - 1} batches of the loop's {_secs(batch)}, "
+                         f"but the training process and its loader workers already keep {_pct(tree)} of the "
+                         f"{m.usable_cores} usable cores busy: more batches in flight need cheaper ones, "
+                         "not more workers")
+        else:
+            fixes.append(_prefetch_words(li, workers, typical, batch, ahead))
     if w.gc_in_waits and w.gc_in_waits >= th.gc_in_waits_shown * steps_time:
         fixes.append(f"garbage collections took {_secs(w.gc_in_waits)} inside batch waits (booked as compute, "
                      "not in these waits): gc.freeze() after set-up keeps long-lived objects out of them")

@@ -88,6 +88,17 @@ def test_one_stall_in_twenty_of_thirty_times_the_median_is_what_the_loop_waits_f
     assert "persistent_workers" not in detail
 
 
+def test_stalls_of_a_loader_that_fills_the_cores_ask_for_cheaper_batches_not_more_workers():
+    # the same stalls, the loop waiting a third of its time, while the training process and
+    # its workers keep the 2 cores busy: no buffer stays full, more workers queue for the cores
+    run = stalled(40, {10: 0.3, 30: 0.3}, workers=2, cores=2, tree_cpu=30.0, children_cpu=160.0)
+    detail = warning(run) or ""
+    assert ("a typical stall of 300.0 ms is 10 batches of the loop's 30.0 ms, but the training process and its "
+            "loader workers already keep 95.0% of the 2 usable cores busy: more batches in flight need cheaper "
+            "ones, not more workers") in detail, detail
+    assert "prefetch_factor" not in detail and "num_workers=" not in detail
+
+
 def test_stalls_that_are_the_body_or_too_short_to_matter_get_no_warning():
     # A stall on every third step: the long waits are the body (the input share's business).
     assert warning(stalled(40, {i: 0.3 for i in range(0, 40, 3)}, workers=2)) is None
