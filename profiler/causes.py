@@ -3,7 +3,7 @@ read from the loader's CPU, its threads' or workers' wait for a core, and the ne
 
 from __future__ import annotations
 
-from .frameworks import Words, for_loader
+from .frameworks import for_loader, words_for
 from .metrics import Metrics
 from .thresholds import Evidence, Thresholds
 from .units import percent_text as _pct
@@ -125,8 +125,7 @@ def freeing_line(m: Metrics, cause: str, th: Thresholds) -> str:
     freed = sum(li.stops_between_epochs())
     if waited <= 0 or freed < th.freeing_cause_share * waited:
         return ""
-    adapter = for_loader(li)
-    what, spare = (adapter.words if adapter is not None else Words()).stop_words(li)
+    what, spare = words_for(li).stop_words(li)
     return f"; {_pct(min(1.0, freed / waited))} of that wait was {what}, not storage: {spare}"
 
 

@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .frameworks import Words, for_loader
+from .frameworks import for_loader, words_for
 from .records import LoaderInfo, Run
 from .units import percent_text as _pct
 from .units import seconds_text as _secs
@@ -238,7 +238,7 @@ def stalls_warning(m: Metrics, th: Thresholds) -> str | None:
         shown = share >= th.epoch_start_freeing_shown
         adapter = for_loader(li)
         if shown and li is not None:
-            what, spare = (adapter.words if adapter is not None else Words()).stop_words(li)
+            what, spare = words_for(li).stop_words(li)
             per += f", {_pct(share)} of it {what} ({spare})"
         own = adapter.words.epoch_start_fix(li, workers) if adapter is not None and li is not None else None
         fixes.append(per + ("; the rest: " if shown else ": ") + (own or "work the loader does as an iteration begins (its sampler, the "

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ..records import LoaderInfo
 
 __all__ = ["REGISTERED", "Adapter", "Words", "adapters", "by_name", "fixes_by_module", "for_loader", "hooks_by_module",
-           "load", "register", "unregister"]
+           "load", "register", "unregister", "words_for"]
 
 
 class Words:
@@ -171,6 +171,12 @@ def for_loader(loader: LoaderInfo | None) -> Adapter | None:
     if loader is None:
         return None
     return next((a for a in adapters() if loader.framework in a.loaders), None)
+
+
+def words_for(loader: LoaderInfo | None) -> Words:
+    """The words of ``loader``'s framework, the general ones where no adapter knows it."""
+    adapter = for_loader(loader)
+    return adapter.words if adapter is not None else Words()
 
 
 def by_name(name: str) -> Adapter | None:

@@ -15,6 +15,7 @@ np = pytest.importorskip("numpy")
 ld = pytest.importorskip("litdata")
 
 from loadprof import Profile  # noqa: E402
+from loadprof.advice import STREAM_UNKNOWN  # noqa: E402
 from loadprof.advice.stages import STAGE_DOMINATES  # noqa: E402
 from loadprof.frameworks import for_loader  # noqa: E402
 from loadprof.frameworks.litdata import facts  # noqa: E402
@@ -194,6 +195,12 @@ def test_the_optimize_advice_is_measured_on_a_litdata_copy(replayed) -> None:
     opt = next((r for r in report.recommendations if r.id == "litdata_optimize"), None)
     if opt is None:  # a busy host: the transform's share fell below a stage's that dominates
         assert sum(r.share for r in rows if r.kind == "transform") < STAGE_DOMINATES or report.verdict != "data-starved"
+        return
+    unknown = sum(r.share for r in rows if r.kind in ("read", "decode", "transform", "user") and r.random is None)
+    if unknown >= STREAM_UNKNOWN:
+        # a busy host: the site sampler read LitData's own iteration, not known deterministic, at
+        # a tenth of loading or more (quiet: a few %), so no whole-item copy stands for the advice
+        assert "stored_items" not in opt.values and opt.bound, opt
         return
     assert opt.values.get("stored_items") is True
     stored = next((w for w in run.whatif if w.change == "stored"), None)
