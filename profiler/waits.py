@@ -250,25 +250,26 @@ def stalls_warning(m: Metrics, th: Thresholds) -> str | None:
         # the batches the loop takes while one is made, ready beforehand, and the slow one itself
         ahead = math.ceil(typical / max(batch, 1e-9) - 1e-9) + 1
         tree = (m.tree_cpu_cores or 0.0) / max(m.usable_cores, 1)
-        if workers and tree >= th.cpu_saturated and m.data_wait_fraction >= th.input_high:
-            # the loader makes batches slower than the loop takes them, on cores it already
-            # fills: no buffer stays full, and more workers only queue for the same cores
-            fixes.append(f"a typical stall of {_secs(typical)} is {ahead - 1} batches of the loop's {_secs(batch)}, "
-                         f"but the training process and its loader workers already keep {_pct(tree)} of the "
-                         f"{m.usable_cores} usable cores busy: more batches in flight need cheaper ones, "
-                         "not more workers")
-        else:
-            fixes.append(_prefetch_words(li, workers, typical, batch, ahead))
+        # the loader makes batches slower than the loop takes them, on cores it already
+        # fills: no buffer stays full, and more workers only queue for the same cores
+        filled = (f"{_pct(tree)} of the {m.usable_cores} usable cores"
+                  if workers and tree >= th.cpu_saturated and m.data_wait_fraction >= th.input_high else None)
+        fixes.append(_prefetch_words(li, workers, typical, batch, ahead, filled))
     if w.gc_in_waits and w.gc_in_waits >= th.gc_in_waits_shown * steps_time:
         fixes.append(f"garbage collections took {_secs(w.gc_in_waits)} inside batch waits (booked as compute, "
                      "not in these waits): gc.freeze() after set-up keeps long-lived objects out of them")
     return text + "; " + "; ".join(fixes) if fixes else text
 
 
-def _prefetch_words(li: LoaderInfo | None, workers: int, typical: float, batch: float, ahead: int) -> str:
-    """What keeps enough batches in flight to cover a stall of ``typical`` seconds."""
-    cover = (f"a typical stall of {_secs(typical)} is {ahead - 1} batches of the loop's {_secs(batch)}: "
-             f"{ahead} batches in flight cover it")
+def _prefetch_words(li: LoaderInfo | None, workers: int, typical: float, batch: float, ahead: int,
+                    filled: str | None = None) -> str:
+    """What keeps enough batches in flight to cover a stall of ``typical`` seconds; where the
+    job's processes already keep the cores busy (``filled``: how much), cheaper batches."""
+    stall = f"a typical stall of {_secs(typical)} is {ahead - 1} batches of the loop's {_secs(batch)}"
+    if filled is not None:
+        return (f"{stall}, but the training process and its loader workers already keep {filled} busy: "
+                "more batches in flight need cheaper ones, not more workers")
+    cover = f"{stall}: {ahead} batches in flight cover it"
     adapter = for_loader(li)
     own = adapter.words.prefetch_fix(li, workers, cover, ahead) if adapter is not None and li is not None else None
     if own is not None:
