@@ -93,12 +93,25 @@ def start_up(loader: LoaderInfo | None, steady_wait: float) -> StartUp | None:
                    k, steady_wait, extra)
 
 
-def restart_cost(loader: LoaderInfo | None, steady_wait: float, steps_seconds: float) -> tuple[float, float] | None:
-    """(seconds per epoch, seconds over the run) that restarting the workers each epoch
-    added to the waits: each later epoch's start beyond steady waits, and stopping the
-    last epoch's workers before it (``LoaderInfo.stop_s``), where that reaches
-    ``RESTART_SHARE`` of the time in steps; None for persistent workers, one epoch, or
-    too little to matter."""
+@dataclass(frozen=True)
+class RestartCost:
+    """What restarting the workers each epoch added to the loop's waits."""
+
+    start: float  # seconds each later epoch's first batches waited beyond steady ones (median)
+    stop: float  # seconds the last epoch's workers took to stop before it (median; 0: none timed)
+    total: float  # both, over the run
+    batches: int  # the first batches of an epoch counted in ``start``
+
+    @property
+    def per_epoch(self) -> float:
+        return self.start + self.stop
+
+
+def restart_cost(loader: LoaderInfo | None, steady_wait: float, steps_seconds: float) -> RestartCost | None:
+    """What restarting the workers each epoch added to the waits: each later epoch's start
+    beyond steady waits, and stopping the last epoch's workers before it
+    (``LoaderInfo.stop_s``), where that reaches ``RESTART_SHARE`` of the time in steps;
+    None for persistent workers, one epoch, or too little to matter."""
     if loader is None or not loader.num_workers or loader.persistent_workers:
         return None
     s = start_up(loader, steady_wait)
@@ -108,7 +121,8 @@ def restart_cost(loader: LoaderInfo | None, steady_wait: float, steps_seconds: f
     total = sum(s.restart_extra) + sum(stops)
     if steps_seconds <= 0 or total < RESTART_SHARE * steps_seconds:
         return None
-    return (s.extra_per_epoch or 0.0) + (statistics.median(stops) if stops else 0.0), total
+    return RestartCost(s.extra_per_epoch or 0.0, statistics.median(stops) if stops else 0.0, total,
+                       s.start_batches)
 
 
 # -- cores ------------------------------------------------------------------------

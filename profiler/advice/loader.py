@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import math
 import shlex
-import statistics
 from typing import Any
 
 from ..diagnosis import holders, steady_wait
 from ..frameworks import for_loader
-from ..loaderhost import restart_cost, shm_fit, start_up
+from ..loaderhost import restart_cost, shm_fit
 from ..metrics import Metrics
 from ..records import LoaderInfo, Run
 from ..thresholds import DEFAULT_THRESHOLDS
@@ -122,17 +121,13 @@ def persistent_advice(run: Run, m: Metrics, loader: LoaderInfo) -> Recommendatio
     values: dict[str, Any] = {"persistent_workers": True}
     speedup = None
     if cost is not None:
-        per_epoch, total = cost
-        started = start_up(loader, steady_wait(m))
-        k = started.start_batches if started is not None else max(1, loader.start_batches)
-        stops = loader.stops_between_epochs()
-        stop = statistics.median(stops) if stops else 0.0
-        both = (f", and {stop * 1000:.0f} ms for the last epoch's workers to stop: {per_epoch * 1000:.0f} ms an epoch"
-                if stop >= 0.0005 else "")
-        detail += (f" Measured: each epoch after the first waited {(per_epoch - stop) * 1000:.0f} ms more for its "
-                   f"first {k} batch(es) than for steady ones{both}, {total:.2f} s over the run "
+        total = cost.total
+        both = (f", and {cost.stop * 1000:.0f} ms for the last epoch's workers to stop: "
+                f"{cost.per_epoch * 1000:.0f} ms an epoch" if cost.stop >= 0.0005 else "")
+        detail += (f" Measured: each epoch after the first waited {cost.start * 1000:.0f} ms more for its "
+                   f"first {cost.batches} batch(es) than for steady ones{both}, {total:.2f} s over the run "
                    f"({total / steps:.0%} of the time in steps).")
-        values["seconds_per_epoch"] = round(per_epoch, 4)
+        values["seconds_per_epoch"] = round(cost.per_epoch, 4)
         speedup = round(steps / (steps - total), 2) if steps > total else None
     return Recommendation(
         "persistent_workers", "Keep workers alive between epochs", detail,
