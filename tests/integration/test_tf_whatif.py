@@ -261,11 +261,13 @@ def test_mixed_precision_under_fit_is_replayed_on_a_clone_and_the_model_is_left_
     x, y = rng.random((4096, 256), dtype=np.float32), rng.integers(0, 10, 4096)
     prof = Profile(print_report=False, gpu=False, what_if=5)
     prof.start()
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(128).cache()
+    # one iterator over both epochs: freeing an epoch's iterator can wait out autotune's sleep
+    # on a loaded host (NOTE [ An iterator's stop ]), a stall that is no part of this test
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(128).cache().repeat()
     model = tf.keras.Sequential([tf.keras.Input((256,)), tf.keras.layers.Dense(1024, activation="relu"),
                                  tf.keras.layers.Dense(1024, activation="relu"), tf.keras.layers.Dense(10)])
     model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.fit(ds, epochs=2, verbose=0)
+    model.fit(ds, epochs=2, steps_per_epoch=32, verbose=0)
     trained = [v.numpy().copy() for v in model.variables]
     run = prof.stop()
     assert prof.report.verdict == "compute-bound"
