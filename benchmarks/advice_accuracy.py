@@ -55,11 +55,12 @@ from typing import Any, NamedTuple
 
 import psutil
 
-from loadprof.advice import NO_GAIN, Recommendation
+from loadprof.advice import Recommendation
 from loadprof.advice.base import CEILING, change_of, speedup_text
 from loadprof.experiments.trial import TrialResult, TrialSpec, run_trial
 from loadprof.fixes.spec import Changes
 from loadprof.jsonio import write_json
+from loadprof.replaygain import NO_GAIN
 from loadprof.report import build_report
 from loadprof.whatif import speedup
 from loadprof.whatif import summary as whatif_summary
@@ -213,15 +214,6 @@ def _trial(name: str, script: str, args: list[str], env: dict[str, str], changes
     return t
 
 
-def _changes_of(described: str) -> Changes:
-    """``Changes.describe()`` read back: "num_workers=2, cache" -> Changes(num_workers=2, cache=True)."""
-    out: dict[str, Any] = {}
-    for part in described.split(", "):
-        key, _, value = part.partition("=")
-        out[key] = True if not value else int(value) if value.isdigit() else value
-    return Changes.from_dict(out)
-
-
 def _change(rec: Recommendation, flags: dict[str, list[str]]) -> str:
     changes = changes_for(rec)
     if changes is None and rec.id == "contention":
@@ -346,7 +338,7 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
             if speedup(w) < NO_GAIN and w.change != CEILING and not w.alone:
                 rid = f"{w.change} (not advised)"
                 estimates.setdefault(rid, []).append(round(speedup(w), 2))
-                dropped[rid] = _changes_of(w.change)
+                dropped[rid] = Changes.parse(w.change)
         base_step = _median_step(base, o.warmup)
         same_flags: dict[tuple[tuple[str, ...], int], TrialResult] = {}
         for rid, changes in dropped.items():

@@ -3,8 +3,11 @@ read from the loader's CPU, its threads' or workers' wait for a core, and the ne
 
 from __future__ import annotations
 
+from .fixes.spec import Changes
 from .frameworks import for_loader, words_for
 from .metrics import Metrics
+from .records import LoaderInfo, WhatIf
+from .replaygain import NO_GAIN, no_gain
 from .thresholds import Evidence, Thresholds
 from .units import percent_text as _pct
 from .units import seconds_text as _secs
@@ -74,6 +77,48 @@ def data_cause(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
     if per_worker >= th.worker_busy:
         return "too-few-workers"
     return _idle_or_contended(m, th, ev, m.workers_run_delay, 1.0 - min(1.0, per_worker))
+
+
+#: a tf.data map's parallel calls, as a replay applies them
+PARALLEL_CALLS = {"map_fn", "map_calls", "parallel_map"}
+
+
+def parallelism_replayed(whatif: list[WhatIf], loader: LoaderInfo | None) -> WhatIf | None:
+    """The replay that gave loading more parallelism than the run had (more DataLoader or
+    PyDataset workers, a tf.data map's parallel calls), the first; None where none ran."""
+    if loader is None:
+        return None
+    for w in whatif:
+        if w.alone:
+            continue
+        try:
+            change = Changes.parse(w.change)
+        except (ValueError, TypeError):  # a change of a newer loadprof, in a saved run
+            continue
+        keys = set(change.to_dict())
+        if keys == {"num_workers"} and (change.num_workers or 0) > (loader.num_workers or 0) \
+                or keys and keys <= PARALLEL_CALLS:
+            return w
+    return None
+
+
+def measured_cause(cause: str, whatif: list[WhatIf], loader: LoaderInfo | None,
+                   ev: list[Evidence]) -> tuple[str, str | None]:
+    """``cause`` where the job's own step says nothing against it; where it said
+    "too-few-workers" and more parallelism replayed on that step gained nothing, the loading
+    is CPU work that more workers do not speed up: "cpu-bound-preprocessing", with the
+    words that say what was measured (None: the cause's own words)."""
+    tried = parallelism_replayed(whatif, loader) if cause == "too-few-workers" else None
+    if tried is None or not no_gain(tried):
+        return cause, None
+    gain = tried.baseline_seconds_per_step / tried.seconds_per_step
+    ev.append(Evidence(
+        "parallelism_replayed", "Loading with more parallelism, replayed on the job's own step", gain,
+        f"{tried.change}: {gain:.2f}x", f"< {NO_GAIN:.2f}x, or a round of the replays lost = no gain", "loadprof",
+    ))
+    more = "more parallel calls" if set(Changes.parse(tried.change).to_dict()) <= PARALLEL_CALLS else "more workers"
+    return "cpu-bound-preprocessing", (f"CPU-bound preprocessing: loading is CPU work, and {more} measured no "
+                                       f"faster on the job's own step ({tried.change}: {gain:.2f}x)")
 
 
 def contended(m: Metrics, th: Thresholds) -> bool:

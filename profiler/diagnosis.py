@@ -26,7 +26,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .causes import CAUSES, LOOP_CAUSES, contended, data_cause, freeing_line
+from .causes import CAUSES, LOOP_CAUSES, contended, data_cause, freeing_line, measured_cause
 from .frameworks import for_loader
 from .loaderhost import (
     Copies,
@@ -63,6 +63,10 @@ class Diagnosis:
     moderate_input: bool = False  # input 5-20%: worth fixing though not the main limit
     #: (id, detail) of conditions that make the measurement itself less telling
     warnings: list[tuple[str, str]] = field(default_factory=list)
+
+    def evidence_of(self, key: str) -> Evidence | None:
+        """The measured figure of that key, where it took part."""
+        return next((e for e in self.evidence if e.key == key), None)
 
     def contended(self) -> bool:
         """Whether other processes held the cores: the cause, or a warning beside another cause."""
@@ -354,7 +358,7 @@ def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:
             f"< {_pct(th.input_high)}: the waits overlapped queued GPU work", "loadprof",
         ))
     if m.data_wait_fraction >= th.input_high and not overlapped:
-        cause = data_cause(m, th, ev)
+        cause, measured = measured_cause(data_cause(m, th, ev), run.whatif, m.loader, ev)
         if m.h2d_fraction:
             ev.append(Evidence("h2d_fraction", "Step time in host-to-device copies", m.h2d_fraction, _pct(m.h2d_fraction)))
         if cause == "io-latency" and m.disk_read_bps is not None:
@@ -364,7 +368,9 @@ def _decide(run: Run, thresholds: Thresholds) -> Diagnosis:
         if cause == "workers-unmeasured":
             confidence = "low"
         own = adapter.words.cause(cause) if adapter is not None else None
-        if own is not None:
+        if measured is not None:
+            words = measured
+        elif own is not None:
             words = own
         elif m.loader is None:
             words = LOOP_CAUSES.get(cause, CAUSES[cause])

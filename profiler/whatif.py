@@ -63,9 +63,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .advice.base import CEILING, Recommendation, lost_round, no_gain, replay_name, replayed_change
+from .advice.base import CEILING, Recommendation, replay_name, replayed_change
 from .fixes.spec import Changes
 from .records import WhatIf
+from .replaygain import NO_GAIN, lost_round, no_gain
 
 #: the advice measured by a replay (the rest changes the code, or the optimisation)
 MEASURED_IDS = ("num_workers", "prefetch", "cache", "pin_memory", "mixed_precision", "threads",
@@ -173,8 +174,6 @@ def speedup(w: WhatIf) -> float:
 def summary(run: Any) -> str:
     """One line on what the what-if replays measured, or why nothing was ("" where neither)."""
     if run.whatif:
-        from .advice import NO_GAIN
-
         framework = ("tf" if any(info.framework in ("tf.data", "keras") for info in run.loaders)
                      else "litdata" if any(info.framework == "litdata" and info.iterations > info.eval_iterations
                                            for info in run.loaders) else "")

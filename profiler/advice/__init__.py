@@ -29,18 +29,16 @@ from ..frameworks import by_name, for_loader
 from ..loaderhost import restart_cost
 from ..metrics import epoch_steps
 from ..records import LoaderInfo, Run, WhatIf
+from ..replaygain import NO_GAIN, lost_round, no_gain
 from ..stagemodel import Loading, loading
 from ..thresholds import DEFAULT_THRESHOLDS, Thresholds
 from .base import (
     CEILING,
     IDS,
     MEASURE,
-    NO_GAIN,
     STORED_IDS,
     Recommendation,
     held_to_ceiling,
-    lost_round,
-    no_gain,
     other_heap_state,
     replay_name,
     replayed_change,

@@ -101,9 +101,6 @@ def held_what(change: str) -> str:
         return " (the item's read and decode)"
     return (" (the item's read and decode and the Compose's first " if reads else " (the Compose's first ") + n + ")"
 
-#: a change measured this much slower or less is not advised: the replays' noise
-NO_GAIN = 1.02
-
 MEASURE = "no estimate: measure it with `loadprof tune`"
 #: advice whose gain is the speed of a copy that does not exist yet
 STORED = ("no estimate: the stored copy's read speed is known once it exists; "
@@ -167,23 +164,6 @@ def change_of(rec: Recommendation) -> Changes | None:
 #: the copy holds whole items, the dataset's own output, so a replay can read one; LitData's
 #: ``optimize(fn=...)`` stores them in its chunks)
 STORED_IDS = ("offline_preprocessing", "convert_format", "litdata_optimize")
-
-
-def lost_round(w: WhatIf) -> float | None:
-    """The change's speed-up in a round it ran slower than the run's settings (the least
-    such), where it gained overall: a gain that a round of the replays reverses is within
-    their noise, not the change's (None where every round gained, or one round ran)."""
-    least = min(w.round_gains, default=1.0)
-    return least if len(w.round_gains) > 1 and least < 1.0 else None
-
-
-def no_gain(w: WhatIf, gain: float | None = None) -> bool:
-    """Whether a replayed change bought nothing to advise: under ``NO_GAIN`` (``gain``: its
-    speed-up as the advice reads it, held to the model alone's; the replay's own by default),
-    or a gain one round of the replays reversed (``lost_round``)."""
-    if gain is None:
-        gain = w.baseline_seconds_per_step / w.seconds_per_step
-    return gain < NO_GAIN or lost_round(w) is not None
 
 
 def held_to_ceiling(gain: float, change: Changes, ceiling: float | None,

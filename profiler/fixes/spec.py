@@ -119,6 +119,17 @@ class Changes:
         parts = [k if v is True else f"{k}={v}" for k, v in self.to_dict().items()]
         return ", ".join(parts) if parts else "as written"
 
+    @classmethod
+    def parse(cls, described: str) -> Changes:
+        """``describe()`` read back: "num_workers=2, cache" -> Changes(num_workers=2, cache=True)."""
+        if described == "as written":
+            return cls()
+        out: dict[str, Any] = {}
+        for part in described.split(", "):
+            key, _, value = part.partition("=")
+            out[key] = True if not value else int(value) if value.isdigit() else value
+        return cls.from_dict(out)
+
     @property
     def empty(self) -> bool:
         return not self.to_dict()

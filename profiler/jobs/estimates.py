@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 from ..advice.base import (
     CEILING,
-    NO_GAIN,
     Recommendation,
     held_to_ceiling,
     replay_name,
     replayed_change,
 )
 from ..records import WhatIf
+from ..replaygain import NO_GAIN
 from .records import RankRun
 
 

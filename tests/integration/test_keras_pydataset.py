@@ -20,8 +20,8 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 from loadprof import Profile  # noqa: E402
-from loadprof.advice.base import NO_GAIN, lost_round  # noqa: E402
 from loadprof.frameworks.keras.pydataset import facts  # noqa: E402
+from loadprof.replaygain import NO_GAIN, lost_round, no_gain  # noqa: E402
 from loadprof.whatif import speedup  # noqa: E402
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
@@ -129,8 +129,12 @@ def test_a_starved_pydataset_is_measured_and_its_getitem_leads(starved) -> None:
 def test_a_starved_pydataset_is_advised_worker_processes_in_its_own_knobs(starved) -> None:
     report = starved.report
     d = report.diagnosis
-    if d.cause == "cpu-bound-preprocessing":  # the cores were full: no workers to add
+    if d.cause == "cpu-bound-preprocessing":  # the cores were full, or more workers measured no faster
         assert [r.id for r in report.recommendations if r.framework == "keras"] == ["slow_stage"]
+        replayed = d.evidence_of("parallelism_replayed")
+        if replayed is not None:
+            change = replayed.display.split(": ")[0]
+            assert any(w.change == change and no_gain(w) for w in starved.run.whatif), starved.run.whatif
         return
     contended = d.cause == "host-contended" or any(w == "host-contended" for w, _ in d.warnings)
     # with other processes on the cores, a thread waiting for the GIL reads as waiting (docs/limits.md)

@@ -14,9 +14,9 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from loadprof import Profile  # noqa: E402
-from loadprof.advice.base import NO_GAIN, lost_round  # noqa: E402
 from loadprof.frameworks.tensorflow.rebuild import Builds  # noqa: E402
 from loadprof.patch import Patches  # noqa: E402
+from loadprof.replaygain import NO_GAIN, lost_round  # noqa: E402
 from tests.tf_loops import step_fn  # noqa: E402
 
 pytestmark = pytest.mark.tensorflow

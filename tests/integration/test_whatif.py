@@ -16,9 +16,9 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from loadprof import Profile
-from loadprof.advice import NO_GAIN
-from loadprof.advice.base import CEILING, STORED_IDS, lost_round
+from loadprof.advice.base import CEILING, STORED_IDS
 from loadprof.cpufeatures import cpu_features, has_bf16
+from loadprof.replaygain import NO_GAIN, lost_round
 from loadprof.runjson import read_run
 from tests.stage_loops import Compose
 from tests.torch_loops import Sleepy, heavy_model, small_model, train

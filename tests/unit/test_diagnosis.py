@@ -9,7 +9,7 @@ import pytest
 from loadprof.advice import recommend
 from loadprof.diagnosis import diagnose
 from loadprof.metrics import warmup_count
-from loadprof.records import HostSample, OtherProcess, Probes, Run
+from loadprof.records import HostSample, OtherProcess, Probes, Run, WhatIf
 from loadprof.report import build_report, load_report, write_json
 from loadprof.thresholds import DEFAULT_THRESHOLDS
 from tests.conftest import GiB, ids, make_run
@@ -111,6 +111,39 @@ def test_in_process_cpu_loading_with_spare_cores_is_too_few_workers():
     # loading 80 ms of CPU per step against 20 ms compute -> ceil(4)+1 = 5 workers
     assert rec["num_workers"].values["num_workers"] == 5
     assert rec["num_workers"].estimated_speedup == pytest.approx(0.1 / 0.02, rel=0.01)
+
+
+@pytest.mark.parametrize("replayed, rounds, cause", [
+    ("num_workers=5", [], "too-few-workers"),  # more workers measured faster: the cause stands
+    ("num_workers=5", [1.4, 0.95], "cpu-bound-preprocessing"),  # a gain a round reversed: none
+    ("num_workers=0", [], "too-few-workers"),  # no more workers than the run had: not the question
+])
+def test_more_workers_measured_on_the_jobs_step_decide_whether_workers_are_too_few(replayed, rounds, cause):
+    run = make_run(wait=0.08, workers=0, cores=8)
+    run.whatif = [WhatIf(replayed, 0.07, 0.1, 24, round_gains=rounds)]
+    assert diagnose(run).cause == cause
+
+
+def test_workers_measured_no_faster_make_loading_cpu_bound_with_the_measurement_as_evidence():
+    run = make_run(wait=0.08, workers=0, cores=2)
+    run.whatif = [WhatIf("num_workers=1", 0.105, 0.1, 24, round_gains=[0.96, 0.94])]
+    d = diagnose(run)
+    assert (d.verdict, d.cause) == ("data-starved", "cpu-bound-preprocessing")
+    assert "more workers measured no faster on the job's own step (num_workers=1: 0.95x)" in d.summary
+    assert d.evidence_of("parallelism_replayed").display == "num_workers=1: 0.95x"
+    rec = {r.id: r for r in recommend(run, d)}
+    assert "num_workers" not in rec
+    assert rec["offline_preprocessing"].detail.startswith(
+        "More workers measured no faster on the job's own step (num_workers=1: 0.95x).")
+
+
+def test_a_tf_map_whose_parallel_calls_measured_no_faster_is_cpu_bound_preprocessing():
+    run = make_run(wait=0.08, workers=0, cores=2)
+    run.loaders[0].framework, run.loaders[0].kind = "tf.data", "dataset"
+    run.whatif = [WhatIf("map_fn=augment (job.py:12), map_calls=2", 0.1, 0.1, 24)]
+    d = diagnose(run)
+    assert d.cause == "cpu-bound-preprocessing", d.summary
+    assert "more parallel calls measured no faster" in d.summary
 
 
 def test_in_process_waiting_without_cpu_is_io_latency():

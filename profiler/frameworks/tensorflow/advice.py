@@ -4,11 +4,12 @@ over the epochs."""
 
 from __future__ import annotations
 
-from ...advice.base import MEASURE, STORED, Recommendation, lost_round, no_gain
+from ...advice.base import MEASURE, STORED, Recommendation
 from ...advice.loader import cache_advice, convert_advice
 from ...diagnosis import Diagnosis
 from ...metrics import Metrics
 from ...records import AUTOTUNE_OFF_NOTE, FIT_NOTE, LoaderInfo, Run
+from ...replaygain import lost_round, no_gain
 from ...stagemodel import loading
 from ...thresholds import DEFAULT_THRESHOLDS, Thresholds
 from .transformadvice import transform_advice
@@ -191,8 +192,11 @@ def input_advice(run: Run, d: Diagnosis, loader: LoaderInfo,
                       "or, where it gives the same output every epoch, do it once, offline (a random "
                       "augmentation stays online).")
         else:
-            detail = (f"The pipeline keeps {m.wait_cpu_cores or 0:.1f} of {cores} usable cores busy: more "
-                      "parallelism cannot help. Do deterministic decoding/resizing once and store the result.")
+            replayed = d.evidence_of("parallelism_replayed")
+            detail = (f"More parallel calls measured no faster on the job's own step ({replayed.display}). "
+                      if replayed is not None else
+                      f"The pipeline keeps {m.wait_cpu_cores or 0:.1f} of {cores} usable cores busy: more "
+                      "parallelism cannot help. ") + "Do deterministic decoding/resizing once and store the result."
         out.append(Recommendation(
             "offline_preprocessing", "Move deterministic preprocessing offline", detail,
             "loadprof convert <your data folder> data.tfrecord --to tfrecord --decode\n"

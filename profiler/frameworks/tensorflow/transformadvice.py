@@ -15,10 +15,11 @@ from __future__ import annotations
 import math
 import re
 
-from ...advice.base import MEASURE, NO_GAIN, Recommendation, size_text
+from ...advice.base import MEASURE, Recommendation, size_text
 from ...diagnosis import Diagnosis
 from ...metrics import Metrics
 from ...records import LoaderInfo, Run
+from ...replaygain import NO_GAIN
 from ...stagemodel import StageRow, loading
 from .pipemodel import WINDOW, Model, Step, model_of
 

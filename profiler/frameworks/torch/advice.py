@@ -91,10 +91,13 @@ def input_advice(run: Run, diagnosis: Diagnosis, loader: LoaderInfo,
     # Cores loading alone needs to keep pace with compute (no safety worker here).
     load_cores = need[1] / max(m.compute_per_step, 1e-6) if need is not None else None
     beyond_cores = load_cores is not None and load_cores > cap and cause != "io-latency"
+    replayed = diagnosis.evidence_of("parallelism_replayed")
     if starved and (saturated or cause == "cpu-bound-preprocessing" or beyond_cores):
         out.append(Recommendation(
             "offline_preprocessing", "Move deterministic preprocessing offline",
-            (f"The training process and its loader workers already use {tree:.0%} of the {cores} "
+            (f"More workers measured no faster on the job's own step ({replayed.display}). "
+             if replayed is not None else
+             f"The training process and its loader workers already use {tree:.0%} of the {cores} "
              "usable cores: more workers cannot help. "
              if saturated or cause == "cpu-bound-preprocessing" else
              f"Loading needs {load_cores or 0:.1f} busy cores to keep pace with compute, and "
