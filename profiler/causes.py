@@ -7,7 +7,7 @@ from .fixes.spec import Changes
 from .frameworks import for_loader, words_for
 from .metrics import Metrics
 from .records import LoaderInfo, WhatIf
-from .replaygain import NO_GAIN, no_gain
+from .replaygain import NO_GAIN
 from .thresholds import Evidence, Thresholds
 from .units import percent_text as _pct
 from .units import seconds_text as _secs
@@ -105,20 +105,25 @@ def parallelism_replayed(whatif: list[WhatIf], loader: LoaderInfo | None) -> Wha
 def measured_cause(cause: str, whatif: list[WhatIf], loader: LoaderInfo | None,
                    ev: list[Evidence]) -> tuple[str, str | None]:
     """``cause`` where the job's own step says nothing against it; where it said
-    "too-few-workers" and more parallelism replayed on that step gained nothing, the loading
-    is CPU work that more workers do not speed up: "cpu-bound-preprocessing", with the
-    words that say what was measured (None: the cause's own words)."""
+    "too-few-workers" and more parallelism replayed on that step measured no faster (under
+    ``NO_GAIN`` over the rounds and in each: a gain in one round is the replays' noise as much
+    as a loss in one is, and keeps the cause), the loading is CPU work that more workers do
+    not speed up: "cpu-bound-preprocessing", with the words that say what was measured
+    (None: the cause's own words)."""
     tried = parallelism_replayed(whatif, loader) if cause == "too-few-workers" else None
-    if tried is None or not no_gain(tried):
+    if tried is None or tried.seconds_per_step <= 0:
         return cause, None
     gain = tried.baseline_seconds_per_step / tried.seconds_per_step
+    if gain >= NO_GAIN or any(g >= NO_GAIN for g in tried.round_gains):
+        return cause, None
+    rounds = f", in each of {len(tried.round_gains)} rounds" if len(tried.round_gains) > 1 else ""
     ev.append(Evidence(
         "parallelism_replayed", "Loading with more parallelism, replayed on the job's own step", gain,
-        f"{tried.change}: {gain:.2f}x", f"< {NO_GAIN:.2f}x, or a round of the replays lost = no gain", "loadprof",
+        f"{tried.change}: {gain:.2f}x{rounds}", f"< {NO_GAIN:.2f}x in every round = no gain", "loadprof",
     ))
     more = "more parallel calls" if set(Changes.parse(tried.change).to_dict()) <= PARALLEL_CALLS else "more workers"
     return "cpu-bound-preprocessing", (f"CPU-bound preprocessing: loading is CPU work, and {more} measured no "
-                                       f"faster on the job's own step ({tried.change}: {gain:.2f}x)")
+                                       f"faster on the job's own step ({tried.change}: {gain:.2f}x{rounds})")
 
 
 def contended(m: Metrics, th: Thresholds) -> bool:
