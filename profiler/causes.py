@@ -83,9 +83,10 @@ def data_cause(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
 PARALLEL_CALLS = {"map_fn", "map_calls", "parallel_map"}
 
 
-def parallelism_replayed(whatif: list[WhatIf], loader: LoaderInfo | None) -> WhatIf | None:
-    """The replay that gave loading more parallelism than the run had (more DataLoader or
-    PyDataset workers, a tf.data map's parallel calls), the first; None where none ran."""
+def parallelism_replayed(whatif: list[WhatIf], loader: LoaderInfo | None) -> tuple[WhatIf, str] | None:
+    """The replay that gave loading more parallelism than the run had, the first, and what
+    it added: "more workers" (a DataLoader's or a PyDataset's) or "more parallel calls" (a
+    tf.data map's); None where none ran."""
     if loader is None:
         return None
     for w in whatif:
@@ -96,9 +97,10 @@ def parallelism_replayed(whatif: list[WhatIf], loader: LoaderInfo | None) -> Wha
         except (ValueError, TypeError):  # a change of a newer loadprof, in a saved run
             continue
         keys = set(change.to_dict())
-        if keys == {"num_workers"} and (change.num_workers or 0) > (loader.num_workers or 0) \
-                or keys and keys <= PARALLEL_CALLS:
-            return w
+        if keys == {"num_workers"} and (change.num_workers or 0) > (loader.num_workers or 0):
+            return w, "more workers"
+        if keys and keys <= PARALLEL_CALLS:
+            return w, "more parallel calls"
     return None
 
 
@@ -110,9 +112,10 @@ def measured_cause(cause: str, whatif: list[WhatIf], loader: LoaderInfo | None,
     as a loss in one is, and keeps the cause), the loading is CPU work that more workers do
     not speed up: "cpu-bound-preprocessing", with the words that say what was measured
     (None: the cause's own words)."""
-    tried = parallelism_replayed(whatif, loader) if cause == "too-few-workers" else None
-    if tried is None or tried.seconds_per_step <= 0:
+    found = parallelism_replayed(whatif, loader) if cause == "too-few-workers" else None
+    if found is None or found[0].seconds_per_step <= 0:
         return cause, None
+    tried, more = found
     gain = tried.baseline_seconds_per_step / tried.seconds_per_step
     if gain >= NO_GAIN or any(g >= NO_GAIN for g in tried.round_gains):
         return cause, None
@@ -121,7 +124,6 @@ def measured_cause(cause: str, whatif: list[WhatIf], loader: LoaderInfo | None,
         "parallelism_replayed", "Loading with more parallelism, replayed on the job's own step", gain,
         f"{tried.change}: {gain:.2f}x{rounds}", f"< {NO_GAIN:.2f}x in every round = no gain", "loadprof",
     ))
-    more = "more parallel calls" if set(Changes.parse(tried.change).to_dict()) <= PARALLEL_CALLS else "more workers"
     return "cpu-bound-preprocessing", (f"CPU-bound preprocessing: loading is CPU work, and {more} measured no "
                                        f"faster on the job's own step ({tried.change}: {gain:.2f}x{rounds})")
 

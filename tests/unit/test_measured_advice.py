@@ -154,3 +154,11 @@ def test_the_whole_jobs_figure_keeps_the_epoch_ends_freeing_their_iterators_as_t
     starts = 1 if "1 time;" in basis else 2  # persistent workers advised for a loop of epochs: one start
     assert held == round(busy / ((busy - 1.5) / 2 + 1.5 + starts * 0.1125), 2) and held < plain
     assert "the epoch ends' 1.50 s freeing their iterators as they were" in basis
+
+
+def test_a_replays_change_reads_back_as_the_change_it_was() -> None:
+    from loadprof.fixes.spec import Changes
+
+    for change in (Changes(num_workers=2, cache=True), Changes(map_fn="augment (job.py:12)", map_calls=2),
+                   Changes(amp="auto"), Changes()):
+        assert Changes.parse(change.describe()) == change
