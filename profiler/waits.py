@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .frameworks import for_loader, words_for
+from .frameworks import words_for
 from .records import LoaderInfo, Run
 from .units import percent_text as _pct
 from .units import seconds_text as _secs
@@ -236,11 +236,11 @@ def stalls_warning(m: Metrics, th: Thresholds) -> str | None:
         freed = sum(li.stops_between_epochs()) if li is not None else 0.0
         share = min(1.0, freed / max(w.epoch_start_seconds * w.at_epoch_start, 1e-9))
         shown = share >= th.epoch_start_freeing_shown
-        adapter = for_loader(li)
+        words = words_for(li)
         if shown and li is not None:
-            what, spare = words_for(li).stop_words(li)
+            what, spare = words.stop_words(li)
             per += f", {_pct(share)} of it {what} ({spare})"
-        own = adapter.words.epoch_start_fix(li, workers) if adapter is not None and li is not None else None
+        own = words.epoch_start_fix(li, workers) if li is not None else None
         fixes.append(per + ("; the rest: " if shown else ": ") + (own or "work the loader does as an iteration begins (its sampler, the "
                                           "dataset's own set-up)"))
     others = [st for st in w.stalls if st.at != "epoch-start"]
@@ -270,8 +270,7 @@ def _prefetch_words(li: LoaderInfo | None, workers: int, typical: float, batch: 
         return (f"{stall}, but the training process and its loader workers already keep {filled} busy: "
                 "more batches in flight need cheaper ones, not more workers")
     cover = f"{stall}: {ahead} batches in flight cover it"
-    adapter = for_loader(li)
-    own = adapter.words.prefetch_fix(li, workers, cover, ahead) if adapter is not None and li is not None else None
+    own = words_for(li).prefetch_fix(li, workers, cover, ahead) if li is not None else None
     if own is not None:
         return own
     return f"{cover} (a thread that fills a queue of {ahead} batches while the model computes)"
