@@ -202,6 +202,10 @@ FIT_NOTE = "keras_fit"
 AUTOTUNE_OFF_NOTE = "autotune_off"
 
 
+#: the iterations (epochs) of a loader whose start and stop are kept: the first ones
+MAX_NOTED_ITERATIONS = 100
+
+
 @dataclass
 class LoaderInfo:
     """What the input pipeline is configured to do, as seen by the hooks."""
@@ -239,7 +243,8 @@ class LoaderInfo:
     #: where its stages came from, where not its framework's own hooks: "tf.profiler" (every
     #: tf.data transformation, from a window of TensorFlow's profiler)
     stage_source: str = ""
-    # Start-up and sharding, measured by frameworks/torch/loaderfacts.py (NOTE [ Loader start-up and shards ]).
+    # Start-up and sharding, measured by frameworks/torch/loaderfacts.py (NOTE [ Loader start-up and shards ]);
+    # the start-up by each loader's own hooks (tf.data's custom loops, torchdata, Ray Data) too.
     #: seconds from iter(loader) to its first batch, per training iteration (epoch), the first 100
     first_batch_s: list[float] = field(default_factory=list)
     #: seconds since the run started at which each training iteration's first batch reached the

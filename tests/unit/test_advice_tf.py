@@ -281,6 +281,34 @@ def test_a_wait_that_was_mostly_freeing_iterators_says_so_in_the_cause_line():
     assert diagnose(busy).cause == "too-few-workers" and "freeing" not in diagnose(busy).summary
 
 
+def _restarting(extra: float, epochs: int = 5, per_epoch: int = 8, step: float = 0.1) -> Run:
+    """A custom loop whose epochs each began in a step ``extra`` seconds longer than the others
+    (the last iterator freed, the next built and its first batch made), their starts noted."""
+    loader = tf_loader(parallel_map=True, has_prefetch=True, iterations=epochs, stop_s=[0.01] * epochs)
+    run = tf_run(loader, n=epochs * per_epoch, step=step, wait=0.04)
+    t = 0.0
+    for s in run.steps:
+        began = s.index and s.index % per_epoch == 0
+        s.start, s.end = t, t + step + (extra if began else 0.0)
+        t = s.end
+        if began:
+            loader.iteration_starts_s.append(s.end - 0.001)
+    return run
+
+
+def test_epoch_starts_that_took_longer_than_steady_steps_get_one_iterator_with_that_excess_gone():
+    run = _restarting(0.05)
+    d = diagnose(run)
+    rec = next(r for r in recommend(run, d) if r.id == "one_iterator")
+    judged_starts = [s for s in run.steps[d.metrics.warmup_steps:] if s.index and s.index % 8 == 0]
+    assert rec.values["restart_seconds"] == round(0.05 * len(judged_starts), 2)
+    assert rec.estimated_speedup == round(d.metrics.judged_seconds / (d.metrics.judged_seconds - 0.05 * len(judged_starts)), 2)
+    assert f"took 50 ms beyond a steady step ({len(judged_starts)} in the judged steps)" in rec.detail
+    # starts within a few percent of the steps, and stops of milliseconds: nothing to advise
+    quick = _restarting(0.002)
+    assert "one_iterator" not in [r.id for r in recommend(quick, diagnose(quick))]
+
+
 def test_fits_epoch_ends_get_one_iterator_through_steps_per_epoch():
     # two iterators freed at each epoch end, the one made ahead and the last epoch's
     loader = tf_loader(parallel_map=True, has_prefetch=True, iterations=3, stop_s=[0.01, 0.5, 0.02, 0.5])

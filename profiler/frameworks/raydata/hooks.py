@@ -43,14 +43,12 @@ from ray.data.iterator import DataIterator
 
 from ...instrument import Limits, ThisProcess
 from ...patch import Patches
-from ...records import LoaderInfo, Run, StageTime
+from ...records import MAX_NOTED_ITERATIONS, LoaderInfo, Run, StageTime
 from ...timeline import Timeline
 from ..torchdata.sizes import sample_nbytes
 from . import facts
 from .stats import parse
 
-#: first-batch times kept per loader (as the torch hooks keep)
-MAX_FIRST_BATCHES = 100
 ITERS = ("iter_batches", "iter_torch_batches")
 
 
@@ -266,7 +264,7 @@ class RayDataHooks:
         torch = sys.modules.get("torch")
         training = torch is None or torch.is_grad_enabled()
         if it.started is not None:
-            if len(info.first_batch_s) < MAX_FIRST_BATCHES:
+            if len(info.first_batch_s) < MAX_NOTED_ITERATIONS:
                 info.first_batch_s.append(t1 - it.started)
                 if training:
                     info.iteration_starts_s.append(t1 - self.timeline.t0)

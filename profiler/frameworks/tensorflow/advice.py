@@ -7,7 +7,7 @@ from __future__ import annotations
 from ...advice.base import MEASURE, STORED, Recommendation
 from ...advice.loader import cache_advice, convert_advice
 from ...diagnosis import Diagnosis
-from ...metrics import Metrics
+from ...metrics import Metrics, epoch_steps
 from ...records import AUTOTUNE_OFF_NOTE, FIT_NOTE, LoaderInfo, Run
 from ...replaygain import lost_round, no_gain
 from ...stagemodel import loading
@@ -212,7 +212,7 @@ def input_advice(run: Run, d: Diagnosis, loader: LoaderInfo,
         rec.code = ("loadprof convert <your data folder> data.tfrecord --to tfrecord\n"
                     "ds = tf.data.TFRecordDataset(['data.tfrecord'], num_parallel_reads=tf.data.AUTOTUNE)")
         out.append(rec)
-    one = _one_iterator(m, loader)
+    one = _one_iterator(run, m, loader)
     if one is not None:
         out.append(one)
     if late_prefetch is not None:
@@ -248,34 +248,55 @@ def _epoch_end_caveat(loader: LoaderInfo, recs: list[Recommendation]) -> list[Re
 STOP_SHARE = 0.02
 #: ...and at least one of them this slow (a few milliseconds each are no wait worth a change)
 SLOW_STOP_S = 0.1
+#: epoch starts and ends that took this share of the judged steps beyond steady ones get
+#: advice, however quick each one (a pipeline built anew for epochs of a few batches)
+RESTART_SHARE = 0.05
 #: a stop this long with autotune on may be TensorFlow's tuning thread sleeping out its period
 TUNER_STOP_S = 1.0
 
 
-def _one_iterator(m: Metrics, loader: LoaderInfo) -> Recommendation | None:
-    """Freeing each epoch's iterator waits for the pipeline's threads (NOTE [ An iterator's
-    stop ] in hooks.py), measured at every epoch end: one iterator over the epochs is freed
-    once, and the loop waited that long at the ends it had (the last one's is after training).
-    Under Keras ``fit`` (its stops all came between the epochs, two at each epoch start:
-    hooks.py), given ``steps_per_epoch`` it keeps one iterator."""
+def _one_iterator(run: Run, m: Metrics, loader: LoaderInfo) -> Recommendation | None:
+    """Each epoch of a loop over a new iterator frees the last one, which waits for the
+    pipeline's threads (NOTE [ An iterator's stop ] in hooks.py), builds the next and fills its
+    buffers before its first batch: one iterator over the epochs does both once. Where the
+    hooks noted when each epoch's first batch came (a custom loop), the judged steps those
+    epochs began in are measured against the others (``epoch_steps``): their excess is what
+    the starts and ends cost; else (Keras ``fit``, its stops all between the epochs, two at
+    each epoch start: hooks.py) the stops alone, measured at every epoch end. Given
+    ``steps_per_epoch``, ``fit`` keeps one iterator."""
     fit = FIT_NOTE in loader.notes
     ends = max(0, loader.iterations - 1)
     between = loader.stops_between_epochs()
     stopped = sum(between)
+    began, others = epoch_steps(run, m.warmup_steps) if not fit and loader.iteration_starts_s else ([], [])
+    restarts = 0.0
+    if began and others:
+        usual = sum(s.duration for s in others) / sum(s.merged for s in others)
+        restarts = sum(max(0.0, s.duration - s.merged * usual) for s in began)
     slow = sum(s >= SLOW_STOP_S for s in between)
-    if not slow or m.judged_seconds <= stopped or stopped < STOP_SHARE * m.judged_seconds:
+    if restarts >= RESTART_SHARE * m.judged_seconds and m.judged_seconds > restarts:
+        saved = restarts
+        detail = (f"Each epoch's start took {restarts / len(began) * 1e3:.0f} ms beyond a steady step "
+                  f"({len(began)} in the judged steps): freeing the last epoch's iterator "
+                  f"({stopped:.1f} s in all at {ends} epoch ends), building the next and filling its buffers "
+                  "before its first batch. One iterator over all epochs is built and freed once.")
+        basis = (f"measured: the {restarts:.2f} s the judged steps that began an epoch took beyond the others, "
+                 f"of the {m.judged_seconds:.1f} s judged, gone")
+    elif slow and m.judged_seconds > stopped >= STOP_SHARE * m.judged_seconds:
+        saved = stopped
+        detail = (f"Freeing the epochs' iterators took {stopped:.1f} s in all at {ends} epoch ends ({slow} of "
+                  f"{len(between)} over {SLOW_STOP_S:g} s, the longest {max(between):.1f} s): TensorFlow waits for "
+                  "the pipeline's threads to wind down, and the loop waits with it. One iterator over all epochs is "
+                  "freed once.")
+        basis = f"measured: the epoch ends' {stopped:.1f} s of the {m.judged_seconds:.1f} s judged, gone"
+    else:
         return None
-    tuner = ""
-    if AUTOTUNE_OFF_NOTE not in loader.notes and max(between) >= TUNER_STOP_S:
+    if between and AUTOTUNE_OFF_NOTE not in loader.notes and max(between) >= TUNER_STOP_S:
         # NOTE [ An iterator's stop ]: the tuning thread can miss the cancel and sleep on.
-        tuner = (" With autotune on, a wait of seconds can be TensorFlow's own race: its tuning thread, woken "
-                 "to stop, may miss it and sleep out its period (up to 60 s), with or without a profiler.")
+        detail += (" With autotune on, a wait of seconds can be TensorFlow's own race: its tuning thread, woken "
+                   "to stop, may miss it and sleep out its period (up to 60 s), with or without a profiler.")
     return Recommendation(
-        "one_iterator", "Keep one iterator over all epochs",
-        f"Freeing the epochs' iterators took {stopped:.1f} s in all at {ends} epoch ends ({slow} of "
-        f"{len(between)} over {SLOW_STOP_S:g} s, the longest {max(between):.1f} s): TensorFlow waits for the "
-        "pipeline's threads to wind down, and the loop waits with it. One iterator over all epochs is freed once."
-        + tuner,
+        "one_iterator", "Keep one iterator over all epochs", detail,
         "ds = ds.repeat()  # the last transformation: the epochs run on\n"
         + ("model.fit(ds, epochs=epochs, steps_per_epoch=steps_per_epoch)  # batches an epoch, as before"
            if fit else
@@ -283,8 +304,9 @@ def _one_iterator(m: Metrics, loader: LoaderInfo) -> Recommendation | None:
            "for epoch in range(epochs):\n"
            "    for _ in range(steps_per_epoch):  # batches an epoch, as before\n"
            "        train_step(*next(it))"),
-        {"stop_seconds": round(stopped, 2), "epoch_ends": ends},
-        round(m.judged_seconds / (m.judged_seconds - stopped), 2),
-        f"measured: the epoch ends' {stopped:.1f} s of the {m.judged_seconds:.1f} s judged, gone",
+        {"stop_seconds": round(stopped, 2), "epoch_ends": ends,
+         **({"restart_seconds": round(restarts, 2)} if saved == restarts else {})},
+        round(m.judged_seconds / (m.judged_seconds - saved), 2),
+        basis,
         framework="tf",
     )

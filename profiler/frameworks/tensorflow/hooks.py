@@ -61,7 +61,7 @@ import tensorflow as tf
 
 from ...instrument import ImportWatch, Limits, ThisProcess
 from ...patch import Patches
-from ...records import AUTOTUNE_OFF_NOTE, LoaderInfo, Run
+from ...records import AUTOTUNE_OFF_NOTE, MAX_NOTED_ITERATIONS, LoaderInfo, Run
 from ...timeline import Timeline
 from ..keras.fit import FitRecord, KerasFit
 from . import tfdata
@@ -217,6 +217,7 @@ class TensorFlowHooks:
                         it._loadprof_info = info
                         it._loadprof_batches = 0
                         it._loadprof_ds = ds
+                        it._loadprof_t_iter = t0
                         hooks._time_stop(it, info)
                     except (AttributeError, TypeError):  # a future iterator with __slots__: waits still timed
                         pass
@@ -260,6 +261,8 @@ class TensorFlowHooks:
             size = tfdata.leading_dim(batch)
             info = getattr(it, "_loadprof_info", None)
             if info is not None:
+                if not it._loadprof_batches:
+                    hooks._pass_started(it, info, t1)
                 it._loadprof_batches += 1
                 info.stage_batches += 1  # what its Python functions' times are per
                 if info.sample_nbytes is None:
@@ -282,6 +285,18 @@ class TensorFlowHooks:
         stop = _Stop(self, info, fit)
         weakref.finalize(it, stop.begin).atexit = False
         it._loadprof_stop = stop  # its last attribute: freed after the iterator's resource
+
+    def _pass_started(self, it: Any, info: LoaderInfo, t1: float) -> None:
+        """A custom loop's pass over the pipeline (an epoch) gave its first batch at ``t1``:
+        from ``iter()`` to it, the iterator's build and its buffers' first fill, which a loop
+        over one iterator pays once (the ``one_iterator`` advice: frameworks/tensorflow/advice.py)."""
+        t_iter = getattr(it, "_loadprof_t_iter", None)
+        if t_iter is None or len(info.first_batch_s) >= MAX_NOTED_ITERATIONS:
+            return
+        info.first_batch_s.append(t1 - t_iter)
+        info.iteration_starts_s.append(t1 - self.timeline.t0)
+        info.start_wait_s.append(t1 - t_iter)  # iter() is the loop's wait too (loop_time)
+        info.start_batches = 1
 
     def _end_of_pass(self, it: Any) -> None:
         info = getattr(it, "_loadprof_info", None)
@@ -479,8 +494,6 @@ def _note_randomness(info: LoaderInfo, maps: list[bool | None]) -> None:
 
 #: an iterator freed faster than this is no stop worth a record in the timeline
 STOP_MIN_S = 0.001
-#: an iterator's stops kept a pipeline, the first ones
-MAX_STOPS = 100
 
 
 # NOTE [ An iterator's stop ]
@@ -523,7 +536,7 @@ class _Stop:
             t1 = hooks.clock()
             if not hooks.ours() or (self.fit is not None and not self.fit.training):
                 return  # fit's last iterator goes as fit returns: no epoch waits for it
-            if len(self.info.stop_s) < MAX_STOPS:
+            if len(self.info.stop_s) < MAX_NOTED_ITERATIONS:
                 self.info.stop_s.append(max(0.0, t1 - t0 - (hooks.timeline.gc_paused - self.gc0)))
             if t1 - t0 >= STOP_MIN_S:  # the fold takes the collections out of the wait
                 hooks.timeline.pipeline_stop(t0, t1, max(0.0, time.thread_time() - self.c0))

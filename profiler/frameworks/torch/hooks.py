@@ -40,7 +40,7 @@ from torch.optim import optimizer as _optim
 
 from ...instrument import ThisProcess
 from ...patch import Patches
-from ...records import AllocatorPeak, LoaderInfo, Run
+from ...records import MAX_NOTED_ITERATIONS, AllocatorPeak, LoaderInfo, Run
 from ...samplers.procfs import own_peak_rss, own_rss
 from ...timeline import CPU_READ_ALL, CPU_READ_EVERY, Timeline
 from ...whatif import replay_at
@@ -77,8 +77,6 @@ MAX_HELD_DATASETS = 8
 
 #: A loader's start or stop shorter than this is no input time worth a timeline event.
 STOP_MIN_S = 0.001
-#: Stops kept per loader, the first ones.
-MAX_STOPS = 100
 
 # NOTE [ A loader's start and stop ]
 # A DataLoader with workers starts them in ``iter(loader)`` (a fork or a spawn each) and,
@@ -418,7 +416,7 @@ class TorchHooks:
         except AttributeError:  # an iterator with __slots__: its stops are not told apart
             return
         info = getattr(it, "_loadprof_info", None)
-        if isinstance(info, LoaderInfo) and len(info.stop_s) < MAX_STOPS:
+        if isinstance(info, LoaderInfo) and len(info.stop_s) < MAX_NOTED_ITERATIONS:
             info.stop_s.append(t1 - t0)
         if t1 - t0 >= STOP_MIN_S:
             self.timeline.pipeline_stop(t0, t1, None)

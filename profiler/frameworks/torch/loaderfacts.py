@@ -52,11 +52,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ...instrument import ThisProcess
-from ...records import LoaderInfo
+from ...records import MAX_NOTED_ITERATIONS, LoaderInfo
 from .pyobjects import python_object_bytes
 
-#: Iterations (epochs) of one loader whose start-up is kept: a list per loader stays bounded.
-MAX_EPOCHS = 100
 #: The most batches of an iteration counted as its start-up (one per worker, up to this).
 START_BATCHES_MAX = 64
 #: Iterators with workers whose workers' exit codes are read at the end (the latest ones).
@@ -130,7 +128,7 @@ class LoaderFacts:
         workers = int(getattr(it, "_num_workers", 0) or 0)
         for key in [k for k, s in self.starting.items() if s.ref() is None]:
             del self.starting[key]
-        if training and len(info.first_batch_s) < MAX_EPOCHS:
+        if training and len(info.first_batch_s) < MAX_NOTED_ITERATIONS:
             self.starting[id(it)] = _Start(_ref(it), info, t_iter, min(max(1, workers), START_BATCHES_MAX))
         if workers and not any(ref() is it for ref in self._pools):
             self._pools.append(_ref(it))

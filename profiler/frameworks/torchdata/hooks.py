@@ -50,15 +50,12 @@ from torchdata.nodes import map as _map
 
 from ...instrument import Limits, ThisProcess
 from ...patch import Patches
-from ...records import LoaderInfo, Run, StageTime
+from ...records import MAX_NOTED_ITERATIONS, LoaderInfo, Run, StageTime
 from ...timeline import Timeline
 from . import facts
 from .children import ChildTimes, forks
 from .graph import HANDOFF, MapNode, Pipeline, stage_name, walk
 from .sizes import sample_nbytes
-
-#: first-batch times kept per loader (as the torch hooks keep)
-MAX_FIRST_BATCHES = 100
 
 
 class _Watched:
@@ -240,7 +237,7 @@ class NodesHooks:
                 started = getattr(it, "_loadprof_iter_at", None)
                 if started is not None:
                     it._loadprof_iter_at = None
-                    if len(info.first_batch_s) < MAX_FIRST_BATCHES:
+                    if len(info.first_batch_s) < MAX_NOTED_ITERATIONS:
                         info.first_batch_s.append(t1 - started)
                         if grad_enabled():
                             info.iteration_starts_s.append(t1 - hooks.timeline.t0)
