@@ -156,6 +156,18 @@ def epoch_steps(run: Run, warmup: int) -> tuple[list[Step], list[Step]]:
     return began, others
 
 
+def epoch_start_excess(run: Run, warmup: int) -> tuple[int, float, float]:
+    """What the epochs' starts cost the loop over the judged steps: (the steps an epoch began
+    in, the seconds they took beyond as many of the others' mean step, the seconds of all the
+    judged steps). Zeros where no epoch began in them, or every one began one."""
+    began, others = epoch_steps(run, warmup)
+    if not began or not others:
+        return 0, 0.0, 0.0
+    usual = sum(s.duration for s in others) / sum(s.merged for s in others)
+    excess = sum(max(0.0, s.duration - s.merged * usual) for s in began)
+    return len(began), excess, sum(s.duration for s in (*began, *others))
+
+
 def _after_change(steps: list[Step], when: float) -> int:
     """The records to leave out so that only the steps after a change at ``when`` (with
     their own warm-up: new workers start) are judged; none where too few came after."""

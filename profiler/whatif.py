@@ -24,7 +24,9 @@ end of the first epoch of a loader shorter than that (``replay_at``), or at the 
 where it was shorter still. The session takes that pause out of the run's times
 (``WhatIfRun.close_pause`` in whatifrun.py), so the verdict and evidence are the run's own.
 
-Nothing of the run changes: the replayed model runs on copies of the parameters and
+Nothing of the run's own state changes (the C allocator's heap aside: the replays
+allocate, and a step that faulted its freed pages in again can stop doing so after them,
+or the reverse: docs/limits.md): the replayed model runs on copies of the parameters and
 buffers, put in the module for a replay's span and the run's own put back at its end
 (``ReplayStep.bound`` in frameworks/torch/replaystep.py; ``torch.func.functional_call`` where that
 cannot be); the optimizer is a new one over the copies, holding a copy of the run's

@@ -27,7 +27,7 @@ import statistics
 from ..diagnosis import Diagnosis, steady_wait
 from ..frameworks import by_name, for_loader
 from ..loaderhost import restart_cost
-from ..metrics import epoch_steps
+from ..metrics import epoch_start_excess
 from ..records import LoaderInfo, Run, WhatIf
 from ..replaygain import NO_GAIN, lost_round, no_gain
 from ..stagemodel import Loading, loading
@@ -292,22 +292,19 @@ def _restarts_kept(run: Run, w: WhatIf, gain: float, warmup: int) -> tuple[float
     the next one's started), changed by what the replay's own start and stop changed beyond
     its steady step (a first batch made faster, less a steady one made faster); with the
     words that say so ("" where no epoch began in the judged steps)."""
-    began, others = epoch_steps(run, warmup)
-    if not began or not others:
+    began, kept, busy = epoch_start_excess(run, warmup)
+    if not began:
         return gain, ""
-    usual = sum(s.duration for s in others) / sum(s.merged for s in others)
-    kept = sum(max(0.0, s.duration - s.merged * usual) for s in began)
-    busy = sum(s.duration for s in (*began, *others))
     delta = (w.start_seconds - w.baseline_start_seconds) + (w.stop_seconds - w.baseline_stop_seconds) \
         + (w.baseline_seconds_per_step - w.seconds_per_step)
-    changed = max(0.0, kept + len(began) * delta)
+    changed = max(0.0, kept + began * delta)
     job = busy / max(1e-9, (busy - kept) / gain + changed)
     if abs(job / gain - 1) < 0.02:
         return gain, ""  # the restarts are lost in the steps
     return job, (f"; {gain:.2f}x a steady step, {job:.2f}x over the job's steps: its workers restart each epoch "
-                 f"({len(began)} time{'s' if len(began) > 1 else ''} in the judged steps, "
-                 f"{kept / len(began) * 1e3:.0f} ms each beyond a step, "
-                 f"{changed / len(began) * 1e3:.0f} ms with the change), which the change keeps "
+                 f"({began} time{'s' if began > 1 else ''} in the judged steps, "
+                 f"{kept / began * 1e3:.0f} ms each beyond a step, "
+                 f"{changed / began * 1e3:.0f} ms with the change), which the change keeps "
                  "(persistent_workers=True would not)")
 
 

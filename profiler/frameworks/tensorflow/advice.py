@@ -7,7 +7,7 @@ from __future__ import annotations
 from ...advice.base import MEASURE, STORED, Recommendation
 from ...advice.loader import cache_advice, convert_advice
 from ...diagnosis import Diagnosis
-from ...metrics import Metrics, epoch_steps
+from ...metrics import Metrics, epoch_start_excess
 from ...records import AUTOTUNE_OFF_NOTE, FIT_NOTE, LoaderInfo, Run
 from ...replaygain import lost_round, no_gain
 from ...stagemodel import loading
@@ -260,7 +260,7 @@ def _one_iterator(run: Run, m: Metrics, loader: LoaderInfo) -> Recommendation | 
     pipeline's threads (NOTE [ An iterator's stop ] in hooks.py), builds the next and fills its
     buffers before its first batch: one iterator over the epochs does both once. Where the
     hooks noted when each epoch's first batch came (a custom loop), the judged steps those
-    epochs began in are measured against the others (``epoch_steps``): their excess is what
+    epochs began in are measured against the others (``epoch_start_excess``): their excess is what
     the starts and ends cost; else (Keras ``fit``, its stops all between the epochs, two at
     each epoch start: hooks.py) the stops alone, measured at every epoch end. Given
     ``steps_per_epoch``, ``fit`` keeps one iterator."""
@@ -268,16 +268,13 @@ def _one_iterator(run: Run, m: Metrics, loader: LoaderInfo) -> Recommendation | 
     ends = max(0, loader.iterations - 1)
     between = loader.stops_between_epochs()
     stopped = sum(between)
-    began, others = epoch_steps(run, m.warmup_steps) if not fit and loader.iteration_starts_s else ([], [])
-    restarts = 0.0
-    if began and others:
-        usual = sum(s.duration for s in others) / sum(s.merged for s in others)
-        restarts = sum(max(0.0, s.duration - s.merged * usual) for s in began)
+    began, restarts, _ = epoch_start_excess(run, m.warmup_steps) if not fit and loader.iteration_starts_s \
+        else (0, 0.0, 0.0)
     slow = sum(s >= SLOW_STOP_S for s in between)
     if restarts >= RESTART_SHARE * m.judged_seconds and m.judged_seconds > restarts:
         saved = restarts
-        detail = (f"Each epoch's start took {restarts / len(began) * 1e3:.0f} ms beyond a steady step "
-                  f"({len(began)} in the judged steps): freeing the last epoch's iterator "
+        detail = (f"Each epoch's start took {restarts / began * 1e3:.0f} ms beyond a steady step "
+                  f"({began} in the judged steps): freeing the last epoch's iterator "
                   f"({stopped:.1f} s in all at {ends} epoch ends), building the next and filling its buffers "
                   "before its first batch. One iterator over all epochs is built and freed once.")
         basis = (f"measured: the {restarts:.2f} s the judged steps that began an epoch took beyond the others, "
