@@ -28,6 +28,10 @@ SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_
 #: pages the fault-cost measurement touches in all (16 MiB)
 PROBE_PAGES = 4096
 
+#: page faults a step (1 MiB) beyond which two stretches of one step ran in different
+#: states of glibc's heap (the one faulting in again what its step freed, the other not)
+HEAP_STATE_FAULTS = 256
+
 # mallopt's parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -52,7 +56,8 @@ def allocator() -> str:
 
 def fault_seconds(tries: int = 3) -> float | None:
     """Seconds one minor page fault costs this process: the least of ``tries`` measurements
-    (a probe the scheduler preempted reads high). None where it cannot be measured."""
+    (a probe the scheduler preempted in its faults reads high, in its second pass not at
+    all). None where it cannot be measured."""
     got = [c for c in (_probe(PROBE_PAGES // tries) for _ in range(tries)) if c is not None]
     return min(got) if got else None
 
@@ -89,7 +94,9 @@ def _probe(pages: int) -> float | None:
         m.close()
     if faults < pages // 2:
         return None  # huge pages despite the advice: not the cost of a 4 KiB fault
-    return max(0.0, (t1 - t0) - (t2 - t1)) / faults
+    if (t1 - t0) <= (t2 - t1):
+        return None  # the second pass preempted for longer than the faults took: no reading
+    return ((t1 - t0) - (t2 - t1)) / faults
 
 
 def minor_faults() -> int | None:

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .heap import HEAP_STATE_FAULTS
 from .lines import first_line, note
-from .metrics import Metrics, epoch_steps
+from .metrics import Metrics, epoch_steps, warmup_count
 from .records import Run, WhatIf
 from .samplers.node import world_size
 from .settings import Settings
@@ -305,6 +306,9 @@ class WhatIfRun:
         d = b - a
         b_read = b + 2 * self.place.settings.interval  # a reading just after still covers part of the pause
         run = self.place.run
+        moved = heap_moved(run, a, b, b_read)  # on the run's own times, the pause still in them
+        if moved:
+            run.limitations.append(moved)
         for step in run.steps:
             if step.end >= b:
                 step.end -= d
@@ -326,6 +330,39 @@ class WhatIfRun:
             g.t -= d if g.t > b else 0.0
         run.duration -= d
 
+
+
+def heap_moved(run: Run, a: float, b: float, clear: float) -> str | None:
+    """Where the steps before the replays' pause (``a`` to ``b``) and those after it ran in
+    different states of glibc's heap, the one faulting in again what its step freed and the
+    other not (``HEAP_STATE_FAULTS``, and more than twice the other's), the line that says
+    so; else None. The replays allocate, and where the process's blocks sit decides the state
+    (docs/limits.md). Each side from the host readings wholly inside its judged steps (the
+    run's warm-up left out; after the pause, from ``clear``, the first reading clear of it)."""
+    steps = run.steps[warmup_count(sum(s.merged for s in run.steps)):]
+
+    def per_step(lo: float, hi: float) -> float | None:
+        side = [s for s in steps if s.start >= lo and s.end <= hi]
+        read = [h for h in run.host_samples if h.process_faults is not None and h.window > 0
+                and h.t - h.window >= lo and h.t <= hi]
+        seconds = sum(h.window for h in read)
+        if len(side) < 2 or seconds <= 0:
+            return None
+        n = sum(s.merged for s in side)
+        return sum(h.process_faults or 0 for h in read) / seconds * (side[-1].end - side[0].start) / n
+
+    if not steps:
+        return None
+    before = per_step(steps[0].start, a)
+    after = per_step(clear, steps[-1].end)
+    if before is None or after is None:
+        return None
+    more, less = max(before, after), min(before, after)
+    if more - less < max(HEAP_STATE_FAULTS, less):
+        return None
+    return (f"the steps after the what-if replays took {after:,.0f} page faults a step, {before:,.0f} before "
+            "them: the replays' allocations moved glibc's heap (docs/limits.md), and the judged steps hold both "
+            "states (MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ set take both away)")
 
 
 #: a step whose time outside its waits is this many times the median step's, where such

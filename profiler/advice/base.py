@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..fixes.spec import Changes
+from ..heap import HEAP_STATE_FAULTS
 
 if TYPE_CHECKING:
     from ..records import WhatIf
@@ -182,10 +183,6 @@ def held_to_ceiling(gain: float, change: Changes, ceiling: float | None,
                       "faults a step more, glibc's heap giving back what its step freed (docs/memory.md)")
     return ceiling, (f"; held to the model alone's {ceiling:.2f}x (it read {gain:.2f}x: no change of the "
                      "loading makes a step faster than no loading at all)")
-
-
-#: page faults a step (1 MiB) beyond which two replays ran in different states of glibc's heap
-HEAP_STATE_FAULTS = 256
 
 
 def other_heap_state(alone: WhatIf, w: WhatIf) -> float | None:

@@ -13,7 +13,8 @@ from loadprof.advice import recommend
 from loadprof.advice.base import change_of
 from loadprof.diagnosis import diagnose
 from loadprof.metrics import compute_metrics
-from loadprof.records import LoaderInfo
+from loadprof.records import HostSample, LoaderInfo, Step
+from loadprof.whatifrun import heap_moved
 from tests.conftest import make_run
 
 MiB = 2**20
@@ -145,3 +146,29 @@ def test_the_model_alone_faulting_in_another_heap_state_is_no_ceiling() -> None:
     assert rec.estimated_speedup == 4.0 and "held to the model alone's 4.00x (it read 5.00x" in rec.basis
     alone.faults_per_step = None  # not counted (a run saved before they were): held
     assert _advice(run)["cache"].estimated_speedup == 4.0
+
+
+def _paused_run(before: int, after: int):
+    """60 steps of 100 ms, the what-if replays' pause (3.0 s to 8.0 s) after the 30th, a
+    reading every 0.1 s counting ``before`` faults before the pause, ``after`` past it, and
+    the replays' own many inside it."""
+    run = make_run(n=60)
+    run.steps = [Step(i, i * 0.1 + (5.0 if i >= 30 else 0.0), (i + 1) * 0.1 + (5.0 if i >= 30 else 0.0),
+                      batch_size=32) for i in range(60)]
+    run.host_samples = [HostSample(t=round(i * 0.1, 1), window=0.1,
+                                   process_faults=before if i <= 30 else 50_000 if i <= 80 else after)
+                        for i in range(1, 111)]
+    return run
+
+
+def test_steps_that_faulted_otherwise_after_the_replays_say_the_heap_moved() -> None:
+    line = heap_moved(_paused_run(8000, 0), 3.0, 8.0, 8.2)
+    assert line is not None and "0 page faults a step, 8,000 before them" in line
+    assert "judged steps hold both states" in line
+    back = heap_moved(_paused_run(0, 8000), 3.0, 8.0, 8.2)
+    assert back is not None and "8,000 page faults a step, 0 before them" in back
+    # alike on both sides, or within the replays' noise of each other: nothing said
+    assert heap_moved(_paused_run(8000, 7000), 3.0, 8.0, 8.2) is None
+    assert heap_moved(_paused_run(200, 0), 3.0, 8.0, 8.2) is None
+    # no reading wholly after the pause: nothing to compare
+    assert heap_moved(_paused_run(8000, 0), 3.0, 8.0, 20.0) is None
