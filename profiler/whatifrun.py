@@ -331,7 +331,6 @@ class WhatIfRun:
         run.duration -= d
 
 
-
 def heap_moved(run: Run, a: float, b: float, clear: float) -> str | None:
     """Where the steps before the replays' pause (``a`` to ``b``) and those after it ran in
     different states of glibc's heap, the one faulting in again what its step freed and the
@@ -339,6 +338,8 @@ def heap_moved(run: Run, a: float, b: float, clear: float) -> str | None:
     so; else None. The replays allocate, and where the process's blocks sit decides the state
     (docs/limits.md). Each side from the host readings wholly inside its judged steps (the
     run's warm-up left out; after the pause, from ``clear``, the first reading clear of it)."""
+    if run.environment.malloc != "glibc":  # another allocator, or glibc's thresholds set already
+        return None
     steps = run.steps[warmup_count(sum(s.merged for s in run.steps)):]
 
     def per_step(lo: float, hi: float) -> float | None:

@@ -153,6 +153,7 @@ def _paused_run(before: int, after: int):
     reading every 0.1 s counting ``before`` faults before the pause, ``after`` past it, and
     the replays' own many inside it."""
     run = make_run(n=60)
+    run.environment.malloc = "glibc"
     run.steps = [Step(i, i * 0.1 + (5.0 if i >= 30 else 0.0), (i + 1) * 0.1 + (5.0 if i >= 30 else 0.0),
                       batch_size=32) for i in range(60)]
     run.host_samples = [HostSample(t=round(i * 0.1, 1), window=0.1,
@@ -170,5 +171,9 @@ def test_steps_that_faulted_otherwise_after_the_replays_say_the_heap_moved() -> 
     # alike on both sides, or within the replays' noise of each other: nothing said
     assert heap_moved(_paused_run(8000, 7000), 3.0, 8.0, 8.2) is None
     assert heap_moved(_paused_run(200, 0), 3.0, 8.0, 8.2) is None
+    # another allocator, or glibc's thresholds set already: no such states
+    tuned = _paused_run(8000, 0)
+    tuned.environment.malloc = "glibc, tuned"
+    assert heap_moved(tuned, 3.0, 8.0, 8.2) is None
     # no reading wholly after the pause: nothing to compare
     assert heap_moved(_paused_run(8000, 0), 3.0, 8.0, 20.0) is None
