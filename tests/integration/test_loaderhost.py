@@ -256,7 +256,8 @@ def test_workers_stopped_at_each_epochs_end_are_the_loaders_time_and_what_persis
     info, steps = prof.report.loaders[0], prof.run.steps
     if persistent:  # the workers stay: no epoch's end waits for them
         assert info.stop_s == []
-        assert max(s.data_wait for s in steps) < STOP
+        # the first step holds the workers' start (over 0.3 s on a loaded host): none after it a stop
+        assert max(s.data_wait for s in steps[1:]) < STOP
         return
     # each epoch's end joined its workers: three stops, the two between epochs in the loop's
     # wait of the next epoch's first step, not in the model's time
