@@ -296,15 +296,23 @@ def compute_metrics(run: Run) -> Metrics:
     return m
 
 
-def _fault_metrics(host: list[HostSample], m: Metrics) -> None:
-    """Page faults a judged step, from the readings' counts over their windows (a reading
-    counts those since the one before it, which may have begun before the first step)."""
+def faults_per_step(host: list[HostSample], seconds: float, steps: int) -> float | None:
+    """The training process's page faults a step, over ``steps`` steps that took ``seconds``,
+    from the readings' counts over their windows (a reading counts those since the one before
+    it); None where no reading counted them."""
     read = [h for h in host if h.process_faults is not None and h.window > 0]
-    seconds = sum(h.window for h in read)
-    if not read or seconds <= 0 or not m.steps_judged:
+    window = sum(h.window for h in read)
+    if not read or window <= 0 or not steps:
+        return None
+    return sum(h.process_faults or 0 for h in read) / window * seconds / steps
+
+
+def _fault_metrics(host: list[HostSample], m: Metrics) -> None:
+    """Page faults a judged step (a reading's window may have begun before the first step)."""
+    m.faults_per_step = faults_per_step(host, m.judged_seconds, m.steps_judged)
+    if m.faults_per_step is None:
         return
-    per_second = sum(h.process_faults or 0 for h in read) / seconds
-    m.faults_per_step = per_second * m.judged_seconds / m.steps_judged
+    read = [h for h in host if h.process_faults is not None and h.window > 0]
     if len(read) >= 2 and read[0].process_rss and read[-1].process_rss:
         m.rss_growth_per_step = max(0, read[-1].process_rss - read[0].process_rss) / m.steps_judged
 

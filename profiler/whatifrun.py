@@ -16,7 +16,7 @@ from typing import Any
 
 from .heap import HEAP_STATE_FAULTS
 from .lines import first_line, note
-from .metrics import Metrics, epoch_steps, warmup_count
+from .metrics import Metrics, epoch_steps, faults_per_step, warmup_count
 from .records import Run, WhatIf
 from .samplers.node import world_size
 from .settings import Settings
@@ -344,13 +344,10 @@ def heap_moved(run: Run, a: float, b: float, clear: float) -> str | None:
 
     def per_step(lo: float, hi: float) -> float | None:
         side = [s for s in steps if s.start >= lo and s.end <= hi]
-        read = [h for h in run.host_samples if h.process_faults is not None and h.window > 0
-                and h.t - h.window >= lo and h.t <= hi]
-        seconds = sum(h.window for h in read)
-        if len(side) < 2 or seconds <= 0:
+        if len(side) < 2:
             return None
-        n = sum(s.merged for s in side)
-        return sum(h.process_faults or 0 for h in read) / seconds * (side[-1].end - side[0].start) / n
+        read = [h for h in run.host_samples if h.t - h.window >= lo and h.t <= hi]
+        return faults_per_step(read, side[-1].end - side[0].start, sum(s.merged for s in side))
 
     if not steps:
         return None
