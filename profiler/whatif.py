@@ -15,8 +15,10 @@ settings of its own round, two at least where a slow step leaves room (a gain th
 round reverses is their noise: ``advice.base.lost_round``). What the step does outside the
 model call (the loss function, metrics, logging) is measured as the run's step less the
 replayed one (the run's over the steps no epoch began in: an epoch's start is measured
-apart; a one-time stall left out: ``whatifrun.loop_compute``), and stood in for by keeping
-the main thread busy as long, in every replay alike.
+apart; a one-time stall left out: ``whatifrun.loop_compute``; the page faults the run
+took beyond the replay's, at the host's price of one, too: its heap's state, not its code,
+``heap.state_seconds``), and stood in for by keeping the main thread busy as long, in every
+replay alike.
 
 When: between two steps once ``replay_step`` steps ran (the script's data and objects
 still exist: a script that reads from a temporary folder removes it when it ends), at the

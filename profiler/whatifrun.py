@@ -160,7 +160,7 @@ class WhatIfRun:
             try:
                 self.place.run.whatif, skipped = measure(
                     capture, changes, loop_compute(run, diagnosis.metrics), budget,
-                    self.place.interrupted, self.held_wait)
+                    self.place.interrupted, self.held_wait, run_faults=diagnosis.metrics.faults_per_step)
                 self.place.run.whatif_skipped = skipped or not_read
             except Interrupted:
                 self.place.run.whatif_skipped = "stopped by a signal before the changes were measured"
@@ -216,8 +216,9 @@ class WhatIfRun:
         # this rank's wait for the others is not the job's: the all-reduce alone stands in
         own = loop_compute(run, diagnosis.metrics) - (waited or 0.0) + agreed.collective
         try:
-            self.place.run.whatif, self.place.run.whatif_skipped = measure(capture, agreed.changes, own, budget, lambda: False,
-                                                               slice_s=agreed.slice_s, collective=agreed.collective)
+            self.place.run.whatif, self.place.run.whatif_skipped = measure(
+                capture, agreed.changes, own, budget, lambda: False, slice_s=agreed.slice_s,
+                collective=agreed.collective, run_faults=diagnosis.metrics.faults_per_step)
         except Interrupted:
             self.place.run.whatif_skipped = "stopped by a signal before the changes were measured"
         except Exception as err:  # the user's dataset or model failed outside the run
@@ -250,7 +251,8 @@ class WhatIfRun:
             t0 = time.perf_counter()
             try:
                 found, _ = measure(capture, changes, loop_compute(run, diagnosis.metrics), left,
-                                   self.place.interrupted, self.held_wait)
+                                   self.place.interrupted, self.held_wait,
+                                   run_faults=diagnosis.metrics.faults_per_step)
                 # each against its own replay of the run's settings; the model alone measured once
                 self.place.run.whatif.extend(w for w in found if w.change not in done)
             except Exception:  # the script's data gone with its end: the earlier figures stand

@@ -550,3 +550,29 @@ def test_each_replay_starts_from_the_runs_parameters_and_optimizer_state() -> No
     for p, state in optimizer.state.items():
         for key, value in state.items():
             assert torch.equal(value, run_state[id(p)][key]), key
+
+
+def test_the_loops_own_code_between_steps_is_stood_in_for_in_every_replay() -> None:
+    """A loop that spends 20 ms a step of its own after the model call (metrics in Python):
+    the replays keep that time, page faults or not, so a change to the loading is judged
+    against the step the loop really runs."""
+    own = 0.02
+
+    def spin() -> None:
+        end = time.perf_counter() + own
+        while time.perf_counter() < end:
+            pass
+
+    model = small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    loader = DataLoader(Sleepy(n=480, delay=0.001), batch_size=8, shuffle=True)
+    with Profile(gpu=False, print_report=False, what_if=10) as prof:
+        for x, y in loader:
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+            spin()
+    replays = prof.run.whatif
+    assert replays, prof.run.whatif_skipped
+    assert all(0.5 * own <= w.extra_seconds <= 2 * own for w in replays), replays

@@ -177,3 +177,18 @@ def test_steps_that_faulted_otherwise_after_the_replays_say_the_heap_moved() -> 
     assert heap_moved(tuned, 3.0, 8.0, 8.2) is None
     # no reading wholly after the pause: nothing to compare
     assert heap_moved(_paused_run(8000, 0), 3.0, 8.0, 20.0) is None
+
+
+def test_the_runs_faults_beyond_a_replays_are_priced_and_no_others() -> None:
+    """The time a step's extra page faults took, at this host's measured price of one: what
+    the replays take off the run's own time outside the model call, so that a heap left in
+    another state by their allocations is not spun as code of the loop."""
+    from loadprof.heap import fault_seconds, state_seconds
+
+    assert state_seconds(None, 100.0) == 0.0 and state_seconds(5000.0, None) == 0.0
+    assert state_seconds(1000.0, 5000.0) == 0.0 and state_seconds(3000.0, 3000.0) == 0.0
+    if fault_seconds() is None:
+        pytest.skip("page faults cannot be counted here")
+    got = state_seconds(9000.0, 1000.0)
+    # 8,000 faults of a few hundred ns to a few tens of µs each
+    assert 8000 * 1e-8 < got < 8000 * 1e-4, got

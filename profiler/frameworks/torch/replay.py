@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ...advice.base import CEILING
 from ...fixes.spec import Changes
+from ...heap import state_seconds
 from ...records import WhatIf
 from ...replayitems import Items, OneBatch
 from ...whatif import (
@@ -102,7 +103,8 @@ def step_unsafe(capture: StepCapture, ranks: int, together: bool = False) -> str
 
 def measure(capture: StepCapture, changes: list[Changes], run_compute: float, budget: float,
             interrupted: Callable[[], bool], held_wait: float | None = None,
-            slice_s: float = 0.0, collective: float = 0.0) -> tuple[list[WhatIf], str]:
+            slice_s: float = 0.0, collective: float = 0.0,
+            run_faults: float | None = None) -> tuple[list[WhatIf], str]:
     """Replays of the captured step as the run had it, then with each change, in rounds
     while the budget lasts, interleaved so that another process's work falls on all alike;
     each one's rounds are averaged (``_Result.joined``). The step times measured, or the reason none could be (NOTE [ What-if
@@ -111,7 +113,9 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     step (``model_only``'s changes). ``slice_s``: a job's ranks replay the same changes at
     once, each replay this long (no step cap), so that they stay side by side;
     ``collective``: seconds of ``run_compute`` the job's all-reduce takes, stood in for by a
-    sleep (gloo's wait gives the core up, to the loader's workers too), the rest by a spin."""
+    sleep (gloo's wait gives the core up, to the loader's workers too), the rest by a spin;
+    ``run_faults``: the run's page faults a judged step, whose excess over the replay's is
+    the heap's state, not the loop's code (``heap.state_seconds``)."""
     import torch
 
     saved = RandomState.save()
@@ -142,7 +146,7 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
                             held, cap)
         if first is None:
             return [], "the run's own settings could not be replayed in the time given"
-        extra = max(0.0, run_compute - first.compute)
+        extra = max(0.0, run_compute - first.compute - state_seconds(run_faults, first.faults))
         # within the replays' noise: nothing to stand in for; a job's all-reduce always is
         if extra <= EXTRA_SHARE * first.seconds and not slice_s:
             extra, best[0] = 0.0, first
