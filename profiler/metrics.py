@@ -168,6 +168,18 @@ def epoch_start_excess(run: Run, warmup: int) -> tuple[int, float, float]:
     return len(began), excess, sum(s.duration for s in (*began, *others))
 
 
+def epoch_starts_stand_out(run: Run, warmup: int) -> bool:
+    """More than half of the judged steps an epoch began in took longer than nine in ten of
+    the others: what every start costs, not one step's stall on a busy host that happened
+    to fall on a start."""
+    began, others = epoch_steps(run, warmup)
+    if not began or not others:
+        return False
+    usual = sorted(s.duration / max(1, s.merged) for s in others)
+    high = usual[min(len(usual) - 1, int(0.9 * len(usual)))]
+    return 2 * sum(s.duration / max(1, s.merged) > high for s in began) > len(began)
+
+
 def _after_change(steps: list[Step], when: float) -> int:
     """The records to leave out so that only the steps after a change at ``when`` (with
     their own warm-up: new workers start) are judged; none where too few came after."""

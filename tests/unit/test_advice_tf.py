@@ -309,6 +309,29 @@ def test_epoch_starts_that_took_longer_than_steady_steps_get_one_iterator_with_t
     assert "one_iterator" not in [r.id for r in recommend(quick, diagnose(quick))]
 
 
+def test_one_stall_that_fell_on_an_epochs_start_is_no_start_cost():
+    """A busy host's 0.3 s stall in the step one epoch began in, the other starts as quick as
+    any step: more than 5% of the judged time, but no start the loop pays each epoch."""
+    run = _restarting(0.0)
+    d = diagnose(run)
+    starts = [s for s in run.steps[d.metrics.warmup_steps:] if s.index and s.index % 8 == 0]
+    stalled = starts[len(starts) // 2]
+    for s in run.steps[stalled.index:]:
+        s.end += 0.3
+        if s.index > stalled.index:
+            s.start += 0.3
+    loader = run.loaders[0]
+    loader.iteration_starts_s = [t + 0.3 if t >= stalled.start else t for t in loader.iteration_starts_s]
+    d = diagnose(run)
+    from loadprof.frameworks.tensorflow.advice import RESTART_SHARE
+
+    assert 0.3 >= RESTART_SHARE * d.metrics.judged_seconds
+    assert "one_iterator" not in [r.id for r in recommend(run, d)]
+    # the same stall in every start is the starts' cost
+    every = _restarting(0.3)
+    assert "one_iterator" in [r.id for r in recommend(every, diagnose(every))]
+
+
 def test_fits_epoch_ends_get_one_iterator_through_steps_per_epoch():
     # two iterators freed at each epoch end, the one made ahead and the last epoch's
     loader = tf_loader(parallel_map=True, has_prefetch=True, iterations=3, stop_s=[0.01, 0.5, 0.02, 0.5])

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ...advice.base import MEASURE, STORED, Recommendation
 from ...advice.loader import cache_advice, convert_advice
 from ...diagnosis import Diagnosis
-from ...metrics import Metrics, epoch_start_excess
+from ...metrics import Metrics, epoch_start_excess, epoch_starts_stand_out
 from ...records import AUTOTUNE_OFF_NOTE, FIT_NOTE, LoaderInfo, Run
 from ...replaygain import lost_round, no_gain
 from ...stagemodel import loading
@@ -261,7 +261,8 @@ def _one_iterator(run: Run, m: Metrics, loader: LoaderInfo) -> Recommendation | 
     buffers before its first batch: one iterator over the epochs does both once. Where the
     hooks noted when each epoch's first batch came (a custom loop), the judged steps those
     epochs began in are measured against the others (``epoch_start_excess``): their excess is what
-    the starts and ends cost; else (Keras ``fit``, its stops all between the epochs, two at
+    the starts and ends cost, where most of them stand out of the others' spread
+    (``epoch_starts_stand_out``); else (Keras ``fit``, its stops all between the epochs, two at
     each epoch start: hooks.py) the stops alone, measured at every epoch end. Given
     ``steps_per_epoch``, ``fit`` keeps one iterator."""
     fit = FIT_NOTE in loader.notes
@@ -271,7 +272,8 @@ def _one_iterator(run: Run, m: Metrics, loader: LoaderInfo) -> Recommendation | 
     began, restarts, _ = epoch_start_excess(run, m.warmup_steps) if not fit and loader.iteration_starts_s \
         else (0, 0.0, 0.0)
     slow = sum(s >= SLOW_STOP_S for s in between)
-    if restarts >= RESTART_SHARE * m.judged_seconds and m.judged_seconds > restarts:
+    if restarts >= RESTART_SHARE * m.judged_seconds and m.judged_seconds > restarts \
+            and epoch_starts_stand_out(run, m.warmup_steps):
         saved = restarts
         detail = (f"Each epoch's start took {restarts / began * 1e3:.0f} ms beyond a steady step "
                   f"({began} in the judged steps): freeing the last epoch's iterator "
