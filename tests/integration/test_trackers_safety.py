@@ -166,14 +166,16 @@ def test_a_tracking_server_that_is_down_costs_one_warning_and_seconds(mlflow, mo
 
 
 class Unavailable(http.server.BaseHTTPRequestHandler):
-    """A tracking server that answers every request 503, counting them."""
+    """A tracking server that answers every request 429 (too many requests: not processed,
+    which every MLflow retries; since 3.18 a 503 to a run's creation is not, the write may
+    have committed), counting them."""
 
     paths: list[str] = []
 
     def _answer(self) -> None:
         self.paths.append(self.path)
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.send_response(503)
+        self.send_response(429)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
