@@ -37,6 +37,12 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
 
+def two_states(a: float, b: float) -> bool:
+    """Two stretches' page faults a step that part as glibc's two heap states do: apart by
+    ``HEAP_STATE_FAULTS`` at least, and by more than the smaller of them."""
+    return abs(a - b) >= max(HEAP_STATE_FAULTS, min(a, b))
+
+
 def allocator() -> str:
     """The process's C allocator: "glibc", "glibc, tuned" (its thresholds set in the
     environment), a preloaded one's name, or "" (another libc, or not known)."""

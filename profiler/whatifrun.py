@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .heap import HEAP_STATE_FAULTS
+from .heap import two_states
 from .lines import first_line, note
 from .metrics import Metrics, epoch_steps, faults_per_step, warmup_count
 from .records import Run, WhatIf
@@ -336,7 +336,7 @@ class WhatIfRun:
 def heap_moved(run: Run, a: float, b: float, clear: float) -> str | None:
     """Where the steps before the replays' pause (``a`` to ``b``) and those after it ran in
     different states of glibc's heap, the one faulting in again what its step freed and the
-    other not (``HEAP_STATE_FAULTS``, and more than twice the other's), the line that says
+    other not (``heap.two_states``), the line that says
     so; else None. The replays allocate, and where the process's blocks sit decides the state
     (docs/limits.md). Each side from the host readings wholly inside its judged steps (the
     run's warm-up left out; after the pause, from ``clear``, the first reading clear of it)."""
@@ -357,8 +357,7 @@ def heap_moved(run: Run, a: float, b: float, clear: float) -> str | None:
     after = per_step(clear, steps[-1].end)
     if before is None or after is None:
         return None
-    more, less = max(before, after), min(before, after)
-    if more - less < max(HEAP_STATE_FAULTS, less):
+    if not two_states(before, after):
         return None
     return (f"the steps after the what-if replays took {after:,.0f} page faults a step, {before:,.0f} before "
             "them: the replays' allocations moved glibc's heap (docs/limits.md), and the judged steps hold both "

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..fixes.spec import Changes
-from ..heap import HEAP_STATE_FAULTS
+from ..heap import two_states
 
 if TYPE_CHECKING:
     from ..records import WhatIf
@@ -188,12 +188,12 @@ def held_to_ceiling(gain: float, change: Changes, ceiling: float | None,
 def other_heap_state(alone: WhatIf, w: WhatIf) -> float | None:
     """The page faults a step the model alone's replay took beyond ``w``'s, where the two ran
     in different states of glibc's heap: the one faulting in again what its step freed (at
-    least ``HEAP_STATE_FAULTS`` more, and more than twice ``w``'s), the other not
+    least ``HEAP_STATE_FAULTS`` more, and more than twice ``w``'s: ``heap.two_states``), the other not
     (docs/memory.md). Its time is then no floor under ``w``'s. None otherwise, or not counted."""
     if alone.faults_per_step is None or w.faults_per_step is None:
         return None
     more = alone.faults_per_step - w.faults_per_step
-    return more if more >= max(HEAP_STATE_FAULTS, w.faults_per_step) else None
+    return more if more > 0 and two_states(alone.faults_per_step, w.faults_per_step) else None
 
 
 def replayed_change(rec: Recommendation) -> Changes | None:
