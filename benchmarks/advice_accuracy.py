@@ -59,6 +59,7 @@ from loadprof.advice import Recommendation
 from loadprof.advice.base import CEILING, change_of, speedup_text
 from loadprof.experiments.trial import TrialResult, TrialSpec, run_trial
 from loadprof.fixes.spec import Changes
+from loadprof.heap import two_states
 from loadprof.jsonio import write_json
 from loadprof.replaygain import NO_GAIN
 from loadprof.report import build_report
@@ -306,6 +307,7 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
     dropped: dict[str, Changes] = {}
     whole_job: set[str] = set()  # advice estimated over the whole job as it ran
     bounded: set[str] = set()  # advice given an upper bound, not an estimate
+    other_state: dict[str, list[float | None]] = {}  # its figure in the other heap state, each round
     for r in range(o.repeats):
         base = _trial(f"baseline #{r + 1}", script, args, env, Changes(), o, what_if=o.what_if)
         if not base.ok or not base.rate or base.run is None:
@@ -331,6 +333,7 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
                 estimates.setdefault(rec.id, []).append(whole if whole is not None else rec.estimated_speedup)
             if whole is not None:
                 whole_job.add(rec.id)
+            other_state.setdefault(rec.id, []).append(rec.values.get("other_heap_state_speedup"))
             if rec.bound and rec.estimated_speedup is not None:
                 bounded.add(rec.id)  # an upper bound in any round: the median figure is no estimate
             recs.setdefault(rec.id, rec)
@@ -408,6 +411,12 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
             "error_median_step": est / by_step - 1 if est and by_step else None,
             "baseline_samples_per_s": [b.rate for b in bases],
             "trial_samples_per_s": [t.rate for _, t in runs if t.ok],
+            # which of glibc's heap states each run ran in (docs/memory.md)
+            "baseline_faults_per_step": [b.faults_per_step for b in bases],
+            "trial_faults_per_step": [t.faults_per_step for _, t in runs if t.ok],
+            "other_heap_state": other_state.get(rid, []),
+            "heap_apart": [None if b.faults_per_step is None or t.faults_per_step is None
+                           else two_states(b.faults_per_step, t.faults_per_step) for b, t in runs if t.ok],
             "diagnosed": verdicts,
         }
         if rid == "contention":  # what the other processes held, beside the busy one and with it paused
@@ -554,6 +563,19 @@ def _print_noise(names: list[str], rows: list[dict[str, Any]]) -> None:
     inside = sum(abs(row["error"]) <= spreads.get(row["example"], 0.0) for row in missed)
     print(f"of the {len(missed)} estimate(s) off by more than {TARGET:.0%}, {inside} were off by less than "
           f"their script's own baselines differed")
+    # a trial whose heap fell in the other state than its baseline's (the heap advice's own
+    # trials aside: taking the faults away is their change)
+    hit = [row for row in rows if row["status"] == "measured" and row.get("error") is not None
+           and not row.get("bound") and abs(row["error"]) <= TARGET and row["id"] != "heap"]
+    missed = [row for row in missed if row["id"] != "heap"]
+    both = [row for row in [*missed, *hit] if any(row.get("other_heap_state") or [])]
+    near = [row for row in both if any(abs(o / row["measured"] - 1) <= TARGET for o in row["other_heap_state"] if o)]
+    if both:
+        print(f"{len(both)} estimate(s) gave their figure in the run's settings' heap state beside their own: "
+              f"{sum(row in missed for row in near)} of the misses among them came within {TARGET:.0%} of it")
+    print(f"glibc's heap (docs/memory.md): {sum(any(row.get('heap_apart') or []) for row in missed)} of "
+          f"{len(missed)} of those (the heap advice's aside) had a trial in the other state than its round's "
+          f"baseline, {sum(any(row.get('heap_apart') or []) for row in hit)} of the {len(hit)} within {TARGET:.0%}")
 
 
 def run(argv: list[str] | None = None) -> int:
