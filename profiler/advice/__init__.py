@@ -40,6 +40,7 @@ from .base import (
     Recommendation,
     held_to_ceiling,
     other_heap_state,
+    other_state_gain,
     replay_name,
     replayed_change,
 )
@@ -174,6 +175,9 @@ PACKED_AFTER_READ = 0.1
 #: a stream's whole items stand for its offline copy where its steps not known to be
 #: deterministic are less than this share of loading
 STREAM_UNKNOWN = 0.1
+#: a replay's figure in the run's settings' heap state is given beside its own where the
+#: two are this far apart (closer: within the replays' noise)
+OTHER_STATE_APART = 0.05
 
 
 def _whole_job(run: Run, rec: Recommendation, w: WhatIf, gain: float) -> tuple[float, str] | None:
@@ -276,6 +280,13 @@ def measured(run: Run, recs: list[Recommendation], restarts_after: int | None = 
         if w.held_wait_seconds:
             rec.basis += (f" (the model alone on a held batch, the {w.held_wait_seconds * 1e3:.1f} ms a step "
                           "the loop waited for batches added as measured)")
+        other = other_state_gain(w, run.environment.malloc, run.environment.fault_seconds)
+        if other is not None and abs(other / gain - 1) >= OTHER_STATE_APART:
+            rec.values["other_heap_state_speedup"] = round(other, 2)
+            rec.basis += (f"; the replay's heap ran in the other state of glibc's than the run's settings' "
+                          f"({w.faults_per_step:,.0f} page faults a step to {w.baseline_faults_per_step:,.0f}): "
+                          f"about {other:.2f}x a step where the changed job's heap falls as theirs did, which a "
+                          "fresh process may (the heap advice takes both away; docs/memory.md)")
         whole = _whole_job(run, rec, w, gain)
         if whole is not None:
             rec.values["whole_job_speedup"] = round(whole[0], 2)

@@ -196,6 +196,19 @@ def other_heap_state(alone: WhatIf, w: WhatIf) -> float | None:
     return more if more > 0 and two_states(alone.faults_per_step, w.faults_per_step) else None
 
 
+def other_state_gain(w: WhatIf, malloc: str, cost: float | None) -> float | None:
+    """``w``'s speed-up had its replay's heap run in the state of the run's settings' replay
+    beside it, where the two ran in glibc's two states (``two_states``; ``malloc``: the run's
+    allocator, as it comes): the faults it took fewer (a negative: more) at the host's price
+    of one (``cost``), at most half its step taken off. A trial of the change starts a fresh
+    process, whose heap may fall in either state. None where they ran in one, or a count or
+    the price is not known."""
+    f, base = w.faults_per_step, w.baseline_faults_per_step
+    if malloc != "glibc" or not cost or f is None or base is None or not two_states(base, f):
+        return None
+    return w.baseline_seconds_per_step / (w.seconds_per_step + max((base - f) * cost, -w.seconds_per_step / 2))
+
+
 def replayed_change(rec: Recommendation) -> Changes | None:
     """The change a what-if replay measures for a recommendation: ``change_of`` less
     ``persistent_workers`` (a replay measures steady steps: no epoch starts); a stored

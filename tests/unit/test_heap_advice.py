@@ -192,3 +192,31 @@ def test_the_runs_faults_beyond_a_replays_are_priced_and_no_others() -> None:
     got = state_seconds(9000.0, 1000.0)
     # 8,000 faults of a few hundred ns to a few tens of µs each
     assert 8000 * 1e-8 < got < 8000 * 1e-4, got
+
+
+def test_a_replay_in_the_other_heap_state_gives_the_figure_in_the_run_settings_state_beside_its_own() -> None:
+    """The estimate stays the replay's; where its heap ran in the other state than the run's
+    settings' replay, the figure at their state is given beside it (a fresh process of the
+    change may fall in either), and not within one state or under another allocator."""
+    from loadprof.advice.base import other_state_gain
+    from loadprof.records import WhatIf
+    from tests.unit.test_report_snapshots import measured_changes_on_a_cpu_host
+
+    run = measured_changes_on_a_cpu_host()
+    run.environment.malloc, run.environment.fault_seconds = "glibc", 2e-6
+    # 50 ms with 20 faults a step beside the run's settings' 250 ms with 10,020: 20 ms of faults fewer
+    cache = WhatIf("cache", 0.050, 0.25, 24, faults_per_step=20.0, baseline_faults_per_step=10_020.0)
+    run.whatif = [cache]
+    rec = _advice(run)["cache"]
+    assert rec.estimated_speedup == 5.0 and rec.values["other_heap_state_speedup"] == round(0.25 / 0.070, 2)
+    assert ("the replay's heap ran in the other state of glibc's than the run's settings' (20 page faults a step "
+            "to 10,020): about 3.57x a step where the changed job's heap falls as theirs did") in rec.basis
+    # more faults than theirs: taken off, at most half the step
+    more = WhatIf("cache", 0.050, 0.25, 24, faults_per_step=90_000.0, baseline_faults_per_step=1000.0)
+    assert other_state_gain(more, "glibc", 2e-6) == 0.25 / 0.025
+    assert other_state_gain(WhatIf("cache", 0.050, 0.25, 24, faults_per_step=6000.0, baseline_faults_per_step=10_020.0),
+                            "glibc", 2e-6) is None  # one state
+    assert other_state_gain(cache, "glibc, tuned", 2e-6) is None and other_state_gain(cache, "glibc", None) is None
+    run.environment.malloc = "jemalloc"
+    rec = _advice(run)["cache"]
+    assert rec.estimated_speedup == 5.0 and "other_heap_state_speedup" not in rec.values
