@@ -283,10 +283,10 @@ def measured(run: Run, recs: list[Recommendation], restarts_after: int | None = 
         other = other_state_gain(w, run.environment.malloc, run.environment.fault_seconds)
         if other is not None and abs(other / gain - 1) >= OTHER_STATE_APART:
             rec.values["other_heap_state_speedup"] = round(other, 2)
-            rec.basis += (f"; the replay's heap ran in the other state of glibc's than the run's settings' "
-                          f"({w.faults_per_step:,.0f} page faults a step to {w.baseline_faults_per_step:,.0f}): "
-                          f"about {other:.2f}x a step where the changed job's heap falls as theirs did, which a "
-                          "fresh process may (the heap advice takes both away; docs/memory.md)")
+            rec.basis += (f"; its replay's heap ran in the other of glibc's two states from the run's settings' "
+                          f"replay ({w.faults_per_step:,.0f} page faults a step to {w.baseline_faults_per_step:,.0f}): "
+                          f"about {other:.2f}x a step in theirs, where a fresh process of the changed job may fall "
+                          "too (the heap advice takes the faults away; docs/memory.md)")
         whole = _whole_job(run, rec, w, gain)
         if whole is not None:
             rec.values["whole_job_speedup"] = round(whole[0], 2)

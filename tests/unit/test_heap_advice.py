@@ -209,8 +209,9 @@ def test_a_replay_in_the_other_heap_state_gives_the_figure_in_the_run_settings_s
     run.whatif = [cache]
     rec = _advice(run)["cache"]
     assert rec.estimated_speedup == 5.0 and rec.values["other_heap_state_speedup"] == round(0.25 / 0.070, 2)
-    assert ("the replay's heap ran in the other state of glibc's than the run's settings' (20 page faults a step "
-            "to 10,020): about 3.57x a step where the changed job's heap falls as theirs did") in rec.basis
+    assert ("its replay's heap ran in the other of glibc's two states from the run's settings' replay (20 page "
+            "faults a step to 10,020): about 3.57x a step in theirs, where a fresh process of the changed job may "
+            "fall too") in rec.basis
     # more faults than theirs: taken off, at most half the step
     more = WhatIf("cache", 0.050, 0.25, 24, faults_per_step=90_000.0, baseline_faults_per_step=1000.0)
     assert other_state_gain(more, "glibc", 2e-6) == 0.25 / 0.025
