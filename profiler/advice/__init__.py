@@ -187,7 +187,9 @@ def _whole_job(run: Run, rec: Recommendation, w: WhatIf, gain: float) -> tuple[f
     epoch (once, persistent), as long as they took to give the replay its first batch; a
     tf.data pipeline starts with each epoch's iterator, as long as the replay's first call
     took beyond a steady one. The epoch ends the run spent freeing its iterators (the next
-    epoch's first step waited on them) stay as they were: a faster pipeline frees no faster."""
+    epoch's first step waited on them) stay as they were, but a tf.data iterator's, whose free
+    waits longer the longer its epoch lasts (NOTE [ An iterator's free scales with its
+    epoch ]), shorten as the steps do."""
     n = sum(s.merged for s in run.steps)
     loader = next((info for info in run.loaders if info.iterations > info.eval_iterations), None)
     if rec.id not in ("cache", "num_workers", "parallel_map", "prefetch", *STORED_IDS) or not n or loader is None \
@@ -214,7 +216,8 @@ def _whole_job(run: Run, rec: Recommendation, w: WhatIf, gain: float) -> tuple[f
                 - w.baseline_start_seconds)
     freed = min(sum(loader.stops_between_epochs()), max(0.0, busy - first))
     between = max(0.0, run.steps[-1].end - run.steps[0].start - busy)
-    kept = first + freed
+    scaled = loader.framework == "tf.data"
+    kept = first + (0.0 if scaled else freed)
     whole = (busy + between) / max(1e-9, (busy - kept) / gain + kept + between + extra)
     if abs(whole / gain - 1) < 0.02:
         return None  # the starts are lost in the steps
@@ -224,7 +227,9 @@ def _whole_job(run: Run, rec: Recommendation, w: WhatIf, gain: float) -> tuple[f
     once = (f"; the first step's other {first:.2f} s (start-up work) as it was"
             if first >= 0.02 * busy else "")
     if freed >= 0.02 * busy:
-        once += f"; the epoch ends' {freed:.2f} s freeing their iterators as they were"
+        once += (f"; the epoch ends' {freed:.2f} s freeing their iterators shorter as the epochs are "
+                 "(autotune's thread, which a free waits for, sleeps longer the longer an iterator lives)"
+                 if scaled else f"; the epoch ends' {freed:.2f} s freeing their iterators as they were")
     return whole, (f"{span} about {whole:.2f}x: {what} {w.start_seconds:.2f} s to start "
                    f"(as it was: {w.baseline_start_seconds:.2f} s), {starts} time{'s' if starts > 1 else ''}"
                    f"{stop}{once}")
@@ -273,6 +278,9 @@ def measured(run: Run, recs: list[Recommendation], restarts_after: int | None = 
         rec.basis = (f"measured: the job's own step replayed with {replay_name(w.change, rec)}, "
                      f"{w.seconds_per_step * 1e3:.1f} ms against {w.baseline_seconds_per_step * 1e3:.1f} ms "
                      f"as it ran, {w.steps} steps each{held}{steady}")
+        if rec.framework == "tf" and rec.id in ("cache", *STORED_IDS) and w.baseline_stop_seconds >= 0.0005:
+            rec.basis += (f" (each epoch's start and the free of its iterator counted: {w.baseline_stop_seconds * 1e3:.1f} ms "
+                          f"as it ran, about {w.stop_seconds * 1e3:.1f} ms at the changed epoch's length)")
         unknown = rec.values.get("unknown_share")
         if isinstance(unknown, float) and unknown > 0:
             rec.basis += (f" (its steps not known to be deterministic, {unknown:.0%} of loading, read from the copy "

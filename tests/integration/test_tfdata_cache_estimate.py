@@ -189,3 +189,20 @@ def test_the_offline_copy_is_replayed_from_records_written_for_it_and_removed_af
     assert out[0].steps >= 3 and out[0].seconds_per_step > 0 and out[0].baseline_seconds_per_step > 0
     assert all(np.array_equal(a, b.numpy()) for a, b in zip(weights, model.weights, strict=True))
     assert set(glob.glob(f"{tempfile.gettempdir()}/loadprof-stored-*")) == before  # the records removed
+
+
+@pytest.mark.slow
+def test_the_cache_figure_counts_each_epochs_free_scaled_to_its_shorter_epoch(cache_replay) -> None:
+    """A replay frees no iterator at an epoch's end: the run's own mean free stands for the
+    pipeline as it ran, and the cached epoch's, shorter, frees in proportion."""
+    import statistics
+
+    run, _ = cache_replay
+    cache = next(w for w in run.whatif if w.change == "cache")
+    frees = run.loaders[0].stops_between_epochs()
+    assert len(frees) == 9 and cache.baseline_stop_seconds == pytest.approx(statistics.mean(frees))
+    # an epoch's life is its steps and its start: a step's figure times the epoch, less the free
+    life = PER_EPOCH * cache.seconds_per_step - cache.stop_seconds
+    was_life = PER_EPOCH * cache.baseline_seconds_per_step - cache.baseline_stop_seconds
+    assert cache.stop_seconds == pytest.approx(cache.baseline_stop_seconds * life / was_life)
+    assert cache.seconds_per_step >= cache.extra_seconds + (cache.start_seconds + cache.stop_seconds) / PER_EPOCH

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from loadprof.advice import IDS, recommend
+import dataclasses
+
+from loadprof.advice import IDS, _whole_job, recommend
 from loadprof.diagnosis import diagnose
 from loadprof.records import (
     Environment,
@@ -13,6 +15,7 @@ from loadprof.records import (
     LoaderInfo,
     Run,
     Step,
+    WhatIf,
 )
 
 GiB = 2**30
@@ -380,3 +383,20 @@ def test_parallel_work_in_a_loop_that_frees_an_iterator_each_epoch_says_what_its
         given = recs(notes, iterations, stop_s)
         assert all(caveat not in r.detail for r in given.values()), (notes, iterations)
         assert ("one_iterator" in given) == (stop_s[0] == 0.5)
+
+
+def test_a_faster_pipelines_whole_job_figure_shortens_the_iterators_frees_with_its_epochs():
+    """Freeing a tf.data iterator waits longer the longer its epoch lived (NOTE [ An
+    iterator's free scales with its epoch ]): the whole job's figure takes the frees down
+    with the steps, where a DataLoader's stops stay as they were."""
+    loader = tf_loader(dataset_length=320, iterations=4, stop_s=[0.3, 0.3, 0.3, 0.01])  # 10 batches an epoch
+    run = tf_run(loader, wait=0.06)
+    run.whatif = [WhatIf("parallel_map", 0.05, 0.1, 24, start_seconds=0.3, baseline_start_seconds=0.1)]
+    rec = advice(run)["parallel_map"]
+    busy, extra = 40 * 0.1, 4 * 0.2  # four epochs' starts, each 0.2 s longer
+    assert rec.estimated_speedup == 2.0
+    assert rec.values["whole_job_speedup"] == round(busy / (busy / 2 + extra), 2)
+    assert "0.90 s freeing their iterators shorter as the epochs are" in rec.basis
+    kept = dataclasses.replace(loader, framework="torch")
+    run.loaders = [kept]
+    assert _whole_job(run, rec, run.whatif[0], 2.0)[0] == busy / ((busy - 0.9) / 2 + 0.9 + extra)

@@ -124,7 +124,8 @@ def replay(hooks: TensorFlowHooks, run: Run, recommendations: list[Recommendatio
         return [], ("a custom tf.data loop whose step was not held (a tf.function called on the batch "
                     "as read, after its first steps): its changes are not replayed (`loadprof tune` measures them)")
     try:
-        return measure(target, hooks.builds, changes, _steady_step(run), budget, interrupted, _per_epoch(run))
+        return measure(target, hooks.builds, changes, _steady_step(run), budget, interrupted, _per_epoch(run),
+                       _epoch_free(run))
     finally:
         if target.feed is not None:
             target.feed.release()
@@ -204,6 +205,23 @@ def _per_epoch(run: Run) -> int | None:
     return -(-info.dataset_length // info.batch_size)
 
 
+# NOTE [ An iterator's free scales with its epoch ]
+# Freeing a tf.data iterator waits, at some epoch ends, for autotune's model thread to
+# sleep out its period (NOTE [ An iterator's stop ]), and that period doubles from 10 ms
+# for as long as the iterator lives: the longer the epoch, the longer the wait (a cached
+# pipeline's epochs, shorter, freed in a third to a half of the time: docs/tensorflow.md).
+# A replay reads one iterator over repeated epochs and frees none at an epoch's end, so a
+# cache's or a stored copy's figure, which counts each epoch's start, counts its free as
+# the run's own mean, scaled by the changed epoch's length against the run's. A faster map
+# or a prefetch shortens the frees alike in the whole job's figure (advice ``_whole_job``).
+def _epoch_free(run: Run) -> float:
+    """The mean seconds the run took to free a tf.data iterator between two epochs (0: none
+    freed between epochs, one iterator over them, or no tf.data pipeline)."""
+    info = next((i for i in run.loaders if i.iterations > i.eval_iterations), None)
+    stops = info.stops_between_epochs() if info is not None and info.framework == "tf.data" else []
+    return statistics.mean(stops) if stops else 0.0
+
+
 def rebuild_of(change: Changes) -> str | None:
     """The rebuild a change is, or None (not one the replays make)."""
     if change.parallel_map or change.map_fn:
@@ -220,18 +238,21 @@ def rebuild_of(change: Changes) -> str | None:
 
 
 def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: float | None, budget: float,
-            interrupted: Callable[[], bool], per_epoch: int | None = None) -> tuple[list[WhatIf], str]:
+            interrupted: Callable[[], bool], per_epoch: int | None = None,
+            epoch_free: float = 0.0) -> tuple[list[WhatIf], str]:
     """The step with the pipeline as built and with each change: the measurements, and why
     a change or all are not (NOTE [ What-if replays under Keras fit ]). ``per_epoch``: the
-    batches of an epoch, where known."""
+    batches of an epoch, where known; ``epoch_free``: the seconds the run took to free an
+    epoch's iterator (``_epoch_free``)."""
     try:
-        return _measure(target, builds, changes, run_step, budget, interrupted, per_epoch)
+        return _measure(target, builds, changes, run_step, budget, interrupted, per_epoch, epoch_free)
     finally:
         builds.drop_copies()
 
 
 def _measure(target: _Target, builds: Builds, changes: list[Changes], run_step: float | None, budget: float,
-             interrupted: Callable[[], bool], per_epoch: int | None) -> tuple[list[WhatIf], str]:
+             interrupted: Callable[[], bool], per_epoch: int | None,
+             epoch_free: float = 0.0) -> tuple[list[WhatIf], str]:
     import psutil
 
     # the budget counts the rebuilds: a stored copy's are written then
@@ -326,13 +347,19 @@ def _measure(target: _Target, builds: Builds, changes: list[Changes], run_step: 
         if not i:
             continue
         change, step, was = configs[i][0], s / n / target.batches, base
+        stop, was_stop = min(stops.get(i, [0.0])), min(stops.get(0, [0.0]))
         if (change.cache or change.stored) and per_epoch and firsts.get(i, [])[1:]:
             # its figure is for every epoch after the first: each starts again, from the filled
-            # cache (from the stored copy: every epoch)
-            step, was = step + start(i) / per_epoch, base + start(0) / per_epoch
+            # cache (from the stored copy: every epoch), and frees its iterator at its end
+            # (NOTE [ An iterator's free scales with its epoch ])
+            life, was_life = per_epoch * (step + added) + start(i), per_epoch * (base + added) + start(0)
+            if epoch_free and was_life > 0:
+                stop, was_stop = epoch_free * life / was_life, epoch_free
+                step, was = step + stop / per_epoch, base + was_stop / per_epoch
+            step, was = step + start(i) / per_epoch, was + start(0) / per_epoch
         out.append(WhatIf(change.describe(), step + added, was + added, min(n, base_n) * target.batches,
                           extra_seconds=extra, start_seconds=start(i), baseline_start_seconds=start(0),
-                          stop_seconds=min(stops.get(i, [0.0])), baseline_stop_seconds=min(stops.get(0, [0.0])),
+                          stop_seconds=stop, baseline_stop_seconds=was_stop,
                           round_gains=[(b / target.batches + added) / (c / target.batches + added)
                                        for b, c in zip(rounds.get(0, []), rounds.get(i, []), strict=False) if c > 0]))
     return out, "; ".join([*problems, *([] if out else ["no change could be replayed in the time given"])])
