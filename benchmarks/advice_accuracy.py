@@ -59,7 +59,7 @@ from loadprof.advice import Recommendation
 from loadprof.advice.base import CEILING, change_of, speedup_text
 from loadprof.experiments.trial import TrialResult, TrialSpec, run_trial
 from loadprof.fixes.spec import Changes
-from loadprof.heap import two_states
+from loadprof.heap import MIN_TRIM, MMAP_THRESHOLD, two_states
 from loadprof.jsonio import write_json
 from loadprof.replaygain import NO_GAIN
 from loadprof.report import build_report
@@ -440,6 +440,15 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
     return list(rows.values())
 
 
+def pinned_heap(o: argparse.Namespace) -> dict[str, str]:
+    """The environment that holds glibc's heap in one state in every run (``--pin-heap``):
+    the heap advice's thresholds, so that no run, baseline, replay or trial, gives back to
+    the system what its steps freed (docs/memory.md)."""
+    if not o.pin_heap:
+        return {}
+    return {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(MIN_TRIM)}
+
+
 def _spread(rates: list[float]) -> float | None:
     """How far one script's baselines, run alike in each round, differ: the fastest over the
     slowest, less one (None: fewer than two). The host's own noise between two runs, which
@@ -593,12 +602,16 @@ def run(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu", action="store_true", help="sample GPUs (the examples use one when there is one)")
     parser.add_argument("--busy", action="store_true",
                         help="a process keeping one core busy beside every run; `contention` is measured by pausing it")
+    parser.add_argument("--pin-heap", action="store_true",
+                        help="every run with glibc's heap held in one state (the heap advice's thresholds): how "
+                             "much of the error the heap's two states make, not the figure users get")
     parser.add_argument("--json", metavar="PATH", help="write every figure here")
     o = parser.parse_args(argv)
     names = [n.strip() for n in o.examples.split(",") if n.strip()]
     unknown = [n for n in names if n not in EXAMPLES and n not in JOBS]
     if unknown:
         parser.error(f"unknown example {unknown[0]!r}; known: {', '.join([*EXAMPLES, *JOBS])}")
+    os.environ.update(pinned_heap(o))  # every run's process, torchrun's ranks included, inherits it
     rows: list[dict[str, Any]] = []
     busy = BusyCore() if o.busy else None
     try:
@@ -612,7 +625,9 @@ def run(argv: list[str] | None = None) -> int:
             busy.stop()
     print(f"machine: {os.cpu_count()} logical cores; {o.warmup} warm-up + at least {o.steps} measured steps per run"
           + (f" (at least {o.min_seconds:g} s of them)" if o.min_seconds > 0 else "") + ", "
-          f"{o.repeats} rounds" + ("; a process keeping one core busy beside every run" if o.busy else ""))
+          f"{o.repeats} rounds" + ("; a process keeping one core busy beside every run" if o.busy else "")
+          + ("; glibc's heap pinned in every run (" + " ".join(f"{k}={v}" for k, v in pinned_heap(o).items()) + ")"
+             if o.pin_heap else ""))
     for name in names:
         seen = next((row["diagnosed"] for row in rows if row["example"] == name), None)
         print(f"{name}: baseline diagnosed " + ("; ".join(seen) if seen else "(no baseline)"))
