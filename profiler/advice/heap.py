@@ -58,7 +58,9 @@ def heap_advice(run: Run, m: Metrics, verdict: str | None) -> Recommendation | N
         f"them again, and each fault took {cost * 1e6:.1f} us here: {seconds * 1e3:.1f} ms of the "
         f"{step * 1e3:.1f} ms step. Fixed thresholds keep up to {size_text(trim)} of freed memory and serve "
         f"blocks up to {size_text(MMAP_THRESHOLD)} from the heap (set both: either alone stops glibc adapting "
-        "the other).",
+        "the other). They hold the other figures here steady too: a fresh process's heap falls in either "
+        "state, the other changes' speed-ups with it; diagnose again with them set for figures that hold "
+        "(docs/memory.md).",
         f"{line} python train.py  # set before the process starts",
         {"faults_per_step": round(churn), "fault_seconds": cost, "trim_threshold": trim,
          "mmap_threshold": MMAP_THRESHOLD},
