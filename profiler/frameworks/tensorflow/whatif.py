@@ -209,7 +209,7 @@ def _per_epoch(run: Run) -> int | None:
 # Freeing a tf.data iterator waits, at some epoch ends, for autotune's model thread to
 # sleep out its period (NOTE [ An iterator's stop ]), and that period doubles from 10 ms
 # for as long as the iterator lives: the longer the epoch, the longer the wait (a cached
-# pipeline's epochs, shorter, freed in a third to a half of the time: docs/tensorflow.md).
+# pipeline's epochs, shorter, freed in a fifth to a half of the time: docs/tensorflow.md).
 # A replay reads one iterator over repeated epochs and frees none at an epoch's end, so a
 # cache's or a stored copy's figure, which counts each epoch's start, counts its free as
 # the run's own mean, scaled by the changed epoch's length against the run's. A faster map
