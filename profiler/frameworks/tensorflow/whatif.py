@@ -42,7 +42,7 @@ import tensorflow as tf
 
 from ...advice.base import Recommendation
 from ...fixes.spec import Changes
-from ...records import Run, WhatIf
+from ...records import LoaderInfo, Run, WhatIf
 from ...whatif import Interrupted, plan
 from ..keras.fit import FitRecord
 from ..keras.pydataset.facts import PYDATASET
@@ -197,9 +197,14 @@ def _steady_step(run: Run) -> float | None:
     return statistics.median(per) if per else None
 
 
+def _trained(run: Run) -> LoaderInfo | None:
+    """The first pipeline the run trained on (iterated beyond its evaluations), or None."""
+    return next((i for i in run.loaders if i.iterations > i.eval_iterations), None)
+
+
 def _per_epoch(run: Run) -> int | None:
     """The batches of an epoch of the pipeline trained on, where its length is known."""
-    info = next((i for i in run.loaders if i.iterations > i.eval_iterations), None)
+    info = _trained(run)
     if info is None or not info.dataset_length or not info.batch_size:
         return None
     return -(-info.dataset_length // info.batch_size)
@@ -217,7 +222,7 @@ def _per_epoch(run: Run) -> int | None:
 def _epoch_free(run: Run) -> float:
     """The mean seconds the run took to free a tf.data iterator between two epochs (0: none
     freed between epochs, one iterator over them, or no tf.data pipeline)."""
-    info = next((i for i in run.loaders if i.iterations > i.eval_iterations), None)
+    info = _trained(run)
     stops = info.stops_between_epochs() if info is not None and info.framework == "tf.data" else []
     return statistics.mean(stops) if stops else 0.0
 
