@@ -12,7 +12,15 @@ run resolves the target: met when the whole interval is at or below 1.01, missed
 when it is all above, not resolved otherwise (run more ``--rounds``). Not a
 test: timings are printed, never asserted.
 
-    python benchmarks/overhead.py [--rounds 60] [--steps 200] [--settle 20] [--gap 0.05] [--width 576] [--threads 1] [--interval 0.1] [--device cpu|cuda] [--live]
+    python benchmarks/overhead.py [--rounds 60] [--steps 200] [--settle 20] [--gap 0.05] [--width 576] [--threads 1] [--interval 0.1] [--device cpu|cuda] [--live] [--framework torch|tensorflow]
+
+``--framework tensorflow`` runs the same kind of loop in TensorFlow: a tf.data pipeline
+of batches prefetched, a ``tf.function`` step of the same layers, one intra-op and one
+inter-op thread. Its profiler window (the tf.data stage table, docs/tensorflow.md) is an
+extra measurement of a bounded number of batches whose cost
+``benchmarks/tf_inside_overhead.py`` states: it is kept out of these runs. The hooks'
+per-step cost is then their own time: the short loop's time outside TensorFlow's iterator
+and function calls (timed from inside), profiled less plain.
 
 ``--live`` adds a fourth run to each round, profiled with the live view on
 (``Profile(live=True)``), and prints its ratio to the profiled run of the same round
@@ -138,7 +146,10 @@ def frame_cost(runs: list[tuple[object, list[float], list[float], list[tuple[flo
     return (statistics.mean(hit) - statistics.mean(other)) * len(hit) / n_frames, n_frames / seconds, n_frames
 
 
-def make_loop(steps: int, batch: int, width: int, features: int = 64, workers: int = 0, device: str = "cpu"):
+def make_loop(steps: int, batch: int, width: int, features: int = 64, workers: int = 0, device: str = "cpu",
+              framework: str = "torch"):
+    if framework == "tensorflow":
+        return make_tf_loop(steps, batch, width, features)
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(steps * batch, features), torch.randint(0, 10, (steps * batch,)))
     loader = DataLoader(data, batch_size=batch, shuffle=False, num_workers=workers, persistent_workers=workers > 0)
@@ -173,6 +184,105 @@ def make_loop(steps: int, batch: int, width: int, features: int = 64, workers: i
         return timed_steps(loader, model, opt, loss_fn)
 
     return run
+
+
+def make_tf_loop(steps: int, batch: int, width: int, features: int = 64):
+    """The loop in TensorFlow: the pipeline re-iterated each run, as an epoch is."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((steps * batch, features)).astype("float32")
+    y = rng.integers(0, 10, steps * batch)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).prefetch(2)
+    model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(width, activation="relu"),
+                              keras.layers.Dense(width, activation="relu"), keras.layers.Dense(10)])
+    opt = keras.optimizers.SGD(0.01)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables,
+                                strict=True))
+        return loss
+
+    clock = time.perf_counter
+
+    def run() -> list[float]:
+        ends = [clock()]
+        mark = ends.append
+        for xb, yb in ds:
+            step(xb, yb)  # on the CPU a tf.function call returns once its ops have run
+            mark(clock())
+        return ends
+
+    return run
+
+
+def tf_hook_cost_per_step(rounds: int, gap: float, steps: int = 4000) -> float:
+    """Microseconds per step the hooks' own Python adds to a TensorFlow loop of short steps.
+
+    TensorFlow's own calls on the loop's path (the iterator's ``next``, the ``tf.function``
+    call) are timed from inside, under the hooks' wrappers; what is left of the loop's time
+    is the loop's Python and the hooks'. Profiled less plain, that is the hooks alone, without
+    the calls' own spread, which on this VM is larger than the hooks.
+    """
+    from tensorflow.python.data.ops.iterator_ops import OwnedIterator
+    from tensorflow.python.eager.polymorphic_function.polymorphic_function import Function
+
+    inside = [0.0]
+    clock = time.perf_counter
+    next_, call = OwnedIterator.__next__, Function.__call__
+
+    def timed_next(it):  # type: ignore[no-untyped-def]
+        t = clock()
+        try:
+            return next_(it)
+        finally:
+            inside[0] += clock() - t
+
+    def timed_call(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        t = clock()
+        try:
+            return call(fn, *args, **kwargs)
+        finally:
+            inside[0] += clock() - t
+
+    OwnedIterator.__next__, Function.__call__ = timed_next, timed_call
+    try:
+        run = make_tf_loop(steps, batch=4, width=16, features=8)
+        run()
+        extra = []
+        for r in range(rounds):
+            own = {}
+            for kind in (("plain", "profiled") if r % 2 == 0 else ("profiled", "plain")):
+                time.sleep(gap)
+                inside[0] = 0.0
+                if kind == "plain":
+                    ends = run()
+                else:
+                    with Profile(print_report=False, interval=1e6, what_if=0):  # no sampling ticks
+                        ends = run()
+                own[kind] = ends[-1] - ends[0] - inside[0]
+            extra.append((own["profiled"] - own["plain"]) / steps * 1e6)
+    finally:
+        OwnedIterator.__next__, Function.__call__ = next_, call
+    return statistics.median(extra)
+
+
+def set_tf_threads(threads: int) -> None:
+    """One pool size for TensorFlow's ops, set before it runs any (and its window kept out: see
+    the docstring)."""
+    import tensorflow as tf
+
+    from loadprof.frameworks.tensorflow import inside
+
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    inside.WARMUP = 10**9
 
 
 def timed_steps(loader, model, opt, loss_fn) -> list[float]:
@@ -309,7 +419,11 @@ def main() -> None:
                         help="add a run with the live view drawing to each round (stderr must be a terminal)")
     parser.add_argument("--device", default="cpu",
                         help="where the loop trains: cpu (the default) or cuda (batches copied to it each step)")
+    parser.add_argument("--framework", choices=("torch", "tensorflow"), default="torch",
+                        help="the loop's framework (default torch; tensorflow: a tf.data pipeline and a tf.function step)")
     args = parser.parse_args()
+    if args.framework == "tensorflow" and args.device != "cpu":
+        parser.error("--framework tensorflow runs on the CPU only (--device cpu)")
     if args.rounds < 2 or args.tiny_rounds < 1:
         parser.error(f"--rounds must be >= 2 (quartiles) and --tiny-rounds >= 1, got {args.rounds} and {args.tiny_rounds}")
     if not 0 < args.settle < args.steps:
@@ -320,10 +434,12 @@ def main() -> None:
         parser.error("--live: the live view draws only where stderr is a terminal (run it in one, or in tmux)")
 
     torch.set_num_threads(args.threads)
+    if args.framework == "tensorflow":
+        set_tf_threads(args.threads)
     record_ticks()
     if args.live:
         record_frames()
-    run = make_loop(args.steps, args.batch, args.width, device=args.device)
+    run = make_loop(args.steps, args.batch, args.width, device=args.device, framework=args.framework)
     run()  # warm-up: allocator, thread pools
     kinds: tuple[str, ...] = ("plain", "profiled", "live", "control") if args.live else ("plain", "profiled", "control")
     whole: dict[str, list[float]] = {k: [] for k in kinds}  # the run, from the loop's start to its last step end
@@ -381,7 +497,7 @@ def main() -> None:
         return [p / q for p, q in zip(times[kind], times[base], strict=True)]
 
     step_ms = statistics.median(whole["plain"]) / args.steps * 1e3
-    print(f"\nstep time (plain, median): {step_ms:.3f} ms, {args.steps} steps per run, {args.rounds} rounds; "
+    print(f"\n{args.framework} loop; step time (plain, median): {step_ms:.3f} ms, {args.steps} steps per run, {args.rounds} rounds; "
           f"host read by the {'helper process' if args.host == 'helper' else 'sampler thread'}")
     for label, times in ((f"whole run ({args.steps} steps)", whole),
                          (f"steady state (steps {args.settle + 1}-{args.steps})", steady)):
@@ -406,7 +522,12 @@ def main() -> None:
     extra_first = [p - q for p, q in zip(first["profiled"], first["plain"], strict=True)]
     print(f"start-up inside the loop, profiled - plain (median), once per run: the first {args.settle} steps "
           f"{statistics.median(extra) * 1e3:+.2f} ms, the first step {statistics.median(extra_first) * 1e3:+.2f} ms")
-    hooks_us = hook_cost_per_step(args.tiny_rounds, args.gap)
+    if args.framework == "tensorflow":
+        hooks_us = tf_hook_cost_per_step(args.tiny_rounds, args.gap)
+        print(f"hooks' own time per step, outside TensorFlow's calls (a loop of short steps, "
+              f"{args.tiny_rounds} rounds): {hooks_us:.1f} us")
+    else:
+        hooks_us = hook_cost_per_step(args.tiny_rounds, args.gap)
     tick_s, tick_rate = tick_cost(profiled_runs)
     parts = 1 + hooks_us / (step_ms * 1e3) + tick_s * tick_rate
     print(f"from its parts: hooks {hooks_us:.1f} us/step + sampler {tick_s * 1e3:.2f} ms per tick of the loop "

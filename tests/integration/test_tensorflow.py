@@ -27,6 +27,7 @@ from loadprof import Profile, patch  # noqa: E402
 from loadprof.fixes import Applier, Changes  # noqa: E402
 from loadprof.instrument import ImportWatch  # noqa: E402
 from loadprof.records import Step  # noqa: E402
+from loadprof.timeline import CPU_READ_ALL, CPU_READ_EVERY  # noqa: E402
 from tests.conftest import assert_self_contained, svg_count  # noqa: E402
 from tests.tf_loops import custom_loop  # noqa: E402
 
@@ -102,6 +103,30 @@ def test_custom_loop_slow_python_map_without_prefetch_is_data_starved_with_prefe
     assert loader.framework == "tf.data" and loader.has_prefetch is False and loader.has_cache is False
     assert loader.batch_size == 16 and loader.dataset_length == 384
     assert "map[python]" in loader.transformations
+
+
+def test_a_long_custom_loop_books_every_waits_cpu_though_its_clock_is_read_in_one_wait_of_16():
+    # the process's CPU clock, read around the first CPU_READ_ALL waits and one in CPU_READ_EVERY
+    # after them: the others are booked at the ratio of those read (NOTE [ Sampled thread CPU ])
+    def burn(a):
+        end = time.thread_time() + 0.0005
+        while time.thread_time() < end:
+            pass
+        return a
+
+    def busy_map(a, b):
+        out = tf.py_function(burn, [a], tf.float32)
+        out.set_shape(a.shape)
+        return out, b
+
+    batches = CPU_READ_ALL + 3 * CPU_READ_EVERY
+    x, y = arrays(4 * batches)
+    ds = no_injected_prefetch(tf.data.Dataset.from_tensor_slices((x, y)).map(busy_map).batch(4))
+    with Profile(interval=0.05, print_report=False, what_if=0) as prof:
+        custom_loop(ds)
+    steps = prof.run.steps
+    assert len(steps) == batches
+    assert all(s.data_wait > 0 and s.data_wait_cpu > 0 for s in steps[CPU_READ_ALL:])
 
 
 def test_custom_loop_whose_step_function_was_traced_before_profiling_still_gets_its_steps():

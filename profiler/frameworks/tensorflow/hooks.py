@@ -62,7 +62,7 @@ import tensorflow as tf
 from ...instrument import ImportWatch, Limits, ThisProcess
 from ...patch import Patches
 from ...records import AUTOTUNE_OFF_NOTE, MAX_NOTED_ITERATIONS, LoaderInfo, Run
-from ...timeline import Timeline
+from ...timeline import CPU_READ_ALL, CPU_READ_EVERY, Timeline
 from ..keras.fit import FitRecord, KerasFit
 from . import tfdata
 from .facts import check_amp, gpu_facts
@@ -73,6 +73,9 @@ from .rebuild import Builds
 from .stages import TfStages
 from .tfdata import optional_module
 from .whatif import HOLD_STEP, LoopStep
+
+#: the profiler window's states in which it counts batches (NOTE [ The profiler window ] in inside.py)
+_WINDOW_ACTIVE = ("waiting", "running")
 
 
 class TensorFlowHooks:
@@ -89,6 +92,9 @@ class TensorFlowHooks:
         self.installed = False
         self._patches = Patches("tensorflow hooks")
         self._local = threading.local()
+        #: Keras loops open on any thread: zero spares the batch path its thread-local lookup
+        self._keras_depth = 0
+        self._nexts = 0  # eager next() calls timed: NOTE [ Sampled thread CPU ] in timeline.py
         self._finder: ImportWatch | None = None
         self._pending: dict[str, Callable[[ModuleType], None]] = {}
         self._step_functions: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -194,9 +200,11 @@ class TensorFlowHooks:
 
     def enter_keras(self) -> None:
         self._local.keras = getattr(self._local, "keras", 0) + 1
+        self._keras_depth += 1
 
     def exit_keras(self) -> None:
         self._local.keras = max(0, getattr(self._local, "keras", 0) - 1)
+        self._keras_depth = max(0, self._keras_depth - 1)
 
     def ours(self) -> bool:
         """Installed, and in the process that installed us (NOTE [ Fork safety ])."""
@@ -235,44 +243,56 @@ class TensorFlowHooks:
         return __iter__
 
     def _wrap_next(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        # On every batch's path, inside a step whose work has left the CPU's caches cold:
+        # each lookup and call here costs several times what it does in a tight loop
+        # (benchmarks/overhead.py --framework tensorflow), so locals, and few of them.
         hooks = self
         clock = self.clock
         process_time = time.process_time
+        eager = tf.executing_eagerly
+        batch_wait = self.timeline.batch_wait
+        leading_dim = tfdata.leading_dim
+        loop_time = self.loop_time
+        inside = self.inside
 
         def __next__(it: Any) -> Any:
-            if not hooks.ours() or hooks.in_keras():
+            if ThisProcess.pid != hooks.pid or not hooks.installed or (hooks._keras_depth and hooks.in_keras()):
                 return original(it)
-            if not tf.executing_eagerly():
+            if not eager():
                 # Traced into a tf.function: the compiled next() cannot be timed.
                 if hooks.stack():
                     hooks._graph_next_in_step = True
                 return original(it)
-            c0 = process_time()
+            n = hooks._nexts
+            hooks._nexts = n + 1
+            # The process's CPU (the pipeline's threads are its own): NOTE [ Sampled thread CPU ] in timeline.py
+            read = n < CPU_READ_ALL or not n % CPU_READ_EVERY
+            c0 = process_time() if read else 0.0
             t0 = clock()
             try:
                 batch = original(it)
             except StopIteration:
-                hooks.loop_time.waited(clock() - t0)
+                loop_time.waited(clock() - t0)
                 hooks._end_of_pass(it)
                 raise
             t1 = clock()
-            hooks.loop_time.waited(t1 - t0)
-            cpu = process_time() - c0
-            size = tfdata.leading_dim(batch)
+            cpu = process_time() - c0 if read else None
+            loop_time.waited(t1 - t0)
             info = getattr(it, "_loadprof_info", None)
             if info is not None:
-                if not it._loadprof_batches:
+                batches = it._loadprof_batches
+                if not batches:
                     hooks._pass_started(it, info, t1)
-                it._loadprof_batches += 1
+                it._loadprof_batches = batches + 1
                 info.stage_batches += 1  # what its Python functions' times are per
                 if info.sample_nbytes is None:
                     first, nbytes = tfdata.batch_facts(batch)
                     if first:
                         info.sample_nbytes = nbytes // first
                         info.batch_size = info.batch_size or first
-            hooks.timeline.batch_wait(t0, t1, cpu, size)
-            if info is not None:  # after the wait: the window's start and stop are no part of it
-                hooks.inside.on_batch(info, getattr(it, "_loadprof_ds", None))
+            batch_wait(t0, t1, cpu, leading_dim(batch))
+            if info is not None and inside.state in _WINDOW_ACTIVE:  # after the wait: the window's start and stop are no part of it
+                inside.on_batch(info, getattr(it, "_loadprof_ds", None))
             if hooks.loop_step is None:
                 hooks._last = (getattr(it, "_loadprof_ds", None), batch)
             return batch
@@ -347,25 +367,32 @@ class TensorFlowHooks:
         hooks = self
         clock = self.clock
 
+        eager = tf.executing_eagerly
+        steps = self._step_functions
+        timeline = self.timeline
+        loop_time = self.loop_time
+
         def __call__(fn: Any, *args: Any, **kwargs: Any) -> Any:
-            if not hooks.ours():
+            if ThisProcess.pid != hooks.pid or not hooks.installed:
                 return original(fn, *args, **kwargs)
             stack = hooks.stack()
-            outer = not stack and tf.executing_eagerly() and not hooks.in_keras()
-            step = outer and (fn in hooks._step_functions or hooks._traced_step(fn))
+            outer = not stack and eager() and not (hooks._keras_depth and hooks.in_keras())
+            step = outer and (fn in steps or hooks._traced_step(fn))
             if step:
                 # Like a forward pass: the loop has its batch (NOTE [ Input time without a DataLoader ]).
-                hooks.timeline.forward_start(clock())
-                hooks.loop_time.call_starts(clock())
+                t = clock()
+                timeline.forward_start(t)
+                loop_time.call_starts(t)
             stack.append(fn)
             try:
                 out = original(fn, *args, **kwargs)
             finally:
                 stack.pop()
-            if outer and fn in hooks._step_functions:
+            if step or (outer and fn in steps):
                 # (also the first call, recognised as a step while it was traced)
-                hooks.timeline.optimizer_step(clock())
-                hooks.loop_time.call_ends(clock())
+                t = clock()
+                timeline.optimizer_step(t)
+                loop_time.call_ends(t)
                 if hooks.loop_step is None:
                     hooks._hold_step(fn, args, kwargs)
             return out
