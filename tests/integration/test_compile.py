@@ -39,6 +39,11 @@ def _fresh() -> None:
 
 
 def test_a_scripts_compiled_model_is_one_graph_under_profile() -> None:
+    # The reference is compiled too: compiled kernels round differently from eager ones,
+    # and how much depends on the CPU's vector width, so only like against like is exact.
+    _fresh()
+    plain = _model()
+    expected = _train(plain, torch.compile(plain))
     _fresh()
     model = _model()
     compiled = torch.compile(model)
@@ -48,8 +53,7 @@ def test_a_scripts_compiled_model_is_one_graph_under_profile() -> None:
 
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 1  # the model's forward, traced once
-    plain = _model()
-    assert losses == _train(plain, plain)  # the same run, step for step
+    assert losses == expected  # the same run, step for step
 
 
 def test_the_compile_fix_compiles_the_model_once_and_not_the_loss() -> None:
