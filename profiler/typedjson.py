@@ -40,6 +40,14 @@ def describe_value(value: Any) -> str:
     return f"{kind} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
+def key_path(where: str, key: str) -> str:
+    """``where.key``, or ``where["..."]`` quoted and cut where the key would break the line."""
+    if key.isprintable() and '"' not in key and len(key) <= 40:
+        return f"{where}.{key}"
+    text = json.dumps(key)
+    return f"{where}[{text if len(text) <= 40 else text[:37] + '...'}]"
+
+
 def field_types(cls: type) -> dict[str, Any]:
     hints = _HINTS.get(cls)
     if hints is None:
@@ -136,7 +144,7 @@ class Reader:
             for k, v in value.items():
                 if v is None and args[1] is float:
                     continue  # a figure written as null (it was not finite): not measured
-                out[k] = self.value(v, args[1], f"{where}.{k}")
+                out[k] = self.value(v, args[1], key_path(where, k))
             return out
         if dataclasses.is_dataclass(tp):
             return self.read(tp, value, where)  # type: ignore[arg-type]
