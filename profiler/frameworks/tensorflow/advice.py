@@ -230,7 +230,7 @@ PARALLEL_IDS = ("parallel_map", "prefetch")
 def _epoch_end_caveat(loader: LoaderInfo, recs: list[Recommendation]) -> list[Recommendation]:
     """More parallel work in a loop that frees an iterator at each epoch's end, autotune on:
     TensorFlow's tuning thread can hold that end for seconds (NOTE [ An iterator's stop ] in
-    hooks.py), which no replay of steady steps sees. The figure stays the steps'; the way out
+    iterstop.py), which no replay of steady steps sees. The figure stays the steps'; the way out
     is said with it."""
     if AUTOTUNE_OFF_NOTE in loader.notes or not loader.stops_between_epochs() \
             or any(r.id == "one_iterator" for r in recs):
@@ -257,7 +257,7 @@ TUNER_STOP_S = 1.0
 
 def _one_iterator(run: Run, m: Metrics, loader: LoaderInfo) -> Recommendation | None:
     """Each epoch of a loop over a new iterator frees the last one, which waits for the
-    pipeline's threads (NOTE [ An iterator's stop ] in hooks.py), builds the next and fills its
+    pipeline's threads (NOTE [ An iterator's stop ] in iterstop.py), builds the next and fills its
     buffers before its first batch: one iterator over the epochs does both once. Where the
     hooks noted when each epoch's first batch came (a custom loop), the judged steps those
     epochs began in are measured against the others (``epoch_start_excess``): their excess is what

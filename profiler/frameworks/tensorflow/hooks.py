@@ -1,14 +1,16 @@
 """TensorFlow and Keras 3 hooks: input waits, steps, ``model.fit``, the pipeline graph.
 
 Imported only once the user's code has imported TensorFlow (``instrument.FrameworkWatch``).
-Only the TensorFlow modules of ``instrument/`` import TensorFlow, one job each:
+The hooks' helpers in this folder and ``keras/``, one job each, among them:
 
-  tensorflow.py  this: install/remove, tf.data iterators, tf.function and optimizer steps
-  kerasfit.py    Keras ``fit``/``evaluate``/``predict``: fit steps timed, what the probe needs
-  tfprobe.py     after the run: the differential probe of fit's input time
+  hooks.py       this: install/remove, tf.data iterators, tf.function and optimizer steps
+  iterstop.py    an iterator's freeing at an epoch's end, timed
+  keras/fit.py   Keras ``fit``/``evaluate``/``predict``: fit steps timed, what the probe needs
+  probe.py       after the run: the differential probe of fit's input time
   tfdata.py      a pipeline's graph read (cache, prefetch, parallel map, files) and its speed alone
-  tfstages.py    the Python functions a pipeline calls (py_function, from_generator), timed per call
-  tffacts.py     mixed precision in use, GPU peak memory
+  stages.py      the Python functions a pipeline calls (py_function, from_generator), timed per call
+  inside.py      the profiler window: every transformation's time from TensorFlow's own profiler
+  facts.py       mixed precision in use, GPU peak memory
 
 What is hooked (through ``patch.Patches``: NOTE [ One patcher ]), and how it is undone
 (all restored by ``remove()``):
@@ -67,6 +69,7 @@ from ..keras.fit import FitRecord, KerasFit
 from . import tfdata
 from .facts import check_amp, gpu_facts
 from .inside import Window
+from .iterstop import IteratorStop
 from .looptime import LoopTime
 from .probe import measure_feed_input, measure_fit_input
 from .rebuild import Builds
@@ -302,7 +305,7 @@ class TensorFlowHooks:
     def _time_stop(self, it: Any, info: LoaderInfo, fit: Any = None) -> None:
         """Time the iterator's freeing once the loop lets it go (NOTE [ An iterator's stop ]);
         ``fit``: the ``FitRecord`` whose epochs it serves, timed while it trains."""
-        stop = _Stop(self, info, fit)
+        stop = IteratorStop(self.clock, self.timeline, self.ours, info, fit)
         weakref.finalize(it, stop.begin).atexit = False
         it._loadprof_stop = stop  # its last attribute: freed after the iterator's resource
 
@@ -517,55 +520,3 @@ def _note_randomness(info: LoaderInfo, maps: list[bool | None]) -> None:
     elif maps and maps[0] is False:
         info.items_repeat = False
         info.notes.append("first_map_random")
-
-
-#: an iterator freed faster than this is no stop worth a record in the timeline
-STOP_MIN_S = 0.001
-
-
-# NOTE [ An iterator's stop ]
-# A tf.data iterator the loop lets go of (a ``for`` over the pipeline ends, each epoch) is
-# freed there and then, and freeing it waits for the pipeline's threads, autotune's model
-# thread among them (seconds at some epoch ends: docs/tensorflow.md, ``stop_s``). That
-# thread sleeps between tunings, its period doubling from 10 ms to 60 s; TensorFlow's
-# cancellation wakes it before it marks itself cancelled, so a thread scheduled at once
-# reads "not cancelled" and sleeps out its period; how often depends on what else runs
-# at that instant (seen with ``TF_CPP_VMODULE=model=2`` in runs without loadprof). No batch
-# wait sees it (the loop's ``next`` has returned), so it would read as the model's time.
-# The iterator's finalizer (``_Stop.begin``) runs first as it is freed, then its attributes
-# go in the order they were set; the ``_Stop``, set last, goes after the iterator's
-# resource, and its ``__del__`` closes the interval: the loop's input wait on the timeline,
-# and the pipeline's ``stop_s``. A garbage collection meanwhile (a freed object's code
-# allocates) is the program's pause, not the pipeline's, and is left out. Keras ``fit``
-# frees two at each epoch's start, after its ``on_epoch_begin``: the one it made ahead at the
-# last epoch's end, and the last epoch's own, which its loop variable held till then. Their
-# stops are the epoch's first step's wait, that step begun that much earlier (timeline.py);
-# the iterators fit holds as it returns are no epoch's.
-class _Stop:
-    """Times one iterator's freeing (NOTE [ An iterator's stop ])."""
-
-    __slots__ = ("hooks", "info", "fit", "t0", "c0", "gc0")
-
-    def __init__(self, hooks: TensorFlowHooks, info: LoaderInfo, fit: Any = None) -> None:
-        self.hooks, self.info, self.fit = hooks, info, fit
-        self.t0: float | None = None
-        self.c0 = self.gc0 = 0.0
-
-    def begin(self) -> None:
-        self.t0, self.c0, self.gc0 = self.hooks.clock(), time.thread_time(), self.hooks.timeline.gc_paused
-
-    def __del__(self) -> None:
-        t0 = self.t0
-        if t0 is None:
-            return
-        try:
-            hooks = self.hooks
-            t1 = hooks.clock()
-            if not hooks.ours() or (self.fit is not None and not self.fit.training):
-                return  # fit's last iterator goes as fit returns: no epoch waits for it
-            if len(self.info.stop_s) < MAX_NOTED_ITERATIONS:
-                self.info.stop_s.append(max(0.0, t1 - t0 - (hooks.timeline.gc_paused - self.gc0)))
-            if t1 - t0 >= STOP_MIN_S:  # the fold takes the collections out of the wait
-                hooks.timeline.pipeline_stop(t0, t1, max(0.0, time.thread_time() - self.c0))
-        except Exception:  # never from a finalizer: the run goes on as it would have
-            pass
