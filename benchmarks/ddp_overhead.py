@@ -246,7 +246,8 @@ def parts_worker(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from loadprof.jobs.collectives import CollectiveTimer
-    from loadprof.jobs.exchange import Exchange, JobContext
+    from loadprof.jobs.context import JobContext
+    from loadprof.jobs.exchange import Exchange
 
     torch.set_num_threads(1)
     pin(args)

@@ -29,8 +29,9 @@ from datetime import timedelta
 from torch.distributed import TCPStore
 
 from loadprof.jobs import judge_self, rank_message, read_message
+from loadprof.jobs.context import JobContext, Timeouts
 from loadprof.jobs.diagnosis import rank_cores
-from loadprof.jobs.exchange import Exchange, JobContext, Timeouts
+from loadprof.jobs.exchange import Exchange
 from loadprof.jobs.records import JobRun, RankRun, keep_columns
 from loadprof.records import Environment, HostSample, LoaderInfo, Run, Step
 from loadprof.report import write_json
@@ -40,7 +41,8 @@ from loadprof.report.job import build_job_report
 #: (argv: port run_id rank world path).
 SENDER = """
 import sys
-from loadprof.jobs.exchange import Exchange, JobContext
+from loadprof.jobs.context import JobContext
+from loadprof.jobs.exchange import Exchange
 port, run_id, rank, world, path = sys.argv[1:]
 env = {"RANK": rank, "WORLD_SIZE": world, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "True"}

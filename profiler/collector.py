@@ -125,7 +125,7 @@ class Collector:
 
     def _start_job(self) -> None:
         """Under torchrun (2+ ranks): NOTE [ Merging a job's reports ] in jobs/exchange.py."""
-        from .jobs.exchange import JobContext
+        from .jobs.context import JobContext
 
         ctx = JobContext.from_env()
         if ctx is None:

@@ -32,7 +32,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from .formats import formats
-from .jobs.exchange import JobContext
+from .jobs.context import JobContext
 from .outputs import exit_code
 from .records import Notice
 from .session import Profile

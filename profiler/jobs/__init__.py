@@ -1,5 +1,6 @@
 """Multi-process jobs (torchrun): each rank profiles itself, rank 0 reports for all.
 
+- ``context``: where this process is in the job (torchrun's environment), the exchange's waits.
 - ``exchange``: carries reports to rank 0 over torchrun's store; clock offsets.
 - ``collectives``: time blocked in DDP's gradient all-reduce.
 - this module: ``Job``, what ``Profile`` calls at start and at the end.
@@ -22,8 +23,9 @@ from typing import Any
 from ..lines import warn
 from ..records import Run
 from ..typedjson import RecordError
+from .context import JobContext, Timeouts
 from .diagnosis import OwnVerdict, own_verdict, rank_cores
-from .exchange import Exchange, JobContext, Timeouts
+from .exchange import Exchange
 from .records import JobRun, RankRun, keep_columns, rank_from_bytes, rank_to_bytes, rank_to_dict
 
 __all__ = ["Job", "JobContext", "rank_path", "rank_document", "rank_message", "read_message"]

@@ -81,86 +81,10 @@ from datetime import timedelta
 from typing import Any
 
 from ..lines import first_line
-from .storecalls import BoundedStore, Deadlines, StoreStalled
+from .context import JobContext, Timeouts
+from .storecalls import BoundedStore, Deadlines, StoreStalled, store_errors
 
 PINGS = 4
-
-
-@dataclass(frozen=True)
-class Timeouts:
-    """Every wait of the exchange, in seconds (NOTE [ Merging a job's reports ])."""
-
-    connect: float = 10.0  # reaching the store
-    call: float = 10.0  # one store call (NOTE [ A store that stops answering ])
-    exchange: float = 60.0  # rank 0 waiting for reports; a rank waiting for rank 0
-    terminated: float = 10.0  # the same when torchrun is tearing the job down
-    #: after a SIGTERM that arrives during the exchange: time left for the others' reports
-    #: (they got it too and post theirs at once); torchrun SIGKILLs 30 s after its SIGTERM
-    term_grace: float = 3.0
-    beat_interval: float = 1.0
-    stale_after: float = 8.0  # a heartbeat this old: the rank is gone
-    poll: float = 0.02
-    siblings: float = 2.0  # a rank waiting for the CPU figures of the ranks on its host
-    release: float = 5.0  # a rank that delivered, waiting for rank 0's report to be out
-
-    @classmethod
-    def from_env(cls) -> Timeouts:
-        """``LOADPROF_DIST_TIMEOUT`` (seconds) overrides the exchange's wait."""
-        text = os.environ.get("LOADPROF_DIST_TIMEOUT", "")
-        try:
-            value = float(text)
-        except ValueError:
-            return cls()
-        if value <= 0:
-            return cls()
-        return cls(exchange=value, connect=min(cls.connect, value), call=min(cls.call, value))
-
-
-@dataclass(frozen=True)
-class JobContext:
-    """This process's place in a torchrun job, read from the environment torchrun sets."""
-
-    rank: int
-    world_size: int
-    local_rank: int | None
-    node_rank: int | None
-    master_addr: str
-    master_port: int
-    run_id: str
-    restart: str
-    agent_store: bool
-    local_world_size: int | None = None  # ranks on this node (torchrun's LOCAL_WORLD_SIZE)
-    session: int = 0  # Profile blocks this process entered in the job before this one
-
-    @classmethod
-    def from_env(cls, env: Any = None) -> JobContext | None:
-        """None outside a multi-process job (then loadprof behaves as single-process)."""
-        env = os.environ if env is None else env
-        try:
-            rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
-            port = int(env["MASTER_PORT"])
-            addr = env["MASTER_ADDR"]
-        except (KeyError, ValueError):
-            return None
-        if world < 2 or not 0 <= rank < world or not addr or not 0 < port < 2**16:
-            return None
-
-        def maybe(name: str) -> int | None:
-            try:
-                return int(env[name])
-            except (KeyError, ValueError):
-                return None
-
-        node = maybe("GROUP_RANK")
-        if node is None:
-            node = maybe("NODE_RANK")  # Ray Train's name for it
-        return cls(rank, world, maybe("LOCAL_RANK"), node, addr, port,
-                   env.get("TORCHELASTIC_RUN_ID", "") or "none", env.get("TORCHELASTIC_RESTART_COUNT", "0"),
-                   env.get("TORCHELASTIC_USE_AGENT_STORE") == "True", maybe("LOCAL_WORLD_SIZE"))
-
-    @property
-    def prefix(self) -> str:
-        return f"loadprof/{self.run_id}/{self.restart}/{self.session}/"
 
 
 @dataclass
@@ -173,12 +97,6 @@ class Collected:
     hellos: dict[int, dict[str, Any]] = field(default_factory=dict)
     beats: dict[int, int] = field(default_factory=dict)  # rank -> steps at its last heartbeat
     problems: list[str] = field(default_factory=list)
-
-
-def _errors() -> tuple[type[BaseException], ...]:
-    import torch.distributed as dist
-
-    return (dist.DistError, RuntimeError, OSError, ValueError)
 
 
 class Exchange:
@@ -233,7 +151,7 @@ class Exchange:
     def _beat(self) -> None:
         n = 0
         key = self._key(f"beat/{self.ctx.rank}")
-        errors = _errors()
+        errors = store_errors()
         while True:
             try:
                 self._beat_store.set(key, f"{n} {self.progress()}")
@@ -261,7 +179,7 @@ class Exchange:
                 raise self._unreachable  # tried at this exit already: not once more per step of it
             try:
                 self._store = self._connect()
-            except _errors() as exc:
+            except store_errors() as exc:
                 self._unreachable = exc
                 raise
         return self._store
@@ -272,7 +190,7 @@ class Exchange:
         run's mean), for the thresholds they judge themselves with (jobdiagnosis.own_verdict)."""
         try:
             self._ensure_store().set(self._key(f"cpu/{self.ctx.rank}"), json.dumps({"host": host, "cores": cores}))
-        except _errors():
+        except store_errors():
             pass  # rank 0 judges this rank's siblings itself then
 
     def sibling_cpu(self, terminated: bool = False) -> dict[int, tuple[str, float]]:
@@ -299,7 +217,7 @@ class Exchange:
                             out[r] = (host, cores)
                 if pending:
                     time.sleep(self.timeouts.poll)
-        except _errors():
+        except store_errors():
             pass
         return out
 
@@ -307,7 +225,7 @@ class Exchange:
     def deliver(self, doc: bytes, terminated: bool = False) -> str | None:
         """Send this rank's document to rank 0; None once rank 0 has it, else why not (then
         rank 0's report lacks it: ``claim/R``, NOTE [ Merging a job's reports ])."""
-        errors = _errors()
+        errors = store_errors()
         began = time.monotonic()
         limit = self.timeouts.terminated if terminated else self.timeouts.exchange
         deadline = began + limit
@@ -363,7 +281,7 @@ class Exchange:
         """Rank 0: the job's report is out; the ranks waiting in ``deliver`` may leave."""
         try:
             self._ensure_store().set(self._key("released"), "1")
-        except _errors():
+        except store_errors():
             pass
 
     # -- exit: rank 0 -----------------------------------------------------------
@@ -372,7 +290,7 @@ class Exchange:
         is called with each document as it comes, while its rank wakes for the clock pings; what
         it returns, if not None, is why the document cannot be used (the rank then keeps its own)."""
         out = Collected()
-        errors = _errors()
+        errors = store_errors()
         began = time.monotonic()
         limit = self.timeouts.terminated if terminated else self.timeouts.exchange
         deadline = began + limit

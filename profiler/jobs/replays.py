@@ -16,7 +16,7 @@ from typing import Any
 from ..fixes.spec import Changes
 from ..lines import first_line
 from ..whatif import MAX_CHANGES, MAX_STEPS, WARMUP_STEPS
-from .exchange import _errors
+from .storecalls import store_errors
 
 #: seconds a rank waits for the others' plans: they reach the replays at the same step,
 #: after the same diagnosis, within a step and a check of the items of each other
@@ -117,7 +117,7 @@ def agree(exchange: Any, mine: Plan, wait_s: float = AGREE_S) -> Agreed:
                 return Agreed(why=f"the ranks could not agree on a replay ({why})")
             if pending:
                 time.sleep(exchange.timeouts.poll)
-    except _errors() as exc:
+    except store_errors() as exc:
         return Agreed(why=f"the ranks could not agree on a replay (the job's store: {type(exc).__name__}: "
                           f"{first_line(exc, 200)})")
     return decide(plans)
@@ -138,7 +138,7 @@ def join(exchange: Any, wait_s: float) -> str:
             pending = {r for r in pending if not store.check([f"{key}{r}"])}
             if pending:
                 time.sleep(exchange.timeouts.poll)
-    except _errors() as exc:
+    except store_errors() as exc:
         return f"the job's store: {type(exc).__name__}: {first_line(exc, 200)}"
     return "" if not pending else "rank " + ", ".join(str(r) for r in sorted(pending)[:8]) + " still replaying"
 

@@ -116,3 +116,10 @@ class BoundedStore:
 
     def add(self, key: str, amount: int) -> int:
         return int(self._deadlines.call(self._store.add, key, amount))
+
+
+def store_errors() -> tuple[type[BaseException], ...]:
+    """What a call to torchrun's store raises when it fails."""
+    import torch.distributed as dist
+
+    return (dist.DistError, RuntimeError, OSError, ValueError)

@@ -10,7 +10,8 @@ from datetime import timedelta
 
 import pytest
 
-from loadprof.jobs.exchange import Exchange, JobContext, Timeouts
+from loadprof.jobs.context import JobContext, Timeouts
+from loadprof.jobs.exchange import Exchange
 
 torch_dist = pytest.importorskip("torch.distributed")
 

@@ -81,7 +81,7 @@ class ProfiledLoop:
 
     def _profile(self, folder: str) -> Any:
         try:
-            from ...jobs.exchange import JobContext
+            from ...jobs.context import JobContext
             from ...session import Profile
 
             s = self.settings
