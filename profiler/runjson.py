@@ -91,6 +91,14 @@ from_json = READER.read
 
 #: Seconds since 1970 of the latest start a saved run may claim (the year 2286).
 _LATEST_TIME = 1e10
+#: the most seconds a time within a run may lie from its start (a thousand years): past it
+#: a figure overflows to infinity once it is scaled to milliseconds and summed
+LONGEST_RUN_S = 3e10
+
+
+def time_error(where: str, value: float) -> RecordError:
+    """A time in a run past ``LONGEST_RUN_S``, named."""
+    return RecordError(f"{where}: expected under {LONGEST_RUN_S:.0e} seconds either way, got {value:g}")
 #: GPU indices a saved run may name: NVML's are 0 to N-1 on a host, and NVIDIA's driver takes at
 #: most 32 GPUs a system (NV_MAX_DEVICES, nvlimits.h); twice that, for a later driver. Every
 #: reader and renderer does work per GPU: a file naming 20,000 took minutes to report.
@@ -104,6 +112,12 @@ def check_run(run: Run) -> None:
 
     if run.duration < 0:
         raise bad("run.duration", f"negative ({run.duration})")
+
+    def within(where: str, *times: float) -> None:
+        if any(not -LONGEST_RUN_S < t < LONGEST_RUN_S for t in times):
+            raise time_error(where, max(times, key=abs))
+
+    within("run.duration", run.duration)
     if not 0 <= run.started_at < _LATEST_TIME:  # 0: not known; past it, dates do not render
         raise bad("run.started_at", f"expected a unix time from 0 to {_LATEST_TIME:.0e}, got {run.started_at:g}")
     env = run.environment
@@ -118,6 +132,7 @@ def check_run(run: Run) -> None:
         raise bad("run.environment.local_world_size", f"expected >= 1, got {env.local_world_size}")
     for i, step in enumerate(run.steps):
         where = f"run.steps[{i}]"
+        within(where, step.start, step.end)
         if step.end < step.start:
             raise bad(where, f"ends ({step.end}) before it starts ({step.start})")
         if step.merged < 1:
@@ -125,9 +140,11 @@ def check_run(run: Run) -> None:
         for name in ("data_wait", "data_wait_cpu", "h2d"):
             if getattr(step, name) < 0:
                 raise bad(f"{where}.{name}", "negative")
+            within(f"{where}.{name}", getattr(step, name))
         if step.batch_size is not None and step.batch_size < 0:
             raise bad(f"{where}.batch_size", "negative")
     for i, ev in enumerate(run.evaluations):
+        within(f"run.evaluations[{i}]", ev.start, ev.end)
         if ev.end < ev.start:
             raise bad(f"run.evaluations[{i}]", f"ends ({ev.end}) before it starts ({ev.start})")
     for i, loader in enumerate(run.loaders):
@@ -175,7 +192,10 @@ def check_run(run: Run) -> None:
                 raise bad(f"{what}[{i}].index", f"expected a GPU index from 0 to {GPU_INDEX_LIMIT - 1}, got {index}")
     if len(set(listed)) < len(listed):
         raise bad("run.environment.gpus", "a GPU index given twice")
+    for i, g in enumerate(run.gpu_samples):
+        within(f"run.gpu_samples[{i}].t", g.t)
     for i, h in enumerate(run.host_samples):
+        within(f"run.host_samples[{i}].t", h.t)
         if h.process_faults is not None and h.process_faults < 0:
             raise bad(f"run.host_samples[{i}].process_faults", f"negative ({h.process_faults})")
         if h.worker_pids or h.worker_cpu:

@@ -28,7 +28,7 @@ import typing
 from typing import Any
 
 from ..records import GpuSample, HostSample, Run, Step
-from ..runjson import GPU_INDEX_LIMIT, check_uss, check_workers
+from ..runjson import GPU_INDEX_LIMIT, LONGEST_RUN_S, check_uss, check_workers, time_error
 from ..typedjson import RecordError, describe_value, field_types, is_optional
 
 #: One rank's columns, decompressed: loadprof's buffers hold at most 20,000 step records and
@@ -232,6 +232,8 @@ def decode_columns(head: Run, layout: Any, packed: bytes, where: str,
     _check_step_columns(arrays, f"{where}.steps")
     _check_worker_columns(arrays, f"{where}.host_samples")
     _check_gpu_columns(arrays, f"{where}.gpu_samples")
+    _check_times(arrays, "host_samples.t", f"{where}.host_samples", ".t")
+    _check_times(arrays, "gpu_samples.t", f"{where}.gpu_samples", ".t")
     waits = found.get("collective_wait") if collective else None
     if waits is not None:
         waits = check_waits(waits, arrays, where.rsplit(".", 1)[0])
@@ -250,10 +252,23 @@ def _check_gpu_columns(arrays: dict[str, Any], where: str) -> None:
                           f"got {int(index[i])}")
 
 
+def _check_times(arrays: dict[str, Any], key: str, where: str, field: str = "") -> None:
+    """``check_run``'s bound on a run's times, a column at a time."""
+    import numpy as np
+
+    column = arrays[key]
+    bad = ~(np.abs(column) < LONGEST_RUN_S)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise time_error(f"{where}[{i}]{field}", float(column[i]))
+
+
 def _check_step_columns(arrays: dict[str, Any], where: str) -> None:
     """``check_run``'s checks of the steps, an array at a time."""
     import numpy as np
 
+    _check_times(arrays, "steps.start", where)
+    _check_times(arrays, "steps.end", where)
     start, end = arrays["steps.start"], arrays["steps.end"]
     if (end < start).any():
         i = int(np.argmax(end < start))
@@ -265,6 +280,7 @@ def _check_step_columns(arrays: dict[str, Any], where: str) -> None:
     for name in ("data_wait", "data_wait_cpu", "h2d"):
         if (arrays[f"steps.{name}"] < 0).any():
             raise RecordError(f"{where}[{int(np.argmax(arrays[f'steps.{name}'] < 0))}].{name}: negative")
+        _check_times(arrays, f"steps.{name}", where, f".{name}")
     sizes = arrays["steps.batch_size"]
     bad = (sizes < 0) & (sizes != _NONE_INT)
     if bad.any():

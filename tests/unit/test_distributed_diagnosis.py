@@ -15,8 +15,8 @@ import pytest
 from loadprof.cli import main
 from loadprof.jobs import rank_document, rank_message, rank_path, read_message
 from loadprof.jobs.collectives import per_step
+from loadprof.jobs.context import JobContext
 from loadprof.jobs.diagnosis import diagnose_job, rank_cores
-from loadprof.jobs.exchange import JobContext
 from loadprof.jobs.merge import MergeError, merge_ranks
 from loadprof.jobs.records import JobRun, RankRun
 from loadprof.records import Environment, HostSample, LoaderInfo, Run, Step
@@ -241,6 +241,9 @@ def _shorten(name: str):
     (_set("steps.start", 2, float("nan")), "rank 1.run.steps[2].start: expected a finite number"),
     (_set("steps.end", 3, -1.0), "rank 1.run.steps[3]: ends (-1.0) before it starts"),
     (_set("steps.data_wait", 4, -0.5), "rank 1.run.steps[4].data_wait: negative"),
+    (_set("steps.end", 6, 1e308), "rank 1.run.steps[6]: expected under 3e+10 seconds either way, got 1e+308"),
+    (_set("steps.h2d", 7, 1e300), "rank 1.run.steps[7].h2d: expected under 3e+10 seconds either way"),
+    (_set("host_samples.t", 1, -1e12), "rank 1.run.host_samples[1].t: expected under 3e+10 seconds either way"),
     (_shorten("steps.start"), "rank 1.run.steps.start: 39 values, other columns have 40"),
     (_drop("host_samples.t"), "rank 1.run.host_samples.t: missing"),
     (_set("host_samples.cpu_per_core.values", 9, float("inf")), "host_samples[1].cpu_per_core[1]: expected a finite"),

@@ -125,6 +125,9 @@ def test_a_saved_report_reads_back_as_it_was(tmp_path: Path) -> None:
     (["host_samples", 2, "process_faults"], -7, "run.host_samples[2].process_faults: negative (-7)"),
     (["environment", "fault_seconds"], 3.0, "run.environment.fault_seconds: expected 0 to 1 second, got 3.0"),
     (["whatif_seconds"], -3, "run.whatif_seconds: negative"),
+    (["steps", 10, "end"], 1e308, "run.steps[10]: expected under 3e+10 seconds either way, got 1e+308"),
+    (["steps", 4, "data_wait"], 1e300, "run.steps[4].data_wait: expected under 3e+10 seconds either way, got 1e+300"),
+    (["host_samples", 1, "t"], -1e12, "run.host_samples[1].t: expected under 3e+10 seconds either way, got -1e+12"),
     (["environment", "frameworks", "torch\nrc"], None, 'run.environment.frameworks["torch\\nrc"]: expected a string'),
 ])
 def test_a_bad_field_is_one_line_naming_the_file_and_field(tmp_path: Path, capsys: pytest.CaptureFixture[str],
