@@ -112,7 +112,10 @@ ATTRIBUTION_WINDOW_S = 1.0
 
 
 def _window(samples: list[Any], start: float, end: float) -> list[Any]:
-    inside = [s for s in samples if start <= s.t <= end]
+    """The readings that cover part of ``start``-``end``: a host reading's rates are over
+    the ``window`` before its time, so the first one after the end counts too (a worker's
+    CPU is read as its process is reaped: the last epoch's, just after the last step)."""
+    inside = [s for s in samples if s.t >= start and s.t - getattr(s, "window", 0.0) < end]
     return inside or samples
 
 

@@ -183,11 +183,10 @@ def test_idle_workers_are_io_latency_and_get_prefetch():
 
 
 def test_cpu_readings_count_for_the_time_they_cover():
-    # A run shorter than one sampling interval has two host readings, both outside its
-    # steps (so both are used): the one start() takes a millisecond after the
-    # baselines, where one 10 ms clock tick of each worker reads 1000%, and the one at
-    # stop(). Counted alike, the first made idle workers look busy (too-few-workers);
-    # weighted by the time each covers, it counts for its millisecond.
+    # A run shorter than one sampling interval has two host readings: the one start()
+    # takes a millisecond after the baselines, where one 10 ms clock tick of each worker
+    # reads 1000%, and the one at stop(), whose window covers the steps. Counted alike, the
+    # first made idle workers look busy (too-few-workers); it covers none of the steps.
     run = make_run(n=40, step=0.002, wait=0.0015, workers=2, cores=16)
     assert run.host_samples == []  # shorter than one interval
     run.host_samples = [
@@ -198,11 +197,33 @@ def test_cpu_readings_count_for_the_time_they_cover():
     ]
     d = diagnose(run)
     assert (d.verdict, d.cause) == ("data-starved", "io-latency")
-    assert d.metrics.children_cpu_cores == pytest.approx((20.0 * 0.001 + 0.2 * 0.0795) / 0.0805)
+    assert d.metrics.children_cpu_cores == pytest.approx(0.2)
+    # Where no reading covers the steps, all count, each for the time it covers.
+    run.host_samples[1].window = 0.0004
+    assert diagnose(run).metrics.children_cpu_cores == pytest.approx((20.0 * 0.001 + 0.2 * 0.0004) / 0.0014)
     # Readings saved before windows were recorded (window 0) are averaged as they were.
     for h in run.host_samples:
         h.window = 0.0
     assert diagnose(run).metrics.children_cpu_cores == pytest.approx((20.0 + 0.2) / 2)
+
+
+def test_the_last_epochs_workers_count_though_they_are_reaped_after_the_last_step():
+    # Workers that live one short epoch are read when the training process reaps them: the
+    # last epoch's just after the last step, in a reading whose window covers that epoch.
+    # Each epoch's worker here used 0.24 CPU seconds over 0.3 s of steps: a busy worker.
+    run = make_run(n=30, step=0.03, wait=0.02, workers=1, cores=2, iterations=3)  # steps end at 0.9 s
+    run.host_samples = [
+        HostSample(t=0.1 * (i + 1), cpu_per_core=[70.0, 60.0], process_cpu=50.0, children_cpu=0.0,
+                   memory_available=32 * GiB, window=0.1, reaped_cpu=240.0 if i in (2, 5) else 0.0)
+        for i in range(9)
+    ]
+    run.host_samples.append(HostSample(t=0.94, cpu_per_core=[70.0, 60.0], process_cpu=50.0,
+                                       memory_available=32 * GiB, window=0.06, reaped_cpu=400.0))
+    d = diagnose(run)
+    start = run.steps[d.metrics.warmup_steps].start
+    covered = sum(h.window for h in run.host_samples if h.t >= start)
+    assert d.metrics.children_cpu_cores == pytest.approx(3 * 0.24 / covered)
+    assert d.cause == "too-few-workers"  # not idle loaders: two epochs' workers of three
 
 
 def test_garbage_collection_in_waits_is_shown_once_it_moved_the_input_share_by_a_point():
