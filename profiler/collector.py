@@ -114,7 +114,9 @@ class Collector:
         self.whatif = WhatIfRun(ReplayPlace(
             self.settings, self.run, self.t0, timeline, self.job,
             lambda: self.watch.hooks if self.watch is not None else {}, self.run_so_far,
-            lambda: self.held is not None and self.held.pending is not None))
+            lambda: self.held is not None and self.held.pending is not None,
+            lambda: self.host.mark() if self.host is not None else None,
+            lambda: list(self.host.marks) if self.host is not None else []))
         self.watch = FrameworkWatch(self._make_hooks, on_error=self.run.limitations.append)
         self.guard("framework hooks could not be installed: no steps seen", self.watch.start)
         if self.applier is not None:  # after the watch: NOTE [ Import watch order ] in fixes/applier.py

@@ -35,6 +35,9 @@ class ReplayPlace:
     hooks: Callable[[], dict[str, Any]]  # the framework hooks installed so far, by name
     run_so_far: Callable[[], Run]
     interrupted: Callable[[], bool]  # a signal came (it is held until the report is written)
+    #: a host reading asked for now, and the times of those that came (samplers/hostproc.py)
+    mark: Callable[[], None] = lambda: None
+    marks: Callable[[], list[float]] = list
 
 
 class WhatIfRun:
@@ -70,6 +73,7 @@ class WhatIfRun:
             if source is not None and not deferred and source.later(lambda: self.mid_run(hooks, deferred=True)):
                 return
             capture.loader = source
+        self.place.mark()  # the run's readings closed where the pause begins
         t0, cpu0 = time.perf_counter(), time.thread_time()
         try:
             with hooks.suspended():
@@ -82,6 +86,7 @@ class WhatIfRun:
             self.place.run.whatif_skipped = f"the replays failed ({type(err).__name__}: {first_line(err)})"
         finally:
             t1 = time.perf_counter()
+            self.place.mark()  # and the pause's where it ends: the next reading is the run's alone
             self.pause = (t0 - self.place.t0, t1 - self.place.t0)
             if self.place.timeline is not None:  # a loop timed between steps: the pause is no wait of its
                 self.place.timeline.profiler_pause(t0, t1, time.thread_time() - cpu0)
@@ -307,6 +312,14 @@ class WhatIfRun:
         a, b = self.pause
         d = b - a
         b_read = b + 2 * self.place.settings.interval  # a reading just after still covers part of the pause
+        # Where the readings asked for at its two ends came (within a tick of each), those
+        # bound it: the first closes the run's readings before it (with the workers reaped
+        # by then), the second the pause's, and the run's after it are kept from the next
+        # on (the workers of an epoch that ended with the pause are reaped just after it).
+        tick = self.place.settings.interval
+        first = [t for t in self.place.marks() if a <= t <= a + tick]
+        last = [t for t in self.place.marks() if b <= t <= b + tick]
+        a_drop, b_drop = (first[0] + 1e-9, last[0]) if first and last else (a, b_read)
         run = self.place.run
         moved = heap_moved(run, a, b, b_read)  # on the run's own times, the pause still in them
         if moved:
@@ -324,7 +337,7 @@ class WhatIfRun:
             info.iteration_starts_s = [t - d if t >= b else t for t in info.iteration_starts_s]
         if self.place.job is not None:  # the collectives' waits are timed on the same clock
             self.place.job.take_out(a, b)
-        run.host_samples = [h for h in run.host_samples if not a <= h.t <= b_read]
+        run.host_samples = [h for h in run.host_samples if not a_drop <= h.t <= b_drop]
         run.gpu_samples = [g for g in run.gpu_samples if not a <= g.t <= b_read]
         for h in run.host_samples:
             h.t -= d if h.t > b else 0.0

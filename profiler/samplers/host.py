@@ -186,10 +186,12 @@ class HostSource:
         self._threads.close()
 
     # -- readings ------------------------------------------------------------
-    def sample(self, t: float, final: bool = False) -> HostSample:
+    def sample(self, t: float, final: bool = False, listing: bool = False) -> HostSample:
         """One reading since the previous one (or since ``start()``). Never raises. The
         ``final`` one, at the run's end, reads memory and PSS whatever their cadence: what
-        the workers copied by then (a run of seconds may have had one PSS read, early)."""
+        the workers copied by then (a run of seconds may have had one PSS read, early).
+        ``listing``: the tree listed now whatever the cadence (a reading asked for between
+        ticks: the workers alive then charged their CPU in it)."""
         if not self._started:
             self.start()
         now = time.monotonic()
@@ -208,7 +210,7 @@ class HostSource:
         self._last_all = (busy, total, iowait)
 
         self._n += 1
-        relist = self._n % TREE_EVERY == 0 or self._n == 1
+        relist = self._n % TREE_EVERY == 0 or self._n == 1 or listing
         (s.process_cpu, s.process_rss, s.children_cpu, s.n_children, s.children_rss,
          s.process_run_delay, s.children_run_delay, s.worker_pids, s.worker_cpu) = self._read_tree(
             now, dt, relist=relist)

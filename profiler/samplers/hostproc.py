@@ -20,7 +20,9 @@ baseline taken, ~0.1 s) the thread reads the host itself, as it does whenever
 the helper cannot be started or is gone (its pipe reads EOF): readings never
 stop, and the report says what happened. ``finish()`` (from ``Sampler.stop``)
 asks the helper for a final reading with a ``q`` line and reads the pipe to its
-end. The helper is told to stop by that line, not by its stdin closing: loader
+end. An ``m`` line (``mark()``) asks for one reading at once, between the ticks, the tree
+listed, its time kept: the what-if replays' pause is bounded by two (``WhatIfRun.close_pause``). The
+helper is told to stop by the ``q`` line, not by its stdin closing: loader
 workers forked meanwhile hold copies of the pipe's write end. It exits by itself
 when the training process is gone (checked once a second), ignores SIGINT
 (Ctrl-C in a terminal reaches the whole process group; the training process
@@ -88,6 +90,8 @@ class HostProcess:
         self._interval = Settings.interval  # the helper's, followed by set_interval()
         self._drain_at = 0.0  # the sampler's t of the next drain
         self._offset = 0.0  # a reading's t = its perf_counter + this
+        #: the times of the readings ``mark()`` asked for, as they arrived
+        self.marks: list[float] = []
 
     # -- lifecycle -----------------------------------------------------------
     def start(self, interval: float = Settings.interval, clock: Callable[[], float] = time.perf_counter, t0: float = 0.0) -> None:
@@ -133,6 +137,13 @@ class HostProcess:
         """The sampler doubled its interval (bounded memory): the helper follows."""
         self._interval = seconds
         self._command(f"i {seconds!r}\n".encode())
+
+    def mark(self) -> None:
+        """Ask the helper for a reading now, between its ticks; its time goes to ``marks``
+        once it arrives. From any thread (one write to the helper's pipe); nothing where no
+        helper serves."""
+        if self.serving:
+            self._command(b"m\n")
 
     def finish(self, t: float) -> list[HostSample]:
         """The last readings: the helper's final one and what it had not yet handed over,
@@ -246,6 +257,7 @@ class HostProcess:
                 self._helper_problems = [str(p) for p in msg["problems"]]
                 return None
             self._helper_pids = set(msg.pop("pids", ()))
+            marked = msg.pop("mark", None)
             sample = HostSample(**{k: v for k, v in msg.items() if k in _FIELDS})
             if sample.worker_pids == self._worker_pids:
                 sample.worker_pids = self._worker_pids  # the same workers: one list for their readings (memory)
@@ -254,6 +266,8 @@ class HostProcess:
             self._note(f"host sampler process: unreadable line ({type(exc).__name__})")
             return None
         sample.t += self._offset  # its perf_counter onto the sampler's clock
+        if marked:
+            self.marks.append(sample.t)
         return sample
 
     def _ended(self) -> None:
@@ -319,7 +333,7 @@ def _serve(pid: int, interval: float) -> int:
     next_at = check_at = time.perf_counter() + interval
     while True:
         ready, _, _ = select.select([0], [], [], max(0.0, next_at - time.perf_counter()))
-        last = False
+        last = mark = False
         if ready:
             chunk = os.read(0, 4096)
             last = not chunk  # nobody can ask for more: stop as if asked
@@ -327,17 +341,20 @@ def _serve(pid: int, interval: float) -> int:
             for command in commands:
                 if command == b"q":
                     last = True
+                elif command == b"m":
+                    mark = True
                 elif command.startswith(b"i "):
                     try:
                         interval = max(float(command[2:]), 0.001)
                     except ValueError:
                         pass
-            if not last:
+            if not last and not mark:
                 continue  # a command is no tick: wait out the interval
         now = time.perf_counter()
-        next_at += interval
-        if next_at < now:  # fell behind (a stopped process, a busy machine): no burst of readings
-            next_at = now + interval
+        if not mark or last:  # a marked reading comes between ticks: they keep their times
+            next_at += interval
+            if next_at < now:  # fell behind (a stopped process, a busy machine): no burst of readings
+                next_at = now + interval
         gone = False
         if now >= check_at or last:  # psutil's check reads the process's stat anew: once a second
             check_at = now + 1.0
@@ -345,9 +362,11 @@ def _serve(pid: int, interval: float) -> int:
         if gone:
             last = True
         else:
-            sample = host.sample(now, final=last)
+            sample = host.sample(now, final=last, listing=mark)
             msg = {f.name: getattr(sample, f.name) for f in fields}  # flat: asdict's deep copy cost ~30 us
             msg["pids"] = sorted(host.pids())
+            if mark:
+                msg["mark"] = 1
             last = not send(msg) or last
         if last:
             send({"problems": host.problems()})

@@ -21,7 +21,7 @@ from loadprof.cpufeatures import cpu_features, has_bf16
 from loadprof.replaygain import NO_GAIN, lost_round
 from loadprof.runjson import read_run
 from tests.stage_loops import Compose
-from tests.torch_loops import Sleepy, heavy_model, small_model, train
+from tests.torch_loops import CpuHeavy, Sleepy, heavy_model, small_model, train
 
 from ..conftest import LOADPROF
 
@@ -578,3 +578,18 @@ def test_the_loops_own_code_between_steps_is_stood_in_for_in_every_replay() -> N
     replays = prof.run.whatif
     assert replays, prof.run.whatif_skipped
     assert all(0.5 * own <= w.extra_seconds <= 2 * own for w in replays), replays
+
+
+def test_short_epochs_workers_cpu_is_the_runs_on_either_side_of_the_replays() -> None:
+    # Each epoch forks one worker that spins 3 ms of CPU an item; the replays run at the
+    # first epoch's end, while that epoch's worker is still alive (idle) and their own
+    # workers spin too. Every epoch's worker counts in the run's readings, none of theirs.
+    epochs, items, cost = 3, 48, 0.003
+    loader = DataLoader(CpuHeavy(n=items, cost=cost), batch_size=4, num_workers=1)
+    with Profile(gpu=False, output=io.StringIO(), what_if=6.0) as prof:
+        train(loader, small_model(), epochs=epochs)
+    run = prof.run
+    assert run.whatif and run.whatif_seconds > 0, run.whatif_skipped  # mid-run: after 12 of 36 steps
+    spun = epochs * items * cost  # the least the run's workers used
+    read = sum((h.children_cpu + h.reaped_cpu) / 100.0 * h.window for h in run.host_samples)
+    assert spun * 0.9 <= read <= spun * 1.6 + 0.15, (read, spun)
