@@ -368,7 +368,7 @@ class _SlowStart(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int):
         if i < self.slow:
-            time.sleep(0.002)
+            time.sleep(0.00025)
         return self.x[i], i % 4
 
 
@@ -378,7 +378,8 @@ def test_advice_the_runs_end_adds_is_measured_in_the_budget_left() -> None:
     if not has_bf16(cpu_features()):
         pytest.skip("mixed precision is advised on a CPU with bf16 instructions only")
     # starved at the replays' step (30 batches of slow reads), compute-bound over the run
-    loader = DataLoader(_SlowStart(8 * 150, slow=8 * 30), batch_size=8)
+    # however fast this host computes (the reads are under 5% of 400 steps of 5 ms or more)
+    loader = DataLoader(_SlowStart(8 * 400, slow=8 * 30), batch_size=8)
     with Profile(gpu=False, print_report=False, what_if=12) as prof:
         train(loader, heavy_model())
     run = prof.run
