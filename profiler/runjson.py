@@ -94,15 +94,15 @@ _LATEST_TIME = 1e10
 #: the most seconds a time within a run may lie from its start (a thousand years): past it
 #: a figure overflows to infinity once it is scaled to milliseconds and summed
 LONGEST_RUN_S = 3e10
+#: GPU indices a saved run may name: NVML's are 0 to N-1 on a host, and NVIDIA's driver takes at
+#: most 32 GPUs a system (NV_MAX_DEVICES, nvlimits.h); twice that, for a later driver. Every
+#: reader and renderer does work per GPU: a file naming 20,000 took minutes to report.
+GPU_INDEX_LIMIT = 64
 
 
 def time_error(where: str, value: float) -> RecordError:
     """A time in a run past ``LONGEST_RUN_S``, named."""
     return RecordError(f"{where}: expected under {LONGEST_RUN_S:.0e} seconds either way, got {value:g}")
-#: GPU indices a saved run may name: NVML's are 0 to N-1 on a host, and NVIDIA's driver takes at
-#: most 32 GPUs a system (NV_MAX_DEVICES, nvlimits.h); twice that, for a later driver. Every
-#: reader and renderer does work per GPU: a file naming 20,000 took minutes to report.
-GPU_INDEX_LIMIT = 64
 
 
 def check_run(run: Run) -> None:

@@ -73,8 +73,8 @@ class WhatIfRun:
             if source is not None and not deferred and source.later(lambda: self.mid_run(hooks, deferred=True)):
                 return
             capture.loader = source
-        self.place.mark()  # the run's readings closed where the pause begins
         t0, cpu0 = time.perf_counter(), time.thread_time()
+        self.place.mark()  # the run's readings closed where the pause begins (its reading after t0)
         try:
             with hooks.suspended():
                 hooks.check_items()  # the plan's cache and offline copies need it
@@ -317,8 +317,9 @@ class WhatIfRun:
         # by then), the second the pause's, and the run's after it are kept from the next
         # on (the workers of an epoch that ended with the pause are reaped just after it).
         tick = self.place.settings.interval
-        first = [t for t in self.place.marks() if a <= t <= a + tick]
-        last = [t for t in self.place.marks() if b <= t <= b + tick]
+        marks = self.place.marks()
+        first = [t for t in marks if a <= t <= a + tick]
+        last = [t for t in marks if b <= t <= b + tick]
         a_drop, b_drop = (first[0] + 1e-9, last[0]) if first and last else (a, b_read)
         run = self.place.run
         moved = heap_moved(run, a, b, b_read)  # on the run's own times, the pause still in them
