@@ -116,7 +116,10 @@ def test_a_mapper_that_waits_is_given_threads_with_an_estimate() -> None:
 
 def test_a_compute_bound_pipeline_is_not_told_to_load_faster() -> None:
     run, report = _profile(640, 2, 1, "thread", 1024)
-    assert report.verdict == "compute-bound"
+    d = report.diagnosis
+    # other processes on the cores (the suite's parallel tests) can starve the pipeline's thread:
+    # then told as contention, never as a pipeline to make faster
+    assert report.verdict == "compute-bound" or d.cause == "host-contended", d.summary
     assert not [r for r in report.recommendations if r.framework == "torchdata"]
     names = [r.name for r in report.stages.rows]
     assert any(n.startswith("Parse (torchdata_loops.py:") for n in names)
