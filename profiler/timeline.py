@@ -104,8 +104,10 @@ loads the data (the workers' CPU, sampled by host.py, is), and it is not read.
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -127,6 +129,11 @@ MAX_EVENTS = 65_536
 #: Evaluation passes kept with their times (NOTE [ Evaluation batches ]); past this
 #: they are still counted in ``eval_batches``, ``eval_seconds``.
 MAX_EVAL_PASSES = 10_000
+
+#: steps whose loop time outside the model's call is kept for its median (``loop_outside``)
+OUTSIDE_KEPT = 4096
+#: ...and the fewest that give one
+OUTSIDE_MIN = 5
 
 _END_CPU, _FORWARD, _H2D, _MANUAL, _EVAL, _GC, _BEGIN, _PAUSE, _STOP = range(9)
 
@@ -192,6 +199,8 @@ class Timeline:
         self.gc_seconds = 0.0
         self.gc_in_waits = 0.0  # seconds of collections taken out of waits
         self._pauses: list[tuple[float, float, float]] = []  # loadprof's own, since the last forward
+        # the loop's own time outside the model's call, a step: ``loop_outside``
+        self._outside: deque[float] = deque(maxlen=OUTSIDE_KEPT)
 
     # -- events (NOTE [ Events now, steps on read ]) ---------------------------
     def batch_wait(self, start: float, end: float, cpu: float | None = 0.0, batch_size: int | None = None) -> None:
@@ -338,6 +347,27 @@ class Timeline:
                             self._step_start = e[1]
             del events[:n]  # events appended meanwhile by another thread stay
 
+    def _own_between(self, start: float, end: float) -> float:
+        """Seconds from ``start`` to ``end`` less the collections and loadprof's own pauses in
+        them: the loop's own code's, as it ran."""
+        own = end - start
+        for a, b in self._gc_recent:
+            own -= max(0.0, min(b, end) - max(a, start))
+        for a, b, _ in self._pauses:
+            own -= max(0.0, min(b, end) - max(a, start))
+        return max(0.0, own)
+
+    def loop_outside(self) -> float | None:
+        """The loop's own time a step outside the model's step, the median over the steps
+        whose batch waits were timed: from the step's start (the last optimizer step's end) to
+        its first batch's request (its logging, metrics, a scheduler's step). What comes between
+        the batch and the optimizer's step (a copy to the device, the loss) is the model's step's:
+        a DataLoader's waits timed, no forward pass is. None with fewer such steps than
+        ``OUTSIDE_MIN``."""
+        self.fold()
+        kept = list(self._outside)
+        return statistics.median(kept) if len(kept) >= OUTSIDE_MIN else None
+
     def _gc_within(self, start: float, end: float) -> float:
         """Seconds of the collections since the last wait or step end that fall in
         [start, end], which they leave (NOTE [ Garbage collection in a wait ])."""
@@ -365,6 +395,8 @@ class Timeline:
 
     def _fold_wait(self, start: float, end: float, cpu: float | None, batch_size: int | None,
                    batch: bool = True) -> None:
+        if not self._fold_waited and not self._after_eval and self._last_end is not None and not self.manual:
+            self._outside.append(self._own_between(self._last_end, start))
         if self._after_eval:
             # The first training batch after an evaluation pass: the step starts here.
             self._after_eval = False

@@ -165,7 +165,8 @@ class WhatIfRun:
             try:
                 self.place.run.whatif, skipped = measure(
                     capture, changes, loop_compute(run, diagnosis.metrics), budget,
-                    self.place.interrupted, self.held_wait, run_faults=diagnosis.metrics.faults_per_step)
+                    self.place.interrupted, self.held_wait, run_faults=diagnosis.metrics.faults_per_step,
+                    own_at_most=own_at_most(self.place.timeline, diagnosis))
                 self.place.run.whatif_skipped = skipped or not_read
             except Interrupted:
                 self.place.run.whatif_skipped = "stopped by a signal before the changes were measured"
@@ -257,7 +258,8 @@ class WhatIfRun:
             try:
                 found, _ = measure(capture, changes, loop_compute(run, diagnosis.metrics), left,
                                    self.place.interrupted, self.held_wait,
-                                   run_faults=diagnosis.metrics.faults_per_step)
+                                   run_faults=diagnosis.metrics.faults_per_step,
+                                   own_at_most=own_at_most(self.place.timeline, diagnosis))
                 # each against its own replay of the run's settings; the model alone measured once
                 self.place.run.whatif.extend(w for w in found if w.change not in done)
             except Exception:  # the script's data gone with its end: the earlier figures stand
@@ -400,6 +402,18 @@ def loop_compute(run: Run, m: Metrics) -> float:
     if 0 < stalled <= STALL_SHARE * n:
         own, n = [(t, k) for t, k in own if t <= limit], n - stalled
     return max(0.0, sum(t * k for t, k in own) / n)
+
+
+def own_at_most(timeline: Timeline | None, diagnosis: Any) -> float | None:
+    """On a host other processes crowd (the diagnosis' contention), the loop's time outside
+    the model's call as it ran (``Timeline.loop_outside``), else None. There the run's step
+    less the replayed one can be a stall rather than code: a loop that waits on storage in its
+    main thread lets the model's intra-op threads sleep, and waking them waits for a busy core,
+    where a replay's back-to-back steps keep them awake. Only the time outside the call is then
+    stood in for (a costly loss function inside it is not)."""
+    if timeline is None or not diagnosis.contended():
+        return None
+    return timeline.loop_outside()
 
 
 def intra_op_threads() -> int | None:

@@ -595,3 +595,35 @@ def test_short_epochs_workers_cpu_is_the_runs_on_either_side_of_the_replays() ->
     spun = epochs * items * cost  # the least the run's workers used
     read = sum((h.children_cpu + h.reaped_cpu) / 100.0 * h.window for h in run.host_samples)
     assert spun * 0.9 <= read <= spun * 1.6 + 0.15, (read, spun)
+
+
+def test_the_loops_own_code_after_the_optimizers_step_is_read_as_it_runs() -> None:
+    from loadprof.diagnosis import Diagnosis
+    from loadprof.whatifrun import own_at_most
+
+    def run(own_s: float):
+        model = small_model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        loader = DataLoader(Sleepy(n=320, delay=0.0), batch_size=8)
+        with Profile(gpu=False, print_report=False, what_if=0) as prof:
+            for x, y in loader:
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                end = time.perf_counter() + own_s  # the loop's own work: a logger's, say
+                while time.perf_counter() < end:
+                    pass
+        timeline = prof._collector.timeline
+        assert timeline is not None
+        return timeline
+
+    logged, plain = run(0.004), run(0.0)
+    outside = logged.loop_outside()
+    assert outside is not None and plain.loop_outside() is not None
+    assert outside >= 0.004 > plain.loop_outside()
+    # the replays' stand-in for it is held to it where other processes crowd the host, and
+    # read from the run's step less the replayed one otherwise
+    quiet = Diagnosis(verdict="compute-bound", cause=None, summary="", confidence="high")
+    busy = Diagnosis(verdict="compute-bound", cause=None, summary="", confidence="medium",
+                     warnings=[("host-contended", "other processes kept 1.0 of the 2 usable cores busy")])
+    assert own_at_most(logged, quiet) is None and own_at_most(logged, busy) == outside

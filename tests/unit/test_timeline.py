@@ -272,3 +272,38 @@ def test_on_gc_turns_callback_phases_into_a_pause_from_the_timeline_clock():
     assert (tl.gc_collections, tl.gc_seconds) == (1, pytest.approx(0.25))
 
 
+
+
+def test_the_loops_own_time_outside_the_models_step_is_read_from_the_step_start_to_the_batch_request():
+    from loadprof.timeline import OUTSIDE_MIN
+
+    tl = Timeline(t0=0.0)
+    tl.batch_wait(0.0, 0.01)
+    tl.optimizer_step(0.05)
+    t = 0.05
+    for i in range(OUTSIDE_MIN):
+        # 4 ms of logging after the step, with loadprof's own pause and a collection in it (none
+        # of the loop's code), the batch's 10 ms wait, 30 ms of the model's step
+        if i:
+            tl.profiler_pause(t + 0.001, t + 0.501, 0.5)
+            t += 0.5
+            tl.gc_pause(t + 0.002, t + 0.0025)
+        tl.batch_wait(t + 0.004, t + 0.014)
+        tl.optimizer_step(t + 0.045)
+        assert (tl.loop_outside() is None) == (i < OUTSIDE_MIN - 1)  # the step before the loop: no start read
+        t += 0.045
+    assert tl.loop_outside() == pytest.approx(0.0035)  # 4 ms less the collection's 0.5
+
+
+def test_a_loop_timed_between_steps_or_after_an_evaluation_pass_has_no_outside_time_read():
+    tl = Timeline(t0=0.0)
+    for i in range(10):
+        tl.forward_start(i + 0.2)  # no batch wait seen: the between-steps method
+        tl.optimizer_step(i + 1.0)
+    assert tl.loop_outside() is None
+    tl = Timeline(t0=0.0)
+    for i in range(10):
+        tl.eval_wait(i + 0.1, i + 0.2)  # an evaluation batch before each training one
+        tl.batch_wait(i + 0.3, i + 0.4)
+        tl.optimizer_step(i + 1.0)
+    assert tl.loop_outside() is None

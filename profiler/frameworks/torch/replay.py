@@ -104,7 +104,7 @@ def step_unsafe(capture: StepCapture, ranks: int, together: bool = False) -> str
 def measure(capture: StepCapture, changes: list[Changes], run_compute: float, budget: float,
             interrupted: Callable[[], bool], held_wait: float | None = None,
             slice_s: float = 0.0, collective: float = 0.0,
-            run_faults: float | None = None) -> tuple[list[WhatIf], str]:
+            run_faults: float | None = None, own_at_most: float | None = None) -> tuple[list[WhatIf], str]:
     """Replays of the captured step as the run had it, then with each change, in rounds
     while the budget lasts, interleaved so that another process's work falls on all alike;
     each one's rounds are averaged (``_Result.joined``). The step times measured, or the reason none could be (NOTE [ What-if
@@ -115,7 +115,9 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     ``collective``: seconds of ``run_compute`` the job's all-reduce takes, stood in for by a
     sleep (gloo's wait gives the core up, to the loader's workers too), the rest by a spin;
     ``run_faults``: the run's page faults a judged step, whose excess over the replay's is
-    the heap's state, not the loop's code (``heap.state_seconds``)."""
+    the heap's state, not the loop's code (``heap.state_seconds``); ``own_at_most``: the
+    most of the loop's own time a step there is to stand in for, where the run's step less the
+    replayed one may hold more than its code (``whatifrun.own_at_most``)."""
     import torch
 
     saved = RandomState.save()
@@ -147,6 +149,8 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
         if first is None:
             return [], "the run's own settings could not be replayed in the time given"
         extra = max(0.0, run_compute - first.compute - state_seconds(run_faults, first.faults))
+        if own_at_most is not None:
+            extra = min(extra, own_at_most)
         # within the replays' noise: nothing to stand in for; a job's all-reduce always is
         if extra <= EXTRA_SHARE * first.seconds and not slice_s:
             extra, best[0] = 0.0, first
