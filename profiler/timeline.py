@@ -130,7 +130,7 @@ MAX_EVENTS = 65_536
 #: they are still counted in ``eval_batches``, ``eval_seconds``.
 MAX_EVAL_PASSES = 10_000
 
-#: steps whose loop time outside the model's call is kept for its median (``loop_outside``)
+#: steps whose loop time outside the model's step is kept for its median (``loop_outside``)
 OUTSIDE_KEPT = 4096
 #: ...and the fewest that give one
 OUTSIDE_MIN = 5
@@ -199,7 +199,7 @@ class Timeline:
         self.gc_seconds = 0.0
         self.gc_in_waits = 0.0  # seconds of collections taken out of waits
         self._pauses: list[tuple[float, float, float]] = []  # loadprof's own, since the last forward
-        # the loop's own time outside the model's call, a step: ``loop_outside``
+        # the loop's own time outside the model's step, a step: ``loop_outside``
         self._outside: deque[float] = deque(maxlen=OUTSIDE_KEPT)
 
     # -- events (NOTE [ Events now, steps on read ]) ---------------------------
@@ -365,7 +365,8 @@ class Timeline:
         a DataLoader's waits timed, no forward pass is. None with fewer such steps than
         ``OUTSIDE_MIN``."""
         self.fold()
-        kept = list(self._outside)
+        with self._lock:  # the sampler's thread may fold meanwhile
+            kept = list(self._outside)
         return statistics.median(kept) if len(kept) >= OUTSIDE_MIN else None
 
     def _gc_within(self, start: float, end: float) -> float:

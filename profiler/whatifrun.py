@@ -406,11 +406,12 @@ def loop_compute(run: Run, m: Metrics) -> float:
 
 def own_at_most(timeline: Timeline | None, diagnosis: Any) -> float | None:
     """On a host other processes crowd (the diagnosis' contention), the loop's time outside
-    the model's call as it ran (``Timeline.loop_outside``), else None. There the run's step
-    less the replayed one can be a stall rather than code: a loop that waits on storage in its
-    main thread lets the model's intra-op threads sleep, and waking them waits for a busy core,
-    where a replay's back-to-back steps keep them awake. Only the time outside the call is then
-    stood in for (a costly loss function inside it is not)."""
+    the model's step as it ran, from the optimizer's step to the next batch's request
+    (``Timeline.loop_outside``), else None. There the run's step less the replayed one can be
+    a stall rather than code: a loop that waits on storage in its main thread lets the model's
+    intra-op threads sleep, and waking them waits for a busy core, where a replay's steps back
+    to back keep them awake. Only the time outside the step is then stood in for (a costly
+    loss function, inside it, is not)."""
     if timeline is None or not diagnosis.contended():
         return None
     return timeline.loop_outside()
