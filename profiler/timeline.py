@@ -350,12 +350,8 @@ class Timeline:
     def _own_between(self, start: float, end: float) -> float:
         """Seconds from ``start`` to ``end`` less the collections and loadprof's own pauses in
         them: the loop's own code's, as it ran."""
-        own = end - start
-        for a, b in self._gc_recent:
-            own -= max(0.0, min(b, end) - max(a, start))
-        for a, b, _ in self._pauses:
-            own -= max(0.0, min(b, end) - max(a, start))
-        return max(0.0, own)
+        own = end - start - _inside(self._gc_recent, start, end)
+        return max(0.0, own - _inside(((a, b) for a, b, _ in self._pauses), start, end))
 
     def loop_outside(self) -> float | None:
         """The loop's own time a step outside the model's step, the median over the steps
@@ -372,9 +368,7 @@ class Timeline:
     def _gc_within(self, start: float, end: float) -> float:
         """Seconds of the collections since the last wait or step end that fall in
         [start, end], which they leave (NOTE [ Garbage collection in a wait ])."""
-        inside = 0.0
-        for a, b in self._gc_recent:
-            inside += max(0.0, min(b, end) - max(a, start))
+        inside = _inside(self._gc_recent, start, end)
         self._gc_recent.clear()
         self.gc_in_waits += inside
         return inside
@@ -536,3 +530,8 @@ class Timeline:
         if len(older) % 2:
             merged.append(older[-1])
         self._steps = self._steps[:keep_head] + merged + newer
+
+
+def _inside(spans: Iterable[tuple[float, float]], start: float, end: float) -> float:
+    """Seconds of the (a, b) spans that fall in [start, end]."""
+    return sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans)
