@@ -66,7 +66,9 @@ def test_each_epoch_ends_wait_for_its_iterator_is_the_loops_input_time_and_one_i
     assert len(loader.iteration_starts_s) == epochs
     in_judged = [stop for k, stop in enumerate(between) if STEPS * (k + 1) >= m.warmup_steps]
     assert in_judged and restarts >= 0.9 * sum(in_judged), (restarts, between, m.warmup_steps)
-    assert rec.estimated_speedup == pytest.approx(judged / (judged - restarts), rel=0.01)  # both rounded
+    # both rounded to 0.01: the estimate within what the rounded restarts allow
+    low, high = judged / (judged - restarts + 0.005) - 0.005, judged / (judged - restarts - 0.005) + 0.005
+    assert low <= rec.estimated_speedup <= high, (rec.estimated_speedup, judged, restarts)
 
 
 def test_an_iterator_freed_at_once_is_no_stop_to_advise_on():

@@ -150,12 +150,14 @@ def test_the_cache_figure_counts_each_epochs_start_from_the_filled_cache(cache_r
     assert 0 < cache.start_seconds < 1.25 * cache.baseline_start_seconds, cache
 
 
-def test_the_offline_copy_is_replayed_from_records_written_for_it_and_removed_after() -> None:
+def test_the_offline_copy_is_replayed_from_records_written_for_it_and_removed_after(tmp_path, monkeypatch) -> None:
     """The offline advice's replay: the deterministic map's output written as TFRecord
     records and read back, the random map after it; planned from the advice, measured on a
     custom loop's own step, the records' folder gone once measured."""
     import glob
     import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its own: other tests' replays write theirs
 
     from loadprof.advice.base import Recommendation, replay_name
     from loadprof.frameworks.tensorflow.whatif import MEASURED_IDS, LoopStep, _loop_target, measure
