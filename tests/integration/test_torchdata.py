@@ -10,7 +10,9 @@ import math
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,6 +70,8 @@ def test_a_starved_thread_mapper_is_named_and_advised_in_its_own_knobs() -> None
     free = max(1, math.floor(m.usable_cores - 1 - (m.others_cpu_cores or 0.0) + 0.25))
     per_item = stage.cpu / stage.calls
     compute = m.compute_per_step / m.batches_per_step
+    # Parse maps items before the Batcher: 32 calls a batch
+    assert facts.calls_per_batch(info) == 32
     target = min(max(1, math.ceil(32 * per_item / compute - 1e-9)), free)
     ours = [r for r in report.recommendations if r.framework == "torchdata"]
     if target < 2:
@@ -83,7 +87,10 @@ def test_a_starved_thread_mapper_is_named_and_advised_in_its_own_knobs() -> None
     if contended:
         assert rec.estimated_speedup is None
     else:
-        new = max(compute, 32 * per_item / target) * max(m.batches_per_step, 1.0)
+        bps = max(m.batches_per_step, 1.0)
+        # the step with the map's time per batch now (one thread) cut to the processes' share of its CPU
+        new = max(max(compute, 32 * per_item / target) * bps,
+                  m.step_time_mean - max(0.0, 32 * stage.seconds / stage.calls - 32 * per_item / target) * bps)
         assert rec.estimated_speedup == round(m.step_time_mean / new, 2) and rec.bound
 
 
@@ -104,14 +111,64 @@ def test_a_mapper_that_waits_is_given_threads_with_an_estimate() -> None:
     target = min(max(2, math.ceil(16 * wall / compute - 1e-9) + 1), 4 * m.usable_cores)
     assert rec.values == {"num_workers": target, "method": "thread", "current": 1}
     assert rec.code == f"ParallelMapper(source, Parse, num_workers={target}, method='thread')"
-    new = max(compute, 16 * wall / target) * max(m.batches_per_step, 1.0)
+    bps = max(m.batches_per_step, 1.0)
+    new = max(max(compute, 16 * wall / target) * bps, m.step_time_mean - max(0.0, 16 * wall - 16 * wall / target) * bps)
     assert rec.estimated_speedup == round(m.step_time_mean / new, 2) and not rec.bound
+    assert f"takes {wall * 1000:.2f} ms per item but uses a core" in rec.detail
     # judged with the cores full (a busy host), the waiting map keeps its threads: they need no core
     full = dataclasses.replace(DEFAULT_THRESHOLDS, cpu_saturated=0.0)
     d = diagnose(prof.run, full)
     assert d.cause == "cpu-bound-preprocessing"
     ours = [r for r in recommend(prof.run, d, full) if r.framework == "torchdata"]
     assert [(r.id, r.values) for r in ours] == [("map_workers", rec.values)]
+
+
+def test_each_maps_calls_per_batch_come_from_where_it_sits() -> None:
+    from loadprof.frameworks.torchdata.graph import walk
+
+    found = walk(loops.pipeline(64, 32, 1, 2, "thread").root, tn.BaseNode)
+    assert {m.name.split(" (")[0]: m.calls_per_batch for m in found.maps} == {
+        "collate": 1, "Parse": 32, "Records.__getitem__": 32}
+    node: tn.BaseNode[Any] = tn.SamplerWrapper(torch.utils.data.SequentialSampler(range(64)))
+    node = tn.ParallelMapper(node, loops.Parse(1), num_workers=2, method="thread", prebatch=8)
+    [prebatched] = walk(tn.Batcher(node, batch_size=32), tn.BaseNode).maps
+    assert prebatched.calls_per_batch == 4
+    [unbatched] = walk(tn.ParallelMapper(tn.IterableWrapper(range(4)), str, num_workers=0), tn.BaseNode).maps
+    assert unbatched.calls_per_batch == 1
+
+
+def slow_collate(ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    time.sleep(0.004)  # a batch fetched in one round trip
+    return torch.rand(len(ids), loops.FEATURES), torch.tensor([i % 4 for i in ids])
+
+
+def test_a_map_after_the_batcher_is_counted_once_a_batch() -> None:
+    """A collate that waits 4 ms a batch on the loop's own thread (no Prefetcher): each call
+    makes a batch, so threads are sized from 4 ms a batch, not 4 ms an item."""
+    torch.set_num_threads(1)
+    node: tn.BaseNode[Any] = tn.SamplerWrapper(torch.utils.data.SequentialSampler(range(640)))
+    node = tn.Batcher(node, batch_size=16, drop_last=True)
+
+    loader = tn.Loader(tn.Mapper(node, slow_collate))
+    with Profile(output=None, what_if=0) as prof:
+        loops.train(loader, 1, 1024)
+    report = build_report(prof.run)
+    [info] = prof.run.loaders
+    assert facts.note(info, facts.MAP).startswith("slow_collate (") and facts.calls_per_batch(info) == 1
+    stage = facts.map_stage(info)
+    assert stage is not None and stage.where == "main"
+    assert report.verdict == "data-starved", report.diagnosis.summary
+    [rec] = [r for r in report.recommendations if r.id == "map_workers"]
+    m = report.diagnosis.metrics
+    wall = stage.seconds / stage.calls
+    compute = m.compute_per_step / m.batches_per_step
+    target = min(max(1, math.ceil(wall / compute - 1e-9) + 1), 4 * m.usable_cores)
+    assert rec.values == {"num_workers": target, "method": "thread", "current": 0}
+    assert f"takes {wall * 1000:.2f} ms per batch but uses a core" in rec.detail
+    assert f"({wall * 1000:.1f} ms per batch against" in rec.detail
+    # on the loop's own thread now: threads take all of it off the loop's path
+    new = max(max(compute, wall / target), m.step_time_mean - wall)
+    assert rec.estimated_speedup == round(m.step_time_mean / new, 2)
 
 
 def test_a_compute_bound_pipeline_is_not_told_to_load_faster() -> None:

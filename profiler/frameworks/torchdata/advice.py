@@ -2,14 +2,15 @@
 ``method``, its ``in_order``, and a ``Prefetcher``'s depth (facts.py says which mapper).
 
 The estimate of a mapper's workers (``map_workers``): the map function's measured time per
-item, wall and CPU (hooks.py), made by ``N`` workers side by side against the model's
+call, wall and CPU (hooks.py), times its calls per batch (the batch size for a map before the
+Batcher, one after it: graph.py), made by ``N`` workers side by side against the model's
 measured compute per batch. A map that is CPU work makes items no faster than the cores it
 gets: on threads, one core at most while it holds the GIL (Python code does); in processes,
 one each, as many as are free beside the training thread and other processes' load. A map
 that mostly waits (storage, the network, code that lets the GIL go) is made ``N`` times as
 fast by ``N`` threads, with no core each. The step becomes the longer of compute and making
-its batches. Not counted: an item's trip between processes (pickled both ways), which
-docs/torchdata.md measures.
+its batches, and loses no more than the map's time the change takes off it. Not counted: an
+item's trip between processes (pickled both ways), which docs/torchdata.md measures.
 """
 
 from __future__ import annotations
@@ -80,41 +81,70 @@ def _map_workers(run: Run, d: Diagnosis, loader: LoaderInfo, stage: StageTime | 
     wall = stage.seconds / stage.calls
     cpu = (stage.cpu or 0.0) / stage.calls
     busy = cpu / wall if wall > 0 else 0.0
+    calls = facts.calls_per_batch(loader)
+    per_call = _per_call(calls, items)
     if busy >= th.wait_cpu_bound:
         # CPU work: a core per worker, in processes (a thread holds the GIL for Python code)
-        target = min(max(1, math.ceil(items * cpu / compute - 1e-9)), free)
+        target = min(max(1, math.ceil(calls * cpu / compute - 1e-9)), free)
         # a thread mapper's Python already has a core: one process adds none, only the trip
         # between processes (measured slower: docs/torchdata.md)
         if target <= (workers if method == "process" else 1):
             return None
-        per_batch = items * cpu / target
-        why = (f"{stage.name} takes {cpu * 1000:.2f} ms of CPU per item ({busy:.0%} of its time on a core): "
-               f"{items * cpu * 1000:.1f} ms per batch of {items} against {compute * 1000:.1f} ms of compute; "
+        per_batch = calls * cpu / target
+        why = (f"{stage.name} takes {cpu * 1000:.2f} ms of CPU {per_call} ({busy:.0%} of its time on a core): "
+               f"{calls * cpu * 1000:.1f} ms per batch against {compute * 1000:.1f} ms of compute; "
                + ("on threads it holds the GIL, so threads add no cores; worker processes do, "
                   if method == "thread" else "")
                + f"{_cores(free)} free beside the training thread")
         return _recommend(d, loader, target, "process", per_batch, compute, contended, why,
-                          f"the map's measured CPU per item over {target} process(es) on the free cores; "
-                          "an item's trip between processes not counted")
-    # it waits: threads overlap the waits, with no core each
-    target = min(max(workers + 1, math.ceil(items * wall / compute - 1e-9) + 1), THREADS_PER_CORE * m.usable_cores)
+                          f"the map's measured CPU {per_call} over {target} process(es) on the free cores; "
+                          "an item's trip between processes not counted",
+                          _saved(stage, workers, calls * wall, per_batch))
+    # it waits: threads overlap the waits, with no core each. A map already off the loop's
+    # thread (a worker, a Prefetcher's thread) that makes a batch faster than the model
+    # takes one keeps up: the loop's wait is not its
+    waiting = math.ceil(calls * wall / compute - 1e-9)
+    if waiting <= (workers or (0 if stage.where == "main" else 1)):
+        return None
+    target = min(max(workers + 1, waiting + 1), THREADS_PER_CORE * m.usable_cores)
     if target <= workers:
         return None
-    why = (f"{stage.name} takes {wall * 1000:.2f} ms per item but uses a core {busy:.0%} of it: it waits, "
-           f"and {target} threads wait side by side ({items * wall * 1000:.1f} ms per batch of {items} "
+    why = (f"{stage.name} takes {wall * 1000:.2f} ms {per_call} but uses a core {busy:.0%} of it: it waits, "
+           f"and {target} threads wait side by side ({calls * wall * 1000:.1f} ms per batch "
            f"against {compute * 1000:.1f} ms of compute)")
     # waiting threads take no core: other processes on the cores leave the estimate standing
-    return _recommend(d, loader, target, "thread", items * wall / target, compute, False, why,
-                      f"the map's measured time per item over {target} threads")
+    return _recommend(d, loader, target, "thread", calls * wall / target, compute, False, why,
+                      f"the map's measured time {per_call} over {target} threads",
+                      _saved(stage, workers, calls * wall, calls * wall / target))
+
+
+def _saved(stage: StageTime, workers: int, wall: float, new: float) -> float:
+    """The most a batch's time on the loop's path can drop: all of the map's ``wall`` where it
+    runs on the loop's own thread (workers make it beside the model's step), else what its
+    workers take now less what ``new`` workers will."""
+    if not workers and stage.where == "main":
+        return wall
+    return max(0.0, wall / max(workers, 1) - new)
+
+
+def _per_call(calls: float, batch_size: int) -> str:
+    """What one call of the map makes, in words: an item, a batch, or a part of one."""
+    if calls == batch_size and calls > 1:
+        return "per item"
+    return "per batch" if calls == 1 else f"per call ({calls:g} a batch)"
 
 
 def _recommend(d: Diagnosis, loader: LoaderInfo, target: int, method: str, per_batch: float, compute: float,
-               contended: bool, why: str, basis: str) -> Recommendation:
+               contended: bool, why: str, basis: str, saved: float | None = None) -> Recommendation:
     """``bound`` for processes: the items' trip between them is left out, so the figure is the
-    most the change buys."""
+    most the change buys. ``saved``: the most the change takes off each batch on the loop's
+    path (``_saved``); the step loses no more (a wait the map does not explain stays)."""
     m = d.metrics
     now = loader.num_workers or 0
-    new_step = max(compute, per_batch) * max(m.batches_per_step, 1.0)
+    batches = max(m.batches_per_step, 1.0)
+    new_step = max(compute, per_batch) * batches
+    if saved is not None:
+        new_step = max(new_step, m.step_time_mean - saved * batches)
     speedup = m.step_time_mean / new_step if new_step > 0 else None
     kind = "thread" if (facts.method(loader) or "thread") == "thread" else "process"
     where = (f"{now} worker {kind}{'es' if kind == 'process' and now > 1 else 's' if now > 1 else ''}" if now

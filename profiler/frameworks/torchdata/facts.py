@@ -10,6 +10,8 @@ loop where none was timed); ``LoaderInfo.num_workers`` is its workers, and
 
 from __future__ import annotations
 
+import math
+
 from ...records import LoaderInfo, StageTime
 
 #: the framework name the hooks give their ``LoaderInfo``s
@@ -20,6 +22,8 @@ MAPPER = "ParallelMapper"
 METHOD, IN_ORDER, MAX_CONCURRENT, MAP = "map_method", "map_in_order", "map_max_concurrent", "map"
 #: the main map function's spread of times per item: standard deviation over the mean
 SPREAD = "map_spread"
+#: the main map function's calls per batch the loop gets (graph.py)
+CALLS = "map_calls_per_batch"
 
 
 def note(loader: LoaderInfo, key: str) -> str | None:
@@ -46,6 +50,16 @@ def in_order(loader: LoaderInfo) -> bool:
 def max_concurrent(loader: LoaderInfo) -> int | None:
     value = note(loader, MAX_CONCURRENT)
     return int(value) if value and value.isdigit() else None
+
+
+def calls_per_batch(loader: LoaderInfo) -> float:
+    """Calls of the main map function per batch: noted by the hooks, else (a run saved
+    before they noted it) the batch size."""
+    try:
+        value = float(note(loader, CALLS) or "nan")
+    except ValueError:
+        value = float("nan")
+    return value if math.isfinite(value) and value > 0 else float(loader.batch_size or 1)
 
 
 def map_stage(loader: LoaderInfo) -> StageTime | None:

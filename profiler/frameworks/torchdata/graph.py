@@ -32,6 +32,9 @@ class MapNode:
     in_order: bool
     max_concurrent: int | None
     prebatch: int | None
+    #: calls of ``fn`` per batch the loop gets: a Batcher after it of B items makes B
+    #: calls (B / prebatch under prebatch); none after it, one (it maps batches)
+    calls_per_batch: float = 1.0
 
 
 @dataclass
@@ -88,26 +91,37 @@ def stage_name(node: Any) -> str:
     return "its own next()"
 
 
+def _positive(value: Any) -> int | None:
+    return value if isinstance(value, int) and value > 0 else None
+
+
 def walk(root: Any, base: type) -> Pipeline:
     """The pipeline under ``root``, each node once, the root first."""
     out = Pipeline()
     seen: set[int] = set()
-    todo = [root]
+    batched: dict[int, int | None] = {}  # node -> the batch size of the nearest Batcher between it and the loop
+    todo: list[tuple[Any, int | None]] = [(root, None)]
     while todo and len(out.nodes) < MAX_NODES:
-        node = todo.pop(0)
+        node, size = todo.pop(0)
         if id(node) in seen:
             continue
         seen.add(id(node))
         out.nodes.append(node)
-        todo.extend(upstream(node, base))
+        batched[id(node)] = size
+        if type(node).__name__ == "Batcher" and size is None:
+            size = _positive(getattr(node, "batch_size", None))
+        todo.extend((n, size) for n in upstream(node, base))
     links = []
     for node in out.nodes:
         cls = type(node).__name__
         if cls == "ParallelMapper":
             fn = getattr(node, "map_fn", None)
+            prebatch = getattr(node, "prebatch", None)
+            size = batched[id(node)]
             m = MapNode(node, fn, callable_name(fn), int(getattr(node, "num_workers", 0) or 0),
-                         str(getattr(node, "method", "thread")), bool(getattr(node, "in_order", True)),
-                         getattr(node, "max_concurrent", None), getattr(node, "prebatch", None))
+                        str(getattr(node, "method", "thread")), bool(getattr(node, "in_order", True)),
+                        getattr(node, "max_concurrent", None), prebatch,
+                        size / (_positive(prebatch) or 1) if size else 1.0)
             out.maps.append(m)
             links.append(f"ParallelMapper({m.name.split(' (')[0]}, num_workers={m.workers}"
                          + (f", method={m.method!r}" if m.workers else "") + ")")

@@ -174,6 +174,7 @@ class NodesHooks:
         facts.set_note(info, facts.METHOD, main.method)
         facts.set_note(info, facts.IN_ORDER, main.in_order)
         facts.set_note(info, facts.MAP, main.name)
+        facts.set_note(info, facts.CALLS, f"{main.calls_per_batch:g}")
         if main.max_concurrent is not None:
             facts.set_note(info, facts.MAX_CONCURRENT, main.max_concurrent)
         stage = next((s for s, m in watched.map_stages if m is main), None)
