@@ -307,6 +307,7 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
     dropped: dict[str, Changes] = {}
     whole_job: set[str] = set()  # advice estimated over the whole job as it ran
     bounded: set[str] = set()  # advice given an upper bound, not an estimate
+    floored: set[str] = set()  # advice given a lower bound in a round: still counted as an estimate
     other_state: dict[str, list[float | None]] = {}  # its figure in the other heap state, each round
     for r in range(o.repeats):
         base = _trial(f"baseline #{r + 1}", script, args, env, Changes(), o, what_if=o.what_if)
@@ -316,7 +317,7 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
         bases.append(base)
         report = build_report(base.run)
         warned = "".join(f", warning {w.id}" for w in report.warnings)
-        said = [r.id + (f" {speedup_text(r.estimated_speedup, r.bound)}" if r.estimated_speedup else "")
+        said = [r.id + (f" {speedup_text(r.estimated_speedup, r.bound, r.floor)}" if r.estimated_speedup else "")
                 for r in report.recommendations]
         print(f"  diagnosed {report.headline()}{warned}; recommends {', '.join(said) or '-'}",
               file=sys.stderr, flush=True)
@@ -336,6 +337,8 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
             other_state.setdefault(rec.id, []).append(rec.values.get("other_heap_state_speedup"))
             if rec.bound and rec.estimated_speedup is not None:
                 bounded.add(rec.id)  # an upper bound in any round: the median figure is no estimate
+            if rec.floor and rec.estimated_speedup is not None:
+                floored.add(rec.id)
             recs.setdefault(rec.id, rec)
         for w in base.run.whatif:  # measured to gain nothing, so not advised: was that right?
             if speedup(w) < NO_GAIN and w.change != CEILING and not w.alone:
@@ -429,6 +432,7 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
     for rid in recs:
         rows.setdefault(rid, {"example": example, "id": rid, "status": "not run"})
         rows[rid]["bound"] = rid in bounded
+        rows[rid]["floor"] = rid in floored
         rows[rid]["basis"] = recs[rid].basis
         rows[rid]["replays"] = replays
     if not rows:
@@ -636,8 +640,10 @@ def run(argv: list[str] | None = None) -> int:
     errors: list[float] = []
     step_errors: list[float] = []
     held: list[bool] = []  # an upper bound held: measured at most the bound, within the target
+    floors: list[bool] = []  # a lower bound held: measured at least the bound, within the target
     for row in rows:
-        est_text = (("<=" if row.get("bound") else "") + f"{row['estimated']:.2f}x") if row.get("estimated") else "-"
+        kind = "<=" if row.get("bound") else ">=" if row.get("floor") else ""
+        est_text = (kind + f"{row['estimated']:.2f}x") if row.get("estimated") else "-"
         if row["status"] == "measured":
             runs = ", ".join(f"{m:.2f}x" for m in row["measured_runs"])
             if row["error"] is None:
@@ -651,6 +657,8 @@ def run(argv: list[str] | None = None) -> int:
                       f"{'held' if held[-1] else 'did not hold'})")
                 continue
             errors.append(abs(row["error"]))
+            if row.get("floor"):
+                floors.append(row["error"] <= TARGET)
             if row["error_median_step"] is not None:
                 step_errors.append(abs(row["error_median_step"]))
                 by_step = f"; median step {row['measured_median_step']:.2f}x, error {row['error_median_step']:+.0%}"
@@ -669,6 +677,9 @@ def run(argv: list[str] | None = None) -> int:
           f"{bounds} an upper bound (the most the change buys)")
     if held:
         print(f"upper bounds: {sum(held)} of {len(held)} held (measured at most the bound, within {TARGET:.0%})")
+    if floors:
+        print(f"lower bounds (counted as estimates too): {sum(floors)} of {len(floors)} held "
+              f"(measured at least the bound, within {TARGET:.0%})")
     if errors:
         within = sum(e <= TARGET for e in errors)
         print(f"mean absolute error {statistics.fmean(errors):.0%} over {len(errors)} estimate(s); "

@@ -341,7 +341,7 @@ def _contention_at_least_threads(run: Run, recs: list[Recommendation], by_change
     gain = w.baseline_seconds_per_step / w.seconds_per_step if w is not None else 0.0
     if w is None or no_gain(w) or (rec.estimated_speedup or 0.0) >= gain:
         return
-    rec.estimated_speedup, rec.bound = round(gain, 2), False
+    rec.estimated_speedup, rec.bound, rec.floor = round(gain, 2), False, True
     rec.basis = (f"measured: at least what the job's own step replayed with {w.change} beside the other "
                  f"processes bought ({w.seconds_per_step * 1e3:.1f} ms against {w.baseline_seconds_per_step * 1e3:.1f} ms): "
                  f"{threads} threads for the {run.environment.usable_cores - others:.1f} cores the others left wait "

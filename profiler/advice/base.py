@@ -54,16 +54,19 @@ class Recommendation:
     #: the estimate is the most the change can buy (the measured time it removes gone
     #: entirely, as code that costs nothing would), not a prediction of what it buys
     bound: bool = False
+    #: the estimate is the least the change buys (a part of what it changes, measured), not
+    #: a prediction of what it buys
+    floor: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def speedup_text(speedup: float | None, bound: bool = False) -> str:
-    """An estimate as every report shows it: "~1.40x", "up to 3.36x", "" for none."""
+def speedup_text(speedup: float | None, bound: bool = False, floor: bool = False) -> str:
+    """An estimate as every report shows it: "~1.40x", "up to 3.36x", "at least 2.10x", "" for none."""
     if not speedup:
         return ""
-    return f"up to {speedup:.2f}x" if bound else f"~{speedup:.2f}x"
+    return f"up to {speedup:.2f}x" if bound else f"at least {speedup:.2f}x" if floor else f"~{speedup:.2f}x"
 
 
 #: the what-if replay with no loading (``Changes(repeat_batch=True).describe()``): the model alone

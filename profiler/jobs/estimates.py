@@ -92,4 +92,5 @@ def job_estimate(rec: Recommendation, figures: list[JobWhatIf]) -> Recommendatio
              f"the job's step {figure.seconds_per_step * 1e3:.1f} ms with it (rank {figure.bound_by}, the slowest) "
              f"against {figure.baseline_seconds_per_step * 1e3:.1f} ms as it ran (rank {figure.baseline_rank}), "
              f"{figure.steps} steps each at least{held}")
-    return dataclasses.replace(rec, values=values, estimated_speedup=round(gain, 2), basis=basis, bound=False)
+    return dataclasses.replace(rec, values=values, estimated_speedup=round(gain, 2), basis=basis, bound=False,
+                               floor=False)

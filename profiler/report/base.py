@@ -50,6 +50,9 @@ class Advice(Protocol):
     def bound(self) -> bool: ...
 
     @property
+    def floor(self) -> bool: ...
+
+    @property
     def basis(self) -> str: ...
 
 

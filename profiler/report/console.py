@@ -112,7 +112,7 @@ def print_recommendation(c: Console, i: int, r: Advice, where: str = "") -> None
     title = Text(f"{i}. {r.title} ", style="bold")
     title.append(f"[{r.id}]", style="cyan")
     if r.estimated_speedup:
-        title.append(f"  {speedup_text(r.estimated_speedup, r.bound)} ({r.basis})", style="green")
+        title.append(f"  {speedup_text(r.estimated_speedup, r.bound, r.floor)} ({r.basis})", style="green")
     if where:
         title.append(f"  {where}", style="green")
     c.print(title)

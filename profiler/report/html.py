@@ -102,7 +102,7 @@ class HtmlPageRenderer:
         d, run = report.diagnosis, report.run
         head = _Head(d.verdict, d.cause, d.confidence, d.summary, list(report.warnings))  # with the run's notices
         evidence = [(ev.label, ev.display, ev.threshold, ev.source) for ev in d.evidence]
-        recs = [(r.title, r.id, r.detail, r.code, speedup_text(r.estimated_speedup, r.bound), r.basis, "")
+        recs = [(r.title, r.id, r.detail, r.code, speedup_text(r.estimated_speedup, r.bound, r.floor), r.basis, "")
                 for r in report.recommendations]
         title = f"loadprof report: {_script(run.command)}"
         return _report_page(title, _started(run), head, report, evidence, recs, "", list(report.limitations),
@@ -129,7 +129,7 @@ class HtmlPageRenderer:
             note = (f"for rank{'s' if len(r.ranks) > 1 else ''} {', '.join(str(k) for k in r.ranks)}"
                     if r.ranks else "")
             rec = r.recommendation
-            recs.append((rec.title, rec.id, rec.detail, rec.code, speedup_text(rec.estimated_speedup, rec.bound),
+            recs.append((rec.title, rec.id, rec.detail, rec.code, speedup_text(rec.estimated_speedup, rec.bound, rec.floor),
                          rec.basis, note))
         title = f"loadprof job report: {_script(first.run.command)}, {job.job.world_size} ranks"
         started = (f"{_started(first.run)}; the charts over time are rank {first.rank}'s "

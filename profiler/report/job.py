@@ -70,6 +70,10 @@ class JobRecommendation:
         return self.recommendation.bound
 
     @property
+    def floor(self) -> bool:
+        return self.recommendation.floor
+
+    @property
     def basis(self) -> str:
         return self.recommendation.basis
 

@@ -20,7 +20,7 @@ _COLOURS = {"data-starved": "#c62828", "memory-bound": "#8e24aa", "host-bound": 
 
 
 def _speedup(r: Advice) -> str:
-    est = speedup_text(r.estimated_speedup, r.bound)
+    est = speedup_text(r.estimated_speedup, r.bound, r.floor)
     return f" {est} ({r.basis})" if est else ""
 
 

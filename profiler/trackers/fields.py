@@ -84,7 +84,7 @@ def markdown(report: Any) -> str:
     _, texts = summary_fields(report)
     lines = [f"**loadprof verdict: {report.headline()}**", "", report.summary, ""]
     for i, r in enumerate(report.recommendations, 1):
-        est = f" {speedup_text(r.estimated_speedup, r.bound)}" if r.estimated_speedup else ""
+        est = f" {speedup_text(r.estimated_speedup, r.bound, r.floor)}" if r.estimated_speedup else ""
         lines.append(f"{i}. {r.title} `[{r.id}]`{est}")
     lines += ["", texts.get(PREFIX + "cost", "")]
     return "\n".join(lines).strip()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from loadprof.advice import recommend
+from loadprof.advice.base import speedup_text
 from loadprof.advice.contention import Freed, freed_step
 from loadprof.diagnosis import diagnose
 from loadprof.metrics import Metrics
@@ -133,12 +134,13 @@ def test_threads_that_outnumber_the_cores_left_make_the_threads_replay_the_conte
     run.whatif = [WhatIf("threads=1", 0.030, 0.090, 24)]
     recs = {r.id: r for r in recommend(run, diagnose(run))}
     rec = recs["contention"]
-    assert rec.estimated_speedup == 3.0 and not rec.bound
+    assert rec.estimated_speedup == 3.0 and not rec.bound and rec.floor
     assert rec.basis.startswith("measured: at least what the job's own step replayed with threads=1")
+    assert speedup_text(rec.estimated_speedup, rec.bound, rec.floor) == "at least 3.00x"
     # one thread fits the core left: the queued time's figure stands
     run.environment.intra_op_threads = 1
     rec = next(r for r in recommend(run, diagnose(run)) if r.id == "contention")
-    assert rec.estimated_speedup == pytest.approx(1 / 0.6, abs=0.01)
+    assert rec.estimated_speedup == pytest.approx(1 / 0.6, abs=0.01) and not rec.floor
 
 
 def test_a_loader_on_threads_gets_the_contention_advice_as_an_upper_bound() -> None:
