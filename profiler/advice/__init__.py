@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 
 from ..diagnosis import Diagnosis, steady_wait
+from ..fixes.spec import Changes
 from ..frameworks import by_name, for_loader
 from ..loaderhost import restart_cost
 from ..metrics import epoch_start_excess
@@ -113,7 +115,9 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
     _stored_copies(run, loader, out)
     # a change whose most is no gain buys nothing, as a change measured to gain nothing
     restarts = loader is not None and bool(loader.num_workers) and not loader.persistent_workers
-    return [r for r in measured(run, out, m.warmup_steps if restarts else None)
+    left = m.usable_cores - (m.others_cpu_cores or 0.0)
+    beside = Beside(m.step_time_median, left) if diagnosis.contended() and m.step_time_median > 0 else None
+    return [r for r in measured(run, out, m.warmup_steps if restarts else None, beside)
             if not (r.bound and r.estimated_speedup is not None and r.estimated_speedup < NO_GAIN)]
 
 
@@ -235,13 +239,34 @@ def _whole_job(run: Run, rec: Recommendation, w: WhatIf, gain: float) -> tuple[f
                    f"{stop}{once}")
 
 
-def measured(run: Run, recs: list[Recommendation], restarts_after: int | None = None) -> list[Recommendation]:
+@dataclass(frozen=True)
+class Beside:
+    """A run beside other processes: its median step, and the cores they left it."""
+
+    step: float
+    cores_left: float
+
+
+def _replayed_gain(w: WhatIf, change: Changes, beside: Beside | None) -> tuple[float, float]:
+    """A change's replayed speed-up and the step it is read against: the replay of the run's
+    settings; or, beside other processes, for fewer threads that fit the cores they left,
+    the run's own median step. There the run's threads outnumber those cores and wait for
+    each other at every parallel op, by as much as the others' load falls on them: the run's
+    steps (they sleep in each wait for a batch) met it unlike the replay's back-to-back steps
+    (read 0.45x to 1.15x the run's beside a busy core); threads that fit meet none of it."""
+    if beside is not None and change.threads is not None and change.threads <= beside.cores_left + 0.25:
+        return beside.step / w.seconds_per_step, beside.step
+    return w.baseline_seconds_per_step / w.seconds_per_step, w.baseline_seconds_per_step
+
+
+def measured(run: Run, recs: list[Recommendation], restarts_after: int | None = None,
+             beside: Beside | None = None) -> list[Recommendation]:
     """The run's what-if measurements (whatif.py) set the estimates of the advice they
     measured, replacing a model's; a change measured to gain nothing is not advised;
     then the advice is ordered by what it buys, the upper bounds after the estimates,
     the unestimated last in their order. ``restarts_after``: the warm-up steps of a run
     whose loader restarts its workers each epoch, which a stored copy or a cache keeps
-    doing (``_restarts_kept``)."""
+    doing (``_restarts_kept``); ``beside``: a run beside other processes (``_replayed_gain``)."""
     if not run.whatif:
         return recs
     by_change = {w.change: w for w in run.whatif}
@@ -254,8 +279,9 @@ def measured(run: Run, recs: list[Recommendation], restarts_after: int | None = 
         if w is None or change is None:
             out.append(rec)
             continue
+        replayed, against = _replayed_gain(w, change, beside)
         # a loading change held to no loading at all (a model change, as the alone ones, is not)
-        gain, held = held_to_ceiling(w.baseline_seconds_per_step / w.seconds_per_step, change, ceiling,
+        gain, held = held_to_ceiling(replayed, change, ceiling,
                                      other_heap_state(alone, w) if alone is not None else None)
         lost = lost_round(w)
         if no_gain(w, gain) and w.alone:
@@ -275,9 +301,13 @@ def measured(run: Run, recs: list[Recommendation], restarts_after: int | None = 
             gain, steady = _restarts_kept(run, w, gain, restarts_after)
         # measured, not the most a model allows: an estimate
         rec.estimated_speedup, rec.bound = round(gain, 2), False
+        ran = (f"{against * 1e3:.1f} ms as it ran, {w.steps} steps" if against == w.baseline_seconds_per_step else
+               f"the run's own median step of {against * 1e3:.1f} ms ({w.steps} steps; the replay of its settings "
+               f"beside the other processes read {w.baseline_seconds_per_step * 1e3:.1f} ms: its threads, more than "
+               "the cores left, met the others' load unlike the run's)")
         rec.basis = (f"measured: the job's own step replayed with {replay_name(w.change, rec)}, "
-                     f"{w.seconds_per_step * 1e3:.1f} ms against {w.baseline_seconds_per_step * 1e3:.1f} ms "
-                     f"as it ran, {w.steps} steps each{held}{steady}")
+                     f"{w.seconds_per_step * 1e3:.1f} ms against {ran}"
+                     f"{' each' if against == w.baseline_seconds_per_step else ''}{held}{steady}")
         if rec.framework == "tf" and rec.id in ("cache", *STORED_IDS) and w.baseline_stop_seconds >= 0.0005:
             rec.basis += (f" (each epoch's start and the free of its iterator counted: {w.baseline_stop_seconds * 1e3:.1f} ms "
                           f"as it ran, about {w.stop_seconds * 1e3:.1f} ms at the changed epoch's length)")
@@ -300,7 +330,7 @@ def measured(run: Run, recs: list[Recommendation], restarts_after: int | None = 
             rec.values["whole_job_speedup"] = round(whole[0], 2)
             rec.basis += f"; {whole[1]}"
         out.append(rec)
-    _contention_at_least_threads(run, out, by_change)
+    _contention_at_least_threads(run, out, by_change, beside)
     return by_gain(out, ended=run.exit_status == "ok")
 
 
@@ -327,7 +357,8 @@ def _restarts_kept(run: Run, w: WhatIf, gain: float, warmup: int) -> tuple[float
                  "(persistent_workers=True would not)")
 
 
-def _contention_at_least_threads(run: Run, recs: list[Recommendation], by_change: dict[str, WhatIf]) -> None:
+def _contention_at_least_threads(run: Run, recs: list[Recommendation], by_change: dict[str, WhatIf],
+                                 beside: Beside | None) -> None:
     """Cores given back buy at least what fewer threads bought beside the other processes,
     where the model's threads outnumber the cores they left: its threads then wait at each
     parallel op for a peer the other work descheduled, which the queued time alone misses
@@ -338,12 +369,13 @@ def _contention_at_least_threads(run: Run, recs: list[Recommendation], by_change
     if rec is None or not threads or others is None or threads <= run.environment.usable_cores - others:
         return
     w = next((w for c, w in by_change.items() if c.startswith("threads=")), None)
-    gain = w.baseline_seconds_per_step / w.seconds_per_step if w is not None else 0.0
-    if w is None or no_gain(w) or (rec.estimated_speedup or 0.0) >= gain:
+    gain, against = _replayed_gain(w, Changes.parse(w.change), beside) if w is not None else (0.0, 0.0)
+    if w is None or no_gain(w, gain) or (rec.estimated_speedup or 0.0) >= gain:
         return
     rec.estimated_speedup, rec.bound, rec.floor = round(gain, 2), False, True
+    ran = "" if against == w.baseline_seconds_per_step else ", the run's own median step"
     rec.basis = (f"measured: at least what the job's own step replayed with {w.change} beside the other "
-                 f"processes bought ({w.seconds_per_step * 1e3:.1f} ms against {w.baseline_seconds_per_step * 1e3:.1f} ms): "
+                 f"processes bought ({w.seconds_per_step * 1e3:.1f} ms against {against * 1e3:.1f} ms{ran}): "
                  f"{threads} threads for the {run.environment.usable_cores - others:.1f} cores the others left wait "
                  "for each other at every parallel op")
 

@@ -123,7 +123,8 @@ def test_the_contention_advice_carries_the_estimate_and_says_what_it_is() -> Non
 
 def test_threads_that_outnumber_the_cores_left_make_the_threads_replay_the_contentions_floor() -> None:
     # two threads beside a busy core wait at each parallel op for the peer it descheduled: the
-    # queued time alone gives 1.67x; one thread replayed beside it ran 3x faster
+    # queued time alone gives 1.67x; one thread replayed beside it ran in 30 ms, against the
+    # run's own 100 ms step (its settings' replay, steps back to back, met the stall worse: 200 ms)
     from loadprof.records import WhatIf
 
     run = make_run(n=40, wait=0.06, wait_cpu=0.05, workers=0, cores=2, tree_cpu=100.0)
@@ -131,16 +132,43 @@ def test_threads_that_outnumber_the_cores_left_make_the_threads_replay_the_conte
         h.cpu_per_core = [min(100.0, c + 60.0) for c in h.cpu_per_core]
         h.process_run_delay = 0.4
     run.environment.intra_op_threads = 2
-    run.whatif = [WhatIf("threads=1", 0.030, 0.090, 24)]
-    recs = {r.id: r for r in recommend(run, diagnose(run))}
+    run.whatif = [WhatIf("threads=1", 0.030, 0.200, 24)]
+    d = diagnose(run)
+    assert d.contended() and d.metrics.step_time_median == pytest.approx(0.1)
+    recs = {r.id: r for r in recommend(run, d)}
     rec = recs["contention"]
-    assert rec.estimated_speedup == 3.0 and not rec.bound and rec.floor
+    assert rec.estimated_speedup == 3.33 and not rec.bound and rec.floor
     assert rec.basis.startswith("measured: at least what the job's own step replayed with threads=1")
-    assert speedup_text(rec.estimated_speedup, rec.bound, rec.floor) == "at least 3.00x"
+    assert "against 100.0 ms, the run's own median step" in rec.basis
+    assert speedup_text(rec.estimated_speedup, rec.bound, rec.floor) == "at least 3.33x"
     # one thread fits the core left: the queued time's figure stands
     run.environment.intra_op_threads = 1
     rec = next(r for r in recommend(run, diagnose(run)) if r.id == "contention")
     assert rec.estimated_speedup == pytest.approx(1 / 0.6, abs=0.01) and not rec.floor
+
+
+def test_fewer_threads_beside_other_processes_are_read_against_the_runs_own_step() -> None:
+    from loadprof.advice import measured
+    from loadprof.advice.base import Recommendation
+    from loadprof.records import WhatIf
+
+    run = make_run(n=40, wait=0.0, workers=0, cores=2)
+    run.whatif = [WhatIf("threads=1", 0.030, 0.200, 24), WhatIf("amp=auto", 0.150, 0.200, 24)]
+
+    def recs() -> list[Recommendation]:
+        return [Recommendation("threads", "t", "", "", {"threads": 1, "current": 2}),
+                Recommendation("mixed_precision", "m", "", "", {"dtype": "bfloat16"})]
+
+    from loadprof.advice import Beside
+
+    beside = {r.id: r for r in measured(run, recs(), beside=Beside(0.1, 1.0))}
+    # one thread fits the core left: against the run's 100 ms; bf16 keeps the threads: its replays' ratio
+    assert beside["threads"].estimated_speedup == 3.33 and "the run's own median step of 100.0 ms" in beside["threads"].basis
+    assert beside["mixed_precision"].estimated_speedup == 1.33
+    # one thread does not fit half a core left; a quiet host: the replays' ratio
+    assert {r.id: r.estimated_speedup for r in measured(run, recs(), beside=Beside(0.1, 0.5))}["threads"] == 6.67
+    quiet = {r.id: r for r in measured(run, recs())}
+    assert quiet["threads"].estimated_speedup == 6.67 and "against 200.0 ms as it ran, 24 steps each" in quiet["threads"].basis
 
 
 def test_a_loader_on_threads_gets_the_contention_advice_as_an_upper_bound() -> None:
