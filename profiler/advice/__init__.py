@@ -252,8 +252,8 @@ def _replayed_gain(w: WhatIf, change: Changes, beside: Beside | None) -> tuple[f
     settings; or, beside other processes, for fewer threads that fit the cores they left,
     the run's own median step. There the run's threads outnumber those cores and wait for
     each other at every parallel op, by as much as the others' load falls on them: the run's
-    steps (they sleep in each wait for a batch) met it unlike the replay's back-to-back steps
-    (read 0.45x to 1.15x the run's beside a busy core); threads that fit meet none of it."""
+    steps (they sleep in each wait for a batch) met it unlike the replay's back-to-back steps;
+    threads that fit meet none of it (docs/whatif.md)."""
     if beside is not None and change.threads is not None and change.threads <= beside.cores_left + 0.25:
         return beside.step / w.seconds_per_step, beside.step
     return w.baseline_seconds_per_step / w.seconds_per_step, w.baseline_seconds_per_step
