@@ -10,8 +10,10 @@ who is late: a rank is a straggler when its own work exceeds the median of the
 other ranks' by ``straggler_share`` of the job's step time, while the others wait
 for it. The component that explains ``cause_share`` of that excess is its cause
 (TraceML blames input, copy or compute only past 80%); otherwise the cause is
-"unclear". The job's verdict comes from the ranks that set the pace: the
-stragglers, or without any, the verdict most ranks share.
+"unclear". Where the rank's training thread waited for a CPU (schedstat) longer than the
+others' by that share of the excess, the cause is "cpu-wait": its compute ran late because
+other work held its cores, not because it has more of it. The job's verdict comes from the
+ranks that set the pace: the stragglers, or without any, the verdict most ranks share.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ STRAGGLER_CAUSES = {
     "input": "its input wait (the loader is slower on this rank)",
     "copy": "its host-to-device copies",
     "compute": "its compute (forward, backward, optimizer and the loop's own code)",
+    "cpu-wait": "its training thread's wait for a CPU (other work on its cores; Linux schedstat)",
     "unclear": "no single part explains the excess (cause unclear)",
 }
 
@@ -78,6 +81,7 @@ class RankFigures:
     compute: float | None = None  # own compute: step time less input, copy and collectives
     collective: float | None = None  # None: not measured
     own_work: float | None = None
+    cpu_wait: float | None = None  # the training thread queued for a CPU (schedstat); within compute
     data_wait_fraction: float | None = None
     gpu_util: float | None = None  # %, this rank's own GPU where it can be told
     gpu_memory_peak: float | None = None  # fraction of the device
@@ -271,6 +275,7 @@ def rank_figures(rank: RankRun, d: Diagnosis, run: Run | None = None) -> RankFig
         f.collective = sum(rank.collective_wait[m.warmup_steps:]) / n
     f.compute = max(0.0, f.step_time - f.input_wait - f.h2d - (f.collective or 0.0))
     f.own_work = f.input_wait + f.h2d + f.compute
+    f.cpu_wait = None if m.run_delay is None else m.run_delay * f.step_time
     return f
 
 
@@ -301,6 +306,10 @@ def find_stragglers(rows: list[RankFigures], th: JobThresholds = DEFAULT_JOB_THR
             "compute": (r.compute or 0.0) - _median([o.compute or 0.0 for o in others]),
         }
         part, delta = max(deltas.items(), key=lambda kv: kv[1])
+        queued = [o.cpu_wait for o in others if o.cpu_wait is not None]
+        if r.cpu_wait is not None and queued and r.cpu_wait - _median(queued) >= th.cause_share * excess:
+            # the excess was time queued for a core: other work's, not more of its own
+            part, delta = "cpu-wait", r.cpu_wait - _median(queued)
         cause = part if delta >= th.cause_share * excess else "unclear"
         share = excess / job_step if job_step > 0 else 0.0
         detail = (f"its own work is {_ms(excess)} per step ({100 * share:.0f}% of the job's step) longer "

@@ -192,7 +192,7 @@ def _row_dict(row: RankFigures, cost: Cost | None) -> dict[str, Any]:
         "verdict": row.verdict, "cause": row.cause, "missing": row.missing or None, "steps": row.steps,
         "step_time_s": row.step_time, "input_wait_s": row.input_wait, "h2d_s": row.h2d,
         "compute_s": row.compute, "collective_s": row.collective, "own_work_s": row.own_work,
-        "data_wait_fraction": row.data_wait_fraction, "gpu_util": row.gpu_util,
+        "cpu_wait_s": row.cpu_wait, "data_wait_fraction": row.data_wait_fraction, "gpu_util": row.gpu_util,
         "gpu_memory_peak_fraction": row.gpu_memory_peak, "cpu_cores": row.cpu_cores,
         "workers_cpu_cores": row.workers_cpu_cores, "clock_offset_s": row.clock_offset,
         # its own share of the job's cost (null: not measured on this rank)

@@ -71,6 +71,26 @@ def test_slow_compute_rank_is_named_with_cause_compute():
     assert d.verdict == "compute-bound"
 
 
+def test_a_rank_late_for_its_cores_is_named_with_cause_cpu_wait():
+    # rank 1's compute takes 50 ms, not 30, and its training thread was queued for a core 45%
+    # of its 52 ms step: 23 ms of the 20 ms excess (rank 0's 5%: 2.6 ms)
+    slow, fast = rank_run(1, compute=0.05), rank_run(0, collective=0.02)
+    for h in slow.run.host_samples:
+        h.process_run_delay = 0.45
+    for h in fast.run.host_samples:
+        h.process_run_delay = 0.05
+    d = diagnose_job(job(fast, slow))
+    [s] = d.stragglers
+    assert (s.rank, s.cause) == (1, "cpu-wait") and s.excess == pytest.approx(0.02)
+    assert "its training thread's wait for a CPU" in s.detail
+    rows = {r.rank: r for r in d.ranks}
+    assert rows[1].cpu_wait == pytest.approx(0.45 * 0.052) and rows[0].cpu_wait == pytest.approx(0.05 * 0.052)
+    # queued for less than 80% of the excess: more compute of its own
+    for h in slow.run.host_samples:
+        h.process_run_delay = 0.2
+    assert [(s.rank, s.cause) for s in diagnose_job(job(fast, slow)).stragglers] == [(1, "compute")]
+
+
 def test_excess_split_between_input_and_compute_is_a_straggler_with_cause_unclear():
     d = diagnose_job(job(rank_run(0, collective=0.04), rank_run(1, wait=0.022, compute=0.05)))
     assert [(s.rank, s.cause) for s in d.stragglers] == [(1, "unclear")]

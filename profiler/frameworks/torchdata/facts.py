@@ -59,7 +59,8 @@ def calls_per_batch(loader: LoaderInfo) -> float:
         value = float(note(loader, CALLS) or "nan")
     except ValueError:
         value = float("nan")
-    return value if math.isfinite(value) and value > 0 else float(loader.batch_size or 1)
+    most = float(max(1, loader.batch_size or 1))  # one call an item at most
+    return min(value, most) if math.isfinite(value) and value > 0 else most
 
 
 def map_stage(loader: LoaderInfo) -> StageTime | None:
