@@ -465,6 +465,9 @@ class Run:
     #: changes measured on the job's own step after the run (whatif.py), and what it cost
     whatif: list[WhatIf] = field(default_factory=list)
     whatif_seconds: float = 0.0
+    #: the run's page faults a judged step before the first replays: its heap's state as a
+    #: fresh process of the job runs it, at which the replays are read (advice.base.at_run_faults)
+    whatif_run_faults: float | None = None
     #: why no change was measured, where none was ("" where some were, or none was wanted)
     whatif_skipped: str = ""
 

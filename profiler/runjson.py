@@ -94,6 +94,8 @@ _LATEST_TIME = 1e10
 #: the most seconds a time within a run may lie from its start (a thousand years): past it
 #: a figure overflows to infinity once it is scaled to milliseconds and summed
 LONGEST_RUN_S = 3e10
+#: page faults a step a saved run may give: a 4 KiB fault a step of 4 TB, past any host
+MAX_FAULTS_PER_STEP = 1e9
 #: GPU indices a saved run may name: NVML's are 0 to N-1 on a host, and NVIDIA's driver takes at
 #: most 32 GPUs a system (NV_MAX_DEVICES, nvlimits.h); twice that, for a later driver. Every
 #: reader and renderer does work per GPU: a file naming 20,000 took minutes to report.
@@ -176,6 +178,9 @@ def check_run(run: Run) -> None:
                       f"of at most {MAX_COMMAND_CHARS} characters and at most {MAX_WHATIF_ROUNDS} round gains > 0")
     if run.whatif_seconds < 0:
         raise bad("run.whatif_seconds", "negative")
+    if run.whatif_run_faults is not None and not 0 <= run.whatif_run_faults < MAX_FAULTS_PER_STEP:
+        raise bad("run.whatif_run_faults", f"expected 0 to {MAX_FAULTS_PER_STEP:.0e} page faults a step, "
+                  f"got {run.whatif_run_faults}")
     for i, fp in enumerate(run.fit_probes):
         if fp.fit < 1:
             raise bad(f"run.fit_probes[{i}].fit", f"expected a fit call's number from 1, got {fp.fit}")

@@ -165,7 +165,7 @@ class WhatIfRun:
             try:
                 self.place.run.whatif, skipped = measure(
                     capture, changes, loop_compute(run, diagnosis.metrics), budget,
-                    self.place.interrupted, self.held_wait, run_faults=diagnosis.metrics.faults_per_step,
+                    self.place.interrupted, self.held_wait, run_faults=self._run_faults(diagnosis.metrics.faults_per_step),
                     own_at_most=own_at_most(self.place.timeline, diagnosis))
                 self.place.run.whatif_skipped = skipped or not_read
             except Interrupted:
@@ -179,6 +179,13 @@ class WhatIfRun:
             if done:
                 self.measured = True
                 capture.drop()
+
+    def _run_faults(self, now: float | None) -> float | None:
+        """The run's page faults a step as the first replays found them, kept for the advice
+        (later ones count steps after replays that may have moved the heap), and passed on."""
+        if self.place.run.whatif_run_faults is None:
+            self.place.run.whatif_run_faults = now
+        return now
 
     def _replay_source(self) -> Any:
         """A loader of another framework that fed the step and can be read again
@@ -224,7 +231,7 @@ class WhatIfRun:
         try:
             self.place.run.whatif, self.place.run.whatif_skipped = measure(
                 capture, agreed.changes, own, budget, lambda: False, slice_s=agreed.slice_s,
-                collective=agreed.collective, run_faults=diagnosis.metrics.faults_per_step)
+                collective=agreed.collective, run_faults=self._run_faults(diagnosis.metrics.faults_per_step))
         except Interrupted:
             self.place.run.whatif_skipped = "stopped by a signal before the changes were measured"
         except Exception as err:  # the user's dataset or model failed outside the run
@@ -258,7 +265,7 @@ class WhatIfRun:
             try:
                 found, _ = measure(capture, changes, loop_compute(run, diagnosis.metrics), left,
                                    self.place.interrupted, self.held_wait,
-                                   run_faults=diagnosis.metrics.faults_per_step,
+                                   run_faults=self._run_faults(diagnosis.metrics.faults_per_step),
                                    own_at_most=own_at_most(self.place.timeline, diagnosis))
                 # each against its own replay of the run's settings; the model alone measured once
                 self.place.run.whatif.extend(w for w in found if w.change not in done)

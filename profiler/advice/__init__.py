@@ -40,8 +40,8 @@ from .base import (
     MEASURE,
     STORED_IDS,
     Recommendation,
+    at_run_faults,
     held_to_ceiling,
-    other_heap_state,
     other_state_gain,
     replay_name,
     replayed_change,
@@ -179,7 +179,7 @@ PACKED_AFTER_READ = 0.1
 #: a stream's whole items stand for its offline copy where its steps not known to be
 #: deterministic are less than this share of loading
 STREAM_UNKNOWN = 0.1
-#: a replay's figure in the run's settings' heap state is given beside its own where the
+#: a replay's figure in its own heap state is given beside the one at the run's where the
 #: two are this far apart (closer: within the replays' noise)
 OTHER_STATE_APART = 0.05
 
@@ -247,16 +247,35 @@ class Beside:
     cores_left: float
 
 
-def _replayed_gain(w: WhatIf, change: Changes, beside: Beside | None) -> tuple[float, float]:
-    """A change's replayed speed-up and the step it is read against: the replay of the run's
-    settings; or, beside other processes, for fewer threads that fit the cores they left,
-    the run's own median step. There the run's threads outnumber those cores and wait for
-    each other at every parallel op, by as much as the others' load falls on them: the run's
-    steps (they sleep in each wait for a batch) met it unlike the replay's back-to-back steps;
-    threads that fit meet none of it (docs/whatif.md)."""
+@dataclass
+class Read:
+    """A replay's steps as the advice reads them: the change's and the run's settings' (both
+    at the run's page faults a step: ``base.at_run_faults``), and what the change's is read
+    against (``_replayed_gain``)."""
+
+    step: float
+    base: float
+    against: float
+
+    @property
+    def gain(self) -> float:
+        return self.against / self.step
+
+
+def _replayed_gain(w: WhatIf, change: Changes, beside: Beside | None, run_faults: float | None = None,
+                   cost: float | None = None) -> Read:
+    """A change's replayed step, read at the run's page faults a step (``run_faults``, at the
+    host's price of one, ``cost``), and the step it is read against: the replay of the run's
+    settings, read so too; or, beside other processes, for fewer threads that fit the cores
+    they left, the run's own median step. There the run's threads outnumber those cores
+    and wait for each other at every parallel op, by as much as the others' load falls on
+    them: the run's steps (they sleep in each wait for a batch) met it unlike the replay's
+    back-to-back steps; threads that fit meet none of it (docs/whatif.md)."""
+    step = at_run_faults(w.seconds_per_step, w.faults_per_step, run_faults, cost)
+    base = at_run_faults(w.baseline_seconds_per_step, w.baseline_faults_per_step, run_faults, cost)
     if beside is not None and change.threads is not None and change.threads <= beside.cores_left + 0.25:
-        return beside.step / w.seconds_per_step, beside.step
-    return w.baseline_seconds_per_step / w.seconds_per_step, w.baseline_seconds_per_step
+        return Read(step, base, beside.step)
+    return Read(step, base, base)
 
 
 def measured(run: Run, recs: list[Recommendation], restarts_after: int | None = None,
@@ -270,8 +289,9 @@ def measured(run: Run, recs: list[Recommendation], restarts_after: int | None = 
     if not run.whatif:
         return recs
     by_change = {w.change: w for w in run.whatif}
+    faults, cost = run.whatif_run_faults, run.environment.fault_seconds
     alone = by_change.get(CEILING)
-    ceiling = alone.baseline_seconds_per_step / alone.seconds_per_step if alone is not None else None
+    ceiling = _replayed_gain(alone, Changes(), None, faults, cost).gain if alone is not None else None
     out: list[Recommendation] = []
     for rec in recs:
         change = replayed_change(rec)
@@ -279,10 +299,9 @@ def measured(run: Run, recs: list[Recommendation], restarts_after: int | None = 
         if w is None or change is None:
             out.append(rec)
             continue
-        replayed, against = _replayed_gain(w, change, beside)
+        read = _replayed_gain(w, change, beside, faults, cost)
         # a loading change held to no loading at all (a model change, as the alone ones, is not)
-        gain, held = held_to_ceiling(replayed, change, ceiling,
-                                     other_heap_state(alone, w) if alone is not None else None)
+        gain, held = held_to_ceiling(read.gain, change, ceiling)
         lost = lost_round(w)
         if no_gain(w, gain) and w.alone:
             # the model alone shows what the change does to the model, not to the job beside a
@@ -301,13 +320,12 @@ def measured(run: Run, recs: list[Recommendation], restarts_after: int | None = 
             gain, steady = _restarts_kept(run, w, gain, restarts_after)
         # measured, not the most a model allows: an estimate
         rec.estimated_speedup, rec.bound = round(gain, 2), False
-        ran = (f"{against * 1e3:.1f} ms as it ran, {w.steps} steps" if against == w.baseline_seconds_per_step else
-               f"the run's own median step of {against * 1e3:.1f} ms ({w.steps} steps; the replay of its settings "
-               f"beside the other processes read {w.baseline_seconds_per_step * 1e3:.1f} ms: its threads, more than "
+        ran = (f"{read.against * 1e3:.1f} ms as it ran, {w.steps} steps each" if read.against == read.base else
+               f"the run's own median step of {read.against * 1e3:.1f} ms ({w.steps} steps; the replay of its settings "
+               f"beside the other processes read {read.base * 1e3:.1f} ms: its threads, more than "
                "the cores left, met the others' load unlike the run's)")
         rec.basis = (f"measured: the job's own step replayed with {replay_name(w.change, rec)}, "
-                     f"{w.seconds_per_step * 1e3:.1f} ms against {ran}"
-                     f"{' each' if against == w.baseline_seconds_per_step else ''}{held}{steady}")
+                     f"{read.step * 1e3:.1f} ms against {ran}{_read_at(w, read, faults)}{held}{steady}")
         if rec.framework == "tf" and rec.id in ("cache", *STORED_IDS) and w.baseline_stop_seconds >= 0.0005:
             rec.basis += (f" (each epoch's start and the free of its iterator counted: {w.baseline_stop_seconds * 1e3:.1f} ms "
                           f"as it ran, about {w.stop_seconds * 1e3:.1f} ms at the changed epoch's length)")
@@ -318,13 +336,13 @@ def measured(run: Run, recs: list[Recommendation], restarts_after: int | None = 
         if w.held_wait_seconds:
             rec.basis += (f" (the model alone on a held batch, the {w.held_wait_seconds * 1e3:.1f} ms a step "
                           "the loop waited for batches added as measured)")
-        other = other_state_gain(w, run.environment.malloc, run.environment.fault_seconds)
-        if other is not None and abs(other / gain - 1) >= OTHER_STATE_APART:
+        other = other_state_gain(w, read.against, run.environment.malloc, faults, cost)
+        if other is not None and faults is not None and abs(other / gain - 1) >= OTHER_STATE_APART:
             rec.values["other_heap_state_speedup"] = round(other, 2)
-            rec.basis += (f"; its replay's heap ran in the other of glibc's two states from the run's settings' "
-                          f"replay ({w.faults_per_step:,.0f} page faults a step to {w.baseline_faults_per_step:,.0f}): "
-                          f"about {other:.2f}x a step in theirs, where a fresh process of the changed job may fall "
-                          "too (the heap advice takes the faults away; docs/memory.md)")
+            rec.basis += (f"; its replay's heap ran in the other of glibc's two states from the run's "
+                          f"({w.faults_per_step or 0:,.0f} page faults a step to {faults:,.0f}): about {other:.2f}x a "
+                          "step in that state, where a fresh process of the changed job may fall too (the heap "
+                          "advice takes the faults away; docs/memory.md)")
         whole = _whole_job(run, rec, w, gain)
         if whole is not None:
             rec.values["whole_job_speedup"] = round(whole[0], 2)
@@ -332,6 +350,18 @@ def measured(run: Run, recs: list[Recommendation], restarts_after: int | None = 
         out.append(rec)
     _contention_at_least_threads(run, out, by_change, beside)
     return by_gain(out, ended=run.exit_status == "ok")
+
+
+def _read_at(w: WhatIf, read: Read, faults: float | None) -> str:
+    """The words that say the replays were read at the run's page faults a step, where that
+    moved either by 1% or more ("" otherwise)."""
+    raw = [(w.seconds_per_step, read.step, w.faults_per_step),
+           (w.baseline_seconds_per_step, read.base, w.baseline_faults_per_step)]
+    if faults is None or all(abs(now / was - 1) < 0.01 for was, now, _ in raw):
+        return ""
+    took = " and ".join(f"{s * 1e3:.1f} ms with {f:,.0f}" for s, _, f in raw if f is not None)
+    return (f" (read at the run's {faults:,.0f} page faults a step; the replays, after it in one process whose "
+            f"heap they may have moved, took {took}: docs/memory.md)")
 
 
 def _restarts_kept(run: Run, w: WhatIf, gain: float, warmup: int) -> tuple[float, str]:
@@ -369,13 +399,16 @@ def _contention_at_least_threads(run: Run, recs: list[Recommendation], by_change
     if rec is None or not threads or others is None or threads <= run.environment.usable_cores - others:
         return
     w = next((w for c, w in by_change.items() if c.startswith("threads=")), None)
-    gain, against = _replayed_gain(w, Changes.parse(w.change), beside) if w is not None else (0.0, 0.0)
-    if w is None or no_gain(w, gain) or (rec.estimated_speedup or 0.0) >= gain:
+    if w is None:
+        return
+    read = _replayed_gain(w, Changes.parse(w.change), beside, run.whatif_run_faults, run.environment.fault_seconds)
+    gain = read.gain
+    if no_gain(w, gain) or (rec.estimated_speedup or 0.0) >= gain:
         return
     rec.estimated_speedup, rec.bound, rec.floor = round(gain, 2), False, True
-    ran = "" if against == w.baseline_seconds_per_step else ", the run's own median step"
+    ran = "" if read.against == read.base else ", the run's own median step"
     rec.basis = (f"measured: at least what the job's own step replayed with {w.change} beside the other "
-                 f"processes bought ({w.seconds_per_step * 1e3:.1f} ms against {against * 1e3:.1f} ms{ran}): "
+                 f"processes bought ({read.step * 1e3:.1f} ms against {read.against * 1e3:.1f} ms{ran}): "
                  f"{threads} threads for the {run.environment.usable_cores - others:.1f} cores the others left wait "
                  "for each other at every parallel op")
 

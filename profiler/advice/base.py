@@ -170,46 +170,42 @@ def change_of(rec: Recommendation) -> Changes | None:
 STORED_IDS = ("offline_preprocessing", "convert_format", "litdata_optimize")
 
 
-def held_to_ceiling(gain: float, change: Changes, ceiling: float | None,
-                    heap_faults: float | None = None) -> tuple[float, str]:
+def held_to_ceiling(gain: float, change: Changes, ceiling: float | None) -> tuple[float, str]:
     """A replayed change's speed-up held to the model alone's (``CEILING``) where the change
     is the loading's only: no loader makes a step faster than no loading at all, so a
-    replay that read faster read the noise between two replays. Not where the model alone
-    took ``heap_faults`` page faults a step more (``other_heap_state``): glibc's heap made
-    that replay slow, not noise. With the words that say so ("" where nothing was held)."""
+    replay that read faster read the noise between two replays. With the words that say
+    so ("" where nothing was held)."""
     model = (change.amp, change.accumulation, change.threads, change.compile, change.pin_memory,
              change.repeat_batch)
     if ceiling is None or gain <= ceiling or any(model):
         return gain, ""
-    if heap_faults is not None:
-        return gain, (f"; not held to the model alone's {ceiling:.2f}x: that replay took {heap_faults:,.0f} page "
-                      "faults a step more, glibc's heap giving back what its step freed (docs/memory.md)")
     return ceiling, (f"; held to the model alone's {ceiling:.2f}x (it read {gain:.2f}x: no change of the "
                      "loading makes a step faster than no loading at all)")
 
 
-def other_heap_state(alone: WhatIf, w: WhatIf) -> float | None:
-    """The page faults a step the model alone's replay took beyond ``w``'s, where the two ran
-    in different states of glibc's heap: the one faulting in again what its step freed (at
-    least ``HEAP_STATE_FAULTS`` more, and more than twice ``w``'s: ``heap.two_states``), the other not
-    (docs/memory.md). Its time is then no floor under ``w``'s. None otherwise, or not counted."""
-    if alone.faults_per_step is None or w.faults_per_step is None:
-        return None
-    more = alone.faults_per_step - w.faults_per_step
-    return more if more > 0 and two_states(alone.faults_per_step, w.faults_per_step) else None
+def at_run_faults(seconds: float, faults: float | None, run_faults: float | None, cost: float | None) -> float:
+    """A replayed step read at the run's own page faults a step (``run_faults``, counted
+    before the replays), the faults it took beyond them (or short of them) at the host's
+    price of one (``cost``), moved by at most half the step. The replays run after the
+    run in one process, whose allocations may have moved glibc's heap into its other
+    state (faulting in again what each step frees, or not); the changed job starts a
+    fresh process, as the run did (docs/memory.md). Unmoved where a count is not known."""
+    if faults is None or run_faults is None or not cost:
+        return seconds
+    return min(1.5 * seconds, max(0.5 * seconds, seconds - (faults - run_faults) * cost))
 
 
-def other_state_gain(w: WhatIf, malloc: str, cost: float | None) -> float | None:
-    """``w``'s speed-up had its replay's heap run in the state of the run's settings' replay
-    beside it, where the two ran in glibc's two states (``two_states``; ``malloc``: the run's
-    allocator, as it comes): the faults it took fewer (a negative: more) at the host's price
-    of one (``cost``), at most half its step taken off. A trial of the change starts a fresh
-    process, whose heap may fall in either state. None where they ran in one, or a count or
-    the price is not known."""
-    f, base = w.faults_per_step, w.baseline_faults_per_step
-    if malloc != "glibc" or not cost or f is None or base is None or not two_states(base, f):
+def other_state_gain(w: WhatIf, base: float, malloc: str, run_faults: float | None,
+                     cost: float | None) -> float | None:
+    """``w``'s speed-up over ``base`` (the run's settings' step at the run's page faults)
+    with its replay's heap as it ran, where that replay's and the run's ran in glibc's two
+    states (``two_states``; ``malloc``: the run's allocator, as it comes): a fresh process
+    of the changed job may fall in that one too. None where they ran in one, or a count
+    or the price is not known."""
+    f = w.faults_per_step
+    if malloc != "glibc" or not cost or f is None or run_faults is None or not two_states(run_faults, f):
         return None
-    return w.baseline_seconds_per_step / (w.seconds_per_step + max((base - f) * cost, -w.seconds_per_step / 2))
+    return base / w.seconds_per_step
 
 
 def replayed_change(rec: Recommendation) -> Changes | None:

@@ -67,6 +67,8 @@ def test_a_storage_bound_loop_gets_measured_worker_and_cache_estimates_and_is_le
         assert packed.estimated_speedup > 1.5 and packed.values["stored_items"] is True
     assert not [p for p in os.listdir(tmp_path) if p.startswith("loadprof-stored-")]
     assert 0 < run.whatif_seconds <= 25.0 + 5.0
+    # the heap's state the replays are read at: the run's own faults a step before them
+    assert run.whatif_run_faults is None or run.whatif_run_faults >= 0
     # 48 steps: the replays ran between two steps, and that pause is out of the run's times
     assert len(run.steps) == 48
     assert max(st.duration for st in run.steps) < run.whatif_seconds / 4

@@ -124,6 +124,8 @@ def test_a_saved_report_reads_back_as_it_was(tmp_path: Path) -> None:
                    "faults_per_step": -4.0}], "other times and page faults >= 0"),
     (["host_samples", 2, "process_faults"], -7, "run.host_samples[2].process_faults: negative (-7)"),
     (["environment", "fault_seconds"], 3.0, "run.environment.fault_seconds: expected 0 to 1 second, got 3.0"),
+    (["whatif_run_faults"], 1e308, "run.whatif_run_faults: expected 0 to 1e+09 page faults a step, got 1e+308"),
+    (["whatif_run_faults"], -1.0, "run.whatif_run_faults: expected 0 to 1e+09 page faults a step, got -1.0"),
     (["whatif_seconds"], -3, "run.whatif_seconds: negative"),
     (["steps", 10, "end"], 1e308, "run.steps[10]: expected under 3e+10 seconds either way, got 1e+308"),
     (["steps", 4, "data_wait"], 1e300, "run.steps[4].data_wait: expected under 3e+10 seconds either way, got 1e+300"),
