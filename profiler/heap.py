@@ -27,6 +27,8 @@ PRELOADED = ("jemalloc", "tcmalloc", "mimalloc")
 SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 #: pages the fault-cost measurement touches in all (16 MiB)
 PROBE_PAGES = 4096
+#: bytes a page fault maps (4 KiB on x86-64 and most ARM hosts)
+PAGE = 4096
 
 #: page faults a step (1 MiB) beyond which two stretches of one step ran in different
 #: states of glibc's heap (the one faulting in again what its step freed, the other not)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .heap import two_states
+from .heap import PAGE, two_states
 from .lines import first_line, note
 from .metrics import Metrics, epoch_steps, faults_per_step, warmup_count
 from .records import Run, WhatIf
@@ -165,7 +165,7 @@ class WhatIfRun:
             try:
                 self.place.run.whatif, skipped = measure(
                     capture, changes, loop_compute(run, diagnosis.metrics), budget,
-                    self.place.interrupted, self.held_wait, run_faults=self._run_faults(diagnosis.metrics.faults_per_step),
+                    self.place.interrupted, self.held_wait, run_faults=self._run_faults(diagnosis.metrics),
                     own_at_most=own_at_most(self.place.timeline, diagnosis))
                 self.place.run.whatif_skipped = skipped or not_read
             except Interrupted:
@@ -180,12 +180,13 @@ class WhatIfRun:
                 self.measured = True
                 capture.drop()
 
-    def _run_faults(self, now: float | None) -> float | None:
+    def _run_faults(self, m: Metrics) -> float | None:
         """The run's page faults a step as the first replays found them, kept for the advice
-        (later ones count steps after replays that may have moved the heap), and passed on."""
-        if self.place.run.whatif_run_faults is None:
-            self.place.run.whatif_run_faults = now
-        return now
+        (later ones count steps after replays that may have moved the heap) less its memory's
+        growth (first touches of memory it keeps: no state of its heap); passed on as they are."""
+        if self.place.run.whatif_run_faults is None and m.faults_per_step is not None:
+            self.place.run.whatif_run_faults = max(0.0, m.faults_per_step - (m.rss_growth_per_step or 0.0) / PAGE)
+        return m.faults_per_step
 
     def _replay_source(self) -> Any:
         """A loader of another framework that fed the step and can be read again
@@ -231,7 +232,7 @@ class WhatIfRun:
         try:
             self.place.run.whatif, self.place.run.whatif_skipped = measure(
                 capture, agreed.changes, own, budget, lambda: False, slice_s=agreed.slice_s,
-                collective=agreed.collective, run_faults=self._run_faults(diagnosis.metrics.faults_per_step))
+                collective=agreed.collective, run_faults=self._run_faults(diagnosis.metrics))
         except Interrupted:
             self.place.run.whatif_skipped = "stopped by a signal before the changes were measured"
         except Exception as err:  # the user's dataset or model failed outside the run
@@ -265,7 +266,7 @@ class WhatIfRun:
             try:
                 found, _ = measure(capture, changes, loop_compute(run, diagnosis.metrics), left,
                                    self.place.interrupted, self.held_wait,
-                                   run_faults=self._run_faults(diagnosis.metrics.faults_per_step),
+                                   run_faults=self._run_faults(diagnosis.metrics),
                                    own_at_most=own_at_most(self.place.timeline, diagnosis))
                 # each against its own replay of the run's settings; the model alone measured once
                 self.place.run.whatif.extend(w for w in found if w.change not in done)

@@ -3,7 +3,7 @@ touches again (heap.py says why), priced at the cost of a fault measured on the 
 
 from __future__ import annotations
 
-from ..heap import MMAP_THRESHOLD, environment_line, trim_threshold
+from ..heap import MMAP_THRESHOLD, PAGE, environment_line, trim_threshold
 from ..metrics import Metrics
 from ..records import Run
 from .base import Recommendation, size_text
@@ -12,8 +12,6 @@ from .base import Recommendation, size_text
 HEAP_SHARE = 0.05
 #: ...and they this many a step (1 MiB touched anew): a short step's few faults are no pattern
 MIN_FAULTS = 256
-#: bytes a page fault maps (4 KiB on x86-64 and most ARM hosts)
-PAGE = 4096
 
 
 def churn_faults(run: Run, m: Metrics) -> float | None:
