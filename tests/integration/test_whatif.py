@@ -8,6 +8,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -68,6 +69,8 @@ def test_a_storage_bound_loop_gets_measured_worker_and_cache_estimates_and_is_le
     assert not [p for p in os.listdir(tmp_path) if p.startswith("loadprof-stored-")]
     assert 0 < run.whatif_seconds <= 25.0 + 5.0
     # the heap's state the replays are read at: the run's own faults a step before them
+    # (/proc gives the process's faults on Linux)
+    assert run.whatif_run_faults is not None or sys.platform != "linux"
     assert run.whatif_run_faults is None or run.whatif_run_faults >= 0
     # 48 steps: the replays ran between two steps, and that pause is out of the run's times
     assert len(run.steps) == 48
