@@ -5,7 +5,8 @@ The advice reads every replayed step at the run's faults a step (advice.base.at_
 passes saved before that kept the replays' steps and faults, so the same reading can be
 tried on them without running anything. Each row's estimate is matched to the replay that
 gave it (its figure within 1.5%, or the model alone's where it held one); rows whose figure
-came another way (the whole job, the run's own step beside a busy core) are left out. The
+came another way (the whole job, the run's own step beside a busy core) are left out, and
+passes whose advice read its replays so already. The
 run's count is the profiled baseline's faults a judged step, which the saved rows keep (the
 advice itself keeps the count before the first replays: a little apart where the replays
 moved the heap for the steps after them).
@@ -76,8 +77,10 @@ def main() -> int:
         except (OSError, ValueError, KeyError, TypeError) as err:
             print(f"{name}: not a pass's JSON ({type(err).__name__}: {err})", file=sys.stderr)
             return 2
+        if any("read at the run's" in str(row.get("basis", "")) for row in rows if isinstance(row, dict)):
+            continue  # a pass whose advice read its replays so already
         for row in rows:
-            if row.get("whole_job") or not isinstance(row, dict):
+            if not isinstance(row, dict) or row.get("whole_job"):
                 continue
             for est, new, meas in reread(row, o.fault_seconds):
                 pairs.append((Path(name).stem, f"{row['example']} {row['id']}", est, new, meas))

@@ -107,14 +107,16 @@ def _probe(pages: int) -> float | None:
     return ((t1 - t0) - (t2 - t1)) / faults
 
 
-def state_seconds(run_faults: float | None, replay_faults: float | None) -> float:
+def state_seconds(run_faults: float | None, replay_faults: float | None, cost: float | None = None) -> float:
     """Seconds a step that the run's page faults beyond a replay's took, at this host's
-    price of a fault: where the run's heap faulted in again what the replay's did not (two
-    states of one heap, the replay's allocations having moved it), that time is no code of
-    the run's loop for the replays to stand in for. 0 where either count is not known."""
+    price of a fault (``cost``; measured here where not given): where the run's heap faulted
+    in again what the replay's did not (two states of one heap, the replay's allocations
+    having moved it), that time is no code of the run's loop for the replays to stand in
+    for. 0 where either count, or the price, is not known."""
     if run_faults is None or replay_faults is None or run_faults <= replay_faults:
         return 0.0
-    cost = fault_seconds()
+    if cost is None:
+        cost = fault_seconds()
     return (run_faults - replay_faults) * cost if cost else 0.0
 
 
