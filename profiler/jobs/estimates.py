@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from ..advice.base import (
     CEILING,
     Recommendation,
+    at_run_faults,
     held_to_ceiling,
     replay_name,
     replayed_change,
 )
-from ..records import WhatIf
+from ..records import Run, WhatIf
 from ..replaygain import NO_GAIN
 from .records import RankRun
 
@@ -46,7 +47,7 @@ def job_whatifs(ranks: list[RankRun]) -> tuple[list[JobWhatIf], str]:
     first present) measured them; or why there is none."""
     heads = {r.rank: r.head for r in ranks}
     missing = [r for r, head in sorted(heads.items()) if head is None]
-    measured = {r: {w.change: w for w in head.whatif} for r, head in heads.items() if head is not None}
+    measured = {r: {w.change: _read(w, head) for w in head.whatif} for r, head in heads.items() if head is not None}
     if not measured or len(heads) < 2:
         return [], ""
     if missing:
@@ -66,6 +67,15 @@ def job_whatifs(ranks: list[RankRun]) -> tuple[list[JobWhatIf], str]:
     if any(measured.values()):
         return [], "no change was measured on every rank"
     return [], ""
+
+
+def _read(w: WhatIf, head: Run) -> WhatIf:
+    """A rank's replay with both steps read at that rank's own page faults a step, as one
+    run's are (``advice.base.at_run_faults``)."""
+    faults, cost = head.whatif_run_faults, head.environment.fault_seconds
+    return dataclasses.replace(
+        w, seconds_per_step=at_run_faults(w.seconds_per_step, w.faults_per_step, faults, cost),
+        baseline_seconds_per_step=at_run_faults(w.baseline_seconds_per_step, w.baseline_faults_per_step, faults, cost))
 
 
 def _joined(change: str, per: dict[int, WhatIf]) -> JobWhatIf:

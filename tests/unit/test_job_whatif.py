@@ -32,6 +32,17 @@ def test_the_job_figure_is_the_slowest_rank_as_run_over_the_slowest_rank_with_th
     assert figures[0].speedup == pytest.approx(17.5)
 
 
+def test_each_rank_s_replays_are_read_at_its_own_page_faults_a_step():
+    slow = Run(whatif=[WhatIf("cache", 0.004, 0.070, 10, faults_per_step=100.0, baseline_faults_per_step=10_100.0)],
+               whatif_run_faults=100.0)
+    slow.environment.fault_seconds = 1e-6  # rank 1's settings' replay took 10 ms of faults the run did not
+    figures, _ = job_whatifs([_rank(0, [_whatif("cache", 0.004, 0.020)]), RankRun(rank=1, world_size=2, run=slow)])
+    assert figures[0].baseline_seconds_per_step == pytest.approx(0.060) and figures[0].speedup == pytest.approx(15.0)
+    slow.whatif_run_faults = None  # not kept: as measured
+    assert job_whatifs([_rank(0, [_whatif("cache", 0.004, 0.020)]),
+                        RankRun(rank=1, world_size=2, run=slow)])[0][0].speedup == pytest.approx(17.5)
+
+
 def test_no_job_figure_for_a_change_one_rank_did_not_measure_or_a_rank_missing():
     figures, why = job_whatifs([_rank(0, [_whatif("cache", 0.004, 0.020)]),
                                 _rank(1, [], "the ranks replay together or not at all; rank 0: x")])
