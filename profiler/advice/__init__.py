@@ -40,11 +40,11 @@ from .base import (
     MEASURE,
     STORED_IDS,
     Recommendation,
-    at_run_faults,
     held_to_ceiling,
     other_state_gain,
     replay_name,
     replayed_change,
+    steps_at_run_faults,
 )
 from .compute import compute_advice, host_bound_advice, threads_advice
 from .heap import heap_advice
@@ -271,8 +271,7 @@ def _replayed_gain(w: WhatIf, change: Changes, beside: Beside | None, run_faults
     and wait for each other at every parallel op, by as much as the others' load falls on
     them: the run's steps (they sleep in each wait for a batch) met it unlike the replay's
     back-to-back steps; threads that fit meet none of it (docs/whatif.md)."""
-    step = at_run_faults(w.seconds_per_step, w.faults_per_step, run_faults, cost)
-    base = at_run_faults(w.baseline_seconds_per_step, w.baseline_faults_per_step, run_faults, cost)
+    step, base = steps_at_run_faults(w, run_faults, cost)
     if beside is not None and change.threads is not None and change.threads <= beside.cores_left + 0.25:
         return Read(step, base, beside.step)
     return Read(step, base, base)

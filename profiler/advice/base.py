@@ -195,6 +195,13 @@ def at_run_faults(seconds: float, faults: float | None, run_faults: float | None
     return min(1.5 * seconds, max(0.5 * seconds, seconds - (faults - run_faults) * cost))
 
 
+def steps_at_run_faults(w: WhatIf, run_faults: float | None, cost: float | None) -> tuple[float, float]:
+    """``w``'s step with the change and its step as the run had it, each read at the run's
+    page faults a step (``at_run_faults``)."""
+    return (at_run_faults(w.seconds_per_step, w.faults_per_step, run_faults, cost),
+            at_run_faults(w.baseline_seconds_per_step, w.baseline_faults_per_step, run_faults, cost))
+
+
 def other_state_gain(w: WhatIf, base: float, malloc: str, run_faults: float | None,
                      cost: float | None) -> float | None:
     """``w``'s speed-up over ``base`` (the run's settings' step at the run's page faults)

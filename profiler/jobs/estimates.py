@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from ..advice.base import (
     CEILING,
     Recommendation,
-    at_run_faults,
     held_to_ceiling,
     replay_name,
     replayed_change,
+    steps_at_run_faults,
 )
 from ..records import Run, WhatIf
 from ..replaygain import NO_GAIN
@@ -72,10 +72,8 @@ def job_whatifs(ranks: list[RankRun]) -> tuple[list[JobWhatIf], str]:
 def _read(w: WhatIf, head: Run) -> WhatIf:
     """A rank's replay with both steps read at that rank's own page faults a step, as one
     run's are (``advice.base.at_run_faults``)."""
-    faults, cost = head.whatif_run_faults, head.environment.fault_seconds
-    return dataclasses.replace(
-        w, seconds_per_step=at_run_faults(w.seconds_per_step, w.faults_per_step, faults, cost),
-        baseline_seconds_per_step=at_run_faults(w.baseline_seconds_per_step, w.baseline_faults_per_step, faults, cost))
+    step, base = steps_at_run_faults(w, head.whatif_run_faults, head.environment.fault_seconds)
+    return dataclasses.replace(w, seconds_per_step=step, baseline_seconds_per_step=base)
 
 
 def _joined(change: str, per: dict[int, WhatIf]) -> JobWhatIf:
