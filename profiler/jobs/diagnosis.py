@@ -307,9 +307,10 @@ def find_stragglers(rows: list[RankFigures], th: JobThresholds = DEFAULT_JOB_THR
         }
         part, delta = max(deltas.items(), key=lambda kv: kv[1])
         queued = [o.cpu_wait for o in others if o.cpu_wait is not None]
-        if r.cpu_wait is not None and queued and r.cpu_wait - _median(queued) >= th.cause_share * excess:
+        late = r.cpu_wait - _median(queued) if r.cpu_wait is not None and queued else None
+        if late is not None and late >= th.cause_share * excess:
             # the excess was time queued for a core: other work's, not more of its own
-            part, delta = "cpu-wait", r.cpu_wait - _median(queued)
+            part, delta = "cpu-wait", late
         cause = part if delta >= th.cause_share * excess else "unclear"
         share = excess / job_step if job_step > 0 else 0.0
         detail = (f"its own work is {_ms(excess)} per step ({100 * share:.0f}% of the job's step) longer "
