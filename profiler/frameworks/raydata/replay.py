@@ -30,6 +30,9 @@ APPLIED = ("threads", "ray_prefetch_batches", "repeat_batch", "amp")
 class RaySource:
     """The run's Ray Data training iteration, to be read again: ``like(change)``."""
 
+    #: its batches come in bursts: each replay reads an execution to its end (torch/replay.py)
+    bursts = True
+
     def __init__(self, hooks: Any, source: Any, method: str, kwargs: dict[str, Any] | None) -> None:
         self.hooks = hooks
         self.source = source

@@ -154,7 +154,9 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
         # within the replays' noise: nothing to stand in for; a job's all-reduce always is
         if extra <= EXTRA_SHARE * first.seconds and not slice_s:
             extra, best[0] = 0.0, first
-        if not slice_s:
+        # a loader of bursts keeps the first slice: a window ends with its execution, whose
+        # start and ramp a shorter slice would cut into (raydata/replay.py)
+        if not slice_s and not getattr(capture.loader, "bursts", False):
             # two rounds at least where a replay's warm-up and a few steps fit in the shorter
             # slice: each change is then paired twice with the run's settings, and a gain one
             # round reverses is told from the change's own (advice.base.lost_round)
@@ -276,6 +278,11 @@ def _replay(capture: StepCapture, step: ReplayStep, change: Changes, threads: in
                 try:
                     batch = next(it)
                 except StopIteration:
+                    if window and n - warmup >= MIN_STEPS:
+                        # a fresh execution's start and ramp are no step's (the run's epoch
+                        # starts are counted apart): the window ends with the execution
+                        result = _measured(step, t_start, n - warmup, waited, began, start, faults)
+                        return result
                     with internal():
                         it = iter(loader)
                     batch = next(it)
@@ -301,13 +308,7 @@ def _replay(capture: StepCapture, step: ReplayStep, change: Changes, threads: in
                     now = time.perf_counter()
                     if measured >= max_steps and now - t_start >= MIN_MEASURED_S \
                             or (now > stop_at and measured >= MIN_STEPS and now - t_start >= window):
-                        step.sync()
-                        seconds = (time.perf_counter() - t_start) / measured
-                        result = _Result(seconds, seconds - waited / measured, measured, time.perf_counter() - began,
-                                         start)
-                        now_faults = minor_faults()
-                        if faults is not None and now_faults is not None:
-                            result.faults = (now_faults - faults) / measured
+                        result = _measured(step, t_start, measured, waited, began, start, faults)
                         return result
                 if time.perf_counter() > stop_at + slice_s:
                     return None  # too slow a step to measure in the time given
@@ -320,6 +321,20 @@ def _replay(capture: StepCapture, step: ReplayStep, change: Changes, threads: in
             shutdown()
             if result is not None:
                 result.stop = time.perf_counter() - t_stop
+
+
+def _measured(step: ReplayStep, t_start: float, measured: int, waited: float, began: float, start: float,
+              faults: int | None) -> _Result:
+    """The replay's ``measured`` steps since ``t_start``, ``waited`` of them for batches."""
+    from ...heap import minor_faults
+
+    step.sync()
+    seconds = (time.perf_counter() - t_start) / measured
+    result = _Result(seconds, seconds - waited / measured, measured, time.perf_counter() - began, start)
+    now_faults = minor_faults()
+    if faults is not None and now_faults is not None:
+        result.faults = (now_faults - faults) / measured
+    return result
 
 
 def _loader_for(loader: Any, change: Changes, items: Items) -> Any:
