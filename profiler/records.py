@@ -350,6 +350,10 @@ class WhatIf:
     #: run had it (glibc's heap, docs/memory.md); None: not counted
     faults_per_step: float | None = None
     baseline_faults_per_step: float | None = None
+    #: rounds left out of the figures, the change's and the run's settings': their heap ran in
+    #: the other of glibc's two states from the run's, where another round ran in the run's
+    other_state_rounds: int = 0
+    baseline_other_state_rounds: int = 0
 
 
 @dataclass

@@ -173,9 +173,12 @@ def check_run(run: Run) -> None:
                 and min(w.extra_seconds, w.start_seconds, w.baseline_start_seconds, w.held_wait_seconds) >= 0
                 and len(w.change) <= MAX_COMMAND_CHARS
                 and len(w.round_gains) <= MAX_WHATIF_ROUNDS and all(g > 0 for g in w.round_gains)
-                and min(w.faults_per_step or 0.0, w.baseline_faults_per_step or 0.0) >= 0):
+                and min(w.faults_per_step or 0.0, w.baseline_faults_per_step or 0.0) >= 0
+                and 0 <= min(w.other_state_rounds, w.baseline_other_state_rounds)
+                and max(w.other_state_rounds, w.baseline_other_state_rounds) <= MAX_WHATIF_ROUNDS):
             raise bad(f"run.whatif[{i}]", "expected step times > 0, steps >= 1, other times and page faults >= 0, a change "
-                      f"of at most {MAX_COMMAND_CHARS} characters and at most {MAX_WHATIF_ROUNDS} round gains > 0")
+                      f"of at most {MAX_COMMAND_CHARS} characters, at most {MAX_WHATIF_ROUNDS} round gains > 0 and "
+                      f"0 to {MAX_WHATIF_ROUNDS} rounds left out")
     if run.whatif_seconds < 0:
         raise bad("run.whatif_seconds", "negative")
     if run.whatif_run_faults is not None and not 0 <= run.whatif_run_faults < MAX_FAULTS_PER_STEP:

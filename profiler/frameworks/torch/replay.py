@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ...advice.base import CEILING
 from ...fixes.spec import Changes
-from ...heap import state_seconds
+from ...heap import allocator, state_seconds, two_states
 from ...records import WhatIf
 from ...replayitems import Items, OneBatch
 from ...whatif import (
@@ -131,6 +131,7 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     held = held_wait is not None
     configs = [Changes(), *changes] if held else [Changes(), Changes(repeat_batch=True), *changes]
     best: dict[int, _Result] = {}
+    each_round: dict[int, list[_Result]] = {}  # every round's replay of each config, kept apart
     quiet = warnings.catch_warnings()  # the loader's own (more workers than cores) are the advice's to give
     quiet.__enter__()
     warnings.simplefilter("ignore")
@@ -154,6 +155,7 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
         # within the replays' noise: nothing to stand in for; a job's all-reduce always is
         if extra <= EXTRA_SHARE * first.seconds and not slice_s:
             extra, best[0] = 0.0, first
+            each_round[0] = [first]
         # a loader of bursts keeps the first slice: a window ends with its execution, whose
         # start and ramp a shorter slice would cut into (raydata/replay.py)
         if not slice_s and not getattr(capture.loader, "bursts", False):
@@ -173,7 +175,9 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
                 got = _replay(capture, step, change, threads, extra, min(left, each),
                               interrupted, items, held, cap, min(extra, collective))
                 if got is not None:
+                    got.round_nos = [rounds]
                     best[i] = best[i].joined(got) if i in best else got
+                    each_round.setdefault(i, []).append(got)
             rounds += 1
             # a round in part where the run's settings and one change at least still fit (a
             # job's ranks run whole rounds only: side by side, each replay as long on each)
@@ -189,12 +193,16 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
         items.close()
     if 0 not in best:
         return [], "the run's own settings could not be replayed in the time given"
+    if run_faults is not None and allocator() == "glibc":
+        for i, results in each_round.items():
+            best[i] = in_run_state(results, run_faults) or best[i]
     base = best[0]
     wait = held_wait or 0.0
     out = [WhatIf(configs[i].describe(), r.seconds + wait, base.seconds + wait, min(r.steps, base.steps),
                   extra_seconds=extra, start_seconds=r.start, baseline_start_seconds=base.start,
                   stop_seconds=r.stop, baseline_stop_seconds=base.stop, held_wait_seconds=wait, alone=held,
-                  round_gains=[(b + wait) / (c + wait) for b, c in zip(base.rounds, r.rounds, strict=False)],
+                  round_gains=_round_gains(base, r, wait), other_state_rounds=r.left_out,
+                  baseline_other_state_rounds=base.left_out,
                   faults_per_step=None if r.faults is None else round(r.faults, 1),
                   baseline_faults_per_step=None if base.faults is None else round(base.faults, 1))
            for i, r in sorted(best.items(), key=lambda kv: (configs[kv[0]].repeat_batch, kv[0])) if i]
@@ -209,6 +217,29 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     return out, "" if out else "no change could be replayed in the time given"
 
 
+def in_run_state(rounds: list[_Result], run_faults: float) -> _Result | None:
+    """One config's rounds as one (``_Result.joined``), those whose heap ran in the other of
+    glibc's two states from the run's (``two_states`` of their page faults a step) left out
+    where another ran in the run's: a replay's allocations can move the process's heap
+    between rounds, and the changed job's fresh process is read at the run's state
+    (docs/memory.md). None where no round was left out."""
+    kept = [r for r in rounds if r.faults is None or not two_states(run_faults, r.faults)]
+    if not kept or len(kept) == len(rounds):
+        return None
+    out = kept[0]
+    for r in kept[1:]:
+        out = out.joined(r)
+    out.left_out = len(rounds) - len(kept)
+    return out
+
+
+def _round_gains(base: _Result, r: _Result, wait: float) -> list[float]:
+    """Each round's speed-up: the change's replay over the run's settings' of the same round."""
+    b = dict(zip(base.round_nos, base.rounds, strict=False))
+    pairs = [(b[k], c) for k, c in zip(r.round_nos, r.rounds, strict=False) if k in b]
+    return [(x + wait) / (y + wait) for x, y in pairs]
+
+
 def _slice(best: dict[int, _Result], i: int, default: float) -> float:
     """About how long replay ``i`` took last time."""
     r = best.get(i)
@@ -220,6 +251,8 @@ class _Result:
         self.seconds, self.compute, self.steps, self.elapsed, self.start = seconds, compute, steps, elapsed, start
         self.stop = 0.0  # the workers' stop, timed after the steps
         self.rounds = [seconds]  # each round's seconds a step
+        self.round_nos = [0]  # ...and which rounds they were
+        self.left_out = 0  # rounds left out: their heap in the other state from the run's (in_run_state)
         self.faults: float | None = None  # the process's minor page faults a measured step
 
     def joined(self, other: _Result) -> _Result:
@@ -233,6 +266,7 @@ class _Result:
                       other.elapsed, min(self.start, other.start))
         out.stop = min(self.stop, other.stop)
         out.rounds = self.rounds + other.rounds
+        out.round_nos = self.round_nos + other.round_nos
         if self.faults is not None and other.faults is not None:
             out.faults = (self.faults * self.steps + other.faults * other.steps) / n
         return out
