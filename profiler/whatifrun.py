@@ -162,10 +162,11 @@ class WhatIfRun:
             if not end:  # a part kept for the changes the advice at the end may add
                 budget *= 1 - TOP_UP_SHARE
             t0 = time.perf_counter()
+            faults, state = self._run_faults(diagnosis.metrics)
             try:
                 self.place.run.whatif, skipped = measure(
                     capture, changes, loop_compute(run, diagnosis.metrics), budget,
-                    self.place.interrupted, self.held_wait, run_faults=self._run_faults(diagnosis.metrics),
+                    self.place.interrupted, self.held_wait, run_faults=faults, state_faults=state,
                     own_at_most=own_at_most(self.place.timeline, diagnosis))
                 self.place.run.whatif_skipped = skipped or not_read
             except Interrupted:
@@ -180,13 +181,14 @@ class WhatIfRun:
                 self.measured = True
                 capture.drop()
 
-    def _run_faults(self, m: Metrics) -> float | None:
-        """The run's page faults a step as the first replays found them, kept for the advice
-        (later ones count steps after replays that may have moved the heap) less its memory's
-        growth (first touches of memory it keeps: no state of its heap); passed on as they are."""
+    def _run_faults(self, m: Metrics) -> tuple[float | None, float | None]:
+        """The run's page faults a step, as they are and as its heap's state: the latter as the
+        first replays found them, kept for the advice (later ones count steps after replays
+        that may have moved the heap) less its memory's growth (first touches of memory it
+        keeps: no state of its heap)."""
         if self.place.run.whatif_run_faults is None and m.faults_per_step is not None:
             self.place.run.whatif_run_faults = max(0.0, m.faults_per_step - (m.rss_growth_per_step or 0.0) / PAGE)
-        return m.faults_per_step
+        return m.faults_per_step, self.place.run.whatif_run_faults
 
     def _replay_source(self) -> Any:
         """A loader of another framework that fed the step and can be read again
@@ -229,10 +231,11 @@ class WhatIfRun:
                   f"{budget:.0f} s (--what-if 0 skips it)")
         # this rank's wait for the others is not the job's: the all-reduce alone stands in
         own = loop_compute(run, diagnosis.metrics) - (waited or 0.0) + agreed.collective
+        faults, state = self._run_faults(diagnosis.metrics)
         try:
             self.place.run.whatif, self.place.run.whatif_skipped = measure(
                 capture, agreed.changes, own, budget, lambda: False, slice_s=agreed.slice_s,
-                collective=agreed.collective, run_faults=self._run_faults(diagnosis.metrics))
+                collective=agreed.collective, run_faults=faults, state_faults=state)
         except Interrupted:
             self.place.run.whatif_skipped = "stopped by a signal before the changes were measured"
         except Exception as err:  # the user's dataset or model failed outside the run
@@ -263,10 +266,10 @@ class WhatIfRun:
             if not changes or left < MIN_TOP_UP_S:
                 return
             t0 = time.perf_counter()
+            faults, state = self._run_faults(diagnosis.metrics)
             try:
                 found, _ = measure(capture, changes, loop_compute(run, diagnosis.metrics), left,
-                                   self.place.interrupted, self.held_wait,
-                                   run_faults=self._run_faults(diagnosis.metrics),
+                                   self.place.interrupted, self.held_wait, run_faults=faults, state_faults=state,
                                    own_at_most=own_at_most(self.place.timeline, diagnosis))
                 # each against its own replay of the run's settings; the model alone measured once
                 self.place.run.whatif.extend(w for w in found if w.change not in done)

@@ -104,7 +104,8 @@ def step_unsafe(capture: StepCapture, ranks: int, together: bool = False) -> str
 def measure(capture: StepCapture, changes: list[Changes], run_compute: float, budget: float,
             interrupted: Callable[[], bool], held_wait: float | None = None,
             slice_s: float = 0.0, collective: float = 0.0,
-            run_faults: float | None = None, own_at_most: float | None = None) -> tuple[list[WhatIf], str]:
+            run_faults: float | None = None, own_at_most: float | None = None,
+            state_faults: float | None = None) -> tuple[list[WhatIf], str]:
     """Replays of the captured step as the run had it, then with each change, in rounds
     while the budget lasts, interleaved so that another process's work falls on all alike;
     each one's rounds are averaged (``_Result.joined``). The step times measured, or the reason none could be (NOTE [ What-if
@@ -115,9 +116,10 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     ``collective``: seconds of ``run_compute`` the job's all-reduce takes, stood in for by a
     sleep (gloo's wait gives the core up, to the loader's workers too), the rest by a spin;
     ``run_faults``: the run's page faults a judged step, whose excess over the replay's is
-    the heap's state, not the loop's code (``heap.state_seconds``); ``own_at_most``: the
-    most of the loop's own time a step there is to stand in for, where the run's step less the
-    replayed one may hold more than its code (``whatifrun.own_at_most``)."""
+    the heap's state, not the loop's code (``heap.state_seconds``); ``state_faults``: those less
+    the memory's growth, the heap's state, at which the rounds are kept (``in_run_state``);
+    ``own_at_most``: the most of the loop's own time a step there is to stand in for, where
+    the run's step less the replayed one may hold more than its code (``whatifrun.own_at_most``)."""
     import torch
 
     saved = RandomState.save()
@@ -193,9 +195,9 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
         items.close()
     if 0 not in best:
         return [], "the run's own settings could not be replayed in the time given"
-    if run_faults is not None and allocator() == "glibc":
+    if state_faults is not None and allocator() == "glibc":
         for i, results in each_round.items():
-            best[i] = in_run_state(results, run_faults) or best[i]
+            best[i] = in_run_state(results, state_faults) or best[i]
     base = best[0]
     wait = held_wait or 0.0
     out = [WhatIf(configs[i].describe(), r.seconds + wait, base.seconds + wait, min(r.steps, base.steps),
