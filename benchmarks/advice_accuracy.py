@@ -180,7 +180,11 @@ class BusyCore:
     trial's process tree, paused to run the ``contention`` advice's trial."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL,
+        # it ends with this process, however that ends: a benchmark killed mid-pass left it
+        # spinning beside the next pass
+        spin = ("import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n"
+                "    for _ in range(100_000):\n        pass\n")
+        self.proc = subprocess.Popen([sys.executable, "-c", spin], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     @contextlib.contextmanager
