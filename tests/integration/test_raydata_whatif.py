@@ -54,7 +54,7 @@ def test_a_ray_data_loop_gets_its_changes_measured_beside_its_pipeline_at_the_fi
     seen: list[int] = []
     stamps: list[float] = []
     try:
-        with Profile(gpu=False, output=io.StringIO(), what_if=30) as prof:
+        with Profile(gpu=False, output=io.StringIO(), what_if=60) as prof:  # room for a loaded host
             for _ in range(EPOCHS):
                 for batch in ds.iter_torch_batches(batch_size=BATCH, prefetch_batches=1):
                     seen.append(len(batch["y"]))
