@@ -26,6 +26,7 @@ import statistics
 from dataclasses import dataclass
 
 from ..diagnosis import Diagnosis, steady_wait
+from ..epochfree import scaled_free
 from ..fixes.spec import Changes
 from ..frameworks import by_name, for_loader
 from ..loaderhost import restart_cost
@@ -192,8 +193,8 @@ def _whole_job(run: Run, rec: Recommendation, w: WhatIf, gain: float) -> tuple[f
     tf.data pipeline starts with each epoch's iterator, as long as the replay's first call
     took beyond a steady one. The epoch ends the run spent freeing its iterators (the next
     epoch's first step waited on them) stay as they were, but a tf.data iterator's, whose free
-    waits longer the longer its epoch lasts (NOTE [ An iterator's free scales with its
-    epoch ]), shorten as the steps do."""
+    waits for autotune's next wake (NOTE [ An iterator's free and autotune's wakes ]), are
+    read at the changed epoch's length."""
     n = sum(s.merged for s in run.steps)
     loader = next((info for info in run.loaders if info.iterations > info.eval_iterations), None)
     if rec.id not in ("cache", "num_workers", "parallel_map", "prefetch", *STORED_IDS) or not n or loader is None \
@@ -218,11 +219,13 @@ def _whole_job(run: Run, rec: Recommendation, w: WhatIf, gain: float) -> tuple[f
     busy = n * step
     first = max(0.0, run.steps[0].duration - statistics.median(s.duration for s in run.steps)
                 - w.baseline_start_seconds)
-    freed = min(sum(loader.stops_between_epochs()), max(0.0, busy - first))
+    frees = loader.stops_between_epochs()
+    freed = min(sum(frees), max(0.0, busy - first))
     between = max(0.0, run.steps[-1].end - run.steps[0].start - busy)
     scaled = loader.framework == "tf.data"
-    kept = first + (0.0 if scaled else freed)
-    whole = (busy + between) / max(1e-9, (busy - kept) / gain + kept + between + extra)
+    # the changed epochs' frees: an epoch is its steps, which the change makes gain times shorter
+    freed_after = freed * scaled_free(loader, 1 / gain) / statistics.mean(frees) if scaled and freed > 0 else freed
+    whole = (busy + between) / max(1e-9, (busy - first - freed) / gain + first + freed_after + between + extra)
     if abs(whole / gain - 1) < 0.02:
         return None  # the starts are lost in the steps
     what = "the workers take" if rec.id == "num_workers" else "the pipeline takes"
@@ -230,10 +233,10 @@ def _whole_job(run: Run, rec: Recommendation, w: WhatIf, gain: float) -> tuple[f
             if stops and w.stop_seconds - w.baseline_stop_seconds >= 0.005 else "")
     once = (f"; the first step's other {first:.2f} s (start-up work) as it was"
             if first >= 0.02 * busy else "")
-    if freed >= 0.02 * busy:
-        once += (f"; the epoch ends' {freed:.2f} s freeing their iterators shorter as the epochs are "
-                 "(autotune's thread, which a free waits for, sleeps longer the longer an iterator lives)"
-                 if scaled else f"; the epoch ends' {freed:.2f} s freeing their iterators as they were")
+    if freed >= 0.02 * busy or freed_after >= 0.02 * busy:
+        once += (f"; the epoch ends' {freed:.2f} s freeing their iterators about {freed_after:.2f} s (a free "
+                 "can wait for autotune's thread's next wake, which the changed epochs end nearer or "
+                 "further from)" if scaled else f"; the epoch ends' {freed:.2f} s freeing their iterators as they were")
     return whole, (f"{span} about {whole:.2f}x: {what} {w.start_seconds:.2f} s to start "
                    f"(as it was: {w.baseline_start_seconds:.2f} s), {starts} time{'s' if starts > 1 else ''}"
                    f"{stop}{once}")

@@ -6,6 +6,7 @@ import dataclasses
 
 from loadprof.advice import IDS, _whole_job, recommend
 from loadprof.diagnosis import diagnose
+from loadprof.epochfree import scaled_free
 from loadprof.records import (
     Environment,
     FitProbe,
@@ -386,9 +387,10 @@ def test_parallel_work_in_a_loop_that_frees_an_iterator_each_epoch_says_what_its
 
 
 def test_a_faster_pipelines_whole_job_figure_shortens_the_iterators_frees_with_its_epochs():
-    """Freeing a tf.data iterator waits longer the longer its epoch lived (NOTE [ An
-    iterator's free scales with its epoch ]): the whole job's figure takes the frees down
-    with the steps, where a DataLoader's stops stay as they were."""
+    """Where the epochs' starts are not noted, a tf.data iterator's frees are read in
+    proportion to the changed epoch's length (NOTE [ An iterator's free and autotune's
+    wakes ]): the whole job's figure takes them down with the steps, where a DataLoader's
+    stops stay as they were."""
     loader = tf_loader(dataset_length=320, iterations=4, stop_s=[0.3, 0.3, 0.3, 0.01])  # 10 batches an epoch
     run = tf_run(loader, wait=0.06)
     run.whatif = [WhatIf("parallel_map", 0.05, 0.1, 24, start_seconds=0.3, baseline_start_seconds=0.1)]
@@ -396,7 +398,28 @@ def test_a_faster_pipelines_whole_job_figure_shortens_the_iterators_frees_with_i
     busy, extra = 40 * 0.1, 4 * 0.2  # four epochs' starts, each 0.2 s longer
     assert rec.estimated_speedup == 2.0
     assert rec.values["whole_job_speedup"] == round(busy / (busy / 2 + extra), 2)
-    assert "0.90 s freeing their iterators shorter as the epochs are" in rec.basis
+    assert "0.90 s freeing their iterators about 0.45 s" in rec.basis
     kept = dataclasses.replace(loader, framework="torch")
     run.loaders = [kept]
     assert _whole_job(run, rec, run.whatif[0], 2.0)[0] == busy / ((busy - 0.9) / 2 + 0.9 + extra)
+
+
+def test_a_faster_pipelines_frees_are_read_at_autotunes_wakes_where_its_epochs_starts_are_noted():
+    """A map made parallel ends its epochs nearer autotune's next wake: its frees, where
+    they miss the cancel, wait longer than the sequential map's did, and the whole job's
+    figure counts them so (NOTE [ An iterator's free and autotune's wakes ])."""
+    lives = [1.83] * 3  # 10 batches an epoch; each free waits 0.72 s (the wake at 2.55 s) or none
+    stops = [0.72, 0.001, 0.72, 0.01]
+    starts = [0.0]
+    for life, stop in zip(lives, stops, strict=False):
+        starts.append(starts[-1] + life + stop)
+    loader = tf_loader(dataset_length=320, iterations=4, stop_s=stops, iteration_starts_s=starts)
+    run = tf_run(loader, wait=0.06)
+    gain = 1.83 / 1.31  # its epochs end at 1.31 s, just past the wake at 1.27 s
+    run.whatif = [WhatIf("parallel_map", 0.1 / gain, 0.1, 24)]
+    rec = advice(run)["parallel_map"]
+    busy, freed = 40 * 0.1, 0.72 + 0.001 + 0.72
+    after = scaled_free(loader, 1 / gain) * 3
+    assert after > freed / gain  # longer than in proportion: the next wake is further off
+    assert rec.values["whole_job_speedup"] == round(busy / ((busy - freed) / gain + after), 2)
+    assert rec.values["whole_job_speedup"] < rec.estimated_speedup

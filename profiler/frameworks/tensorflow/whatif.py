@@ -41,6 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from ...advice.base import Recommendation
+from ...epochfree import scaled_free
 from ...fixes.spec import Changes
 from ...records import LoaderInfo, Run, WhatIf
 from ...whatif import Interrupted, plan
@@ -125,7 +126,7 @@ def replay(hooks: TensorFlowHooks, run: Run, recommendations: list[Recommendatio
                     "as read, after its first steps): its changes are not replayed (`loadprof tune` measures them)")
     try:
         return measure(target, hooks.builds, changes, _steady_step(run), budget, interrupted, _per_epoch(run),
-                       _epoch_free(run))
+                       _epoch_frees(run))
     finally:
         if target.feed is not None:
             target.feed.release()
@@ -210,21 +211,12 @@ def _per_epoch(run: Run) -> int | None:
     return -(-info.dataset_length // info.batch_size)
 
 
-# NOTE [ An iterator's free scales with its epoch ]
-# Freeing a tf.data iterator waits, at some epoch ends, for autotune's model thread to
-# sleep out its period (NOTE [ An iterator's stop ]), and that period doubles from 10 ms
-# for as long as the iterator lives: the longer the epoch, the longer the wait (a cached
-# pipeline's epochs, shorter, freed in a fifth to a half of the time: docs/tensorflow.md).
-# A replay reads one iterator over repeated epochs and frees none at an epoch's end, so a
-# cache's or a stored copy's figure, which counts each epoch's start, counts its free as
-# the run's own mean, scaled by the changed epoch's length against the run's. A faster map
-# or a prefetch shortens the frees alike in the whole job's figure (advice ``_whole_job``).
-def _epoch_free(run: Run) -> float:
-    """The mean seconds the run took to free a tf.data iterator between two epochs (0: none
-    freed between epochs, one iterator over them, or no tf.data pipeline)."""
+def _epoch_frees(run: Run) -> LoaderInfo | None:
+    """The tf.data pipeline trained on where it freed an iterator between two epochs, whose
+    frees a changed epoch's figure reads (NOTE [ An iterator's free and autotune's wakes ]);
+    None where it freed none (one iterator over the epochs) or is no tf.data pipeline."""
     info = _trained(run)
-    stops = info.stops_between_epochs() if info is not None and info.framework == "tf.data" else []
-    return statistics.mean(stops) if stops else 0.0
+    return info if info is not None and info.framework == "tf.data" and info.stops_between_epochs() else None
 
 
 def rebuild_of(change: Changes) -> str | None:
@@ -244,20 +236,20 @@ def rebuild_of(change: Changes) -> str | None:
 
 def measure(target: _Target, builds: Builds, changes: list[Changes], run_step: float | None, budget: float,
             interrupted: Callable[[], bool], per_epoch: int | None = None,
-            epoch_free: float = 0.0) -> tuple[list[WhatIf], str]:
+            frees: LoaderInfo | None = None) -> tuple[list[WhatIf], str]:
     """The step with the pipeline as built and with each change: the measurements, and why
     a change or all are not (NOTE [ What-if replays under Keras fit ]). ``per_epoch``: the
-    batches of an epoch, where known; ``epoch_free``: the seconds the run took to free an
-    epoch's iterator (``_epoch_free``)."""
+    batches of an epoch, where known; ``frees``: the pipeline whose iterators the run freed
+    between epochs (``_epoch_frees``)."""
     try:
-        return _measure(target, builds, changes, run_step, budget, interrupted, per_epoch, epoch_free)
+        return _measure(target, builds, changes, run_step, budget, interrupted, per_epoch, frees)
     finally:
         builds.drop_copies()
 
 
 def _measure(target: _Target, builds: Builds, changes: list[Changes], run_step: float | None, budget: float,
              interrupted: Callable[[], bool], per_epoch: int | None,
-             epoch_free: float = 0.0) -> tuple[list[WhatIf], str]:
+             frees: LoaderInfo | None = None) -> tuple[list[WhatIf], str]:
     import psutil
 
     # the budget counts the rebuilds: a stored copy's are written then
@@ -356,10 +348,10 @@ def _measure(target: _Target, builds: Builds, changes: list[Changes], run_step: 
         if (change.cache or change.stored) and per_epoch and firsts.get(i, [])[1:]:
             # its figure is for every epoch after the first: each starts again, from the filled
             # cache (from the stored copy: every epoch), and frees its iterator at its end
-            # (NOTE [ An iterator's free scales with its epoch ])
+            # (NOTE [ An iterator's free and autotune's wakes ])
             life, was_life = per_epoch * (step + added) + start(i), per_epoch * (base + added) + start(0)
-            if epoch_free and was_life > 0:
-                stop, was_stop = epoch_free * life / was_life, epoch_free
+            if frees is not None and was_life > 0:
+                stop, was_stop = scaled_free(frees, life / was_life), statistics.mean(frees.stops_between_epochs())
                 step, was = step + stop / per_epoch, base + was_stop / per_epoch
             step, was = step + start(i) / per_epoch, was + start(0) / per_epoch
         out.append(WhatIf(change.describe(), step + added, was + added, min(n, base_n) * target.batches,
