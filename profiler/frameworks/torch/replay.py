@@ -5,6 +5,7 @@ settings and each change in rounds within the budget, on copies of the model's p
 
 from __future__ import annotations
 
+import functools
 import itertools
 import sys
 import time
@@ -117,7 +118,7 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     sleep (gloo's wait gives the core up, to the loader's workers too), the rest by a spin;
     ``run_faults``: the run's page faults a judged step, whose excess over the replay's is
     the heap's state, not the loop's code (``heap.state_seconds``); ``state_faults``: those less
-    the memory's growth, the heap's state, at which the rounds are kept (``in_run_state``);
+    the memory's growth, the heap's state, at which the rounds are kept (``kept_rounds``);
     ``own_at_most``: the most of the loop's own time a step there is to stand in for, where
     the run's step less the replayed one may hold more than its code (``whatifrun.own_at_most``)."""
     import torch
@@ -132,8 +133,7 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     # changes too little time still leaves it)
     held = held_wait is not None
     configs = [Changes(), *changes] if held else [Changes(), Changes(repeat_batch=True), *changes]
-    best: dict[int, _Result] = {}
-    each_round: dict[int, list[_Result]] = {}  # every round's replay of each config, kept apart
+    rounds_of: dict[int, list[_Result]] = {}  # every round's replay of each config, kept apart
     quiet = warnings.catch_warnings()  # the loader's own (more workers than cores) are the advice's to give
     quiet.__enter__()
     warnings.simplefilter("ignore")
@@ -156,8 +156,7 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
             extra = min(extra, own_at_most)
         # within the replays' noise: nothing to stand in for; a job's all-reduce always is
         if extra <= EXTRA_SHARE * first.seconds and not slice_s:
-            extra, best[0] = 0.0, first
-            each_round[0] = [first]
+            extra, rounds_of[0] = 0.0, [first]
         # a loader of bursts keeps the first slice: a window ends with its execution, whose
         # start and ramp a shorter slice would cut into (raydata/replay.py)
         if not slice_s and not getattr(capture.loader, "bursts", False):
@@ -169,23 +168,22 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
         rounds = 0
         while rounds < MAX_ROUNDS:
             for i, change in enumerate(configs):
-                if i == 0 and rounds == 0 and 0 in best:
+                if i == 0 and rounds == 0 and 0 in rounds_of:
                     continue
                 left = deadline - time.perf_counter()
-                if left <= 0 or (rounds and left < _slice(best, i, 1.0)):
+                if left <= 0 or (rounds and left < _slice(rounds_of, i, 1.0)):
                     break
                 got = _replay(capture, step, change, threads, extra, min(left, each),
                               interrupted, items, held, cap, min(extra, collective))
                 if got is not None:
                     got.round_nos = [rounds]
-                    best[i] = best[i].joined(got) if i in best else got
-                    each_round.setdefault(i, []).append(got)
+                    rounds_of.setdefault(i, []).append(got)
             rounds += 1
             # a round in part where the run's settings and one change at least still fit (a
             # job's ranks run whole rounds only: side by side, each replay as long on each)
-            others = [_slice(best, i, 1.0) for i in range(1, len(configs))]
+            others = [_slice(rounds_of, i, 1.0) for i in range(1, len(configs))]
             need = sum(others) if slice_s else min(others, default=0.0)
-            if deadline - time.perf_counter() < _slice(best, 0, 1.0) + need:
+            if deadline - time.perf_counter() < _slice(rounds_of, 0, 1.0) + need:
                 break
     finally:
         torch.set_num_threads(threads)
@@ -193,11 +191,10 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
         saved.restore()
         quiet.__exit__(None, None, None)
         items.close()
-    if 0 not in best:
+    if 0 not in rounds_of:
         return [], "the run's own settings could not be replayed in the time given"
-    if state_faults is not None and allocator() == "glibc":
-        for i, results in each_round.items():
-            best[i] = in_run_state(results, state_faults) or best[i]
+    states_at = state_faults if allocator() == "glibc" else None  # glibc's heap has two states
+    best = {i: kept_rounds(rs, states_at) for i, rs in rounds_of.items()}
     base = best[0]
     wait = held_wait or 0.0
     out = [WhatIf(configs[i].describe(), r.seconds + wait, base.seconds + wait, min(r.steps, base.steps),
@@ -219,18 +216,16 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     return out, "" if out else "no change could be replayed in the time given"
 
 
-def in_run_state(rounds: list[_Result], run_faults: float) -> _Result | None:
-    """One config's rounds as one (``_Result.joined``), those whose heap ran in the other of
-    glibc's two states from the run's (``two_states`` of their page faults a step) left out
-    where another ran in the run's: a replay's allocations can move the process's heap
-    between rounds, and the changed job's fresh process is read at the run's state
-    (docs/memory.md). None where no round was left out."""
-    kept = [r for r in rounds if r.faults is None or not two_states(run_faults, r.faults)]
-    if not kept or len(kept) == len(rounds):
-        return None
-    out = kept[0]
-    for r in kept[1:]:
-        out = out.joined(r)
+def kept_rounds(rounds: list[_Result], run_faults: float | None) -> _Result:
+    """One config's rounds as one (``_Result.joined``). With ``run_faults`` (glibc's heap), those
+    whose heap ran in the other of glibc's two states from the run's (``two_states`` of their
+    page faults a step) are left out where another ran in the run's: a replay's allocations can
+    move the process's heap between rounds, and the changed job's fresh process is read at the
+    run's state (docs/memory.md). Rounds all in the other state are all kept."""
+    kept = rounds
+    if run_faults is not None:
+        kept = [r for r in rounds if r.faults is None or not two_states(run_faults, r.faults)] or rounds
+    out = functools.reduce(_Result.joined, kept)
     out.left_out = len(rounds) - len(kept)
     return out
 
@@ -242,10 +237,10 @@ def _round_gains(base: _Result, r: _Result, wait: float) -> list[float]:
     return [(x + wait) / (y + wait) for x, y in pairs]
 
 
-def _slice(best: dict[int, _Result], i: int, default: float) -> float:
+def _slice(rounds_of: dict[int, list[_Result]], i: int, default: float) -> float:
     """About how long replay ``i`` took last time."""
-    r = best.get(i)
-    return r.elapsed if r is not None else default
+    rs = rounds_of.get(i)
+    return rs[-1].elapsed if rs else default
 
 
 class _Result:
@@ -254,7 +249,7 @@ class _Result:
         self.stop = 0.0  # the workers' stop, timed after the steps
         self.rounds = [seconds]  # each round's seconds a step
         self.round_nos = [0]  # ...and which rounds they were
-        self.left_out = 0  # rounds left out: their heap in the other state from the run's (in_run_state)
+        self.left_out = 0  # rounds left out: their heap in the other state from the run's (kept_rounds)
         self.faults: float | None = None  # the process's minor page faults a measured step
 
     def joined(self, other: _Result) -> _Result:
