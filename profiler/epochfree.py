@@ -8,9 +8,8 @@ it wakes at about 10 ms x (2^(k+1) - 1) into the iterator's life. A free that mi
 cancel waits until the next of those wakes, and one that does not waits for nothing; which
 of the two happens is a race. So the wait is a share of the run's frees (how often they
 missed) times how far the epoch's end falls before the next wake, and an epoch made shorter
-can wait longer: a map made parallel ended its 32-batch epochs at 1.29-1.34 s of life, just
-past the 1.27 s wake, and its frees waited 1.23-1.27 s, where the sequential map's epochs of
-1.74-1.88 s waited 0.69-0.81 s (the next wake at 2.55 s), each within 0.03 s of this model.
+can wait longer: one that now ends just past a wake waits nearly the whole next period
+(measured against this model: docs/tensorflow.md, ``stop_s``).
 A replay reads one iterator and frees none at an epoch's end, so the figures of changes
 that shorten an epoch read the run's frees at the changed epoch's length here. Where the
 run's epoch starts are not noted (Keras ``fit``), the frees scale with the epoch's length.
@@ -25,9 +24,8 @@ from .records import LoaderInfo
 #: autotune's first sleep between tunings; each next one doubles, up to ``MAX_PERIOD_S``
 MIN_PERIOD_S = 0.010
 MAX_PERIOD_S = 60.0
-#: an epoch's length varies this much either way from one to the next (the run's own lives:
-#: 1.70-2.01 s about 1.83 s), and the wait jumps at each wake: a changed epoch's is read
-#: over that spread
+#: about how much an epoch's length varies either way from one epoch to the next; the wait
+#: jumps at each wake, so a changed epoch's is read over that spread
 SPREAD = 0.05
 _POINTS = 21
 
