@@ -9,9 +9,12 @@ recommendation that loadprof's fixes can apply from outside the script
 (DataLoader workers, prefetch, cache, tf.data prefetch/parallel map/cache, mixed
 precision, accumulation), or that the script's own flag applies as the snippet
 says (``Example.flags``), is then run as a trial with that change alone. A
-multi-rank job (``JOBS``) runs whole under torchrun, baseline and fixed. Each round (``--repeats``) runs a baseline and
-then the trials; a trial's speed-up is its throughput (samples/s after warm-up)
-over its own round's baseline, so load that drifts between rounds cancels; a trial
+multi-rank job (``JOBS``) runs whole under torchrun, baseline and fixed. Each round (``--repeats``) runs the
+diagnosed baseline (with its what-if replays), a plain one (none, as the trials run)
+and then the trials; a trial's speed-up is its throughput (samples/s after warm-up)
+over its own round's plain baseline, so load that drifts between rounds cancels (and
+the replays' allocations, which can move glibc's heap for the steps after them, are
+in no run compared); a trial
 runs as many steps as take ``--min-seconds`` at the step its estimate expects. The
 measured speed-up is the median over rounds, the estimate the baselines' median
 estimate (the whole job's as it ran where the advice gives one for workers or a pipeline:
@@ -302,7 +305,8 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
         probe = _trial("probe", script, args, env, Changes(), o)
         o.steps = _steps_for(_median_step(probe, o.warmup) if probe.ok else None, o.steps, o)
         print(f"  {o.steps} measured steps a baseline", file=sys.stderr, flush=True)
-    bases: list[TrialResult] = []
+    bases: list[TrialResult] = []  # the diagnosed ones
+    plains: list[TrialResult] = []  # the trials' baselines
     verdicts: list[str] = []
     estimates: dict[str, list[float]] = {}
     recs: dict[str, Recommendation] = {}
@@ -319,6 +323,10 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
             print(f"  baseline failed: {base.detail}\n{base.stderr_tail}", file=sys.stderr)
             return []
         bases.append(base)
+        plain = _plain(base, script, args, env, o, r)
+        if plain is None:
+            return []
+        plains.append(plain)
         report = build_report(base.run)
         warned = "".join(f", warning {w.id}" for w in report.warnings)
         said = [r.id + (f" {speedup_text(r.estimated_speedup, r.bound, r.floor)}" if r.estimated_speedup else "")
@@ -349,7 +357,7 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
                 rid = f"{w.change} (not advised)"
                 estimates.setdefault(rid, []).append(round(speedup(w), 2))
                 dropped[rid] = Changes.parse(w.change)
-        base_step = _median_step(base, o.warmup)
+        base_step = _median_step(plain, o.warmup)
         same_flags: dict[tuple[tuple[str, ...], int], TrialResult] = {}
         for rid, changes in dropped.items():
             extra: list[str] = []
@@ -360,16 +368,16 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
                 changes = Changes()
             t = _trial(f"{rid} #{r + 1}", script, [*args, *extra], env, changes, o,
                        steps=_trial_steps(base_step, estimates[rid][-1], o))
-            trials.setdefault(rid, []).append((base, t))
+            trials.setdefault(rid, []).append((plain, t))
         for rid, rec in recs.items():
             changes = changes_for(rec)
             n = _trial_steps(base_step, estimates[rid][-1] if rid in estimates else None, o)
             if rid in whole_job:  # timed over the baseline's steps
-                n = max(n, len(base.run.steps) - o.warmup)
+                n = max(n, len(plain.run.steps) - o.warmup)
             if rid == "contention" and busy is not None:
                 with busy.paused():
                     t = _trial(f"{rid} ({FREED}) #{r + 1}", script, args, env, Changes(), o, steps=n)
-                trials.setdefault(rid, []).append((base, t))
+                trials.setdefault(rid, []).append((plain, t))
                 continue
             if changes is None and rid in flags:
                 # advice the script's same flag applies (a cache and an offline copy, say): one
@@ -378,14 +386,14 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
                 if key not in same_flags:
                     same_flags[key] = _trial(f"{rid} ({' '.join(key[0])}) #{r + 1}", script,
                                              [*args, *key[0]], env, Changes(), o, steps=n)
-                trials.setdefault(rid, []).append((base, same_flags[key]))
+                trials.setdefault(rid, []).append((plain, same_flags[key]))
                 continue
             if changes is None:
                 rows[rid] = {"example": example, "id": rid, "status": "loadprof cannot apply it from outside",
                              "estimated": statistics.median(estimates[rid]) if rid in estimates else None}
                 continue
             t = _trial(f"{rid} ({changes.describe()}) #{r + 1}", script, args, env, changes, o, steps=n)
-            trials.setdefault(rid, []).append((base, t))
+            trials.setdefault(rid, []).append((plain, t))
     for rid, runs in trials.items():
         est = statistics.median(estimates[rid]) if rid in estimates else None
         refused = [t for _, t in runs if t.ok and t.not_applied and not t.applied]
@@ -416,10 +424,12 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
             "measured_runs": good, "error": est / measured - 1 if est else None,
             "measured_median_step": by_step,
             "error_median_step": est / by_step - 1 if est and by_step else None,
-            "baseline_samples_per_s": [b.rate for b in bases],
+            "baseline_samples_per_s": [b.rate for b in plains],
+            "diagnosed_samples_per_s": [b.rate for b in bases],
             "trial_samples_per_s": [t.rate for _, t in runs if t.ok],
             # which of glibc's heap states each run ran in (docs/memory.md)
-            "baseline_faults_per_step": [b.faults_per_step for b in bases],
+            "baseline_faults_per_step": [b.faults_per_step for b in plains],
+            "diagnosed_faults_per_step": [b.faults_per_step for b in bases],
             "trial_faults_per_step": [t.faults_per_step for _, t in runs if t.ok],
             "other_heap_state": other_state.get(rid, []),
             "heap_apart": [None if b.faults_per_step is None or t.faults_per_step is None
@@ -441,11 +451,24 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
         rows[rid]["replays"] = replays
     if not rows:
         rows["-"] = {"example": example, "id": "-", "status": "nothing recommended"}
-    spread = _spread([b.rate for b in bases if b.rate])
+    spread = _spread([b.rate for b in plains if b.rate])
     for row in rows.values():
         row.setdefault("diagnosed", verdicts)
         row["baseline_spread"] = spread
     return list(rows.values())
+
+
+def _plain(base: TrialResult, script: str, args: list[str], env: dict[str, str], o: argparse.Namespace,
+           r: int) -> TrialResult | None:
+    """The round's baseline for its trials: the script as they run it, no what-if replays
+    (``base`` itself where it ran none); None: it failed."""
+    if o.what_if <= 0:
+        return base
+    plain = _trial(f"plain baseline #{r + 1}", script, args, env, Changes(), o)
+    if not plain.ok or not plain.rate or plain.run is None:
+        print(f"  plain baseline failed: {plain.detail}\n{plain.stderr_tail}", file=sys.stderr)
+        return None
+    return plain
 
 
 def pinned_heap(o: argparse.Namespace) -> dict[str, str]:
@@ -529,9 +552,11 @@ def measure_job(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
     base_steps: list[float] = []
     for r in range(o.repeats):
         base = _job(f"baseline #{r + 1}", script, args, ranks, what_if=o.what_if)
-        if base is None:
+        # the trials' baseline: the job as they run it, no replays between two steps
+        plain = _job(f"plain baseline #{r + 1}", script, args, ranks) if base is not None and o.what_if > 0 else base
+        if base is None or plain is None:
             return [{"example": example, "id": "-", "status": "baseline failed", "diagnosed": verdicts}]
-        base_steps.append(base["steps"]["median_s"])
+        base_steps.append(plain["steps"]["median_s"])
         warned = "".join(f", warning {w['id']}" for w in base["warnings"])
         verdicts.append(f"{base['verdict']} ({base['cause']}){warned}")
         whatif = base.get("whatif", {})
@@ -549,7 +574,7 @@ def measure_job(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
             how[rid], extra, changes = change
             trial = _job(f"{rid} #{r + 1}", script, [*args, *extra], ranks, changes)
             if trial is not None:
-                ratios.setdefault(rid, []).append(base["steps"]["median_s"] / trial["steps"]["median_s"])
+                ratios.setdefault(rid, []).append(plain["steps"]["median_s"] / trial["steps"]["median_s"])
     for rid, got in ratios.items():
         est = statistics.median(estimates[rid]) if rid in estimates else None
         measured = statistics.median(got)
