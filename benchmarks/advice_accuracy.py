@@ -9,12 +9,9 @@ recommendation that loadprof's fixes can apply from outside the script
 (DataLoader workers, prefetch, cache, tf.data prefetch/parallel map/cache, mixed
 precision, accumulation), or that the script's own flag applies as the snippet
 says (``Example.flags``), is then run as a trial with that change alone. A
-multi-rank job (``JOBS``) runs whole under torchrun, baseline and fixed. Each round (``--repeats``) runs the
-diagnosed baseline (with its what-if replays), a plain one (none, as the trials run)
-and then the trials; a trial's speed-up is its throughput (samples/s after warm-up)
-over its own round's plain baseline, so load that drifts between rounds cancels (and
-the replays' allocations, which can move glibc's heap for the steps after them, are
-in no run compared); a trial
+multi-rank job (``JOBS``) runs whole under torchrun, baseline and fixed. Each round (``--repeats``) runs a baseline and
+then the trials; a trial's speed-up is its throughput (samples/s after warm-up)
+over its own round's baseline, so load that drifts between rounds cancels; a trial
 runs as many steps as take ``--min-seconds`` at the step its estimate expects. The
 measured speed-up is the median over rounds, the estimate the baselines' median
 estimate (the whole job's as it ran where the advice gives one for workers or a pipeline:
@@ -34,7 +31,7 @@ With ``--busy``, a process that keeps one core busy runs beside every baseline a
 trial, and the ``contention`` advice is applied by pausing it (SIGSTOP) for a trial.
 
     python benchmarks/advice_accuracy.py [--examples torch_starved,...] [--steps 30]
-                                         [--warmup 5] [--repeats 2] [--gpu] [--busy] [--json out.json]
+                                         [--warmup 5] [--repeats 2] [--plain-baseline] [--gpu] [--busy] [--json out.json]
 """
 
 from __future__ import annotations
@@ -305,8 +302,8 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
         probe = _trial("probe", script, args, env, Changes(), o)
         o.steps = _steps_for(_median_step(probe, o.warmup) if probe.ok else None, o.steps, o)
         print(f"  {o.steps} measured steps a baseline", file=sys.stderr, flush=True)
-    bases: list[TrialResult] = []  # the diagnosed ones
-    plains: list[TrialResult] = []  # the trials' baselines
+    bases: list[TrialResult] = []
+    plains: list[TrialResult] = []  # --plain-baseline's
     verdicts: list[str] = []
     estimates: dict[str, list[float]] = {}
     recs: dict[str, Recommendation] = {}
@@ -323,10 +320,10 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
             print(f"  baseline failed: {base.detail}\n{base.stderr_tail}", file=sys.stderr)
             return []
         bases.append(base)
-        plain = _plain(base, script, args, env, o, r)
-        if plain is None:
-            return []
-        plains.append(plain)
+        if o.plain_baseline and o.what_if > 0:
+            plain = _trial(f"plain baseline #{r + 1}", script, args, env, Changes(), o)
+            if plain.ok and plain.rate:
+                plains.append(plain)
         report = build_report(base.run)
         warned = "".join(f", warning {w.id}" for w in report.warnings)
         said = [r.id + (f" {speedup_text(r.estimated_speedup, r.bound, r.floor)}" if r.estimated_speedup else "")
@@ -357,7 +354,7 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
                 rid = f"{w.change} (not advised)"
                 estimates.setdefault(rid, []).append(round(speedup(w), 2))
                 dropped[rid] = Changes.parse(w.change)
-        base_step = _median_step(plain, o.warmup)
+        base_step = _median_step(base, o.warmup)
         same_flags: dict[tuple[tuple[str, ...], int], TrialResult] = {}
         for rid, changes in dropped.items():
             extra: list[str] = []
@@ -368,16 +365,16 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
                 changes = Changes()
             t = _trial(f"{rid} #{r + 1}", script, [*args, *extra], env, changes, o,
                        steps=_trial_steps(base_step, estimates[rid][-1], o))
-            trials.setdefault(rid, []).append((plain, t))
+            trials.setdefault(rid, []).append((base, t))
         for rid, rec in recs.items():
             changes = changes_for(rec)
             n = _trial_steps(base_step, estimates[rid][-1] if rid in estimates else None, o)
             if rid in whole_job:  # timed over the baseline's steps
-                n = max(n, len(plain.run.steps) - o.warmup)
+                n = max(n, len(base.run.steps) - o.warmup)
             if rid == "contention" and busy is not None:
                 with busy.paused():
                     t = _trial(f"{rid} ({FREED}) #{r + 1}", script, args, env, Changes(), o, steps=n)
-                trials.setdefault(rid, []).append((plain, t))
+                trials.setdefault(rid, []).append((base, t))
                 continue
             if changes is None and rid in flags:
                 # advice the script's same flag applies (a cache and an offline copy, say): one
@@ -386,14 +383,14 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
                 if key not in same_flags:
                     same_flags[key] = _trial(f"{rid} ({' '.join(key[0])}) #{r + 1}", script,
                                              [*args, *key[0]], env, Changes(), o, steps=n)
-                trials.setdefault(rid, []).append((plain, same_flags[key]))
+                trials.setdefault(rid, []).append((base, same_flags[key]))
                 continue
             if changes is None:
                 rows[rid] = {"example": example, "id": rid, "status": "loadprof cannot apply it from outside",
                              "estimated": statistics.median(estimates[rid]) if rid in estimates else None}
                 continue
             t = _trial(f"{rid} ({changes.describe()}) #{r + 1}", script, args, env, changes, o, steps=n)
-            trials.setdefault(rid, []).append((plain, t))
+            trials.setdefault(rid, []).append((base, t))
     for rid, runs in trials.items():
         est = statistics.median(estimates[rid]) if rid in estimates else None
         refused = [t for _, t in runs if t.ok and t.not_applied and not t.applied]
@@ -424,12 +421,13 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
             "measured_runs": good, "error": est / measured - 1 if est else None,
             "measured_median_step": by_step,
             "error_median_step": est / by_step - 1 if est and by_step else None,
-            "baseline_samples_per_s": [b.rate for b in plains],
-            "diagnosed_samples_per_s": [b.rate for b in bases],
+            "baseline_samples_per_s": [b.rate for b in bases],
             "trial_samples_per_s": [t.rate for _, t in runs if t.ok],
             # which of glibc's heap states each run ran in (docs/memory.md)
-            "baseline_faults_per_step": [b.faults_per_step for b in plains],
-            "diagnosed_faults_per_step": [b.faults_per_step for b in bases],
+            "baseline_faults_per_step": [b.faults_per_step for b in bases],
+            # --plain-baseline's: the script unchanged with no replays, as the trials run
+            "plain_samples_per_s": [b.rate for b in plains],
+            "plain_faults_per_step": [b.faults_per_step for b in plains],
             "trial_faults_per_step": [t.faults_per_step for _, t in runs if t.ok],
             "other_heap_state": other_state.get(rid, []),
             "heap_apart": [None if b.faults_per_step is None or t.faults_per_step is None
@@ -451,24 +449,11 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
         rows[rid]["replays"] = replays
     if not rows:
         rows["-"] = {"example": example, "id": "-", "status": "nothing recommended"}
-    spread = _spread([b.rate for b in plains if b.rate])
+    spread = _spread([b.rate for b in [*bases, *plains] if b.rate])
     for row in rows.values():
         row.setdefault("diagnosed", verdicts)
         row["baseline_spread"] = spread
     return list(rows.values())
-
-
-def _plain(base: TrialResult, script: str, args: list[str], env: dict[str, str], o: argparse.Namespace,
-           r: int) -> TrialResult | None:
-    """The round's baseline for its trials: the script as they run it, no what-if replays
-    (``base`` itself where it ran none); None: it failed."""
-    if o.what_if <= 0:
-        return base
-    plain = _trial(f"plain baseline #{r + 1}", script, args, env, Changes(), o)
-    if not plain.ok or not plain.rate or plain.run is None:
-        print(f"  plain baseline failed: {plain.detail}\n{plain.stderr_tail}", file=sys.stderr)
-        return None
-    return plain
 
 
 def pinned_heap(o: argparse.Namespace) -> dict[str, str]:
@@ -481,9 +466,9 @@ def pinned_heap(o: argparse.Namespace) -> dict[str, str]:
 
 
 def _spread(rates: list[float]) -> float | None:
-    """How far one script's baselines, run alike in each round, differ: the fastest over the
-    slowest, less one (None: fewer than two). The host's own noise between two runs, which
-    no estimate can be held closer to than this."""
+    """How far one script's unchanged runs (each round's baseline, and its plain one with
+    ``--plain-baseline``) differ: the fastest over the slowest, less one (None: fewer than
+    two). The host's own noise between two runs, which no estimate can be held closer to."""
     return max(rates) / min(rates) - 1 if len(rates) >= 2 else None
 
 
@@ -552,11 +537,9 @@ def measure_job(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
     base_steps: list[float] = []
     for r in range(o.repeats):
         base = _job(f"baseline #{r + 1}", script, args, ranks, what_if=o.what_if)
-        # the trials' baseline: the job as they run it, no replays between two steps
-        plain = _job(f"plain baseline #{r + 1}", script, args, ranks) if base is not None and o.what_if > 0 else base
-        if base is None or plain is None:
+        if base is None:
             return [{"example": example, "id": "-", "status": "baseline failed", "diagnosed": verdicts}]
-        base_steps.append(plain["steps"]["median_s"])
+        base_steps.append(base["steps"]["median_s"])
         warned = "".join(f", warning {w['id']}" for w in base["warnings"])
         verdicts.append(f"{base['verdict']} ({base['cause']}){warned}")
         whatif = base.get("whatif", {})
@@ -574,7 +557,7 @@ def measure_job(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
             how[rid], extra, changes = change
             trial = _job(f"{rid} #{r + 1}", script, [*args, *extra], ranks, changes)
             if trial is not None:
-                ratios.setdefault(rid, []).append(plain["steps"]["median_s"] / trial["steps"]["median_s"])
+                ratios.setdefault(rid, []).append(base["steps"]["median_s"] / trial["steps"]["median_s"])
     for rid, got in ratios.items():
         est = statistics.median(estimates[rid]) if rid in estimates else None
         measured = statistics.median(got)
@@ -592,13 +575,13 @@ def measure_job(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _print_noise(names: list[str], rows: list[dict[str, Any]]) -> None:
-    """The host's noise floor: how far each script's baselines differed between rounds, and
+    """The host's noise floor: how far each script's baselines differed between runs, and
     how many of the estimates off by more than the target were off by less than that."""
     spreads = {row["example"]: row["baseline_spread"] for row in rows if row.get("baseline_spread") is not None}
     if not spreads:
         return
     values = sorted(spreads.values())
-    print(f"noise: one script's baselines differed by up to {values[-1]:.0%} between rounds "
+    print(f"noise: one script's baselines differed by up to {values[-1]:.0%} "
           f"(median {statistics.median(values):.0%} over {len(values)} of {len(names)} scripts)")
     missed = [row for row in rows if row["status"] == "measured" and row.get("error") is not None
               and not row.get("bound") and abs(row["error"]) > TARGET]
@@ -632,6 +615,10 @@ def run(argv: list[str] | None = None) -> int:
                              "(default 3; 0: --steps only)")
     parser.add_argument("--what-if", type=float, default=20.0, metavar="SECONDS",
                         help="the baseline's what-if replays, as `loadprof diagnose --what-if` (default 20; 0: none)")
+    parser.add_argument("--plain-baseline", action="store_true",
+                        help="each round, the script also run unchanged with no what-if replays: the host's "
+                             "noise between two runs even in one round, and the trials' speed-ups over it in the "
+                             "JSON rows (the replays can move glibc's heap for the steps after them)")
     parser.add_argument("--gpu", action="store_true", help="sample GPUs (the examples use one when there is one)")
     parser.add_argument("--busy", action="store_true",
                         help="a process keeping one core busy beside every run; `contention` is measured by pausing it")
