@@ -472,6 +472,10 @@ class Run:
     #: the run's page faults a judged step before the first replays: its heap's state as a
     #: fresh process of the job runs it, at which the replays are read (advice.base.at_run_faults)
     whatif_run_faults: float | None = None
+    #: where the replays between two steps paused the run, seconds since its start: the
+    #: pause is out of the run's times, so the steps after it begin here (None: they ran
+    #: at its end, or none ran); its state may differ on either side (docs/limits.md)
+    whatif_paused_at_s: float | None = None
     #: why no change was measured, where none was ("" where some were, or none was wanted)
     whatif_skipped: str = ""
 

@@ -184,6 +184,8 @@ def check_run(run: Run) -> None:
     if run.whatif_run_faults is not None and not 0 <= run.whatif_run_faults < MAX_FAULTS_PER_STEP:
         raise bad("run.whatif_run_faults", f"expected 0 to {MAX_FAULTS_PER_STEP:.0e} page faults a step, "
                   f"got {run.whatif_run_faults}")
+    if run.whatif_paused_at_s is not None and not 0 <= run.whatif_paused_at_s <= run.duration:
+        raise bad("run.whatif_paused_at_s", f"expected 0 to the run's {run.duration:.1f} s, got {run.whatif_paused_at_s}")
     for i, fp in enumerate(run.fit_probes):
         if fp.fit < 1:
             raise bad(f"run.fit_probes[{i}].fit", f"expected a fit call's number from 1, got {fp.fit}")

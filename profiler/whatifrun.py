@@ -324,6 +324,7 @@ class WhatIfRun:
             return
         a, b = self.pause
         d = b - a
+        self.place.run.whatif_paused_at_s = a
         b_read = b + 2 * self.place.settings.interval  # a reading just after still covers part of the pause
         # Where the readings asked for at its two ends came (within a tick of each), those
         # bound it: the first closes the run's readings before it (with the workers reaped

@@ -226,6 +226,10 @@ def _steps(pid: int, run: Run, offset: float) -> Iterable[dict[str, Any]]:
                            ("compute", copy_end, end)):
             if b > a:
                 yield {"name": part, "cat": part, "ph": "X", "pid": pid, "tid": STEPS_TID, "ts": a, "dur": b - a}
+    if run.whatif_paused_at_s is not None:  # taken out of the times: a mark, where steps may change pace
+        yield {"name": "loadprof's what-if replays", "cat": "loadprof", "ph": "i", "s": "t", "pid": pid,
+               "tid": STEPS_TID, "ts": base + _us(run.whatif_paused_at_s),
+               "args": {"changes measured": len(run.whatif), "seconds taken out": round(run.whatif_seconds, 2)}}
 
 
 def _evaluations(pid: int, run: Run, offset: float) -> Iterable[dict[str, Any]]:

@@ -76,6 +76,9 @@ def test_a_storage_bound_loop_gets_measured_worker_and_cache_estimates_and_is_le
     assert len(run.steps) == 48
     assert max(st.duration for st in run.steps) < run.whatif_seconds / 4
     assert all(b.start >= a.end - 1e-9 for a, b in zip(run.steps, run.steps[1:], strict=False))
+    # where the pause was, on the run's clock with it taken out: between two steps
+    paused = run.whatif_paused_at_s
+    assert paused is not None and any(abs(st.start - paused) < 0.05 for st in run.steps[1:]), (paused, run.steps[:3])
     # ordered by what they buy the job as it ran (one epoch: the cache's fill counted), the measured first
     bought = [r.values.get("whole_job_speedup") or r.estimated_speedup
               for r in prof.report.recommendations if r.estimated_speedup]

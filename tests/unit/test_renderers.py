@@ -51,3 +51,18 @@ def test_the_page_shows_the_cost_of_the_wait_and_the_loaders_stages() -> None:
     no_gpu = HtmlPageRenderer(buckets=20).render(build_report(make_run(wait=0.05)))
     assert "Cost: not measured" in no_gpu and "<h2>Cost of the wait</h2>" not in no_gpu
     assert "Loading, stage by stage" not in no_gpu
+
+
+def test_the_trace_marks_where_the_replays_paused_the_run() -> None:
+    run = make_run(n=40, step=0.1)
+    run.whatif_seconds = 12.5
+    run.whatif_paused_at_s = run.steps[20].start  # taken out of the times: the next step begins there
+    events = json.loads(TraceRenderer().render(build_report(run)))["traceEvents"]
+    marks = [e for e in events if e.get("cat") == "loadprof"]
+    assert len(marks) == 1 and marks[0]["ph"] == "i"
+    step20 = next(e for e in events if e["name"] == "step 20" and e["ph"] == "X")
+    assert marks[0]["ts"] == step20["ts"] and marks[0]["tid"] == step20["tid"]
+    assert marks[0]["args"]["seconds taken out"] == 12.5
+    run.whatif_paused_at_s = None  # replays at the end, or none: no mark
+    events = json.loads(TraceRenderer().render(build_report(run)))["traceEvents"]
+    assert not [e for e in events if e.get("cat") == "loadprof"]

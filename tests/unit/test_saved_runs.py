@@ -131,6 +131,8 @@ def test_a_saved_report_reads_back_as_it_was(tmp_path: Path) -> None:
     (["whatif_run_faults"], 1e308, "run.whatif_run_faults: expected 0 to 1e+09 page faults a step, got 1e+308"),
     (["whatif_run_faults"], -1.0, "run.whatif_run_faults: expected 0 to 1e+09 page faults a step, got -1.0"),
     (["whatif_seconds"], -3, "run.whatif_seconds: negative"),
+    (["whatif_paused_at_s"], -0.5, "run.whatif_paused_at_s: expected 0 to the run's"),
+    (["whatif_paused_at_s"], 1e9, "run.whatif_paused_at_s: expected 0 to the run's"),
     (["steps", 10, "end"], 1e308, "run.steps[10]: expected under 3e+10 seconds either way, got 1e+308"),
     (["steps", 4, "data_wait"], 1e300, "run.steps[4].data_wait: expected under 3e+10 seconds either way, got 1e+300"),
     (["host_samples", 1, "t"], -1e12, "run.host_samples[1].t: expected under 3e+10 seconds either way, got -1e+12"),
