@@ -387,7 +387,9 @@ def heap_moved(run: Run, a: float, b: float, clear: float) -> str | None:
         return None
     if not two_states(before, after):
         return None
-    return (f"the steps after the what-if replays took {after:,.0f} page faults a step, {before:,.0f} before "
+    first = next((s.index for s in steps if s.start >= b), None)
+    at = f" (from step {first})" if first is not None else ""
+    return (f"the steps after the what-if replays{at} took {after:,.0f} page faults a step, {before:,.0f} before "
             "them: the replays' allocations moved glibc's heap (docs/limits.md), and the judged steps hold both "
             "states (MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ set take both away)")
 

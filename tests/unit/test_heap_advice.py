@@ -180,6 +180,7 @@ def _paused_run(before: int, after: int):
 def test_steps_that_faulted_otherwise_after_the_replays_say_the_heap_moved() -> None:
     line = heap_moved(_paused_run(8000, 0), 3.0, 8.0, 8.2)
     assert line is not None and "0 page faults a step, 8,000 before them" in line
+    assert "replays (from step 30) took" in line  # the first step after the pause
     assert "judged steps hold both states" in line
     back = heap_moved(_paused_run(0, 8000), 3.0, 8.0, 8.2)
     assert back is not None and "8,000 page faults a step, 0 before them" in back
