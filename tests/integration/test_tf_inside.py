@@ -68,8 +68,9 @@ def _line(fn) -> str:
     return f"test_tf_inside.py:{fn.__code__.co_firstlineno}"
 
 
-def test_a_costly_map_of_tensorflow_ops_is_named_as_the_leading_stage_in_a_custom_loop(tmp_path: Path):
+def test_a_costly_map_of_tensorflow_ops_is_named_as_the_leading_stage_in_a_custom_loop(tmp_path: Path, capfd):
     plain = _loop(pipeline())
+    capfd.readouterr()
     out = tmp_path / "run.json"
     with Profile(interval=0.05, print_report=False, json=str(out)) as prof:
         losses = _loop(pipeline())
@@ -102,6 +103,21 @@ def test_a_costly_map_of_tensorflow_ops_is_named_as_the_leading_stage_in_a_custo
     assert f"slowest stage: map: costly ({_line(costly)})" in report.summary
     assert not prof.run.notices
     assert patch.active() == []
+    # the profiler session's own C++ log lines as it started and stopped stay off the user's stderr
+    err = capfd.readouterr().err
+    assert "profiler_session.cc" not in err and "session_manager.cc" not in err and "save_profile.cc" not in err
+
+
+def test_only_the_profilers_own_log_lines_are_held_off_stderr_during_its_calls(capfd):
+    import os
+
+    capfd.readouterr()
+    with inside._own_log_held():
+        os.write(2, b"I0000 00:00:1.0  1 profiler_session.cc:132] Profiler session started.\n")
+        os.write(2, b"the script's own line, from another thread\n")
+        os.write(2, b"W0000 00:00:1.0  1 session_manager.cc:55] delay_ms expects an i value.\n")
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == "the script's own line, from another thread\nafter\n"
 
 
 def test_keras_fit_names_its_costly_map_as_the_leading_stage():

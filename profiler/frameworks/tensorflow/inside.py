@@ -11,7 +11,8 @@ not the run: from the ``WARMUP``-th batch the loop takes from one pipeline (tf.d
 autotuner has widened its parallel stages by then) for ``BATCHES`` batches or
 ``SECONDS``, whichever ends first, or until the run ends. Its start and stop (the trace
 written to a temporary folder, read after the run) happen between the loop's waits, never
-inside one. One window a run, on the first pipeline to reach its warm-up.
+inside one, and the session's own C++ log lines as it starts and stops are kept off the
+user's stderr (``_own_log_held``). One window a run, on the first pipeline to reach its warm-up.
 It must never change the run, nor take the profiler from the user:
 - a profiler session already running (the user's, TensorBoard's ``profile_batch``): no
   window, a Notice says so;
@@ -23,11 +24,14 @@ It must never change the run, nor take the profiler from the user:
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ...patch import Patches
@@ -47,6 +51,9 @@ SECONDS = 2.0
 #: fewer batches in the window than this (the run ended) give no table
 MIN_BATCHES = 3
 _PROFILER = "tensorflow.python.profiler.profiler_v2"
+#: the C++ log lines a profiler session writes to fd 2 as it starts and stops (its options
+#: read, its states, the trace saved): ours, not the run's, so kept off the user's stderr
+_OWN_LOG = (b"session_manager.cc", b"profiler_session.cc", b"save_profile.cc")
 _API = "tensorflow._api.v2.profiler.experimental"
 
 
@@ -127,7 +134,8 @@ class Window:
         options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0,
                                                            device_tracer_level=0)
         try:
-            self._start(self._logdir, options=options)
+            with _own_log_held():
+                self._start(self._logdir, options=options)
         except tf.errors.OpError as exc:
             self._discard()
             self._off("tf-profiler-busy", f"TensorFlow's profiler would not start ({type(exc).__name__}: another "
@@ -145,7 +153,8 @@ class Window:
         import tensorflow as tf
 
         try:
-            self._stop()
+            with _own_log_held():
+                self._stop()
         except tf.errors.OpError as exc:
             self._discard()
             self._off("tf-profiler-lost", f"TensorFlow's profiler stopped before loadprof's window ended "
@@ -163,7 +172,8 @@ class Window:
             import tensorflow as tf
 
             try:
-                self._stop()
+                with _own_log_held():
+                    self._stop()
             except tf.errors.OpError:
                 pass  # already stopped: nothing of ours to drop
         if self._logdir is not None:
@@ -205,3 +215,32 @@ class Window:
         info.stage_source = "tf.profiler"
         info.notes.append(f"tf.data stages from TensorFlow's profiler: {found[0].batches} batches after "
                           f"{WARMUP}, {self.seconds:.2f} s")
+
+
+@contextlib.contextmanager
+def _own_log_held() -> Iterator[None]:
+    """fd 2 held in a temporary file for a profiler call (a few milliseconds), then every line
+    written there that is not the profiler's own (``_OWN_LOG``: another thread's, an error's)
+    written back to the real fd 2, in order."""
+    if sys.stderr is not None:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            sys.stderr.flush()
+    try:
+        held = tempfile.TemporaryFile()
+        saved = os.dup(2)
+    except OSError:  # no fd 2, or no room for a file: the lines go where they would
+        yield
+        return
+    try:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            held.seek(0)
+            for line in held:
+                while line and not any(own in line for own in _OWN_LOG):
+                    line = line[os.write(2, line):]
+    finally:
+        os.close(saved)
+        held.close()
