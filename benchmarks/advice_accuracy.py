@@ -616,7 +616,8 @@ def run(argv: list[str] | None = None) -> int:
     parser.add_argument("--what-if", type=float, default=20.0, metavar="SECONDS",
                         help="the baseline's what-if replays, as `loadprof diagnose --what-if` (default 20; 0: none)")
     parser.add_argument("--plain-baseline", action="store_true",
-                        help="each round, the script also run unchanged with no what-if replays: the host's "
+                        help="each round, each single-process script also run unchanged with no what-if replays (not "
+                             "the multi-rank job): the host's "
                              "noise between two runs even in one round, and the trials' speed-ups over it in the "
                              "JSON rows (the replays can move glibc's heap for the steps after them)")
     parser.add_argument("--gpu", action="store_true", help="sample GPUs (the examples use one when there is one)")

@@ -335,6 +335,10 @@ class WhatIf:
     #: change and as the run had it
     start_seconds: float = 0.0
     baseline_start_seconds: float = 0.0
+    #: of ``start_seconds`` with the change, from the iterator made (its workers started) to
+    #: its first batch: what each later epoch waits where its workers are kept
+    #: (``persistent_workers``: they read no batch of the next epoch before it begins)
+    first_batch_seconds: float = 0.0
     #: from a loader's last batch taken to its workers stopped (an epoch's end, where
     #: they are not kept), with the change and as the run had it
     stop_seconds: float = 0.0

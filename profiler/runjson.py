@@ -170,7 +170,8 @@ def check_run(run: Run) -> None:
         raise bad("run.whatif", f"{len(run.whatif)} entries, at most {MAX_WHATIFS}")
     for i, w in enumerate(run.whatif):
         if not (w.seconds_per_step > 0 and w.baseline_seconds_per_step > 0 and w.steps >= 1
-                and min(w.extra_seconds, w.start_seconds, w.baseline_start_seconds, w.held_wait_seconds) >= 0
+                and min(w.extra_seconds, w.start_seconds, w.baseline_start_seconds, w.first_batch_seconds,
+                        w.stop_seconds, w.baseline_stop_seconds, w.held_wait_seconds) >= 0
                 and len(w.change) <= MAX_COMMAND_CHARS
                 and len(w.round_gains) <= MAX_WHATIF_ROUNDS and all(g > 0 for g in w.round_gains)
                 and min(w.faults_per_step or 0.0, w.baseline_faults_per_step or 0.0) >= 0

@@ -211,8 +211,12 @@ def _whole_job(run: Run, rec: Recommendation, w: WhatIf, gain: float) -> tuple[f
                        "an epoch at today's pace, once for every run that reads it")
     starts = 1 if "persistent_workers=True" in rec.code else math.ceil(epochs)
     stops = starts - 1  # those between two epochs; the last one's end is after the job's steps
+    # kept workers read nothing of an epoch before it begins: its first batch waits for a
+    # worker's whole batch (the batches the others make beside it follow at once)
+    refills = math.ceil(epochs) - starts if rec.id == "num_workers" else 0
+    refill = max(0.0, w.first_batch_seconds - w.seconds_per_step)
     extra = (starts * (w.start_seconds - w.baseline_start_seconds)
-             + stops * (w.stop_seconds - w.baseline_stop_seconds))
+             + stops * (w.stop_seconds - w.baseline_stop_seconds) + refills * refill)
     # the first step's own one-time work beyond a steady step and the loader's start (a
     # graph traced, kernels chosen), and the time between steps (an evaluation, a
     # checkpoint): no loading change shortens them
@@ -233,6 +237,9 @@ def _whole_job(run: Run, rec: Recommendation, w: WhatIf, gain: float) -> tuple[f
             if stops and w.stop_seconds - w.baseline_stop_seconds >= 0.005 else "")
     once = (f"; the first step's other {first:.2f} s (start-up work) as it was"
             if first >= 0.02 * busy else "")
+    if refills and refill >= 0.0005:
+        once = (f", then {refills} later epoch{'s' if refills > 1 else ''} each {refill * 1e3:.0f} ms longer "
+                "waiting for its first batch (kept workers read nothing of an epoch before it begins)") + once
     if freed >= 0.02 * busy or freed_after >= 0.02 * busy:
         once += (f"; the epoch ends' {freed:.2f} s freeing their iterators about {freed_after:.2f} s (a free "
                  "can wait for autotune's thread's next wake, which the changed epochs end nearer or "

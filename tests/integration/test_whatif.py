@@ -49,6 +49,9 @@ def test_a_storage_bound_loop_gets_measured_worker_and_cache_estimates_and_is_le
     assert any(c.startswith("num_workers=") for c in measured)
     for w in run.whatif:
         assert w.steps >= 3 and w.seconds_per_step > 0 and w.baseline_seconds_per_step > 0
+    # the workers' first batch, timed apart from their start: one worker's whole batch of sleeps
+    workers = next(w for c, w in measured.items() if c.startswith("num_workers="))
+    assert 0.008 <= workers.first_batch_seconds <= workers.start_seconds, workers
     recs = {r.id: r for r in prof.report.recommendations}
     cache = recs["cache"]
     assert cache.basis.startswith("measured: the job's own step replayed")

@@ -132,6 +132,27 @@ def test_the_whole_jobs_figure_counts_the_workers_stop_between_epochs_and_keeps_
     assert "and 0.20 s to stop (as it was: 0.00 s) at an epoch's end" in rec.basis
 
 
+def test_the_whole_jobs_figure_counts_kept_workers_waiting_for_each_later_epochs_first_batch() -> None:
+    # persistent workers read nothing of an epoch before it begins: its first step waits for a
+    # worker's whole batch, where a steady step finds the batches the others made ahead
+    from tests.unit.test_report_snapshots import measured_changes_on_a_cpu_host
+
+    def whole(first_batch: float) -> tuple[float | None, str]:
+        run = measured_changes_on_a_cpu_host()  # 40 steps of 0.25 s, epochs of 32
+        run.loaders[0].iterations = 2  # a loop of epochs: the workers kept
+        run.whatif = [WhatIf("num_workers=1", 0.125, 0.25, 24, start_seconds=0.6, baseline_start_seconds=0.1875,
+                             first_batch_seconds=first_batch)]
+        rec = _advice(run)["num_workers"]
+        assert "persistent_workers=True" in rec.code
+        return rec.values.get("whole_job_speedup"), rec.basis
+
+    steady, basis = whole(0.125)  # a first batch no longer than a step: nothing to wait for
+    assert steady == round(10.0 / (10.0 / 2 + (0.6 - 0.1875)), 2) and "later epoch" not in basis
+    refilled, basis = whole(0.5)
+    assert refilled == round(10.0 / (10.0 / 2 + (0.6 - 0.1875) + (0.5 - 0.125)), 2) and refilled < steady
+    assert "1 time, then 1 later epoch each 375 ms longer waiting for its first batch" in basis
+
+
 def test_the_whole_jobs_figure_keeps_the_epoch_ends_freeing_their_iterators_as_they_were() -> None:
     # a loop that freed its first epoch's iterator in 1.5 s, inside epoch 2's first step's wait
     import dataclasses

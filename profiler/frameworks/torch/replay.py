@@ -199,6 +199,7 @@ def measure(capture: StepCapture, changes: list[Changes], run_compute: float, bu
     wait = held_wait or 0.0
     out = [WhatIf(configs[i].describe(), r.seconds + wait, base.seconds + wait, min(r.steps, base.steps),
                   extra_seconds=extra, start_seconds=r.start, baseline_start_seconds=base.start,
+                  first_batch_seconds=r.first,
                   stop_seconds=r.stop, baseline_stop_seconds=base.stop, held_wait_seconds=wait, alone=held,
                   round_gains=_round_gains(base, r, wait), other_state_rounds=r.left_out,
                   baseline_other_state_rounds=base.left_out,
@@ -247,6 +248,7 @@ class _Result:
     def __init__(self, seconds: float, compute: float, steps: int, elapsed: float, start: float) -> None:
         self.seconds, self.compute, self.steps, self.elapsed, self.start = seconds, compute, steps, elapsed, start
         self.stop = 0.0  # the workers' stop, timed after the steps
+        self.first = start  # of ``start``, from the iterator made (its workers started) to its first batch
         self.rounds = [seconds]  # each round's seconds a step
         self.round_nos = [0]  # ...and which rounds they were
         self.left_out = 0  # rounds left out: their heap in the other state from the run's (kept_rounds)
@@ -262,6 +264,7 @@ class _Result:
                       (self.compute * self.steps + other.compute * other.steps) / n, n,
                       other.elapsed, min(self.start, other.start))
         out.stop = min(self.stop, other.stop)
+        out.first = min(self.first, other.first)
         out.rounds = self.rounds + other.rounds
         out.round_nos = self.round_nos + other.round_nos
         if self.faults is not None and other.faults is not None:
@@ -290,7 +293,8 @@ def _replay(capture: StepCapture, step: ReplayStep, change: Changes, threads: in
             return None
         t_iter = time.perf_counter()
         it = iter(loader)
-    n, waited, t_start, start = 0, 0.0, 0.0, 0.0
+        t_made = time.perf_counter()
+    n, waited, t_start, start, first = 0, 0.0, 0.0, 0.0, 0.0
     faults: int | None = None
     # a loader whose batches come in bursts asks for a longer warm-up, and a window of time
     # (half the slice), not of steps (raydata/replay.py)
@@ -312,7 +316,7 @@ def _replay(capture: StepCapture, step: ReplayStep, change: Changes, threads: in
                     if window and n - warmup >= MIN_STEPS:
                         # a fresh execution's start and ramp are no step's (the run's epoch
                         # starts are counted apart): the window ends with the execution
-                        result = _measured(step, t_start, n - warmup, waited, began, start, faults)
+                        result = _measured(step, t_start, n - warmup, waited, began, start, first, faults)
                         return result
                     with internal():
                         it = iter(loader)
@@ -321,7 +325,7 @@ def _replay(capture: StepCapture, step: ReplayStep, change: Changes, threads: in
                     _to(batch, device, bool(getattr(loader, "pin_memory", False)))
                 t1 = time.perf_counter()
                 if not n:
-                    start = t1 - t_iter  # the workers' start and the first batch
+                    start, first = t1 - t_iter, t1 - t_made  # the workers' start and the first batch
                 with amp():
                     step.run()
                 if extra:
@@ -339,7 +343,7 @@ def _replay(capture: StepCapture, step: ReplayStep, change: Changes, threads: in
                     now = time.perf_counter()
                     if measured >= max_steps and now - t_start >= MIN_MEASURED_S \
                             or (now > stop_at and measured >= MIN_STEPS and now - t_start >= window):
-                        result = _measured(step, t_start, measured, waited, began, start, faults)
+                        result = _measured(step, t_start, measured, waited, began, start, first, faults)
                         return result
                 if time.perf_counter() > stop_at + slice_s:
                     return None  # too slow a step to measure in the time given
@@ -355,13 +359,15 @@ def _replay(capture: StepCapture, step: ReplayStep, change: Changes, threads: in
 
 
 def _measured(step: ReplayStep, t_start: float, measured: int, waited: float, began: float, start: float,
-              faults: int | None) -> _Result:
-    """The replay's ``measured`` steps since ``t_start``, ``waited`` of them for batches."""
+              first: float, faults: int | None) -> _Result:
+    """The replay's ``measured`` steps since ``t_start``, ``waited`` of them for batches
+    (``start``: its first batch since the iterator was asked for, ``first``: since it was made)."""
     from ...heap import minor_faults
 
     step.sync()
     seconds = (time.perf_counter() - t_start) / measured
     result = _Result(seconds, seconds - waited / measured, measured, time.perf_counter() - began, start)
+    result.first = first
     now_faults = minor_faults()
     if faults is not None and now_faults is not None:
         result.faults = (now_faults - faults) / measured
