@@ -120,6 +120,22 @@ def test_only_the_profilers_own_log_lines_are_held_off_stderr_during_its_calls(c
     assert capfd.readouterr().err == "the script's own line, from another thread\nafter\n"
 
 
+def test_with_no_room_for_the_held_lines_the_profilers_call_goes_on_and_stderr_is_left_as_it_was(capfd, monkeypatch):
+    import os
+    import tempfile
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", full)
+    fds = len(os.listdir("/proc/self/fd"))
+    capfd.readouterr()
+    with inside._own_log_held():
+        os.write(2, b"a line as it comes\n")
+    assert capfd.readouterr().err == "a line as it comes\n"
+    assert len(os.listdir("/proc/self/fd")) == fds  # no descriptor left open
+
+
 def test_keras_fit_names_its_costly_map_as_the_leading_stage():
     n = BATCH * BATCHES
     x = np.random.default_rng(0).random((n,), dtype=np.float32)

@@ -226,21 +226,25 @@ def _own_log_held() -> Iterator[None]:
         with contextlib.suppress(OSError, ValueError, AttributeError):
             sys.stderr.flush()
     try:
-        held = tempfile.TemporaryFile()
         saved = os.dup(2)
-    except OSError:  # no fd 2, or no room for a file: the lines go where they would
+    except OSError:  # no fd 2: the lines go where they would
         yield
         return
     try:
-        os.dup2(held.fileno(), 2)
+        held = tempfile.TemporaryFile()
+    except OSError:  # no room for a file: so too
+        os.close(saved)
+        yield
+        return
+    with held:
         try:
+            os.dup2(held.fileno(), 2)
             yield
         finally:
             os.dup2(saved, 2)
-            held.seek(0)
-            for line in held:
-                while line and not any(own in line for own in _OWN_LOG):
-                    line = line[os.write(2, line):]
-    finally:
-        os.close(saved)
-        held.close()
+            os.close(saved)
+            with contextlib.suppress(OSError):  # a stderr closed since: nothing to write back to
+                held.seek(0)
+                for line in held:
+                    while line and not any(own in line for own in _OWN_LOG):
+                        line = line[os.write(2, line):]
