@@ -43,6 +43,7 @@ from .base import (
     Recommendation,
     held_to_ceiling,
     other_state_gain,
+    own_faults,
     replay_name,
     replayed_change,
     steps_at_run_faults,
@@ -369,7 +370,12 @@ def _read_at(w: WhatIf, read: Read, faults: float | None) -> str:
     if faults is None or all(abs(now / was - 1) < 0.01 for was, now, _ in raw):
         return ""
     took = " and ".join(f"{s * 1e3:.1f} ms with {f:,.0f}" for s, _, f in raw if f is not None)
-    return (f" (read at the run's {faults:,.0f} page faults a step; the replays, after it in one process whose "
+    own = own_faults(w)
+    kept = (f"; the change's own {abs(own):,.0f} {'more' if own > 0 else 'fewer'} kept beside them: both replays' "
+            "heaps faulted in again what their steps freed, so the difference is its allocations, which a fresh "
+            "process of it makes too" + (" (the heap advice's thresholds keep that memory too)" if own > 0 else "")
+            if abs(own) >= 0.5 else "")
+    return (f" (read at the run's {faults:,.0f} page faults a step{kept}; the replays, after it in one process whose "
             f"heap they may have moved, took {took}: docs/memory.md)")
 
 

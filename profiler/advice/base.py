@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..fixes.spec import Changes
-from ..heap import two_states
+from ..heap import HEAP_STATE_FAULTS, two_states
 
 if TYPE_CHECKING:
     from ..records import WhatIf
@@ -195,10 +195,35 @@ def at_run_faults(seconds: float, faults: float | None, run_faults: float | None
     return min(1.5 * seconds, max(0.5 * seconds, seconds - (faults - run_faults) * cost))
 
 
+#: the changes of the step's own computation, whose allocations are the model's
+COMPUTE_FIELDS = ("amp", "threads", "compile", "accumulation")
+
+
+def own_faults(w: WhatIf) -> float:
+    """The page faults a step a change of the step's computation (``COMPUTE_FIELDS``) took
+    beyond (or short of) the run's settings' replay, where both replays' heaps faulted in
+    again what each step freed (``HEAP_STATE_FAULTS`` a step each): then the difference
+    is the change's own allocations made anew each step (autocast's copies of the weights
+    at each forward), which a fresh process of the changed job takes too. 0 for a change
+    of the loading, or where either replay's heap kept what its steps freed: their
+    difference may then be the heap's state, which the run's count stands for."""
+    f, fb = w.faults_per_step, w.baseline_faults_per_step
+    if f is None or fb is None or min(f, fb) < HEAP_STATE_FAULTS:
+        return 0.0
+    try:
+        fields = Changes.parse(w.change).to_dict()
+    except (ValueError, TypeError):
+        return 0.0
+    return f - fb if fields and set(fields) <= set(COMPUTE_FIELDS) else 0.0
+
+
 def steps_at_run_faults(w: WhatIf, run_faults: float | None, cost: float | None) -> tuple[float, float]:
     """``w``'s step with the change and its step as the run had it, each read at the run's
-    page faults a step (``at_run_faults``)."""
-    return (at_run_faults(w.seconds_per_step, w.faults_per_step, run_faults, cost),
+    page faults a step (``at_run_faults``), the change's with its own beside them
+    (``own_faults``)."""
+    own = own_faults(w) if run_faults is not None else 0.0
+    return (at_run_faults(w.seconds_per_step, w.faults_per_step, None if run_faults is None else run_faults + own,
+                          cost),
             at_run_faults(w.baseline_seconds_per_step, w.baseline_faults_per_step, run_faults, cost))
 
 

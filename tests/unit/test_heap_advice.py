@@ -13,7 +13,7 @@ from loadprof.advice import recommend
 from loadprof.advice.base import change_of
 from loadprof.diagnosis import diagnose
 from loadprof.metrics import compute_metrics
-from loadprof.records import HostSample, LoaderInfo, Step
+from loadprof.records import HostSample, LoaderInfo, Step, WhatIf
 from loadprof.whatifrun import heap_moved
 from tests.conftest import make_run
 
@@ -241,3 +241,40 @@ def test_a_replay_in_the_other_heap_state_than_the_run_s_gives_its_own_figure_be
     run.environment.malloc = "jemalloc"
     rec = _advice(run)["cache"]
     assert rec.estimated_speedup == round(0.25 / 0.070, 2) and "other_heap_state_speedup" not in rec.values
+
+
+def test_a_model_change_keeps_its_own_page_faults_where_both_replays_faulted() -> None:
+    """bf16 autocast casts the weights anew at each forward: its replay faults more than the
+    run's settings' in the same heap state, and a fresh process of it does too. That
+    difference stays in its step read at the run's faults; a loading change's, or one with
+    either replay in the heap's other state, is read at the run's count alone."""
+    from loadprof.advice.base import own_faults, steps_at_run_faults
+    from tests.unit.test_measured_advice import _compute_bound_with_bf16
+
+    run = _compute_bound_with_bf16()
+    run.environment.malloc, run.environment.fault_seconds = "glibc", 2e-6
+    run.whatif_run_faults = 1000.0
+    # bf16 60 ms with 6,000 faults a step, the run's settings 100 ms with 3,000: 3,000 its own;
+    # at the run's 1,000: the settings 96 ms, bf16 at 4,000 (its own kept) 56 ms
+    bf16 = WhatIf("amp=auto", 0.060, 0.100, 24, faults_per_step=6000.0, baseline_faults_per_step=3000.0)
+    assert own_faults(bf16) == 3000.0
+    assert steps_at_run_faults(bf16, 1000.0, 2e-6) == pytest.approx((0.056, 0.096))
+    run.whatif = [bf16]
+    rec = _advice(run)["mixed_precision"]
+    assert rec.estimated_speedup == round(0.096 / 0.056, 2)  # not 0.096 / 0.050: 1.92x
+    assert "the change's own 3,000 more kept beside them" in rec.basis
+    assert "the heap advice's thresholds keep that memory too" in rec.basis
+    # fewer: the change's allocations smaller, kept too (no thresholds to name)
+    fewer = WhatIf("amp=auto", 0.060, 0.100, 24, faults_per_step=2000.0, baseline_faults_per_step=3000.0)
+    assert own_faults(fewer) == -1000.0
+    run.whatif = [fewer]
+    rec = _advice(run)["mixed_precision"]
+    assert "own 1,000 fewer kept" in rec.basis and "keep that memory too" not in rec.basis
+    # one replay in the heap's other state: the difference may be the state; the run's count stands
+    assert own_faults(WhatIf("amp=auto", 0.06, 0.1, 24, faults_per_step=6000.0, baseline_faults_per_step=40.0)) == 0
+    assert own_faults(WhatIf("amp=auto", 0.06, 0.1, 24, faults_per_step=40.0, baseline_faults_per_step=6000.0)) == 0
+    # a loading change's faults are the loader's and the heap's, not the model's
+    assert own_faults(WhatIf("num_workers=2", 0.06, 0.1, 24, faults_per_step=6000.0,
+                             baseline_faults_per_step=3000.0)) == 0
+    assert own_faults(WhatIf("amp=auto", 0.06, 0.1, 24)) == 0  # not counted
+    assert steps_at_run_faults(bf16, None, 2e-6) == (0.060, 0.100)
