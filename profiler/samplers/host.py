@@ -35,6 +35,7 @@ from loadprof.heap import minor_faults
 from loadprof.records import HostSample
 
 from .cores import affinity
+from .descendants import Descendants
 from .procfs import (
     GONE,
     ProcFile,
@@ -43,13 +44,11 @@ from .procfs import (
     clamp,
     clamp_cpu,
     cpu_seconds,
-    linux_descendants,
     percent,
     proc_diskstats,
     proc_meminfo,
     proc_stat,
     run_delay,
-    same_process,
     statm_rss,
 )
 from .threads import ThreadQueues
@@ -58,12 +57,6 @@ from .treememory import TreeMemory
 log = logging.getLogger("loadprof.samplers")
 
 _PROC_ROOT = Path("/proc")
-#: the commands of multiprocessing's own helper processes (Python's ``-c`` lines)
-MP_HELPERS = ("multiprocessing.resource_tracker import main", "multiprocessing.forkserver import main",
-              "multiprocessing.semaphore_tracker import main")
-#: the commands of a tracker's service processes, which ``wandb.init`` starts beside the training
-#: loop (its core and system monitor; older releases' ``wandb service``): the job's own CPU, no worker
-SERVICES = ("wandb-core", "wandb-symon", "wandb service")
 _BLOCK_ROOT = Path("/sys/block")
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc/PID/stat's time unit
 
@@ -102,11 +95,10 @@ class HostSource:
         self.pid = os.getpid() if pid is None else pid
         #: descendants that are not the run's: the helper process that reads this tree (hostproc.py)
         self.exclude = exclude
-        #: (pid, create time) -> "helper", "service" or "" (``_kind``)
-        self._kinds: dict[tuple[int, float], str] = {}
         self._services: set[int] = set()  # the listed descendants that are a tracker's service
         #: where /proc is (tests point it elsewhere); unreadable -> psutil for everything
         self.proc_root = _PROC_ROOT if proc_root is None else proc_root
+        self._descendants = Descendants(self.proc_root, exclude)
         #: where /sys/block is: its entries are the devices whose reads count
         self.block_root = _BLOCK_ROOT if block_root is None else block_root
         self._own = self.pid == os.getpid()  # this process: its CPU and RSS without psutil
@@ -282,59 +274,6 @@ class HostSource:
         self._faults = minor_faults()
         return time.process_time(), rss
 
-    def _list_descendants(self, proc: psutil.Process) -> list[psutil.Process]:
-        """Every descendant of ``proc``; the Process objects of known ones are reused.
-
-        psutil's ``children(recursive=True)`` reads the stat file of every process
-        on the machine. On Linux the kernel lists each thread's children in
-        /proc/PID/task/TID/children, so walking our own tree reads one small file
-        per thread in it instead: 5 files rather than 118 on the CI VM. Each file
-        read gives the GIL away and back, which the training loop pays for (NOTE
-        [ Sampling cost ]). Without those files (an old kernel, another OS): psutil.
-        """
-        pids = linux_descendants(self.proc_root, proc.pid)
-        if pids is None:
-            return [c for c in proc.children(recursive=True) if c.pid not in self.exclude and not self._helper(c)]
-        known = {c.pid: c for c in self._children}
-        found = []
-        for pid in pids:
-            if pid in self.exclude:
-                continue
-            child = known.get(pid)
-            # The same process as the last reading's when its (pid, create time) was read
-            # then (psutil keeps the create time it read first): no system call. Otherwise
-            # is_running(), False for a reused pid too (psutil's own system calls).
-            if child is None or not (same_process(child, self._last_children) or child.is_running()):
-                try:
-                    child = psutil.Process(pid)
-                except GONE:
-                    continue  # exited since it was listed
-                if self._helper(child):
-                    continue
-            found.append(child)
-        return found
-
-    def _helper(self, child: psutil.Process) -> bool:
-        """Whether ``child`` is one of multiprocessing's own helpers (its resource tracker,
-        started by the first spawned worker or shared memory and alive until the process
-        ends; a forkserver), never a loader worker and left out of the tree."""
-        return self._kind(child) == "helper"
-
-    def _kind(self, child: psutil.Process) -> str:
-        """"helper" (``_helper``), "service" (a tracker's: the job's CPU, no loader worker's)
-        or "": read once a process, by its command."""
-        key = (child.pid, _create_time(child))
-        if key not in self._kinds:
-            if len(self._kinds) > 256:  # bounded: pids come and go over a long run
-                self._kinds.clear()
-            try:
-                command = " ".join(child.cmdline()[:4])
-            except (psutil.Error, OSError):
-                command = ""
-            self._kinds[key] = ("helper" if any(m in command for m in MP_HELPERS) else
-                                "service" if any(m in command for m in SERVICES) else "")
-        return self._kinds[key]
-
     def _read_tree(self, now: float, dt: float,
                    relist: bool) -> tuple[float, int, float, int, int, float | None, float, list[int], list[float]]:
         """CPU % and RSS of the process and its descendants; updates the baselines.
@@ -363,8 +302,8 @@ class HostSource:
                     raise psutil.NoSuchProcess(proc.pid)
                 _, cpu, rss, own_delay = got  # its schedstat read there too
             if relist:
-                self._children = self._list_descendants(proc)
-                self._services = {c.pid for c in self._children if self._kind(c) == "service"}
+                self._children = self._descendants.list(proc, self._children, self._last_children)
+                self._services = {c.pid for c in self._children if self._descendants.kind(c) == "service"}
                 listed = {c.pid for c in self._children} | {proc.pid}
                 for pid in [pid for pid in self._child_files if pid not in listed]:
                     self._close_child(pid)
@@ -522,9 +461,3 @@ class HostSource:
         if n == 0:
             log.info("loadprof: host sampler: %s", what)
 
-
-def _create_time(proc: psutil.Process) -> float:
-    try:
-        return proc.create_time()
-    except (psutil.Error, OSError):
-        return 0.0
