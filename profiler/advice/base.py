@@ -170,14 +170,17 @@ def change_of(rec: Recommendation) -> Changes | None:
 STORED_IDS = ("offline_preprocessing", "convert_format", "litdata_optimize")
 
 
+#: the changes of the step's own computation, the model's, not the loading's
+COMPUTE_FIELDS = ("amp", "threads", "compile", "accumulation")
+
+
 def held_to_ceiling(gain: float, change: Changes, ceiling: float | None) -> tuple[float, str]:
     """A replayed change's speed-up held to the model alone's (``CEILING``) where the change
     is the loading's only: no loader makes a step faster than no loading at all, so a
     replay that read faster read the noise between two replays. With the words that say
     so ("" where nothing was held)."""
-    model = (change.amp, change.accumulation, change.threads, change.compile, change.pin_memory,
-             change.repeat_batch)
-    if ceiling is None or gain <= ceiling or any(model):
+    model = (*COMPUTE_FIELDS, "pin_memory", "repeat_batch")
+    if ceiling is None or gain <= ceiling or any(getattr(change, f) for f in model):
         return gain, ""
     return ceiling, (f"; held to the model alone's {ceiling:.2f}x (it read {gain:.2f}x: no change of the "
                      "loading makes a step faster than no loading at all)")
@@ -193,10 +196,6 @@ def at_run_faults(seconds: float, faults: float | None, run_faults: float | None
     if faults is None or run_faults is None or not cost:
         return seconds
     return min(1.5 * seconds, max(0.5 * seconds, seconds - (faults - run_faults) * cost))
-
-
-#: the changes of the step's own computation, whose allocations are the model's
-COMPUTE_FIELDS = ("amp", "threads", "compile", "accumulation")
 
 
 def own_faults(w: WhatIf) -> float:
@@ -221,9 +220,8 @@ def steps_at_run_faults(w: WhatIf, run_faults: float | None, cost: float | None)
     """``w``'s step with the change and its step as the run had it, each read at the run's
     page faults a step (``at_run_faults``), the change's with its own beside them
     (``own_faults``)."""
-    own = own_faults(w) if run_faults is not None else 0.0
-    return (at_run_faults(w.seconds_per_step, w.faults_per_step, None if run_faults is None else run_faults + own,
-                          cost),
+    changed = None if run_faults is None else run_faults + own_faults(w)
+    return (at_run_faults(w.seconds_per_step, w.faults_per_step, changed, cost),
             at_run_faults(w.baseline_seconds_per_step, w.baseline_faults_per_step, run_faults, cost))
 
 
