@@ -465,6 +465,19 @@ def pinned_heap(o: argparse.Namespace) -> dict[str, str]:
     return {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(MIN_TRIM)}
 
 
+#: two rounds of one change this far apart (the faster's speed-up over the slower's, less one)
+#: leave no figure within TARGET of both: 1.15 / 0.85, less one
+APART = (1 + TARGET) / (1 - TARGET) - 1
+
+
+def rounds_apart(rows: list[dict[str, Any]]) -> tuple[int, int]:
+    """The trials' own floor: of the changes measured in two rounds or more, how many had
+    rounds farther apart than any one figure can come within TARGET of (and how many were)."""
+    many = [row["measured_runs"] for row in rows
+            if row.get("status") == "measured" and len(row.get("measured_runs") or []) >= 2]
+    return sum(max(runs) / min(runs) - 1 > APART for runs in many), len(many)
+
+
 def _spread(rates: list[float]) -> float | None:
     """How far one script's unchanged runs (each round's baseline, and its plain one with
     ``--plain-baseline``) differ: the fastest over the slowest, less one (None: fewer than
@@ -577,6 +590,10 @@ def measure_job(example: str, o: argparse.Namespace) -> list[dict[str, Any]]:
 def _print_noise(names: list[str], rows: list[dict[str, Any]]) -> None:
     """The host's noise floor: how far each script's baselines differed between runs, and
     how many of the estimates off by more than the target were off by less than that."""
+    apart, measured = rounds_apart(rows)
+    if measured:
+        print(f"the trials themselves: {apart} of {measured} change(s) measured in two rounds or more had rounds "
+              f"more than {APART:.0%} apart, which no figure comes within {TARGET:.0%} of")
     spreads = {row["example"]: row["baseline_spread"] for row in rows if row.get("baseline_spread") is not None}
     if not spreads:
         return
