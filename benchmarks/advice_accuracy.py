@@ -63,6 +63,7 @@ from loadprof.heap import MIN_TRIM, MMAP_THRESHOLD, two_states
 from loadprof.jsonio import write_json
 from loadprof.replaygain import NO_GAIN
 from loadprof.report import build_report
+from loadprof.thresholds import DEFAULT_THRESHOLDS
 from loadprof.whatif import speedup
 from loadprof.whatif import summary as whatif_summary
 
@@ -166,6 +167,7 @@ EPOCH_END_IDS = ("one_iterator",)
 #: The error every printed estimate must stay within, and the share of speed
 #: recommendations that must carry one.
 TARGET, COVERAGE = 0.15, 0.80
+STEAL = DEFAULT_THRESHOLDS.steal_warn  # the share of the CPUs' time from which the report warns of it
 #: advice about memory, not speed: not counted in the coverage
 NOT_SPEED = ("loader_memory", "shared_memory", "gradient_checkpointing", "gradient_accumulation")
 
@@ -429,6 +431,10 @@ def measure(example: str, o: argparse.Namespace, busy: BusyCore | None = None) -
             "plain_samples_per_s": [b.rate for b in plains],
             "plain_faults_per_step": [b.faults_per_step for b in plains],
             "trial_faults_per_step": [t.faults_per_step for _, t in runs if t.ok],
+            # the hypervisor's share of the CPUs' time (steal) in each run
+            "baseline_steal": [b.steal for b in bases],
+            "trial_steal": [t.steal for _, t in runs if t.ok],
+            "plain_steal": [b.steal for b in plains],
             "other_heap_state": other_state.get(rid, []),
             "heap_apart": [None if b.faults_per_step is None or t.faults_per_step is None
                            else two_states(b.faults_per_step, t.faults_per_step) for b, t in runs if t.ok],
@@ -618,6 +624,14 @@ def _print_noise(names: list[str], rows: list[dict[str, Any]]) -> None:
     print(f"glibc's heap (docs/memory.md): {sum(any(row.get('heap_apart') or []) for row in missed)} of "
           f"{len(missed)} of those (the heap advice's aside) had a trial in the other state than its round's "
           f"baseline, {sum(any(row.get('heap_apart') or []) for row in hit)} of the {len(hit)} within {TARGET:.0%}")
+    print(f"the hypervisor's steal ({STEAL:.0%} of the CPUs' time or more in a baseline or trial): "
+          f"{sum(_stolen(row) for row in missed)} of those {len(missed)}, {sum(_stolen(row) for row in hit)} "
+          f"of the {len(hit)} within {TARGET:.0%}")
+
+
+def _stolen(row: dict[str, Any]) -> bool:
+    """Whether the hypervisor took a material share of the CPUs in one of the row's runs."""
+    return any(s is not None and s >= STEAL for s in [*row.get("baseline_steal", []), *row.get("trial_steal", [])])
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -62,17 +62,17 @@ def data_cause(m: Metrics, th: Thresholds, ev: list[Evidence]) -> str:
             f"0 of {workers} in {m.host_readings} reading(s) over {_secs(m.judged_seconds)}",
         ))
         return "workers-unmeasured"
-    tree = (m.tree_cpu_cores or 0.0) / m.usable_cores
+    tree = (m.tree_cpu_cores or 0.0) / m.cores_left
     per_worker = (m.children_cpu_cores or 0.0) / workers
     ev.append(Evidence(
         "tree_cpu_share", "CPU used by the training process and its loader workers", tree,
-        f"{_pct(tree)} of {m.usable_cores} usable cores", f">= {_pct(th.cpu_saturated)} = saturated", "loadprof",
+        f"{_pct(tree)} of {m.cores_text()}", f">= {_pct(th.cpu_saturated)} = saturated", "loadprof",
     ))
     ev.append(Evidence(
         "worker_cpu", "CPU per loader worker", per_worker, f"{_pct(per_worker)} of a core ({workers} workers)",
         f">= {_pct(th.worker_busy)} = busy", "loadprof",
     ))
-    if tree >= th.cpu_saturated or (m.cpu_busy or 0.0) >= th.cpu_saturated and per_worker >= th.worker_busy:
+    if tree >= th.cpu_saturated or busy_or_stolen(m) >= th.cpu_saturated and per_worker >= th.worker_busy:
         return "cpu-bound-preprocessing"
     if per_worker >= th.worker_busy:
         return "too-few-workers"
@@ -128,6 +128,11 @@ def measured_cause(cause: str, whatif: list[WhatIf], loader: LoaderInfo | None,
                                        f"faster on the job's own step ({tried.change}: {gain:.2f}x{rounds})")
 
 
+def busy_or_stolen(m: Metrics) -> float:
+    """The usable cores' share busy with this system's processes or taken by the hypervisor."""
+    return min(1.0, (m.cpu_busy or 0.0) + (m.steal or 0.0))
+
+
 def contended(m: Metrics, th: Thresholds) -> bool:
     """Whether processes outside the job take a material share of the usable cores."""
     return m.others_cpu_cores is not None and m.others_cpu_cores / m.usable_cores >= th.contended_others
@@ -161,7 +166,7 @@ def _idle_or_contended(m: Metrics, th: Thresholds, ev: list[Evidence], delay: fl
     # The job's own threads queue for the cores only where the cores are busy: on idle
     # ones the queueing is each wake-up's latency, which a thread waking for every read
     # (a sleeping or I/O-bound loader) piles up to ~10% of its time on a VM.
-    if delay is not None and queued and (m.cpu_busy or 0.0) >= th.cpu_saturated:
+    if delay is not None and queued and busy_or_stolen(m) >= th.cpu_saturated:
         return "cpu-bound-preprocessing"
     return "io-latency"
 
@@ -196,14 +201,14 @@ def _threads_data_cause(m: Metrics, th: Thresholds, ev: list[Evidence], label: s
         return "io-latency"
     ev.append(Evidence(
         "input_cpu_cores", f"CPU cores busy in the process while the loop waited for {label}", cores,
-        f"{cores:.2f} of {m.usable_cores} usable cores",
+        f"{cores:.2f} of {m.cores_text()}",
         f">= {_pct(th.cpu_saturated)} of the cores = saturated; >= {th.wait_cpu_bound:.1f} core = CPU work",
         "loadprof",
     ))
-    if cores >= th.cpu_saturated * m.usable_cores:
+    if cores >= th.cpu_saturated * m.cores_left:
         return "cpu-bound-preprocessing"
     if cores >= th.wait_cpu_bound:
-        if contended(m, th) and cores + (m.others_cpu_cores or 0.0) >= th.cpu_saturated * m.usable_cores:
+        if contended(m, th) and cores + (m.others_cpu_cores or 0.0) >= th.cpu_saturated * m.cores_left:
             return "host-contended"  # the cores it could grow into while the loop waits are others'
         return "too-few-workers"
     # the loader's threads wait for a core, not the main thread (it sleeps in the wait for a batch)

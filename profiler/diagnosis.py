@@ -214,6 +214,18 @@ def diagnose(run: Run, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> Diagnosis
                 + ": timings and the advice's estimates depend on them",
             ))
             d.confidence = "medium" if d.confidence == "high" else "low"
+    if d.verdict != "inconclusive" and m.steal is not None and m.steal >= thresholds.steal_warn:
+        d.evidence.append(Evidence(
+            "steal", "CPU time the hypervisor took for other work (steal)", m.steal,
+            f"{_pct(m.steal)} of the CPUs' time", f">= {_pct(thresholds.steal_warn)} = the VM ran slower "
+            "than its cores read", "Linux /proc/stat steal",
+        ))
+        d.warnings.append((
+            "host-steal",
+            f"the hypervisor took {_pct(m.steal)} of this VM's CPU time for other work (steal): the job ran "
+            "slower than its cores read, and no setting of the job changes that; timings and the advice's "
+            "estimates may not repeat",
+        ))
     crash = _worker_crash(run)
     if crash is not None:
         d.warnings.append(("loader-worker-died", crash))

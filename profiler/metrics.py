@@ -62,7 +62,7 @@ class Metrics:
     compute_per_step: float = 0.0  # step time not spent on input
     batches_per_step: float = 1.0
     usable_cores: int = 1
-    cpu_busy: float | None = None  # system CPU busy share over usable cores, 0..1
+    cpu_busy: float | None = None  # system CPU busy share over usable cores, 0..1 (steal not busy)
     tree_cpu_cores: float | None = None  # process + children, in cores
     children_cpu_cores: float | None = None
     workers_seen: int = 0  # max child processes seen
@@ -89,6 +89,8 @@ class Metrics:
     memory_available_min_fraction: float | None = None
     disk_read_bps: float | None = None
     iowait: float | None = None
+    #: share of the usable cores' time the hypervisor took (Linux steal), 0..1; None: not read
+    steal: float | None = None
     gpu_in_use: bool = False
     gpu_available: bool = False
     gpu_util_median: float | None = None
@@ -97,6 +99,18 @@ class Metrics:
     headroom: Headroom | None = None  # memory at its fullest and what was left
     waits: Waits | None = None  # the input wait per step as a distribution, and its stalls (diagnose sets it)
     loader: LoaderInfo | None = None
+
+    @property
+    def cores_left(self) -> float:
+        """The usable cores less the hypervisor's share of their time (steal): the most the
+        job's processes could run on, against which "saturated" is judged."""
+        return self.usable_cores * (1.0 - min(self.steal or 0.0, 0.9))
+
+    def cores_text(self) -> str:
+        """``cores_left`` in words."""
+        if self.cores_left < self.usable_cores:
+            return f"{self.cores_left:.1f} cores the hypervisor left of {self.usable_cores} usable"
+        return f"{self.usable_cores} usable cores"
 
 
 def warmup_count(n: int) -> int:
@@ -280,6 +294,8 @@ def compute_metrics(run: Run) -> Metrics:
             m.memory_available_min_fraction = min(h.memory_available for h in run.host_samples) / run.environment.memory_total
         m.disk_read_bps = _mean([h.disk_read_bps for h in host])
         m.iowait = _time_mean([(h.iowait_percent, h.window) for h in host if h.iowait_percent is not None])
+        steal = _time_mean([(h.steal_percent / 100.0, h.window) for h in host if h.steal_percent is not None])
+        m.steal = None if steal is None else min(1.0, steal)
 
     gpu: list[GpuSample] = _window(run.gpu_samples, start, end)
     m.gpu_in_use = run.environment.cuda_in_use or any((g.process_memory_used or 0) > 0 for g in gpu)

@@ -87,6 +87,9 @@ class HostSample:
     swap_used: int = 0  # bytes
     disk_read_bps: float = 0.0  # bytes/s, system-wide
     iowait_percent: float | None = None  # Linux only
+    #: % of all CPUs' time the hypervisor ran something else while this VM's CPUs had work
+    #: (Linux steal): time no process here ran, left out of ``cpu_per_core``; None: not read
+    steal_percent: float | None = None
     #: seconds the CPU figures (per core, process, children, iowait) cover: since the
     #: previous reading; 0 in runs saved before it was recorded
     window: float = 0.0

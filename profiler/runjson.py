@@ -209,6 +209,8 @@ def check_run(run: Run) -> None:
         within(f"run.host_samples[{i}].t", h.t)
         if h.process_faults is not None and h.process_faults < 0:
             raise bad(f"run.host_samples[{i}].process_faults", f"negative ({h.process_faults})")
+        if h.steal_percent is not None and not 0 <= h.steal_percent <= 100:
+            raise bad(f"run.host_samples[{i}].steal_percent", f"expected 0 to 100, got {h.steal_percent}")
         if h.worker_pids or h.worker_cpu:
             check_workers(h.worker_pids, h.worker_cpu, f"run.host_samples[{i}]")
         if h.worker_uss:

@@ -249,10 +249,10 @@ def stalls_warning(m: Metrics, th: Thresholds) -> str | None:
         batch = m.step_time_median / max(m.batches_per_step, 1e-9)
         # the batches the loop takes while one is made, ready beforehand, and the slow one itself
         ahead = math.ceil(typical / max(batch, 1e-9) - 1e-9) + 1
-        tree = (m.tree_cpu_cores or 0.0) / max(m.usable_cores, 1)
+        tree = (m.tree_cpu_cores or 0.0) / m.cores_left
         # the loader makes batches slower than the loop takes them, on cores it already
         # fills: no buffer stays full, and more workers only queue for the same cores
-        filled = (f"{_pct(tree)} of the {m.usable_cores} usable cores"
+        filled = (f"{_pct(tree)} of the {m.cores_text()}"
                   if workers and tree >= th.cpu_saturated and m.data_wait_fraction >= th.input_high else None)
         fixes.append(_prefetch_words(li, workers, typical, batch, ahead, filled))
     if w.gc_in_waits and w.gc_in_waits >= th.gc_in_waits_shown * steps_time:

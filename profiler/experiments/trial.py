@@ -120,6 +120,8 @@ class TrialResult:
     data_wait_fraction: float | None = None
     #: the training process's minor page faults a measured step (None: not read)
     faults_per_step: float | None = None
+    #: the share of the CPUs' time the hypervisor took over the measured steps (steal; None: not read)
+    steal: float | None = None
     summary: str = ""
     #: the report's warnings ({id, detail}): host-contended makes this trial's timing noisy
     warnings: list[dict[str, str]] = field(default_factory=list)
@@ -338,6 +340,7 @@ def _measure(result: TrialResult, report: Any, warmup: int, spec: TrialSpec) -> 
     result.data_wait_fraction = report.data_wait_fraction
     faults = report.diagnosis.metrics.faults_per_step
     result.faults_per_step = round(faults, 1) if faults is not None else None
+    result.steal = report.diagnosis.metrics.steal
     result.cost = report.cost.to_dict()
     h = report.diagnosis.metrics.headroom
     if h is not None and (h.gpu_peak or h.process_peak):

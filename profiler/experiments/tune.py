@@ -103,7 +103,7 @@ class TuneResult:
     def warnings(self) -> list[dict[str, str]]:
         """The trials' warnings, one per id: how many runs carried it and the baseline's
         (else the first) detail. host-contended means other processes took cores while
-        trials ran, so the speed-ups carry that noise."""
+        trials ran, host-steal the hypervisor did, so the speed-ups carry that noise."""
         runs = [t for t in [self.baseline, *self.trials, *([self.ideal] if self.ideal else [])] if t.ok]
         seen: dict[str, list[TrialResult]] = {}
         for t in runs:

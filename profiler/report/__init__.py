@@ -131,6 +131,7 @@ class RunReport(Report):
                 "workers_run_delay": m.workers_run_delay,
                 "disk_read_bps": m.disk_read_bps,
                 "iowait_percent": m.iowait,
+                "steal_percent": None if m.steal is None else 100.0 * m.steal,
             },
         }
 

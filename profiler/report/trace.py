@@ -36,7 +36,7 @@ metadata and ordered by ``process_sort_index``; a single-process run is rank 0. 
   signal, each event ``args: {"value": v}``: per GPU utilization, memory activity,
   memory used (device and this process), power, SM clock, PCIe; on the host the CPU of
   the training process and of its loader workers (summed), the workers' count, cores
-  busy, memory of both, system memory, swap, disk reads, iowait, run-queue delay. A reading the driver did not give is left out, not
+  busy, memory of both, system memory, swap, disk reads, iowait, steal, run-queue delay. A reading the driver did not give is left out, not
   drawn as zero.
 - each loader worker's CPU: one counter, "CPU per loader worker % of a core", whose
   events carry a value per worker ("worker PID"), one event per reading: a track per
@@ -119,6 +119,7 @@ def _host_counters() -> tuple[tuple[str, Callable[[HostSample], float | None]], 
         ("swap used MiB", lambda h: h.swap_used / _MIB),
         ("disk reads MiB/s", lambda h: h.disk_read_bps / _MIB),
         ("iowait %", lambda h: h.iowait_percent),
+        ("steal %", lambda h: h.steal_percent),
         ("run-queue delay training thread", lambda h: h.process_run_delay),
         ("run-queue delay loader workers (threads)", lambda h: h.children_run_delay),
         ("page faults training process /s",

@@ -34,6 +34,9 @@ class TuneConsoleRenderer:
             if w["id"] == "host-contended":
                 console.print("  Other processes took cores while the trials ran: the speed-ups carry that "
                               "noise; run tune again on a quieter host to confirm them.")
+            elif w["id"] == "host-steal":
+                console.print("  The hypervisor took this VM's CPU time while the trials ran: the speed-ups carry "
+                              "that noise; run tune again when the host is quieter to confirm them.")
         table = Table(show_lines=False)
         for col, just in (("trial", "left"), ("steps/s", "right"), ("samples/s", "right"), ("speedup", "right"),
                           ("input", "right"), ("peak memory", "right"), ("loss check", "left"), ("status", "left")):

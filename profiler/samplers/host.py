@@ -38,12 +38,13 @@ from .cores import affinity
 from .descendants import Descendants
 from .procfs import (
     GONE,
+    CpuTimes,
     ProcFile,
     busy_total,
-    busy_total_iowait,
     clamp,
     clamp_cpu,
     cpu_seconds,
+    cpu_times_of,
     percent,
     proc_diskstats,
     proc_meminfo,
@@ -112,7 +113,7 @@ class HostSource:
         self._started = False
         self._last_wall = 0.0  # time.monotonic() of the previous reading
         self._last_percpu: dict[int, tuple[float, float]] = {}  # cpu id -> (busy, total)
-        self._last_all: tuple[float, float, float | None] = (0.0, 0.0, None)  # busy, total, iowait
+        self._last_all = CpuTimes(0.0, 0.0, None, None)
         self._last_proc_cpu = 0.0
         self._last_children: dict[tuple[int, float], float] = {}  # (pid, create_time) -> cpu s
         # the process's reaped children's CPU seconds (cutime + cstime): NOTE [ Short-lived loader workers ]
@@ -190,16 +191,19 @@ class HostSource:
         dt = max(now - self._last_wall, 1e-9)
         s = HostSample(t=t, window=dt)
 
-        (busy, total, iowait), percpu = self._cpu_times()
+        every, percpu = self._cpu_times()
         last_percpu = self._last_percpu
         s.cpu_per_core = [percent(percpu[i], last_percpu[i]) for i in self._cores if i in percpu and i in last_percpu]
         self._last_percpu = percpu
 
-        _, last_total, last_iowait = self._last_all
-        if iowait is not None and last_iowait is not None and total > last_total:
+        last = self._last_all
+        if every.total > last.total:
             # Linux only. The kernel's iowait can go backwards per CPU; clamp.
-            s.iowait_percent = clamp(100.0 * (iowait - last_iowait) / (total - last_total))
-        self._last_all = (busy, total, iowait)
+            if every.iowait is not None and last.iowait is not None:
+                s.iowait_percent = clamp(100.0 * (every.iowait - last.iowait) / (every.total - last.total))
+            if every.steal is not None and last.steal is not None:
+                s.steal_percent = clamp(100.0 * (every.steal - last.steal) / (every.total - last.total))
+        self._last_all = every
 
         self._n += 1
         relist = self._n % TREE_EVERY == 0 or self._n == 1 or listing
@@ -255,13 +259,13 @@ class HostSource:
         return [f"{what} ({n} times)" if n > 1 else what for what, n in self._errors.items()]
 
     # -- internals -----------------------------------------------------------
-    def _cpu_times(self) -> tuple[tuple[float, float, float | None], dict[int, tuple[float, float]]]:
-        """((busy, total, iowait) of all CPUs, {cpu id: (busy, total)}), in any one unit."""
+    def _cpu_times(self) -> tuple[CpuTimes, dict[int, tuple[float, float]]]:
+        """(all CPUs' times, {cpu id: (busy, total)}), in any one unit."""
         got = proc_stat(self._stat_file)
         if got is not None:
             return got
         percpu = {i: busy_total(c) for i, c in enumerate(psutil.cpu_times(percpu=True))}
-        return busy_total_iowait(psutil.cpu_times()), percpu
+        return cpu_times_of(psutil.cpu_times()), percpu
 
     def _own_cpu_rss(self) -> tuple[float, int] | None:
         """This process's CPU seconds and RSS bytes without psutil (Linux), or None."""

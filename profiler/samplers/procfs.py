@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 
@@ -116,7 +117,19 @@ def statm_rss(file: ProcFile) -> int:
     return int(file.head(256).split()[1]) * PAGE_SIZE
 
 
-def proc_stat(file: ProcFile) -> tuple[tuple[float, float, float | None], dict[int, tuple[float, float]]] | None:
+class CpuTimes(NamedTuple):
+    """All CPUs' time, in any one unit: ``busy`` is what this system's processes ran (not
+    idle, not iowait, not steal), ``total`` all of it; ``iowait`` and ``steal`` None where
+    the system does not count them."""
+
+    busy: float
+    total: float
+    iowait: float | None
+    #: time the hypervisor ran something else while this VM's CPUs had work (Linux steal)
+    steal: float | None
+
+
+def proc_stat(file: ProcFile) -> tuple[CpuTimes, dict[int, tuple[float, float]]] | None:
     """The aggregate and per-CPU lines of Linux's /proc/stat, in clock ticks, or None.
 
     The ``cpu`` lines come first; the ``intr`` line after them can be tens of KB on
@@ -130,7 +143,7 @@ def proc_stat(file: ProcFile) -> tuple[tuple[float, float, float | None], dict[i
         file.size = 256 * ((os.cpu_count() or 1) + 2)
     try:
         lines = file.read(_cpu_lines_whole).split(b"\n")
-        total_all: tuple[float, float, float | None] | None = None
+        total_all: CpuTimes | None = None
         percpu: dict[int, tuple[float, float]] = {}
         for line in lines:
             if not line.startswith(b"cpu"):
@@ -138,11 +151,12 @@ def proc_stat(file: ProcFile) -> tuple[tuple[float, float, float | None], dict[i
             name, *fields = line.split()
             v = [float(x) for x in fields]
             # user nice system idle iowait irq softirq steal guest guest_nice (older kernels: fewer)
-            busy, total, iowait = _account(sum(v), v[3], v[4] if len(v) > 4 else None, sum(v[8:10]))
+            times = _account(sum(v), v[3], v[4] if len(v) > 4 else None, v[7] if len(v) > 7 else None,
+                             sum(v[8:10]))
             if name == b"cpu":
-                total_all = (busy, total, iowait)
+                total_all = times
             else:
-                percpu[int(name[3:])] = (busy, total)
+                percpu[int(name[3:])] = (times.busy, times.total)
     except (OSError, ValueError, IndexError):
         return None
     if total_all is None or not percpu:
@@ -289,22 +303,24 @@ def cpu_seconds(proc: psutil.Process) -> float:
 
 
 def busy_total(times: object) -> tuple[float, float]:
-    busy, total, _ = busy_total_iowait(times)
+    busy, total, _, _ = cpu_times_of(times)
     return busy, total
 
 
-def busy_total_iowait(times: object) -> tuple[float, float, float | None]:
+def cpu_times_of(times: object) -> CpuTimes:
+    """psutil's ``cpu_times()`` as ``CpuTimes``."""
     fields = times._asdict()  # type: ignore[attr-defined]
-    return _account(sum(fields.values()), fields.get("idle", 0.0), fields.get("iowait"),
+    return _account(sum(fields.values()), fields.get("idle", 0.0), fields.get("iowait"), fields.get("steal"),
                     fields.get("guest", 0.0) + fields.get("guest_nice", 0.0))
 
 
-def _account(all_fields: float, idle: float, iowait: float | None, guest: float) -> tuple[float, float, float | None]:
-    """(busy, total, iowait) from a CPU time line's sum and parts, psutil's or /proc/stat's."""
-    # Same accounting as psutil.cpu_percent (and htop): guest time is already in
-    # user/nice on Linux, and iowait is idle time, not busy time.
+def _account(all_fields: float, idle: float, iowait: float | None, steal: float | None, guest: float) -> CpuTimes:
+    """``CpuTimes`` from a CPU time line's sum and parts, psutil's or /proc/stat's."""
+    # As psutil.cpu_percent (and htop) but for steal: guest time is already in user/nice
+    # on Linux, and iowait is idle time, not busy time. Steal is neither: no process of
+    # this system ran then, and counted busy it would read as another process's CPU.
     total = all_fields - guest
-    return total - idle - (iowait or 0.0), total, iowait
+    return CpuTimes(total - idle - (iowait or 0.0) - (steal or 0.0), total, iowait, steal)
 
 
 def percent(now: tuple[float, float], last: tuple[float, float]) -> float:

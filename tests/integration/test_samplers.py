@@ -352,14 +352,15 @@ def test_host_sample_fields_are_plausible() -> None:
     assert host.problems() == []
 
 
-def _proc_stat_text(ticks: dict[int, tuple[int, int]]) -> str:
-    """A /proc/stat with the given per-CPU (busy, idle) ticks, and an aggregate line."""
+def _proc_stat_text(ticks: dict[int, tuple[int, int]], steal: int = 0) -> str:
+    """A /proc/stat with the given per-CPU (busy, idle) ticks, ``steal`` ticks on each, and an
+    aggregate line."""
     lines = []
     for cpu, (busy, idle) in ticks.items():
         # user nice system idle iowait irq softirq steal guest guest_nice
-        lines.append(f"cpu{cpu} {busy} 0 0 {idle} 0 0 0 0 7 0")
+        lines.append(f"cpu{cpu} {busy} 0 0 {idle} 0 0 0 {steal} 7 0")
     total_busy, total_idle = sum(b for b, _ in ticks.values()), sum(i for _, i in ticks.values())
-    head = f"cpu  {total_busy} 0 0 {total_idle} 5 0 0 0 0 0"
+    head = f"cpu  {total_busy} 0 0 {total_idle} 5 0 0 {steal * len(ticks)} 0 0"
     return "\n".join([head, *lines, "intr 1 2 3", "ctxt 4", ""])
 
 
@@ -382,6 +383,22 @@ def test_host_reads_proc_stat_and_statm_itself(tmp_path: Path) -> None:
     assert s.iowait_percent == 0.0
     assert s.process_rss == 50 * os.sysconf("SC_PAGE_SIZE")
     assert host.problems() == []
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs CPU affinity")
+def test_the_hypervisors_steal_is_read_apart_and_is_no_ones_busy_core(tmp_path: Path) -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    _own_statm(tmp_path)
+    stat = tmp_path / "stat"
+    stat.write_text(_proc_stat_text({c: (1000, 5000) for c in cores}, steal=400))
+    host = HostSource(proc_root=tmp_path)
+    host.start()
+    # 100 ticks on each core: 50 this system's processes ran, 30 the hypervisor took, 20 idle
+    stat.write_text(_proc_stat_text({c: (1050, 5020) for c in cores}, steal=430))
+    s = host.sample(0.1)
+    host.close()
+    assert s.cpu_per_core == pytest.approx([50.0] * len(cores))
+    assert s.steal_percent == pytest.approx(30.0)
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs CPU affinity")

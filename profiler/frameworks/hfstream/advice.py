@@ -38,7 +38,7 @@ def _workers(run: Run, d: Diagnosis, loader: LoaderInfo, th: Thresholds) -> Reco
     shards = loader.shards
     if d.cause in ("cpu-bound-preprocessing", "host-to-device", "workers-unmeasured"):
         return None
-    if workers and (m.tree_cpu_cores or 0.0) / m.usable_cores >= th.cpu_saturated:
+    if workers and (m.tree_cpu_cores or 0.0) / m.cores_left >= th.cpu_saturated:
         return None
     need = workers_needed(m, loader)
     if need is None:

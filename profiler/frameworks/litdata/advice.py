@@ -41,7 +41,7 @@ def _workers(run: Run, d: Diagnosis, loader: LoaderInfo, th: Thresholds) -> Reco
     cores = m.usable_cores
     if d.cause in ("cpu-bound-preprocessing", "host-to-device", "workers-unmeasured"):
         return None
-    if workers and (m.tree_cpu_cores or 0.0) / cores >= th.cpu_saturated:
+    if workers and (m.tree_cpu_cores or 0.0) / m.cores_left >= th.cpu_saturated:
         return None
     need = workers_needed(m, loader)
     if need is None:

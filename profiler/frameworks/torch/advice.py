@@ -33,7 +33,7 @@ def input_advice(run: Run, diagnosis: Diagnosis, loader: LoaderInfo,
     cores = m.usable_cores
     workers = loader.num_workers or 0
     step = m.step_time_mean
-    tree = (m.tree_cpu_cores or 0.0) / cores
+    tree = (m.tree_cpu_cores or 0.0) / m.cores_left
     saturated = workers > 0 and tree >= th.cpu_saturated
     # Leave one core to the training process itself (Lightning's max(1, cpus - 1)); the
     # ranks on a node (torchrun's LOCAL_WORLD_SIZE) share its cores: each has its part.
@@ -97,8 +97,8 @@ def input_advice(run: Run, diagnosis: Diagnosis, loader: LoaderInfo,
             "offline_preprocessing", "Move deterministic preprocessing offline",
             (f"More workers measured no faster on the job's own step ({replayed.display}). "
              if replayed is not None else
-             f"The training process and its loader workers already use {tree:.0%} of the {cores} "
-             "usable cores: more workers cannot help. "
+             f"The training process and its loader workers already use {tree:.0%} of the {m.cores_text()}"
+             ": more workers cannot help. "
              if saturated or cause == "cpu-bound-preprocessing" else
              f"Loading needs {load_cores or 0:.1f} busy cores to keep pace with compute, and "
              + (f"this rank has {per_rank} of the node's {cores} usable cores (its "
