@@ -50,7 +50,7 @@ class Thresholds:
     #: more cores would cut their batches by a third; less, they sleep (storage, the network)
     contended_idle_share: float = 1 / 3
     #: Ours: the hypervisor took >= 5% of the VM's CPU time (Linux steal): on the 2-core CI VM
-    #: a tf.data loop ran at its usual speed below 2% and 1.2-2.1x slower at 10-59%
+    #: a tf.data loop ran at its usual speed below 2% and 1.4-2.2x slower at 10-33%
     steal_warn: float = 0.05
     #: Ours: a step's input wait is a stall from five times the judged steps' median wait
     #: (a batch a few times the usual one is jitter; five times is out of the body) ...

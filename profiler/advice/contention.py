@@ -55,8 +55,8 @@ def freed_step(m: Metrics) -> Freed | str:
     (at least ``input_moderate`` of the step), they work without pause, so a batch comes every
     step less each worker's queued share of it; where the loop does not wait, their queueing
     costs the step nothing. Together the job's threads can get back at most the cores the other
-    processes held (and the usable cores the job did not use): the queued time is scaled down
-    to that.
+    processes held (and the cores the hypervisor left that the job did not use): the queued
+    time is scaled down to that.
     """
     step = m.step_time_mean
     if step <= 0:
@@ -79,7 +79,7 @@ def freed_step(m: Metrics) -> Freed | str:
     queued = m.run_delay + workers * worker_delay  # threads queued at once, in cores
     free = m.others_cpu_cores or 0.0
     if m.tree_cpu_cores is not None:
-        free = min(free, max(0.0, m.usable_cores - m.tree_cpu_cores))
+        free = min(free, max(0.0, m.cores_left - m.tree_cpu_cores))
     scale = min(1.0, free / queued) if queued > 0 else 1.0
     capped = free if scale < 1.0 else None
     own = scale * m.run_delay * step
@@ -103,7 +103,7 @@ def _freed_threads(m: Metrics, step: float) -> Freed | str:
     queued = m.threads_run_delay
     free = m.others_cpu_cores or 0.0
     if m.tree_cpu_cores is not None:
-        free = min(free, max(0.0, m.usable_cores - m.tree_cpu_cores))
+        free = min(free, max(0.0, m.cores_left - m.tree_cpu_cores))
     given = min(queued, free)
     capped = free if given < queued else None
     runnable = m.threads_cpu + queued
