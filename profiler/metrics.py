@@ -89,7 +89,8 @@ class Metrics:
     memory_available_min_fraction: float | None = None
     disk_read_bps: float | None = None
     iowait: float | None = None
-    #: share of the usable cores' time the hypervisor took (Linux steal), 0..1; None: not read
+    #: share of the VM's CPUs' time the hypervisor took (Linux steal, all CPUs: taken to fall
+    #: alike on the usable ones), 0..1; None: not read
     steal: float | None = None
     gpu_in_use: bool = False
     gpu_available: bool = False
@@ -107,8 +108,8 @@ class Metrics:
         return self.usable_cores * (1.0 - min(self.steal or 0.0, 0.9))
 
     def cores_text(self) -> str:
-        """``cores_left`` in words."""
-        if self.cores_left < self.usable_cores:
+        """``cores_left`` in words (as the usable cores where steal takes under a tenth of a core)."""
+        if round(self.cores_left, 1) < self.usable_cores:
             return f"{self.cores_left:.1f} cores the hypervisor left of {self.usable_cores} usable"
         return f"{self.usable_cores} usable cores"
 

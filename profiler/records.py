@@ -90,7 +90,7 @@ class HostSample:
     #: % of all CPUs' time the hypervisor ran something else while this VM's CPUs had work
     #: (Linux steal): time no process here ran, left out of ``cpu_per_core``; None: not read
     steal_percent: float | None = None
-    #: seconds the CPU figures (per core, process, children, iowait) cover: since the
+    #: seconds the CPU figures (per core, process, children, iowait, steal) cover: since the
     #: previous reading; 0 in runs saved before it was recorded
     window: float = 0.0
     #: share of the window the training process's main thread was runnable but waiting

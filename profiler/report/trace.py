@@ -36,8 +36,8 @@ metadata and ordered by ``process_sort_index``; a single-process run is rank 0. 
   signal, each event ``args: {"value": v}``: per GPU utilization, memory activity,
   memory used (device and this process), power, SM clock, PCIe; on the host the CPU of
   the training process and of its loader workers (summed), the workers' count, cores
-  busy, memory of both, system memory, swap, disk reads, iowait, steal, run-queue delay. A reading the driver did not give is left out, not
-  drawn as zero.
+  busy, memory of both, system memory, swap, disk reads, iowait, steal, run-queue delay.
+  A reading the driver did not give is left out, not drawn as zero.
 - each loader worker's CPU: one counter, "CPU per loader worker % of a core", whose
   events carry a value per worker ("worker PID"), one event per reading: a track per
   worker in Perfetto (named counter and key), one stacked chart of them all (summing
