@@ -107,6 +107,12 @@ class Metrics:
         job's processes could run on, against which "saturated" is judged."""
         return self.usable_cores * (1.0 - min(self.steal or 0.0, 0.9))
 
+    @property
+    def cores_free(self) -> float:
+        """``cores_left`` less those other processes kept busy: what the job's loading and
+        compute can share."""
+        return self.cores_left - (self.others_cpu_cores or 0.0)
+
     def cores_text(self) -> str:
         """``cores_left`` in words (as the usable cores where steal takes under a tenth of a core)."""
         if round(self.cores_left, 1) < self.usable_cores:

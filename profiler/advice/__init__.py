@@ -117,7 +117,7 @@ def recommend(run: Run, diagnosis: Diagnosis, thresholds: Thresholds = DEFAULT_T
     _stored_copies(run, loader, out)
     # a change whose most is no gain buys nothing, as a change measured to gain nothing
     restarts = loader is not None and bool(loader.num_workers) and not loader.persistent_workers
-    left = m.cores_left - (m.others_cpu_cores or 0.0)
+    left = m.cores_free
     beside = Beside(m.step_time_median, left) if diagnosis.contended() and m.step_time_median > 0 else None
     return [r for r in measured(run, out, m.warmup_steps if restarts else None, beside)
             if not (r.bound and r.estimated_speedup is not None and r.estimated_speedup < NO_GAIN)]

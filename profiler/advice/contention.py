@@ -77,9 +77,7 @@ def freed_step(m: Metrics) -> Freed | str:
     worker_delay = m.workers_run_delay if workers and waits else 0.0
     assert worker_delay is not None
     queued = m.run_delay + workers * worker_delay  # threads queued at once, in cores
-    free = m.others_cpu_cores or 0.0
-    if m.tree_cpu_cores is not None:
-        free = min(free, max(0.0, m.cores_left - m.tree_cpu_cores))
+    free = _given_back(m)
     scale = min(1.0, free / queued) if queued > 0 else 1.0
     capped = free if scale < 1.0 else None
     own = scale * m.run_delay * step
@@ -88,6 +86,15 @@ def freed_step(m: Metrics) -> Freed | str:
     loop = step - m.wait_per_step - own
     batch_every = step * (1.0 - scale * worker_delay)
     return Freed(step, max(loop, batch_every), capped)
+
+
+def _given_back(m: Metrics) -> float:
+    """The most cores the job's threads can get back: those the other processes held, and no
+    more than the cores the hypervisor left that the job did not use."""
+    free = m.others_cpu_cores or 0.0
+    if m.tree_cpu_cores is not None:
+        free = min(free, max(0.0, m.cores_left - m.tree_cpu_cores))
+    return free
 
 
 def _freed_threads(m: Metrics, step: float) -> Freed | str:
@@ -101,9 +108,7 @@ def _freed_threads(m: Metrics, step: float) -> Freed | str:
         return ("no estimate: the loop waits for its loader's threads, and their wait for a core was not "
                 "read (Linux schedstat per thread)")
     queued = m.threads_run_delay
-    free = m.others_cpu_cores or 0.0
-    if m.tree_cpu_cores is not None:
-        free = min(free, max(0.0, m.cores_left - m.tree_cpu_cores))
+    free = _given_back(m)
     given = min(queued, free)
     capped = free if given < queued else None
     runnable = m.threads_cpu + queued

@@ -76,7 +76,7 @@ def step_with_workers(m: Metrics, loader: LoaderInfo | None, load: float, worker
     and the loading's wall time over the workers (a batch that waits on storage or
     sleeps takes its time whatever the CPU: each worker delivers one per batch time).
     """
-    cores = max(1.0, m.cores_left - (m.others_cpu_cores or 0.0))
+    cores = max(1.0, m.cores_free)
     compute = max(m.compute_per_step, 1e-9)
     compute_cpu = compute_cpu_per_step(m, loader)
     threads = min(cores, max(1.0, compute_cpu / compute))

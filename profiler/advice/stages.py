@@ -43,7 +43,7 @@ def stage_advice(run: Run, diagnosis: Diagnosis, out: list[Recommendation]) -> l
     adapter = for_loader(loader)
     if adapter is not None and not adapter.stage_rules:
         return out  # its own rules read its stages, in its knobs
-    cores = max(1.0, m.cores_left - (m.others_cpu_cores or 0.0) - 1.0)
+    cores = max(1.0, m.cores_free - 1.0)
     model = pipeline(load, loader.num_workers or 0, cores, m.compute_per_step)
     named: list[str] = []
     for rule in (_stage_prefix_advice, _stage_gpu_transforms_advice, _stage_gpu_decode_advice,

@@ -100,7 +100,7 @@ def _shards(run: Run, d: Diagnosis, loader: LoaderInfo) -> Recommendation | None
     speedup = None
     basis = "no estimate: the stages were not timed; " + MEASURE.split(": ", 1)[1]
     if load is not None:
-        cores = max(1.0, m.cores_left - (m.others_cpu_cores or 0.0) - 1.0)
+        cores = max(1.0, m.cores_free - 1.0)
         busy = pipeline(load, shards, cores, m.compute_per_step)
         found = estimate(busy, dataclasses.replace(busy, workers=workers), m.step_time_mean)
         if found is not None and not d.contended():
@@ -134,7 +134,7 @@ def _batched(run: Run, d: Diagnosis, loader: LoaderInfo) -> Recommendation | Non
     top = max(rows, key=lambda r: r.share, default=None)
     if top is None or top.share < STAGE_DOMINATES:
         return None
-    cores = max(1.0, m.cores_left - (m.others_cpu_cores or 0.0) - 1.0)
+    cores = max(1.0, m.cores_free - 1.0)
     model = pipeline(load, loader.num_workers or 0, cores, m.compute_per_step)
     # batched, datasets' own per-example work (rows to Python, formatting) goes too: measured
     # 6.97x against a bound of the map alone of 2.26x

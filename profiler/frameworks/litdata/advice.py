@@ -88,7 +88,7 @@ def _optimize(run: Run, d: Diagnosis, loader: LoaderInfo) -> Recommendation | No
     share = sum(r.share for r in rows)
     if not rows or share < STAGE_DOMINATES:
         return None
-    cores = max(1.0, m.cores_left - (m.others_cpu_cores or 0.0) - 1.0)
+    cores = max(1.0, m.cores_free - 1.0)
     model = pipeline(load, loader.num_workers or 0, cores, m.compute_per_step)
     speedup, basis = stage_estimate(run, model, m, rows, load)
     names = ", ".join(r.name for r in rows[:3])

@@ -46,7 +46,7 @@ class _Rates:
         ops = [s for s in loader.stages if s.kind == facts.OPERATOR]
         self.pipe_cpu = sum((s.cpu if s.cpu is not None else s.seconds) for s in ops) / n
         self.own_cpu = compute_cpu_per_step(m, loader) / per_step
-        self.cores = max(1.0, m.cores_left - (m.others_cpu_cores or 0.0))
+        self.cores = max(1.0, m.cores_free)
         self.at_once = max(1, loader.num_workers or 1)
 
     def step_with(self, at_once: int) -> float:
@@ -103,8 +103,7 @@ def _cluster_cpus(d: Diagnosis, loader: LoaderInfo, rates: _Rates | None) -> Rec
         return None  # what the training process holds of the cores is not known
     # the training process keeps its cores: more tasks on them only take turns with the model
     # (on 2 cores, ray.init(num_cpus=2) beside a one-core loop ran 0.44-0.91x)
-    spare = m.cores_left - (m.others_cpu_cores or 0.0) - rates.own_cpu / max(rates.step, 1e-9) \
-        - now * facts.num_cpus(loader)
+    spare = m.cores_free - rates.own_cpu / max(rates.step, 1e-9) - now * facts.num_cpus(loader)
     at_once = min(at_once, now + int(max(0.0, spare) / facts.num_cpus(loader) + 1e-9))
     if at_once <= now:
         return None

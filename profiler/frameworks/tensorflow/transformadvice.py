@@ -52,7 +52,7 @@ class _Context:
         self.run, self.m, self.loader = run, m, loader
         self.rows = sorted((r for r in rows if r.where == WINDOW), key=lambda r: -r.order)  # source first
         self.model = model_of(rows)
-        self.free = max(1.0, m.cores_left - (m.others_cpu_cores or 0.0))
+        self.free = max(1.0, m.cores_free)
         self.batches = max(1.0, m.batches_per_step)
         floor = (m.tree_cpu_cores or 0.0) * m.step_time_mean / self.free
         self.step = Step(m.step_time_mean, m.compute_per_step, pipeline, self.batches, floor) if pipeline else None

@@ -38,7 +38,7 @@ FRAMEWORK = "torchdata"
 def _free_cores(m: Metrics) -> int:
     """Cores a process mapper may use: the usable ones less the training thread's and
     those other processes kept busy."""
-    return max(1, math.floor(m.cores_left - 1 - (m.others_cpu_cores or 0.0) + 0.25))
+    return max(1, math.floor(m.cores_free - 1 + 0.25))
 
 
 def _cores(n: int) -> str:

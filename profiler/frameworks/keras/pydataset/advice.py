@@ -73,7 +73,7 @@ def _workers(d: Diagnosis, loader: LoaderInfo, stage: StageTime, th: Thresholds)
     now = facts.workers(loader)
     generator = facts.is_generator(loader)
     processes_now = facts.processes(loader)
-    cores = max(1.0, m.cores_left - (m.others_cpu_cores or 0.0))
+    cores = max(1.0, m.cores_free)
     name = stage.name.split(" (")[0]
     if busy >= th.wait_cpu_bound:
         # CPU work: a core per worker, in processes (a thread holds the GIL for Python code)
